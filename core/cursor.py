@@ -1,0 +1,159 @@
+"""Epoch and resume cursors over the stream of prompts.
+
+The rollout worker walks an endless stream of prompt *positions*: position ``p`` is prompt
+``order(epoch)[p % N]`` of epoch ``p // N``, where ``order`` is a seeded permutation of the
+``N`` dataset rows (:func:`row_at`). The trainer accounts for each position once its outcome
+is known: filtered by ``filter_prompt``, dropped for zero reward std, or every one of its samples
+taken off the queue (trained or dropped as stale). A position accounted for is *consumed*.
+
+* Epochs count distinct prompts consumed (:func:`epochs_consumed`): filtered and dropped
+  prompts count, forks do not, so ``num_train_epochs=N`` is always N passes over the data.
+* ``rollout_state.json`` holds the :class:`PromptCursor`: the first position not yet consumed
+  and the consumed positions past it (groups finish out of order). Resuming starts at that
+  position and skips the consumed ones, so nothing trained is replayed and nothing untrained is
+  skipped.
+
+Example:
+    >>> cursor = PromptCursor()
+    >>> cursor = group_outcome(cursor, position=1, num_samples=2)   # two samples queued
+    >>> cursor = group_outcome(cursor, position=0, num_samples=0)   # filtered or dropped
+    >>> cursor.next_untrained, sorted(cursor.pending)
+    (1, [1])
+    >>> cursor = samples_consumed(cursor, [1, 1])
+    >>> cursor.next_untrained, epochs_consumed(cursor, dataset_size=4)
+    (2, 0.5)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import numpy as np
+
+
+def _frozen_counts(values: Mapping[int, int]) -> Mapping[int, int]:
+    return MappingProxyType(dict(values))
+
+
+@attrs.frozen
+class PromptCursor:
+    """Which prompt positions the trainer has consumed.
+
+    Attributes:
+        next_untrained: the first position not yet consumed; every position below it is.
+        consumed_after: consumed positions above ``next_untrained``.
+        pending: samples still expected on the queue, per position whose group was kept.
+    """
+
+    next_untrained: int = 0
+    consumed_after: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    pending: Mapping[int, int] = attrs.field(factory=dict, converter=_frozen_counts)
+
+    def __attrs_post_init__(self) -> None:
+        if self.next_untrained < 0:
+            raise ValueError("PromptCursor.next_untrained: must be >= 0")
+        if any(p <= self.next_untrained for p in self.consumed_after):
+            raise ValueError("PromptCursor.consumed_after: positions must be > next_untrained")
+
+    def is_consumed(self, position: int) -> bool:
+        """Whether ``position`` was consumed (a resumed worker skips it)."""
+        return position < self.next_untrained or position in self.consumed_after
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields ``rollout_state.json`` stores (pending positions are not consumed)."""
+        return {
+            "next_untrained": self.next_untrained,
+            "consumed_after": sorted(self.consumed_after),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PromptCursor:
+        """Read back :meth:`to_json`; a missing key is an error naming it."""
+        for key in ("next_untrained", "consumed_after"):
+            if key not in data:
+                raise ValueError(f"rollout_state.json: missing key {key!r}")
+        return cls(int(data["next_untrained"]), frozenset(int(p) for p in data["consumed_after"]))
+
+
+def _consume(cursor: PromptCursor, position: int, pending: dict[int, int]) -> PromptCursor:
+    if cursor.is_consumed(position):
+        raise ValueError(f"prompt position {position} was already consumed")
+    pending.pop(position, None)
+    done = set(cursor.consumed_after) | {position}
+    nxt = cursor.next_untrained
+    while nxt in done:
+        done.discard(nxt)
+        nxt += 1
+    return PromptCursor(nxt, frozenset(done), pending)
+
+
+def group_outcome(cursor: PromptCursor, position: int, num_samples: int) -> PromptCursor:
+    """Record a group's outcome: ``num_samples`` samples put on the queue (0 = none).
+
+    A group with no samples (filtered, zero reward std, nothing trainable) is consumed at once.
+    """
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    if position in cursor.pending or cursor.is_consumed(position):
+        raise ValueError(f"prompt position {position} already has an outcome")
+    pending = dict(cursor.pending)
+    if num_samples == 0:
+        return _consume(cursor, position, pending)
+    pending[position] = num_samples
+    return attrs.evolve(cursor, pending=pending)
+
+
+def samples_consumed(cursor: PromptCursor, positions: Iterable[int]) -> PromptCursor:
+    """Record samples taken off the queue (trained or dropped as stale), one position each."""
+    pending = dict(cursor.pending)
+    for position in positions:
+        left = pending.get(position)
+        if left is None:
+            raise ValueError(f"sample of prompt position {position} has no pending group")
+        if left > 1:
+            pending[position] = left - 1
+        else:
+            cursor = _consume(cursor, position, pending)
+    return attrs.evolve(cursor, pending=pending)
+
+
+def prompts_consumed(cursor: PromptCursor) -> int:
+    """Distinct prompt positions consumed so far."""
+    return cursor.next_untrained + len(cursor.consumed_after)
+
+
+def epochs_consumed(cursor: PromptCursor, dataset_size: int) -> float:
+    """Passes over the dataset consumed, counted in distinct prompts."""
+    if dataset_size <= 0:
+        raise ValueError("dataset_size must be > 0")
+    return prompts_consumed(cursor) / dataset_size
+
+
+def epoch_order(dataset_size: int, epoch: int, seed: int) -> np.ndarray:
+    """The row order of ``epoch``: a permutation of ``range(dataset_size)`` fixed by the seed."""
+    rng = np.random.default_rng([seed, epoch])
+    return rng.permutation(dataset_size)
+
+
+def row_at(position: int, dataset_size: int, seed: int) -> tuple[int, int]:
+    """``(epoch, row_index)`` of prompt ``position`` in the stream.
+
+    Example:
+        >>> epoch, row = row_at(7, dataset_size=5, seed=0)
+        >>> epoch, 0 <= row < 5
+        (1, True)
+    """
+    epoch, offset = divmod(position, dataset_size)
+    return epoch, int(epoch_order(dataset_size, epoch, seed)[offset])
+
+
+def positions_from(cursor: PromptCursor, stop: int | None = None) -> Iterable[int]:
+    """Positions a (resumed) worker generates, in order: unconsumed ones from the cursor on."""
+    position = cursor.next_untrained
+    while stop is None or position < stop:
+        if position not in cursor.consumed_after:
+            yield position
+        position += 1

@@ -1,0 +1,238 @@
+"""Pacing decisions: how far generation may run ahead, and how hard to load the vLLM server.
+
+Three limits bound the rollouts in flight (the seed's "concurrency" section):
+
+1. **Staleness allowance** (:func:`token_allowance`, :func:`may_start_group`): generation keeps
+   at most ``max(max_staleness, 1)`` steps' worth of tokens queued or in flight, measured in
+   the tokens the trainer consumed per step; before the first step every row counts as full;
+   until the first group completes, one group at a time. Samples more than ``max_staleness``
+   weight updates old are dropped (:func:`split_stale`).
+2. **vLLM load cap** (:class:`LoadCap`, :func:`next_load_cap`): a state machine over /metrics
+   snapshots, starting at ``KV-cache tokens // max_model_len`` requests.
+3. **max_concurrent_rollouts**: the hard ceiling set by the user.
+
+Nothing here owns a task, a clock or a client: the shell feeds observations in and acts on the
+decisions that come out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import attrs
+
+from asyncgrpo.core.records import TrainingSample
+
+RAISE_BELOW_KV_USAGE = 0.60
+CUT_ABOVE_KV_USAGE = 0.80
+MAX_RAISE_FRACTION = 0.25
+CUT_FACTOR = 0.70
+
+
+def token_allowance(
+    tokens_per_step: float | None,
+    max_staleness: int,
+    token_budget: int,
+    rows_per_step: int,
+) -> float:
+    """Tokens that may be queued or in flight: ``max(max_staleness, 1) x tokens per step``.
+
+    Args:
+        tokens_per_step: forwarded tokens the trainer consumed in its last step; ``None``
+            before the first step, when every row counts as full (``token_budget`` tokens).
+        max_staleness: the config's ``max_staleness`` (0 still allows one step ahead).
+        token_budget: tokens per row.
+        rows_per_step: ``gradient_accumulation_steps x num_processes``.
+
+    Example:
+        >>> token_allowance(None, 4, 1024, 2), token_allowance(1500.0, 0, 1024, 2)
+        (8192.0, 1500.0)
+    """
+    if tokens_per_step is None:
+        tokens_per_step = float(token_budget * rows_per_step)
+    return float(max(max_staleness, 1)) * float(tokens_per_step)
+
+
+@attrs.frozen
+class GenerationLedger:
+    """What the rollout side has outstanding, for the staleness allowance.
+
+    Attributes:
+        queued_tokens: forwarded tokens of samples waiting in the rollout queue.
+        groups_in_flight: groups started whose scoring has not finished.
+        groups_completed: groups completed so far (any outcome).
+        tokens_per_group: running mean of forwarded tokens per completed group; 0 until one
+            completes.
+    """
+
+    queued_tokens: int = 0
+    groups_in_flight: int = 0
+    groups_completed: int = 0
+    tokens_per_group: float = 0.0
+
+    def in_flight_tokens(self) -> float:
+        """Estimated tokens of the groups in flight (mean tokens per completed group)."""
+        return self.groups_in_flight * self.tokens_per_group
+
+
+def may_start_group(ledger: GenerationLedger, allowance: float) -> bool:
+    """Whether the worker may start one more group now.
+
+    Before any group completes the size of a group is unknown, so one group runs at a time.
+    Afterwards a group starts while queued plus in-flight tokens stay within ``allowance``.
+    With nothing queued or in flight a group may always start, so a small allowance (say
+    ``max_staleness=0``) never deadlocks.
+
+    Example:
+        >>> may_start_group(GenerationLedger(groups_in_flight=1), 1e9)
+        False
+        >>> may_start_group(GenerationLedger(queued_tokens=900, groups_completed=3,
+        ...                                  tokens_per_group=200.0), 1000.0)
+        True
+    """
+    if ledger.groups_completed == 0:
+        return ledger.groups_in_flight == 0
+    if ledger.queued_tokens == 0 and ledger.groups_in_flight == 0:
+        return True
+    return ledger.queued_tokens + ledger.in_flight_tokens() <= allowance
+
+
+def group_started(ledger: GenerationLedger) -> GenerationLedger:
+    """The ledger after one more group starts."""
+    return attrs.evolve(ledger, groups_in_flight=ledger.groups_in_flight + 1)
+
+
+def group_finished(ledger: GenerationLedger, forwarded_tokens: int) -> GenerationLedger:
+    """The ledger after a group finishes; its kept samples' tokens join the queue.
+
+    Args:
+        forwarded_tokens: tokens of the samples the group put on the queue (0 if dropped).
+    """
+    if ledger.groups_in_flight < 1:
+        raise ValueError("group_finished called with no group in flight")
+    completed = ledger.groups_completed + 1
+    mean = ledger.tokens_per_group + (forwarded_tokens - ledger.tokens_per_group) / completed
+    return GenerationLedger(
+        queued_tokens=ledger.queued_tokens + forwarded_tokens,
+        groups_in_flight=ledger.groups_in_flight - 1,
+        groups_completed=completed,
+        tokens_per_group=mean,
+    )
+
+
+def samples_taken(ledger: GenerationLedger, forwarded_tokens: int) -> GenerationLedger:
+    """The ledger after the trainer takes samples holding ``forwarded_tokens`` off the queue."""
+    return attrs.evolve(ledger, queued_tokens=max(0, ledger.queued_tokens - forwarded_tokens))
+
+
+def split_stale(
+    samples: Iterable[TrainingSample], current_version: int, max_staleness: int
+) -> tuple[list[TrainingSample], list[TrainingSample]]:
+    """Split samples into (fresh, stale): stale ones are more than ``max_staleness`` behind.
+
+    Example:
+        >>> fresh, stale = split_stale([], current_version=5, max_staleness=2)
+        >>> fresh, stale
+        ([], [])
+    """
+    fresh: list[TrainingSample] = []
+    stale: list[TrainingSample] = []
+    for sample in samples:
+        (stale if sample.staleness(current_version) > max_staleness else fresh).append(sample)
+    return fresh, stale
+
+
+@attrs.frozen
+class ServerLoad:
+    """One /metrics snapshot of the vLLM server, summed (or maxed) over its engines.
+
+    Attributes:
+        kv_cache_usage: KV-cache usage fraction in [0, 1] (max over engines).
+        running: requests being decoded.
+        waiting: requests accepted but not yet scheduled.
+    """
+
+    kv_cache_usage: float
+    running: int
+    waiting: int
+
+
+@attrs.frozen
+class LoadCap:
+    """The live cap on rollouts in flight that follows the server's load.
+
+    Attributes:
+        cap: current cap, in ``[1, max_concurrent_rollouts]``.
+        completed_since_raise: rollouts completed since the cap last rose; bounds the next
+            raise, so the cap grows only as fast as the server proves it can serve.
+    """
+
+    cap: int
+    completed_since_raise: int = 0
+
+
+def initial_load_cap(
+    kv_cache_tokens: int | None, max_model_len: int, max_concurrent_rollouts: int
+) -> LoadCap:
+    """Start at the requests that fit the KV cache at full length, within ``[1, ceiling]``.
+
+    ``kv_cache_tokens=None`` (no /metrics on the server) gives the ceiling.
+
+    Example:
+        >>> initial_load_cap(65536, 4096, 512).cap, initial_load_cap(None, 4096, 512).cap
+        (16, 512)
+    """
+    if kv_cache_tokens is None:
+        return LoadCap(cap=max_concurrent_rollouts)
+    return LoadCap(cap=_clamp(kv_cache_tokens // max_model_len, max_concurrent_rollouts))
+
+
+def rollouts_completed(state: LoadCap, count: int) -> LoadCap:
+    """The state after ``count`` more rollouts completed."""
+    return attrs.evolve(state, completed_since_raise=state.completed_since_raise + count)
+
+
+def next_load_cap(
+    state: LoadCap, snapshot: ServerLoad | None, max_concurrent_rollouts: int
+) -> LoadCap:
+    """Adjust the cap from one /metrics snapshot (polled every few seconds).
+
+    * no snapshot (the server has no /metrics): the cap is ``max_concurrent_rollouts``;
+    * KV usage above 80%: cut by 30% (running requests finish, new ones wait);
+    * KV usage below 60% and nothing waiting: raise by up to 25%, and by no more than the
+      rollouts completed since the last raise;
+    * otherwise unchanged. The cap stays in ``[1, max_concurrent_rollouts]``.
+
+    Example:
+        >>> state = LoadCap(cap=16, completed_since_raise=100)
+        >>> next_load_cap(state, ServerLoad(0.3, 16, 0), 512).cap
+        20
+        >>> next_load_cap(state, ServerLoad(0.9, 16, 4), 512).cap
+        11
+    """
+    if snapshot is None:
+        return LoadCap(cap=max_concurrent_rollouts)
+    if snapshot.kv_cache_usage > CUT_ABOVE_KV_USAGE:
+        cut = _clamp(math.floor(state.cap * CUT_FACTOR), max_concurrent_rollouts)
+        return LoadCap(cap=cut, completed_since_raise=0)
+    if snapshot.kv_cache_usage < RAISE_BELOW_KV_USAGE and snapshot.waiting == 0:
+        step = min(math.ceil(state.cap * MAX_RAISE_FRACTION), state.completed_since_raise)
+        if step > 0:
+            return LoadCap(cap=_clamp(state.cap + step, max_concurrent_rollouts))
+    return attrs.evolve(state, cap=_clamp(state.cap, max_concurrent_rollouts))
+
+
+def rollouts_to_admit(in_flight: int, state: LoadCap, max_concurrent_rollouts: int) -> int:
+    """How many more rollouts may start now under both the load cap and the hard ceiling.
+
+    Example:
+        >>> rollouts_to_admit(10, LoadCap(cap=12), 512)
+        2
+    """
+    limit = min(state.cap, max_concurrent_rollouts)
+    return max(0, limit - in_flight)
+
+
+def _clamp(cap: int, ceiling: int) -> int:
+    return max(1, min(int(cap), ceiling))

@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncgrpo.core.cursor import (
+    PromptCursor,
+    epoch_order,
+    epochs_consumed,
+    group_outcome,
+    positions_from,
+    prompts_consumed,
+    row_at,
+    samples_consumed,
+)
+
+
+@st.composite
+def histories(draw):
+    """Groups finish in any order with 0..3 samples; samples are consumed in any order."""
+    n = draw(st.integers(1, 25))
+    sizes = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    finish_order = draw(st.permutations(range(n)))
+    return sizes, finish_order, draw(st.randoms(use_true_random=False))
+
+
+@given(histories(), st.integers(0, 200))
+def test_cursor_tracks_consumed_positions_whatever_the_order(history, stop_after) -> None:
+    sizes, order, rng = history
+    cursor = PromptCursor()
+    queue: list[int] = []
+    consumed: set[int] = set()
+    events = 0
+    for position in order:
+        cursor = group_outcome(cursor, position, sizes[position])
+        queue.extend([position] * sizes[position])
+        if sizes[position] == 0:
+            consumed.add(position)
+        rng.shuffle(queue)
+        while queue and rng.random() < 0.5 and events < stop_after:
+            taken = queue.pop()
+            cursor = samples_consumed(cursor, [taken])
+            events += 1
+            if taken not in queue:
+                consumed.add(taken)
+        # Invariant: exactly the consumed positions are reported consumed.
+        assert {p for p in range(len(sizes)) if cursor.is_consumed(p)} == consumed
+        assert prompts_consumed(cursor) == len(consumed)
+        assert cursor.next_untrained == min(set(range(len(sizes) + 1)) - consumed)
+        # Resume: the worker regenerates exactly the unconsumed positions.
+        restored = PromptCursor.from_json(cursor.to_json())
+        resumed = set(positions_from(restored, stop=len(sizes)))
+        assert resumed == set(range(len(sizes))) - consumed
+
+
+def test_consuming_twice_or_without_a_group_is_an_error() -> None:
+    cursor = group_outcome(PromptCursor(), 0, 0)
+    with pytest.raises(ValueError, match="already has an outcome"):
+        group_outcome(cursor, 0, 1)
+    with pytest.raises(ValueError, match="no pending group"):
+        samples_consumed(cursor, [3])
+    with pytest.raises(ValueError, match="missing key 'consumed_after'"):
+        PromptCursor.from_json({"next_untrained": 3})
+
+
+def test_epochs_count_distinct_prompts() -> None:
+    cursor = PromptCursor()
+    for position in range(6):
+        cursor = group_outcome(cursor, position, 0)
+    assert epochs_consumed(cursor, dataset_size=4) == 1.5
+
+
+@given(st.integers(1, 50), st.integers(0, 5), st.integers(0, 2**31))
+def test_each_epoch_visits_every_row_once(n, epoch, seed) -> None:
+    order = epoch_order(n, epoch, seed)
+    assert sorted(order.tolist()) == list(range(n))
+    rows = [row_at(epoch * n + i, n, seed) for i in range(n)]
+    assert {r for _, r in rows} == set(range(n))
+    assert {e for e, _ in rows} == {epoch}
+    np.testing.assert_array_equal(order, epoch_order(n, epoch, seed))

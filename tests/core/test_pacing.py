@@ -1,0 +1,155 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncgrpo.core.pacing import (
+    GenerationLedger,
+    LoadCap,
+    ServerLoad,
+    group_finished,
+    group_started,
+    initial_load_cap,
+    may_start_group,
+    next_load_cap,
+    rollouts_completed,
+    rollouts_to_admit,
+    samples_taken,
+    split_stale,
+    token_allowance,
+)
+from asyncgrpo.core.records import TrainingSample, TrainingSequence
+
+
+def sample(version: int) -> TrainingSample:
+    seq = TrainingSequence(input_ids=[1, 2], trained_mask=[0, 1], sampler_logprobs=[0.0, -1.0])
+    return TrainingSample(seq, 1.0, version, 0, 0, 0, "r")
+
+
+@given(st.lists(st.integers(0, 20), max_size=30), st.integers(0, 20), st.integers(0, 5))
+def test_split_stale_drops_exactly_samples_older_than_max_staleness(versions, current, max_s):
+    samples = [sample(v) for v in versions]
+    fresh, stale = split_stale(samples, current, max_s)
+    assert len(fresh) + len(stale) == len(samples)
+    assert all(current - s.model_version <= max_s for s in fresh)
+    assert all(current - s.model_version > max_s for s in stale)
+
+
+@given(
+    st.one_of(st.none(), st.floats(1, 1e6)),
+    st.integers(0, 8),
+    st.integers(1, 4096),
+    st.integers(1, 8),
+)
+def test_token_allowance_is_at_least_one_step(tokens, max_s, budget, rows) -> None:
+    allowance = token_allowance(tokens, max_s, budget, rows)
+    step = budget * rows if tokens is None else tokens
+    assert allowance == pytest.approx(max(max_s, 1) * step)
+
+
+def test_one_group_at_a_time_until_the_first_completes() -> None:
+    ledger = GenerationLedger()
+    assert may_start_group(ledger, allowance=1.0)
+    ledger = group_started(ledger)
+    assert not may_start_group(ledger, allowance=1e12)
+    ledger = group_finished(ledger, forwarded_tokens=100)
+    assert ledger.tokens_per_group == 100 and ledger.queued_tokens == 100
+    assert may_start_group(ledger, allowance=500)
+    with pytest.raises(ValueError, match="no group in flight"):
+        group_finished(GenerationLedger(), 1)
+
+
+@st.composite
+def pipelines(draw):
+    return dict(
+        max_staleness=draw(st.integers(0, 4)),
+        group_tokens=draw(st.lists(st.integers(0, 3000), min_size=1, max_size=8)),
+        budget=draw(st.integers(256, 4096)),
+        rows=draw(st.integers(1, 4)),
+        gen_ticks=draw(st.integers(1, 5)),
+    )
+
+
+@given(pipelines())
+def test_pipeline_makes_progress_and_respects_the_allowance(case) -> None:
+    """A toy worker/trainer loop driven only by the pacing functions never deadlocks, and the
+    worker never starts a group while queued + in-flight tokens exceed the allowance."""
+    ledger = GenerationLedger()
+    tokens_per_step = None
+    in_flight: list[int] = []  # ticks left per group
+    queue: list[int] = []
+    steps = 0
+    sizes = case["group_tokens"]
+    for tick in range(400):
+        allowance = token_allowance(
+            tokens_per_step, case["max_staleness"], case["budget"], case["rows"]
+        )
+        while may_start_group(ledger, allowance):
+            if ledger.groups_completed and (ledger.queued_tokens or ledger.groups_in_flight):
+                assert ledger.queued_tokens + ledger.in_flight_tokens() <= allowance
+            ledger = group_started(ledger)
+            in_flight.append(case["gen_ticks"])
+            if len(in_flight) > 64:
+                break
+        in_flight = [t - 1 for t in in_flight]
+        for _ in [t for t in in_flight if t == 0]:
+            size = sizes[(tick + len(queue)) % len(sizes)]
+            ledger = group_finished(ledger, size)
+            if size:
+                queue.append(size)
+        in_flight = [t for t in in_flight if t > 0]
+        if queue:
+            taken = queue.pop(0)
+            ledger = samples_taken(ledger, taken)
+            tokens_per_step = float(taken)
+            steps += 1
+    assert ledger.groups_completed > 0
+    if any(sizes):
+        assert steps > 0
+
+
+@given(st.one_of(st.none(), st.integers(0, 10**7)), st.integers(1, 8192), st.integers(1, 1024))
+def test_initial_cap_in_bounds(kv_tokens, max_len, ceiling) -> None:
+    cap = initial_load_cap(kv_tokens, max_len, ceiling).cap
+    assert 1 <= cap <= ceiling
+    if kv_tokens is None:
+        assert cap == ceiling
+
+
+snapshots = st.one_of(
+    st.none(),
+    st.builds(ServerLoad, st.floats(0.0, 1.0), st.integers(0, 1000), st.integers(0, 1000)),
+)
+
+
+@given(
+    st.integers(1, 1024),
+    st.integers(1, 2048),
+    st.lists(st.tuples(snapshots, st.integers(0, 200)), max_size=40),
+)
+def test_cap_stays_in_bounds_and_admissions_never_exceed_either_limit(ceiling, start, events):
+    state = LoadCap(cap=min(start, ceiling))
+    in_flight = 0
+    for snapshot, completed in events:
+        previous = state.cap
+        state = next_load_cap(rollouts_completed(state, completed), snapshot, ceiling)
+        assert 1 <= state.cap <= ceiling
+        if snapshot is not None and snapshot.kv_cache_usage > 0.8:
+            assert state.cap <= max(1, previous)
+        if snapshot is not None and state.cap > previous:
+            assert state.cap - previous <= max(1, int(np.ceil(previous * 0.25)))
+        admit = rollouts_to_admit(in_flight, state, ceiling)
+        in_flight += admit
+        assert admit == 0 or in_flight <= min(state.cap, ceiling)
+        in_flight = max(0, in_flight - completed)
+
+
+def test_raise_is_bounded_by_rollouts_completed_since_last_raise() -> None:
+    idle = ServerLoad(kv_cache_usage=0.1, running=1, waiting=0)
+    assert next_load_cap(LoadCap(100, completed_since_raise=3), idle, 512) == LoadCap(103, 0)
+    assert next_load_cap(LoadCap(100, completed_since_raise=0), idle, 512).cap == 100
+    busy = ServerLoad(kv_cache_usage=0.5, running=1, waiting=2)
+    assert next_load_cap(LoadCap(100, 50), busy, 512).cap == 100
+    assert next_load_cap(LoadCap(100, 50), ServerLoad(0.7, 1, 0), 512).cap == 100
+    assert next_load_cap(LoadCap(1, 50), ServerLoad(0.95, 1, 0), 512).cap == 1
+    assert next_load_cap(LoadCap(100, 50), None, 64).cap == 64
