@@ -63,49 +63,67 @@ def test_one_group_at_a_time_until_the_first_completes() -> None:
 def pipelines(draw):
     return dict(
         max_staleness=draw(st.integers(0, 4)),
-        group_tokens=draw(st.lists(st.integers(0, 3000), min_size=1, max_size=8)),
+        group_tokens=draw(st.lists(st.integers(1, 3000), min_size=1, max_size=8)),
         budget=draw(st.integers(256, 4096)),
         rows=draw(st.integers(1, 4)),
         gen_ticks=draw(st.integers(1, 5)),
+        train_ticks=draw(st.integers(1, 5)),
     )
 
 
 @given(pipelines())
 def test_pipeline_makes_progress_and_respects_the_allowance(case) -> None:
-    """A toy worker/trainer loop driven only by the pacing functions never deadlocks, and the
-    worker never starts a group while queued + in-flight tokens exceed the allowance."""
+    """A toy worker and trainer driven only by the pacing functions: the trainer pulls the
+    queue eagerly, drops stale samples and steps once it holds a full step. Whatever the sizes
+    and speeds, with max_staleness=0 too: pacing never blocks the worker while the trainer
+    starves, steps keep coming when generation can feed them, no trained sample is staler than
+    max_staleness, and no group starts while queued + in-flight tokens exceed the allowance."""
+    max_staleness, sizes = case["max_staleness"], case["group_tokens"]
+    target = case["budget"] * case["rows"]
     ledger = GenerationLedger()
     tokens_per_step = None
-    in_flight: list[int] = []  # ticks left per group
-    queue: list[int] = []
-    steps = 0
-    sizes = case["group_tokens"]
-    for tick in range(400):
-        allowance = token_allowance(
-            tokens_per_step, case["max_staleness"], case["budget"], case["rows"]
-        )
-        while may_start_group(ledger, allowance):
+    version = 0
+    in_flight: list[list[int]] = []  # [ticks left, version at start]
+    queue: list[tuple[int, int]] = []  # (tokens, version)
+    buffer: list[tuple[int, int]] = []
+    training_left = 0
+    started = 0
+    for _ in range(3000):
+        allowance = token_allowance(tokens_per_step, max_staleness, case["budget"], case["rows"])
+        starving = not training_left and not queue and not in_flight
+        assert not starving or may_start_group(ledger, allowance), "pacing blocks a starved trainer"
+        while len(in_flight) < 16 and may_start_group(ledger, allowance):
             if ledger.groups_completed and (ledger.queued_tokens or ledger.groups_in_flight):
                 assert ledger.queued_tokens + ledger.in_flight_tokens() <= allowance
             ledger = group_started(ledger)
-            in_flight.append(case["gen_ticks"])
-            if len(in_flight) > 64:
-                break
-        in_flight = [t - 1 for t in in_flight]
-        for _ in [t for t in in_flight if t == 0]:
-            size = sizes[(tick + len(queue)) % len(sizes)]
+            in_flight.append([case["gen_ticks"], version])
+        for group in in_flight:
+            group[0] -= 1
+        for _, group_version in [g for g in in_flight if g[0] == 0]:
+            size = sizes[started % len(sizes)]
+            started += 1
             ledger = group_finished(ledger, size)
-            if size:
-                queue.append(size)
-        in_flight = [t for t in in_flight if t > 0]
-        if queue:
-            taken = queue.pop(0)
-            ledger = samples_taken(ledger, taken)
-            tokens_per_step = float(taken)
-            steps += 1
-    assert ledger.groups_completed > 0
-    if any(sizes):
-        assert steps > 0
+            queue.append((size, group_version))
+        in_flight = [g for g in in_flight if g[0] > 0]
+        if training_left:
+            training_left -= 1
+            if training_left == 0:
+                version += 1
+            continue
+        ledger = samples_taken(ledger, sum(t for t, _ in queue))
+        buffer = [b for b in buffer + queue if version - b[1] <= max_staleness]
+        queue = []
+        if sum(t for t, _ in buffer) >= target or (buffer and max(sizes) >= target):
+            step, total = [], 0
+            while buffer and (not step or total + buffer[0][0] <= target):
+                total += buffer[0][0]
+                step.append(buffer.pop(0))
+            assert all(version - v <= max_staleness for _, v in step)
+            tokens_per_step = float(total)
+            training_left = case["train_ticks"]
+    generation_capacity = 3000 / case["gen_ticks"] * 16 * min(sizes)
+    if generation_capacity >= 6 * target:
+        assert version >= 3, f"only {version} steps in 3000 ticks"
 
 
 @given(st.one_of(st.none(), st.integers(0, 10**7)), st.integers(1, 8192), st.integers(1, 1024))

@@ -1,0 +1,344 @@
+"""A discrete-time simulation of the asynchronous pipeline, driven by the real core.
+
+Generation and training are simulated (a generator with a fixed token throughput shared by
+the groups in flight, a trainer with a fixed throughput, and a toy policy whose success
+probability on a prompt is ``sigmoid(skill - difficulty)``), but every decision is the core's:
+which groups start (:mod:`asyncgrpo.core.pacing`), how a group is scored
+(:mod:`asyncgrpo.core.advantages`), how turns become samples
+(:mod:`asyncgrpo.core.reconcile`), which samples are too stale, which prompts are consumed
+(:mod:`asyncgrpo.core.cursor`) and how metrics aggregate (:mod:`asyncgrpo.core.metrics`).
+
+Use it to see how ``max_staleness``, throughputs and batch sizes trade staleness against
+trainer idle time before spending compute. Time is simulated: a run takes about a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import numpy as np
+import structlog
+from tqdm import tqdm
+
+from asyncgrpo.core import advantages, cursor, metrics, pacing
+from asyncgrpo.core.reconcile import reconcile_turns
+from asyncgrpo.core.records import TrainingSample, TurnRecord
+from asyncgrpo.shell.metrics_log import MetricsFile
+
+log = structlog.get_logger("asyncgrpo.simulate")
+
+STALL_AFTER_S = 3600.0
+
+
+@attrs.frozen
+class SimulationConfig:
+    """Knobs of the simulated run (names follow ``AsyncGRPOConfig`` where they exist).
+
+    Attributes:
+        max_steps: optimizer steps to simulate.
+        dataset_size: prompts in the simulated dataset.
+        num_generations: rollouts per prompt (G).
+        max_staleness: as in the config; samples further behind are dropped.
+        max_concurrent_rollouts: rollouts in flight at most (groups start whole).
+        token_budget: tokens per row.
+        rows_per_step: ``gradient_accumulation_steps x num_processes``.
+        prompt_tokens: tokens per prompt.
+        min_completion_tokens, max_completion_tokens: completion lengths, uniform.
+        generation_tokens_per_s: generator throughput shared by all groups in flight.
+        training_tokens_per_s: trainer throughput in forwarded tokens.
+        skill_per_step: the toy policy's skill gain per step at full signal.
+        logging_steps: steps per logging window.
+        tick_s: simulated seconds per tick.
+        seed: seeds prompt difficulties, rewards, lengths and the prompt order.
+    """
+
+    max_steps: int = 60
+    dataset_size: int = 128
+    num_generations: int = 8
+    max_staleness: int = 4
+    max_concurrent_rollouts: int = 64
+    token_budget: int = 4096
+    rows_per_step: int = 1
+    prompt_tokens: int = 64
+    min_completion_tokens: int = 8
+    max_completion_tokens: int = 128
+    generation_tokens_per_s: float = 4500.0
+    training_tokens_per_s: float = 6000.0
+    skill_per_step: float = 0.12
+    logging_steps: int = 5
+    tick_s: float = 0.01
+    seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_concurrent_rollouts < self.num_generations:
+            raise ValueError(
+                "SimulationConfig.max_concurrent_rollouts must be >= num_generations "
+                "(a group starts whole)"
+            )
+        for name in (
+            "max_steps",
+            "dataset_size",
+            "num_generations",
+            "token_budget",
+            "rows_per_step",
+            "logging_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimulationConfig.{name} must be >= 1")
+        if self.max_staleness < 0:
+            raise ValueError("SimulationConfig.max_staleness must be >= 0")
+        longest = self.prompt_tokens + self.max_completion_tokens
+        if longest > self.token_budget:
+            raise ValueError(
+                f"SimulationConfig.token_budget ({self.token_budget}) is below the longest "
+                f"sample ({longest} tokens); raise token_budget"
+            )
+
+
+@attrs.define
+class _Group:
+    position: int
+    row: int
+    version: int
+    lengths: list[int]
+    remaining: float
+
+
+@attrs.define
+class _Pipeline:
+    """Mutable state of one simulated run (the shell's side; the decisions live in core)."""
+
+    config: SimulationConfig
+    rng: np.random.Generator
+    difficulty: np.ndarray
+    skill: float = -1.0
+    version: int = 0
+    clock: float = 0.0
+    ledger: pacing.GenerationLedger = attrs.field(factory=pacing.GenerationLedger)
+    prompt_cursor: cursor.PromptCursor = attrs.field(factory=cursor.PromptCursor)
+    tokens_per_step: float | None = None
+    next_position: int = 0
+    next_group_id: int = 0
+    in_flight: list[_Group] = attrs.field(factory=list)
+    queue: deque[TrainingSample] = attrs.field(factory=deque)
+    buffer: deque[TrainingSample] = attrs.field(factory=deque)
+    window: metrics.MetricWindow = attrs.field(factory=metrics.MetricWindow)
+    blocked_since: float | None = None
+    waiting_since: float | None = None
+
+    def observe(self, *observations: metrics.Observation) -> None:
+        self.window = metrics.record(self.window, observations)
+
+
+def _start_groups(state: _Pipeline) -> None:
+    """Start every group that rollout slots and the staleness allowance admit; a group that
+    waited on the allowance with slots free records that wait as ``rollout/backpressure_s``."""
+    c = state.config
+    allowance = pacing.token_allowance(
+        state.tokens_per_step, c.max_staleness, c.token_budget, c.rows_per_step
+    )
+    while True:
+        slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
+        if slots < c.num_generations:
+            return
+        if not pacing.may_start_group(state.ledger, allowance):
+            if state.blocked_since is None and state.ledger.groups_completed > 0:
+                state.blocked_since = state.clock
+            return
+        if state.blocked_since is not None:
+            state.observe(
+                metrics.value("rollout/backpressure_s", state.clock - state.blocked_since)
+            )
+            state.blocked_since = None
+        _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
+        lengths = state.rng.integers(
+            c.min_completion_tokens, c.max_completion_tokens + 1, c.num_generations
+        ).tolist()
+        state.in_flight.append(
+            _Group(state.next_position, row, state.version, lengths, float(sum(lengths)))
+        )
+        state.ledger = pacing.group_started(state.ledger)
+        state.next_position += 1
+
+
+def _finish_group(state: _Pipeline, group: _Group) -> None:
+    c = state.config
+    p_success = 1.0 / (1.0 + math.exp(-(state.skill - state.difficulty[group.row])))
+    rewards = advantages.sum_rewards(
+        [state.rng.binomial(1, p_success, c.num_generations).astype(float).tolist()],
+        c.num_generations,
+    )
+    score = advantages.score_group(rewards)
+    prompt = list(range(c.prompt_tokens))
+    samples: list[TrainingSample] = []
+    for rollout, length in enumerate(group.lengths):
+        outputs = state.rng.integers(1000, 2000, length).tolist()
+        turn = TurnRecord(prompt, outputs, [-1.0] * length)
+        for sequence in reconcile_turns([turn]).sequences if score.kept else ():
+            samples.append(
+                TrainingSample(
+                    sequence,
+                    score.advantages[rollout],
+                    group.version,
+                    state.next_group_id,
+                    group.row,
+                    group.position,
+                    f"{group.position}-{rollout}",
+                    queued_at=state.clock,
+                )
+            )
+    state.next_group_id += 1
+    tokens = sum(len(s.sequence) for s in samples)
+    state.ledger = pacing.group_finished(state.ledger, tokens)
+    state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, group.position, len(samples))
+    state.queue.extend(samples)
+    state.observe(
+        metrics.value("reward", float(np.nanmean(rewards)), weight=c.num_generations),
+        metrics.value("frac_reward_zero_std", 0.0 if score.kept else 1.0),
+        metrics.value("reward_group_std", score.group_std, weight=len(samples)),
+    )
+
+
+def _generate(state: _Pipeline) -> None:
+    if not state.in_flight:
+        return
+    share = state.config.generation_tokens_per_s * state.config.tick_s / len(state.in_flight)
+    for group in list(state.in_flight):
+        group.remaining -= share
+        if group.remaining <= 0:
+            state.in_flight.remove(group)
+            _finish_group(state, group)
+
+
+def _take_step(state: _Pipeline) -> list[TrainingSample] | None:
+    """Pull every queued sample into the trainer's buffer, drop the stale ones, and return a
+    step's worth once the buffer holds one (else None).
+
+    The trainer pulls eagerly, as the real one does: the staleness allowance counts what is
+    queued, so a trainer holding samples back on the queue could stall the worker.
+    """
+    c = state.config
+    state.observe(metrics.value("rollout/queue_size", len(state.queue)))
+    pulled = sum(len(s.sequence) for s in state.queue)
+    state.ledger = pacing.samples_taken(state.ledger, pulled)
+    state.buffer.extend(state.queue)
+    state.queue.clear()
+    fresh, stale = pacing.split_stale(state.buffer, state.version, c.max_staleness)
+    if stale:
+        state.buffer = deque(fresh)
+        state.prompt_cursor = cursor.samples_consumed(
+            state.prompt_cursor, [s.prompt_position for s in stale]
+        )
+        state.observe(metrics.value("sample/dropped_stale_count", len(stale)))
+    target = c.token_budget * c.rows_per_step
+    if sum(len(s.sequence) for s in state.buffer) < target:
+        return None
+    batch: list[TrainingSample] = []
+    tokens = 0
+    while state.buffer and tokens + len(state.buffer[0].sequence) <= target:
+        sample = state.buffer.popleft()
+        batch.append(sample)
+        tokens += len(sample.sequence)
+    return batch
+
+
+def _train(state: _Pipeline, batch: list[TrainingSample]) -> float:
+    """Apply one step; returns its simulated duration in seconds."""
+    c = state.config
+    tokens = sum(len(s.sequence) for s in batch)
+    staleness = [s.staleness(state.version) for s in batch]
+    signal = float(np.mean([abs(s.advantage) for s in batch]))
+    state.skill += c.skill_per_step * signal / (1.0 + 0.25 * float(np.mean(staleness)))
+    state.prompt_cursor = cursor.samples_consumed(
+        state.prompt_cursor, [s.prompt_position for s in batch]
+    )
+    state.tokens_per_step = float(tokens)
+    state.observe(
+        metrics.value("sample/staleness_mean", float(np.mean(staleness)), weight=len(batch)),
+        metrics.value("sample/staleness_max", float(max(staleness))),
+        metrics.value(
+            "sample/time_in_queue_s",
+            float(np.mean([state.clock - s.queued_at for s in batch])),
+            weight=len(batch),
+        ),
+        metrics.value("batch/forwarded_tokens_per_step", tokens),
+        metrics.value("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
+        metrics.value("batch/samples_per_step", len(batch)),
+    )
+    return tokens / c.training_tokens_per_s
+
+
+def simulate(
+    config: SimulationConfig,
+    output_dir: str | Path,
+    progress: bool = True,
+    on_window: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Run the simulation; writes ``metrics.jsonl`` to ``output_dir`` and returns the windows.
+
+    Example:
+        >>> import tempfile
+        >>> windows = simulate(SimulationConfig(max_steps=10), tempfile.mkdtemp(),
+        ...                    progress=False)
+        >>> len(windows), windows[-1]["step"]
+        (2, 10)
+    """
+    rng = np.random.default_rng(config.seed)
+    state = _Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))
+    windows: list[dict[str, float]] = []
+    step_ends_at: float | None = None
+    last_step_at = 0.0
+    bar = tqdm(total=config.max_steps, desc="simulate", unit="step", disable=not progress)
+    with MetricsFile(output_dir) as metrics_file:
+        while state.version < config.max_steps:
+            _start_groups(state)
+            _generate(state)
+            if step_ends_at is None:
+                batch = _take_step(state)
+                if batch is None:
+                    if state.waiting_since is None:
+                        state.waiting_since = state.clock
+                else:
+                    waited = state.clock - (state.waiting_since or state.clock)
+                    state.observe(metrics.value("perf/rollout_wait_s", waited))
+                    state.waiting_since = None
+                    step_ends_at = state.clock + _train(state, batch)
+                    last_step_at = state.clock
+            elif state.clock >= step_ends_at:
+                step_ends_at = None
+                state.version += 1
+                bar.update(1)
+                if state.version % config.logging_steps == 0:
+                    window = _close_window(state, metrics_file)
+                    windows.append(window)
+                    if on_window is not None:
+                        on_window(state.version, window)
+            state.clock += config.tick_s
+            if state.clock - last_step_at > STALL_AFTER_S:
+                raise RuntimeError(
+                    f"simulated pipeline stalled: no step for {STALL_AFTER_S:.0f} simulated "
+                    f"seconds at step {state.version} (queue {len(state.queue)}, in flight "
+                    f"{len(state.in_flight)}); this is a pacing bug, please report it"
+                )
+    bar.close()
+    return windows
+
+
+def _close_window(state: _Pipeline, metrics_file: MetricsFile) -> dict[str, float]:
+    summary = metrics.summarize(state.window)
+    summary["epoch"] = cursor.epochs_consumed(state.prompt_cursor, state.config.dataset_size)
+    summary["policy/skill"] = state.skill
+    metrics_file.write(state.version, summary)
+    log.info(
+        "window",
+        step=state.version,
+        reward=round(summary.get("reward", math.nan), 3),
+        staleness_max=summary.get("sample/staleness_max"),
+        queue=summary.get("rollout/queue_size"),
+    )
+    state.window = metrics.MetricWindow()
+    return {"step": state.version, **summary}
