@@ -112,6 +112,8 @@ class TurnRecord:
 
     def __attrs_post_init__(self) -> None:
         name, n = "TurnRecord", len(self.output_ids)
+        if not self.prompt_ids:
+            raise _fail(name, "prompt_ids", "is empty; a sampling request needs a prompt")
         if self.output_mask is not None:
             _check_same_length(name, "output_mask", self.output_mask, n)
             _check_binary(name, "output_mask", self.output_mask)
@@ -254,6 +256,15 @@ class TrainingSequence:
                     name, field, f"has {len(getattr(self, field))} entries, input_ids has {n}"
                 )
         _check_binary(name, "trained_mask", self.trained_mask.tolist())
+        if n == 0:
+            raise _fail(name, "input_ids", "is empty")
+        if self.trained_mask[0]:
+            raise _fail(
+                name,
+                "trained_mask",
+                "the first token is trained, but no position predicts it; start the sequence "
+                "with at least one context token",
+            )
         trained = self.trained_mask.astype(bool)
         if not np.all(np.isfinite(self.sampler_logprobs[trained])):
             raise _fail(name, "sampler_logprobs", "must be finite at trained positions")

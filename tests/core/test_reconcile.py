@@ -25,6 +25,7 @@ def rollouts(draw):
         else:
             keep = draw(st.integers(0, len(held)))
             prompt = held[:keep] + draw(tokens)
+        prompt = prompt or [draw(st.integers(0, 5))]
         n_out = draw(st.integers(0, 4))
         outputs = list(range(next_id, next_id + n_out))
         next_id += n_out

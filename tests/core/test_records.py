@@ -52,6 +52,11 @@ def test_turn_record_rejects_bad_fields_by_name(kwargs, field) -> None:
         TurnRecord(prompt_ids=[1], output_ids=[3, 4], **kwargs)
 
 
+def test_turn_record_needs_a_prompt() -> None:
+    with pytest.raises(ValueError, match="TurnRecord.prompt_ids"):
+        TurnRecord(prompt_ids=[], output_ids=[3], output_log_probs=[-0.1])
+
+
 def test_untrained_turn_needs_no_log_probs() -> None:
     turn = TurnRecord(prompt_ids=[1], output_ids=[3, 4], output_mask=[0, 0])
     assert turn.output_log_probs == ()
@@ -102,6 +107,8 @@ def test_training_sequence_arrays_are_read_only() -> None:
         ({"sampler_logprobs": [0.0, np.nan, -1.0]}, "sampler_logprobs"),
         ({"sampler_logprobs": [0.0, 0.3, -1.0]}, "sampler_logprobs"),
         ({"sampling_masks": [None]}, "sampling_masks"),
+        ({"trained_mask": [1, 1, 1], "sampler_logprobs": [-0.1] * 3}, "trained_mask"),
+        ({"input_ids": [], "trained_mask": [], "sampler_logprobs": []}, "input_ids"),
     ],
 )
 def test_training_sequence_rejects_bad_fields_by_name(kwargs, field) -> None:
@@ -167,7 +174,7 @@ def test_rollout_group_checks_every_column_length() -> None:
 
 
 @given(
-    st.lists(st.integers(0, 50_000), max_size=20),
+    st.lists(st.integers(0, 50_000), min_size=1, max_size=20),
     st.lists(st.floats(-30.0, 0.0), min_size=1, max_size=20),
 )
 def test_turn_record_accepts_any_valid_turn(prompt, logprobs) -> None:

@@ -1,0 +1,79 @@
+"""Time the token-budget planner and tree packing on 1,024 samples of realistic shapes.
+
+128 groups of G=8 rollouts, 256-token prompts, completions uniform in 64-512 tokens, token
+budget 4,096, 2 processes x 4 accumulation steps per plan. Prints medians over repeats.
+
+    .venv/bin/python benchmarks/planning.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from asyncgrpo.core.packing import pack_row
+from asyncgrpo.core.planner import batch_metrics, plan_step
+from asyncgrpo.core.records import TrainingSample, TrainingSequence
+
+
+def make_samples(rng: np.random.Generator, groups: int = 128, group_size: int = 8):
+    samples = []
+    for group in range(groups):
+        prompt = rng.integers(0, 32_000, 256)
+        for member in range(group_size):
+            completion = rng.integers(0, 32_000, int(rng.integers(64, 513)))
+            tokens = np.concatenate([prompt, completion])
+            mask = np.r_[np.zeros(256, np.int8), np.ones(len(completion), np.int8)]
+            logprobs = np.where(mask == 1, -1.0, 0.0)
+            seq = TrainingSequence(tokens, mask, logprobs)
+            samples.append(TrainingSample(seq, 1.0, 0, group, group, group, f"{group}-{member}"))
+    return samples
+
+
+def main(repeats: int = 5) -> None:
+    rng = np.random.default_rng(0)
+    samples = make_samples(rng)
+    budget, processes, accumulation = 4096, 2, 4
+    plan_times, pack_times = [], []
+    placed = 0
+    for _ in range(repeats):
+        remaining = list(samples)
+        start = time.perf_counter()
+        plans = []
+        while remaining:
+            plan = plan_step(remaining, budget, processes, accumulation)
+            plans.append((plan, remaining))
+            remaining = [remaining[i] for i in plan.leftover]
+        plan_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        rows = [
+            [
+                [pack_row([batch[i] for i in row.samples]) for row in mb if row.samples]
+                for mb in plan.micro_batches
+            ]
+            for plan, batch in plans
+        ]
+        pack_times.append(time.perf_counter() - start)
+        placed = sum(len(p.placed) for p, _ in plans)
+    metrics = batch_metrics(rows[0], budget)
+    steps = len(plans)
+    print(
+        f"samples {len(samples)}, placed {placed}, steps {steps}, "
+        f"packing_ratio {metrics['batch/packing_ratio']:.2f}, "
+        f"samples_per_row {metrics['batch/samples_per_row']:.2f}, "
+        f"row_fill_frac {metrics['batch/row_fill_frac']:.2f}"
+    )
+    print(
+        f"plan all 1,024 samples: median {statistics.median(plan_times) * 1e3:.1f} ms "
+        f"({statistics.median(plan_times) / steps * 1e3:.1f} ms per step)"
+    )
+    print(
+        f"pack all rows:          median {statistics.median(pack_times) * 1e3:.1f} ms "
+        f"({statistics.median(pack_times) / steps * 1e3:.1f} ms per step)"
+    )
+
+
+if __name__ == "__main__":
+    main()

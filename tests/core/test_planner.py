@@ -1,0 +1,104 @@
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packing_strategies import make_sample, sample_sets
+
+from asyncgrpo.core.packing import pack_row
+from asyncgrpo.core.planner import added_cost, attention_cost, batch_metrics, plan_step
+
+plans = st.tuples(
+    sample_sets(max_groups=6), st.integers(4, 40), st.integers(1, 3), st.integers(1, 3)
+)
+
+
+@given(plans)
+def test_every_sample_is_placed_dropped_or_left_exactly_once(case) -> None:
+    samples, budget, processes, accumulation = case
+    plan = plan_step(samples, budget, processes, accumulation)
+    seen = Counter(plan.placed) + Counter(plan.dropped_oversize) + Counter(plan.leftover)
+    assert seen == Counter(range(len(samples)))
+    assert all(len(samples[i].sequence) > budget for i in plan.dropped_oversize)
+    assert len(plan.micro_batches) <= accumulation
+    assert all(len(mb) == processes for mb in plan.micro_batches)
+    assert plan.leftover == tuple(sorted(plan.leftover))
+
+
+@given(plans)
+def test_budget_holds_and_planned_tokens_and_cost_match_the_packed_row(case) -> None:
+    samples, budget, processes, accumulation = case
+    plan = plan_step(samples, budget, processes, accumulation)
+    for mb in plan.micro_batches:
+        for row in mb:
+            if not row.samples:
+                assert row.tokens == row.cost == 0
+                continue
+            packed = pack_row([samples[i] for i in row.samples])
+            assert packed.num_tokens == row.tokens <= budget
+            assert attention_cost(packed.position_ids) == row.cost
+            assert packed.unpacked_tokens >= packed.num_tokens
+
+
+@given(plans)
+def test_a_micro_batch_closes_only_when_the_next_sample_fits_no_row(case) -> None:
+    samples, budget, processes, accumulation = case
+    plan = plan_step(samples, budget, processes, accumulation)
+    firsts = [min(i for row in mb for i in row.samples) for mb in plan.micro_batches]
+    for mb, first_next in zip(plan.micro_batches, firsts[1:], strict=False):
+        for row in mb:
+            packed = pack_row([samples[i] for i in (*row.samples, first_next)])
+            assert packed.num_tokens > budget
+
+
+def test_group_affinity_and_balancing() -> None:
+    prompt = [1, 2, 3, 4, 5, 6]
+    group0 = [make_sample([*prompt, 10 + i, 20 + i], [0] * 6 + [1, 1], group=0) for i in range(3)]
+    other = make_sample([9, 8, 7, 6], [0, 1, 1, 1], group=1)
+    plan = plan_step([group0[0], other, group0[1], group0[2]], token_budget=64, num_processes=2)
+    (mb,) = plan.micro_batches
+    assert mb[0].samples == (0, 2, 3)  # the group stays together, sharing its prompt
+    assert mb[1].samples == (1,)  # the other group takes the empty row
+
+
+def test_step_leaves_the_rest_for_the_next_one() -> None:
+    samples = [make_sample([i, i + 1, i + 2], [0, 1, 1], group=i) for i in range(0, 30, 3)]
+    plan = plan_step(samples, token_budget=6, num_processes=1, gradient_accumulation_steps=2)
+    assert len(plan.micro_batches) == 2 and plan.complete
+    assert plan.leftover == tuple(range(4, 10))
+
+
+def test_added_cost_matches_packed_rows() -> None:
+    a = make_sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1])
+    b = make_sample([1, 2, 3, 7, 8], [0, 0, 0, 1, 1])
+    row = pack_row([a, b])
+    assert attention_cost(row.position_ids) == added_cost(5, 0) + added_cost(5, 2)
+
+
+def test_batch_metrics_of_the_worked_example() -> None:
+    r0 = make_sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], group=0)
+    r1 = make_sample([1, 2, 3, 6, 7], [0, 0, 0, 1, 1], group=0)
+    lone = make_sample([8, 9], [0, 1], group=1)
+    metrics = batch_metrics(
+        [[pack_row([r0, r1]), pack_row([lone])]], token_budget=10, dropped_oversize=2
+    )
+    assert metrics["batch/packing_ratio"] == pytest.approx(12 / 10)
+    assert metrics["batch/forwarded_tokens_per_step"] == 10
+    assert metrics["batch/trained_tokens_per_step"] == 5
+    assert metrics["batch/samples_per_row"] == 1.5
+    assert metrics["batch/row_tokens_max"] == 8
+    assert metrics["batch/row_fill_frac"] == pytest.approx(0.5)
+    assert metrics["batch/pad_frac"] == pytest.approx(1 - 10 / 16)
+    assert metrics["batch/masked_token_frac"] == pytest.approx(1 - 5 / 10)
+    assert metrics["batch/groups_per_step"] == 2
+    assert metrics["batch/dropped_oversize_count"] == 2
+    costs = [1 + 2 + 3 + 4 + 5 + 3 + 4 + 5, 1 + 2]
+    assert metrics["batch/row_imbalance"] == pytest.approx(max(costs) / (sum(costs) / 2))
+
+
+@given(sample_sets())
+def test_packing_ratio_is_one_exactly_when_nothing_is_shared(samples) -> None:
+    row = pack_row(samples)
+    ratio = batch_metrics([[row]], token_budget=1000)["batch/packing_ratio"]
+    assert ratio >= 1.0
+    assert (ratio == 1.0) == (row.num_tokens == row.unpacked_tokens)
