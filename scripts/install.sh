@@ -27,7 +27,9 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$VENV/bin/python" - <<'PY'
-import torch, transformers, vllm, asyncgrpo  # noqa: F401  (fail the install if any import breaks)
+import torch, vllm, asyncgrpo  # noqa: F401  (fail the install if any import breaks)
+import transformers
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM  # noqa: F401  (lazy model imports)
 print(f"asyncgrpo installed: torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
 PY
 echo "$want" > "$stamp"

