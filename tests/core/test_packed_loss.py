@@ -9,20 +9,28 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from packing_strategies import sample_sets
 
 from asyncgrpo.core.losses import LossConfig, SamplerTopK, policy_loss
 from asyncgrpo.core.packing import PackedRow, pack_row
-from packing_strategies import sample_sets
 
 VOCAB, DIM, MAX_POS = 6, 8, 32
 
 
 def toy_model(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = {"emb": (VOCAB, DIM), "pos": (MAX_POS, DIM), "q": (DIM, DIM), "k": (DIM, DIM),
-              "v": (DIM, DIM), "out": (DIM, VOCAB)}
-    return {n: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()
-            for n, s in shapes.items()}
+    shapes = {
+        "emb": (VOCAB, DIM),
+        "pos": (MAX_POS, DIM),
+        "q": (DIM, DIM),
+        "k": (DIM, DIM),
+        "v": (DIM, DIM),
+        "out": (DIM, VOCAB),
+    }
+    return {
+        n: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()
+        for n, s in shapes.items()
+    }
 
 
 def row_logits(params, row: PackedRow) -> torch.Tensor:
@@ -51,8 +59,11 @@ def loss_of_rows(params, rows: list[PackedRow], total_tokens: int, centering: bo
             sampler_logp=torch.tensor(row.sampler_logprobs),
             advantages=torch.tensor(row.advantages),
             sample_index=torch.tensor(row.sample_index),
-            config=LossConfig(score_centering=centering, vllm_importance_sampling_clip_min=0.0,
-                              vllm_importance_sampling_clip_max=1e9),
+            config=LossConfig(
+                score_centering=centering,
+                vllm_importance_sampling_clip_min=0.0,
+                vllm_importance_sampling_clip_max=1e9,
+            ),
             num_trained_tokens_global=total_tokens,
             gradient_accumulation_steps=1,
             topk=topk if centering else None,
@@ -65,8 +76,7 @@ def gradients(params, loss) -> list[torch.Tensor]:
     return list(torch.autograd.grad(loss, list(params.values()), allow_unused=True))
 
 
-@given(sample_sets(vocab=VOCAB - 1, max_len=6), st.randoms(use_true_random=False),
-       st.booleans())
+@given(sample_sets(vocab=VOCAB - 1, max_len=6), st.randoms(use_true_random=False), st.booleans())
 def test_loss_and_gradient_do_not_depend_on_packing(samples, rng, centering) -> None:
     total = sum(s.sequence.num_trained for s in samples)
     if total == 0:
@@ -76,9 +86,12 @@ def test_loss_and_gradient_do_not_depend_on_packing(samples, rng, centering) -> 
     alone = loss_of_rows(params, [pack_row([s]) for s in samples], total, centering)
     cut = rng.randint(1, len(samples))
     shuffled = rng.sample(list(samples), len(samples))
-    split = loss_of_rows(params, [pack_row(shuffled[:cut])] +
-                         ([pack_row(shuffled[cut:])] if shuffled[cut:] else []), total,
-                         centering)
+    split = loss_of_rows(
+        params,
+        [pack_row(shuffled[:cut])] + ([pack_row(shuffled[cut:])] if shuffled[cut:] else []),
+        total,
+        centering,
+    )
     torch.testing.assert_close(together, alone, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(split, alone, rtol=1e-10, atol=1e-12)
     for a, b in zip(gradients(params, together), gradients(params, alone), strict=True):
