@@ -1,0 +1,349 @@
+"""The vLLM HTTP API: generation, server metrics, and the weight-sync control endpoints.
+
+Token ids in, token ids and log-probs out, through ``/v1/completions``: the prompt is sent as
+token ids, ``return_token_ids`` returns the sampled ids, ``logprobs=K`` the sampled token's
+log-prob and the sampler's top ``K`` keyed by id (``return_tokens_as_token_ids``). Every
+sampling parameter is sent explicitly, with a seed unique to the request.
+
+Faults: a timeout, a dropped connection or a 5xx is retried with exponential backoff and
+counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when retries run out the
+last cause is raised. A 4xx is the caller's mistake and raises at once; a prompt the server
+rejects as too long raises :class:`PromptTooLongError`, which says which limit to raise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+import httpx
+
+from asyncgrpo.core.pacing import ServerLoad
+
+
+class VLLMError(RuntimeError):
+    """The server answered with an error, or could not be reached after retries."""
+
+
+class PromptTooLongError(VLLMError):
+    """The server rejected a request as longer than its ``--max-model-len``."""
+
+
+@attrs.frozen
+class SamplingParams:
+    """The sampling settings of one request (the config's generation fields).
+
+    ``top_k=0`` and ``top_p=1.0`` keep the full vocabulary; ``num_sampler_logprobs`` top
+    log-probs are returned per token (0 for none).
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    num_sampler_logprobs: int = 8
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_completion_length must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError(
+                "temperature must be > 0 (the importance ratio needs a stochastic sampler)"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@attrs.frozen
+class Generation:
+    """One sampled completion.
+
+    Attributes:
+        output_ids: the sampled token ids.
+        output_log_probs: the sampler's log-prob (processed: after temperature, top-k/top-p)
+            of each sampled token.
+        top_logprobs: per token, the sampler's top ``num_sampler_logprobs`` log-probs keyed by
+            token id; ``None`` when none were requested.
+        finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``.
+    """
+
+    output_ids: tuple[int, ...]
+    output_log_probs: tuple[float, ...]
+    top_logprobs: tuple[dict[int, float], ...] | None
+    finish_reason: str | None
+
+
+@attrs.frozen
+class ServerMetrics:
+    """One /metrics scrape, summed over engines (KV usage: max over engines)."""
+
+    load: ServerLoad
+    preemptions: int
+    kv_cache_tokens: int | None
+
+
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)$"
+)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _token_id(key: str) -> int:
+    match = _TOKEN_ID.match(key)
+    if match is None:
+        raise VLLMError(
+            f"server returned log-prob key {key!r}, expected 'token_id:N'; the request must "
+            "set return_tokens_as_token_ids"
+        )
+    return int(match.group(1))
+
+
+def _top_k(table: Mapping[str, float], k: int) -> dict[int, float]:
+    """The ``k`` most likely entries (vLLM adds the sampled token when it is not among them)."""
+    entries = sorted(((float(v), _token_id(key)) for key, v in table.items()), reverse=True)
+    return {token: logprob for logprob, token in entries[:k]}
+
+
+def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Generation:
+    """Read one ``/v1/completions`` choice; a malformed reply raises naming what is missing."""
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise VLLMError("server reply has no token_ids; the server must support return_token_ids")
+    logprobs = choice.get("logprobs") or {}
+    sampled = logprobs.get("token_logprobs")
+    if sampled is None or len(sampled) != len(token_ids):
+        raise VLLMError(
+            f"server reply has {0 if sampled is None else len(sampled)} log-probs for "
+            f"{len(token_ids)} tokens"
+        )
+    values = tuple(float(v) for v in sampled)
+    if any(not math.isfinite(v) for v in values):
+        raise VLLMError("server returned a non-finite log-prob for a sampled token")
+    top = None
+    if num_sampler_logprobs > 0:
+        tables = logprobs.get("top_logprobs") or []
+        if len(tables) != len(token_ids):
+            raise VLLMError(
+                f"server reply has {len(tables)} top log-prob tables for {len(token_ids)} tokens"
+            )
+        top = tuple(_top_k(table or {}, num_sampler_logprobs) for table in tables)
+    return Generation(
+        output_ids=tuple(int(t) for t in token_ids),
+        output_log_probs=values,
+        top_logprobs=top,
+        finish_reason=choice.get("finish_reason"),
+    )
+
+
+def parse_metrics(text: str) -> ServerMetrics:
+    """Parse vLLM's Prometheus text: KV usage (max over engines), running / waiting requests
+    and preemptions (summed over engines), and the KV-cache size in tokens."""
+    usage: list[float] = []
+    running = waiting = preemptions = 0.0
+    kv_tokens: list[int] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, value = match.group("name"), float(match.group("value"))
+        if name == "vllm:kv_cache_usage_perc":
+            usage.append(value)
+        elif name == "vllm:num_requests_running":
+            running += value
+        elif name == "vllm:num_requests_waiting":
+            waiting += value
+        elif name == "vllm:num_preemptions_total":
+            preemptions += value
+        elif name == "vllm:cache_config_info":
+            labels = dict(_LABEL.findall(match.group("labels") or ""))
+            size = labels.get("kv_cache_size_tokens")
+            if size is not None and size.isdigit():
+                kv_tokens.append(int(size))
+            elif (
+                labels.get("num_gpu_blocks", "").isdigit()
+                and labels.get("block_size", "").isdigit()
+            ):
+                kv_tokens.append(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+    return ServerMetrics(
+        load=ServerLoad(max(usage, default=0.0), int(running), int(waiting)),
+        preemptions=int(preemptions),
+        kv_cache_tokens=sum(kv_tokens) if kv_tokens else None,
+    )
+
+
+def _too_long(detail: str) -> bool:
+    return (
+        "maximum context length" in detail
+        or "max_model_len" in detail
+        or ("too long" in detail.lower())
+    )
+
+
+class VLLMClient:
+    """An async client for one vLLM server (``httpx`` + ``anyio``).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        model: the served model name.
+        timeout_s: per-request timeout (the config's ``vllm_server_timeout``).
+        max_retries: retries of a timed-out, dropped or 5xx request before raising.
+        backoff_s: first backoff; doubles per retry, capped at 30 s.
+        max_connections: connection pool size (about ``max_concurrent_rollouts``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        timeout_s: float = 1800.0,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        max_connections: int = 512,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.retry_count = 0
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> VLLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delay = self.backoff_s
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except (httpx.TimeoutException, httpx.TransportError) as error:
+                cause: BaseException = error
+            else:
+                if response.status_code < 500:
+                    return response
+                cause = VLLMError(
+                    f"{method} {path}: HTTP {response.status_code}: {response.text[:500]}"
+                )
+            if attempt == self.max_retries:
+                raise VLLMError(
+                    f"{method} {self.base_url}{path} failed after {self.max_retries} retries: "
+                    f"{type(cause).__name__}: {cause}"
+                ) from cause
+            self.retry_count += 1
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _raise_for_client_error(response: httpx.Response, what: str) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            detail = str(response.json().get("error", {}).get("message") or response.text)
+        except ValueError:
+            detail = response.text
+        if _too_long(detail):
+            raise PromptTooLongError(
+                f"{what}: the server rejected the request as too long: {detail[:400]} -- raise "
+                "the server's --max-model-len (and max_model_len of the run), or lower "
+                "max_completion_length / shorten prompts"
+            )
+        raise VLLMError(f"{what}: HTTP {response.status_code}: {detail[:1000]}")
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, seed: int
+    ) -> Generation:
+        """Sample one completion of ``prompt_ids``."""
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+            "repetition_penalty": params.repetition_penalty,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "n": 1,
+            "seed": int(seed),
+            "logprobs": max(params.num_sampler_logprobs, 0),
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "stream": False,
+        }
+        response = await self._request("POST", "/v1/completions", json=body)
+        self._raise_for_client_error(response, "generation")
+        choices = response.json().get("choices") or []
+        if len(choices) != 1:
+            raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
+        return parse_generation(choices[0], params.num_sampler_logprobs)
+
+    async def max_model_len(self) -> int:
+        """The served model's ``max_model_len`` from ``/v1/models``."""
+        response = await self._request("GET", "/v1/models")
+        self._raise_for_client_error(response, "/v1/models")
+        for entry in response.json().get("data", []):
+            if entry.get("id") == self.model:
+                return int(entry["max_model_len"])
+        names = [e.get("id") for e in response.json().get("data", [])]
+        raise VLLMError(f"the server does not serve model {self.model!r}; it serves {names}")
+
+    async def metrics(self) -> ServerMetrics | None:
+        """One /metrics scrape, or ``None`` when the server has no /metrics endpoint."""
+        response = await self._request("GET", "/metrics")
+        if response.status_code == 404:
+            return None
+        self._raise_for_client_error(response, "/metrics")
+        return parse_metrics(response.text)
+
+    async def _post(self, path: str, **kwargs: Any) -> Any:
+        response = await self._request("POST", path, **kwargs)
+        self._raise_for_client_error(response, path)
+        return response.json() if response.content else None
+
+    async def pause(self) -> None:
+        """Pause generation (in-flight requests wait); needs ``VLLM_SERVER_DEV_MODE=1``."""
+        await self._post("/pause")
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def reset_prefix_cache(self) -> None:
+        await self._post("/reset_prefix_cache")
+
+    async def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> list[Any]:
+        """Call ``method`` on every worker; returns each worker's result."""
+        payload = {"method": method, "args": list(args), "kwargs": dict(kwargs or {})}
+        result = await self._post("/collective_rpc", json=payload)
+        return list((result or {}).get("results", []))
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Register a LoRA adapter (needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
+        await self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._post("/v1/unload_lora_adapter", json={"lora_name": name})

