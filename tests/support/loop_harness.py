@@ -1,0 +1,62 @@
+"""Run an AsyncRolloutLoop in-process and collect what it publishes."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import attrs
+
+from asyncgrpo.shell.rollout_loop import GroupOutcome, LoopReport
+
+
+@attrs.define
+class LocalChannels:
+    """In-process channels: the trainer side is the test. ``consume`` plays a trainer that
+    takes every sample as soon as it is published, one step per group."""
+
+    stop_after: int
+    consume: bool = True
+    outcomes: list[GroupOutcome] = attrs.field(factory=list)
+    reports: list[LoopReport] = attrs.field(factory=list)
+    version: int = 0
+    step_tokens: float | None = None
+    taken: int = 0
+    beats: int = 0
+
+    def publish(self, message) -> None:
+        if isinstance(message, LoopReport):
+            self.reports.append(message)
+            return
+        self.outcomes.append(message)
+        if self.consume and message.samples:
+            self.taken += message.forwarded_tokens
+            self.step_tokens = float(message.forwarded_tokens)
+            self.version += 1
+
+    def model_version(self) -> int:
+        return self.version
+
+    def tokens_per_step(self) -> float | None:
+        return self.step_tokens
+
+    def tokens_taken(self) -> int:
+        return self.taken
+
+    def beat(self) -> None:
+        self.beats += 1
+
+    def stop_requested(self) -> bool:
+        return len(self.outcomes) >= self.stop_after
+
+
+def run_loop(loop, timeout_s: float = 240.0) -> float:
+    """Run ``loop`` until its channels ask to stop; returns the seconds it took."""
+    start = time.monotonic()
+
+    async def main() -> None:
+        with anyio.fail_after(timeout_s):
+            await loop.run()
+
+    anyio.run(main)
+    return time.monotonic() - start
