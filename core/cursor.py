@@ -27,15 +27,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from typing import Any
 
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import FrozenMap
+
 
 def _frozen_counts(values: Mapping[int, int]) -> Mapping[int, int]:
-    return MappingProxyType(dict(values))
+    return FrozenMap(values)
 
 
 @attrs.frozen

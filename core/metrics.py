@@ -34,9 +34,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from types import MappingProxyType
 
 import attrs
+
+from asyncgrpo.core.frozen import FrozenMap
 
 
 class Aggregation(Enum):
@@ -150,7 +151,7 @@ class Stat:
 class MetricWindow:
     """Everything recorded since the last log, one :class:`Stat` per metric name."""
 
-    stats: Mapping[str, Stat] = attrs.field(factory=dict, converter=MappingProxyType)
+    stats: Mapping[str, Stat] = attrs.field(factory=dict, converter=FrozenMap)
 
     def __len__(self) -> int:
         return len(self.stats)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import attrs
 import numpy as np
+
+from asyncgrpo.core.frozen import FrozenMap
 
 
 def _fail(record: str, field: str, problem: str) -> ValueError:
@@ -51,7 +52,7 @@ def _top_logprobs(
 ) -> tuple[Mapping[int, float], ...] | None:
     if values is None:
         return None
-    return tuple(MappingProxyType({int(k): float(v) for k, v in d.items()}) for d in values)
+    return tuple(FrozenMap({int(k): float(v) for k, v in d.items()}) for d in values)
 
 
 def _check_binary(record: str, field: str, values: Sequence[int]) -> None:

@@ -182,3 +182,14 @@ def test_turn_record_accepts_any_valid_turn(prompt, logprobs) -> None:
     turn = TurnRecord(prompt, outputs, logprobs)
     assert turn.output_log_probs == tuple(logprobs)
     assert len(turn.trained_mask()) == len(outputs)
+
+
+def test_records_survive_the_process_boundary() -> None:
+    import pickle
+
+    turn = TurnRecord([1], [2, 3], [-0.1, -0.2], output_sampler_logprobs=[{2: -0.1}, {3: -0.2}])
+    assert pickle.loads(pickle.dumps(turn)) == turn
+    seq = TrainingSequence([1, 2], [0, 1], [0.0, -0.1], sampler_top_logprobs=[None, {2: -0.1}])
+    sample = TrainingSample(seq, 0.5, 1, 2, 3, 4, "r")
+    back = pickle.loads(pickle.dumps(sample))
+    assert back == sample and dict(back.sequence.sampler_top_logprobs[1]) == {2: -0.1}

@@ -344,3 +344,16 @@ def test_environments_are_routed_reset_rewarded_and_reused(vllm_server, tiny_qwe
     failures = game_obs["tools/failure_frequency"]
     assert (failures.amount, failures.weight) == (2, 4)  # 2 rollouts x (move ok, increment not)
     assert Counter.instances <= 2  # reused across episodes, at most one per concurrent slot
+
+
+def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3) -> None:
+    """Nothing listens on the port (a stopped server): the loop retries, then raises."""
+    from asyncgrpo.adapters.vllm_client import VLLMError
+    from asyncgrpo.adapters.vllm_server import free_port
+
+    class Dead:
+        base_url = f"http://127.0.0.1:{free_port()}"
+
+    loop = make_loop(Dead, tiny_qwen3, channels=LocalChannels(stop_after=1))
+    with pytest.raises(VLLMError, match="failed after 5 retries: ConnectError"):
+        run_loop(loop, timeout_s=120)

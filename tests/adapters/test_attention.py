@@ -1,0 +1,112 @@
+"""Tree attention: the backends agree with the dense reference, the flex mask predicate equals
+the row's dense mask, and misuse fails with errors that name the fix."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packing_strategies import make_sample, sample_sets
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+from asyncgrpo.adapters.attention import (
+    TREE_ATTENTION,
+    BackendUnavailableError,
+    check_backend,
+    default_backend,
+    enable_tree_attention,
+    tree_attention_forward,
+    tree_layout,
+    tree_mask_mod,
+)
+from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.core.packing import pack_row
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+ROW = pack_row(
+    [
+        make_sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1]),
+        make_sample([1, 2, 3, 7, 8, 9], [0, 0, 0, 1, 1, 1]),
+        make_sample([1, 2, 3, 7, 8], [0, 0, 0, 1, 1]),
+        make_sample([5, 6, 6], [0, 1, 1]),
+    ]
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls run fastest on one thread; more threads only spin against the other work
+    on a small shared machine (about 30x slower here). Restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def attend(row, backend, query, key, value):
+    layout = tree_layout(row, "cpu", backend)
+    out, weights = tree_attention_forward(
+        torch.nn.Identity(), query, key, value, None, scaling=0.3, tree_layout=layout
+    )
+    assert weights is None
+    return out
+
+
+@settings(max_examples=40)
+@given(samples=sample_sets(max_len=8), seed=st.integers(0, 2**16))
+def test_segments_equal_dense_outputs_and_gradients_on_random_trees(samples, seed) -> None:
+    row = pack_row(samples)
+    t = row.num_tokens
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(1, HEADS, t, HEAD_DIM), (1, KV_HEADS, t, HEAD_DIM), (1, KV_HEADS, t, HEAD_DIM)]
+    inputs = [torch.randn(s, generator=generator) for s in shapes]
+    upstream = torch.randn(1, t, HEADS, HEAD_DIM, generator=generator)
+    results = {}
+    for backend in ("dense", "segments"):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = attend(row, backend, *leaves)
+        (out * upstream).sum().backward()
+        results[backend] = [out, *(leaf.grad for leaf in leaves)]
+    assert results["segments"][0].shape == (1, t, HEADS, HEAD_DIM)
+    for got, want in zip(results["segments"], results["dense"], strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+@settings(max_examples=60)
+@given(samples=sample_sets())
+def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
+    row = pack_row(samples)
+    index = torch.arange(row.num_tokens)
+    zero = torch.zeros((), dtype=torch.long)
+    grid = tree_mask_mod(row, "cpu")(zero, zero, index[:, None], index[None, :])
+    assert torch.equal(grid, torch.from_numpy(row.dense_mask()))
+
+
+def test_cpu_default_is_segments_and_no_transformers_mask_is_built() -> None:
+    assert default_backend("cpu") == "segments"
+    assert tree_layout(ROW, "cpu").backend == "segments"
+    assert TREE_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("backend", ["flash_varlen", "flex"])
+def test_gpu_backend_on_a_machine_without_cuda_names_what_is_missing(backend) -> None:
+    with pytest.raises(BackendUnavailableError, match=f"'{backend}' needs a CUDA device"):
+        tree_layout(ROW, "cpu", backend)
+    if backend == "flash_varlen":
+        with pytest.raises(BackendUnavailableError, match=r"pip install asyncgrpo\[gpu\]"):
+            check_backend(backend, "cpu")
+
+
+def test_unknown_backend_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown tree attention backend 'sparse'"):
+        check_backend("sparse", "cpu")
+
+
+def test_forward_without_a_layout_names_the_keyword(tiny_qwen3) -> None:
+    model = enable_tree_attention(load_causal_lm(tiny_qwen3))
+    with pytest.raises(ValueError, match="tree_layout=TreeLayout"):
+        model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
+    layout = tree_layout(ROW, "cpu")
+    with pytest.raises(ValueError, match="one packed row"):
+        model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False, tree_layout=layout)
