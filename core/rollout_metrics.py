@@ -4,8 +4,9 @@ Everything the seed logs per rollout or per group at scoring time: ``reward*``,
 ``rewards/{name}/*``, ``frac_reward_zero_std``, ``completions/*``, ``rollout/turns_*``,
 ``rollout/samples_per_rollout``, ``rollout/fork_frac``, ``rollout/drift_tokens_*`` and, when the
 trainer has tools, ``tools/call_frequency``, ``tools/failure_frequency`` and
-``tools/loop_exhausted_frac``. Values measured per rollout carry their weight, so a window
-averages over rollouts (:mod:`asyncgrpo.core.metrics`).
+``tools/loop_exhausted_frac``; and the ``sample/*`` metrics of the samples a trainer step
+takes (:func:`sample_observations`). Values measured per rollout or sample carry their
+weight, so a window averages over items (:mod:`asyncgrpo.core.metrics`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from asyncgrpo.core.advantages import GroupScore, duplicate_frac
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.reconcile import Reconciled
-from asyncgrpo.core.records import Rollout
+from asyncgrpo.core.records import Rollout, TrainingSample
 
 
 @attrs.frozen
@@ -159,3 +160,38 @@ def group_observations(facts: GroupFacts) -> list[Observation]:
     if facts.has_tools:
         obs += _tool_observations(facts)
     return obs
+
+
+def sample_observations(
+    samples: Sequence[TrainingSample], current_version: int, now: float
+) -> list[Observation]:
+    """The ``sample/*`` metrics of the samples a trainer step takes off the queue.
+
+    Args:
+        samples: the samples taken (stale ones already dropped).
+        current_version: the policy version being trained.
+        now: ``time.monotonic()`` when they were taken (``queued_at`` uses the same clock).
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> seq = TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
+        >>> taken = [TrainingSample(seq, 1.0, 3, 0, 0, 0, "r", queued_at=10.0)]
+        >>> observed = {o.name: o.amount for o in sample_observations(taken, 5, now=12.5)}
+        >>> observed["sample/staleness_max"], observed["sample/time_in_queue_s"]
+        (2.0, 2.5)
+    """
+    if not samples:
+        return []
+    n = len(samples)
+    forwarded = [len(s.sequence) for s in samples]
+    staleness = [s.staleness(current_version) for s in samples]
+    return [
+        value("sample/forwarded_tokens_mean", float(np.mean(forwarded)), weight=n),
+        value("sample/forwarded_tokens_max", float(max(forwarded))),
+        value("sample/trained_tokens_mean",
+              float(np.mean([s.sequence.num_trained for s in samples])), weight=n),
+        value("sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])),
+              weight=n),
+        value("sample/staleness_mean", float(np.mean(staleness)), weight=n),
+        value("sample/staleness_max", float(max(staleness))),
+    ]  # fmt: skip

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncgrpo.core.advantages import score_group
+from asyncgrpo.core.metrics import MetricWindow, record, summarize
+from asyncgrpo.core.reconcile import reconcile_turns
+from asyncgrpo.core.records import Rollout, TrainingSample, TrainingSequence, TurnRecord
+from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations, sample_observations
+
+EOS = 2
+
+
+@st.composite
+def groups(draw):
+    rollouts = []
+    for _ in range(draw(st.integers(2, 6))):
+        turns = []
+        for _ in range(draw(st.integers(1, 3))):
+            out = draw(st.lists(st.integers(3, 6), min_size=1, max_size=4))
+            if draw(st.booleans()):
+                out.append(EOS)
+            turns.append(TurnRecord([1, 1], out, [-1.0] * len(out)))
+        rollouts.append(Rollout([], [t for turn in turns for t in turn.output_ids], turns))
+    rewards = draw(
+        st.lists(
+            st.one_of(st.none(), st.sampled_from([0.0, 1.0])),
+            min_size=len(rollouts),
+            max_size=len(rollouts),
+        )
+    )
+    return rollouts, rewards
+
+
+@given(groups())
+def test_group_metrics_match_direct_computation(case) -> None:
+    rollouts, rewards = case
+    r = np.array([np.nan if x is None else x for x in rewards])
+    score = score_group(r)
+    facts = GroupFacts(
+        rollouts,
+        [reconcile_turns(x.turns) for x in rollouts],
+        score,
+        {"f": rewards},
+        {EOS},
+        has_tools=True,
+    )
+    summary = summarize(record(MetricWindow(), group_observations(facts)))
+    lengths = [len(x.completion_ids) for x in rollouts]
+    assert summary["completions/mean_length"] == pytest.approx(np.mean(lengths))
+    assert summary["completions/max_length"] == max(lengths)
+    clipped = sum(1 for x in rollouts if x.turns[-1].output_ids[-1] != EOS)
+    assert summary["completions/clipped_ratio"] == pytest.approx(clipped / len(rollouts))
+    assert summary["frac_reward_zero_std"] == (0.0 if score.kept else 1.0)
+    scored = r[~np.isnan(r)]
+    if scored.size:
+        assert summary["reward"] == pytest.approx(scored.mean())
+        key = "reward_kept" if score.kept else "reward_dropped"
+        assert summary[key] == pytest.approx(scored.mean())
+    else:
+        assert "reward" not in summary
+    assert summary["rollout/turns_max"] == max(len(x.turns) for x in rollouts)
+    assert summary["tools/call_frequency"] == 0.0
+
+
+def test_sample_metrics() -> None:
+    seq = TrainingSequence([1, 2, 3, 4], [0, 0, 1, 1], [0, 0, -1.0, -1.0])
+    samples = [
+        TrainingSample(seq, 1.0, v, 0, 0, 0, "r", queued_at=t) for v, t in ((4, 1.0), (2, 3.0))
+    ]
+    summary = summarize(record(MetricWindow(), sample_observations(samples, 5, now=5.0)))
+    assert summary == {
+        "sample/forwarded_tokens_max": 4.0,
+        "sample/forwarded_tokens_mean": 4.0,
+        "sample/staleness_max": 3.0,
+        "sample/staleness_mean": 2.0,
+        "sample/time_in_queue_s": 3.0,
+        "sample/trained_tokens_mean": 2.0,
+    }
+    assert sample_observations([], 0, 0.0) == []
