@@ -301,11 +301,12 @@ class AsyncRolloutLoop:
                     tg.start_soon(self._heartbeat_forever)
                     tg.start_soon(self._poll_server_forever)
                     tg.start_soon(self._score_forever, receive)
-                    async with send:
-                        await self._dispatch(tg, send)
+                    await self._dispatch(tg, send)
                     tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 raise _root_cause(group) from None
+            finally:
+                send.close()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.close()
