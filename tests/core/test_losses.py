@@ -172,10 +172,12 @@ def test_log_probs_and_entropy_match_a_manual_log_softmax(case: Case) -> None:
         SamplerTopK(torch.tensor(full), torch.zeros(case.n, v), torch.ones(case.n, v).bool()),
     )
     expected = case.policy_logp_all()
-    np.testing.assert_allclose(tokens.logp.numpy(), case.policy_logp(), rtol=1e-12)
+    np.testing.assert_allclose(tokens.logp.numpy(), case.policy_logp(), rtol=1e-12, atol=1e-12)
     whole = tokens.topk_logp.numpy()
     assert np.all(np.isneginf(whole[~case.candidates]))
-    np.testing.assert_allclose(whole[case.candidates], expected[case.candidates], rtol=1e-12)
+    np.testing.assert_allclose(
+        whole[case.candidates], expected[case.candidates], rtol=1e-12, atol=1e-12
+    )
     np.testing.assert_allclose(np.exp(whole).sum(axis=1), 1.0, rtol=1e-12)
     entropy = [-sum(math.exp(x) * x for x in row[row > -np.inf]) for row in expected]
     np.testing.assert_allclose(tokens.entropy.numpy(), entropy, atol=1e-12)
