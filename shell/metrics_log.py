@@ -12,6 +12,16 @@ from typing import IO, Any
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(json_logs: bool = False) -> None:
     """Send structlog lines to stderr: key=value for people, or JSON for machines."""
     renderer = (
@@ -25,7 +35,7 @@ def configure_logging(json_logs: bool = False) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 

@@ -1,0 +1,256 @@
+"""The learner on one process (FSDP2 over a 1-process gloo group, tiny models, fp32 CPU).
+
+Samples are made on-policy (their sampler log-probs and top-k tables are the model's own), so
+the importance ratios start at 1 and no token is masked.
+"""
+
+import attrs
+import numpy as np
+import pytest
+import torch
+from packing_strategies import make_sample
+from peft import LoraConfig, PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+
+from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
+from asyncgrpo.core.packing import pack_row
+from asyncgrpo.core.records import TrainingSequence
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner import Learner, candidate_mask, init_distributed, sampler_topk
+
+PROMPT = [11, 12, 13, 14, 15]
+K = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def process_group():
+    """One gloo group for the module; the learners find it and leave it alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    created = init_distributed(torch.device("cpu"))
+    yield
+    if created:
+        torch.distributed.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+def on_policy(path, samples, k=K):
+    """``samples`` with the model's own log-probs and top-``k`` tables as the sampler's."""
+    model = load_causal_lm(path)
+    relabelled = []
+    for sample in samples:
+        seq = sample.sequence
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor(seq.input_ids)[None], use_cache=False).logits
+        logp_all = torch.log_softmax(logits[0].double(), -1)
+        trained = np.flatnonzero(seq.trained_mask)
+        logprobs = np.zeros(len(seq))
+        logprobs[trained] = logp_all[trained - 1, seq.input_ids[trained]].numpy()
+        tables = [None] * len(seq)
+        for t in trained:
+            top = logp_all[t - 1].topk(k)
+            tables[t] = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        new = TrainingSequence(seq.input_ids, seq.trained_mask, logprobs, None, tuple(tables))
+        relabelled.append(attrs.evolve(sample, sequence=new))
+    return relabelled
+
+
+def completion(tokens, advantage, group=0, prompt=PROMPT):
+    return make_sample(prompt + tokens, [0] * len(prompt) + [1] * len(tokens), group, advantage)
+
+
+def samples_of(path, *specs):
+    return on_policy(path, [completion(*spec) for spec in specs])
+
+
+def sequence_logp(model, sample) -> float:
+    """Summed log-prob of the sample's trained tokens under ``model`` (stock attention)."""
+    seq = sample.sequence
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(seq.input_ids)[None], use_cache=False).logits
+    logp_all = torch.log_softmax(logits[0].double(), -1)
+    trained = np.flatnonzero(seq.trained_mask)
+    return float(logp_all[trained - 1, seq.input_ids[trained]].sum())
+
+
+def weights_after(learner):
+    return {k: v.clone() for k, v in learner.full_state_dict().items()}
+
+
+def config(**overrides) -> AsyncGRPOConfig:
+    fields = dict(learning_rate=1e-2, num_sampler_logprobs=K, seed=0)
+    return AsyncGRPOConfig(**(fields | overrides))
+
+
+def sgd(model, lr=0.5):
+    return (torch.optim.SGD(model.parameters(), lr=lr), None)
+
+
+@pytest.mark.parametrize("score_centering", [True, False])
+def test_a_step_raises_positive_and_lowers_negative_advantage_tokens(
+    tiny_qwen3, score_centering
+) -> None:
+    good, bad = samples_of(tiny_qwen3, ([21, 22, 23], 1.0), ([31, 32, 33], -1.0))
+    learner = Learner(load_causal_lm(tiny_qwen3), config(score_centering=score_centering))
+    out = learner.train_step([pack_row([good, bad])])
+    stock = load_causal_lm(tiny_qwen3)
+    before = [sequence_logp(stock, s) for s in (good, bad)]
+    stock.load_state_dict(learner.full_state_dict())
+    after = [sequence_logp(stock, s) for s in (good, bad)]
+    assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
+    metrics = out.metrics
+    assert metrics["sampling/masked_mean"] == 0.0
+    assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["learning_rate"] == 1e-2 and metrics["grad_norm"] > 0
+    assert ("sampling/sampler_mass" in metrics) == score_centering
+    assert {"perf/fwd_s", "perf/fwd_bwd_s", "perf/optimizer_s"} <= set(metrics)
+    assert learner.step == 1
+
+
+def test_accumulating_two_micro_batches_equals_one_holding_both(tiny_qwen3) -> None:
+    """Equal trained tokens per micro-batch: sum_A / (2n) + sum_B / (2n) = (sum_A + sum_B) / 2n."""
+    a, b = samples_of(tiny_qwen3, ([21, 22, 23], 1.0), ([31, 32, 33], -0.5, 1, [16, 17, 18]))
+    results = []
+    for steps, micro_batches in ((2, [pack_row([a]), pack_row([b])]), (1, [pack_row([a, b])])):
+        model = load_causal_lm(tiny_qwen3)
+        learner = Learner(model, config(gradient_accumulation_steps=steps), optimizers=sgd(model))
+        out = learner.train_step(micro_batches)
+        results.append((weights_after(learner), out.metrics))
+    (accumulated, m1), (single, m2) = results
+    for name, tensor in single.items():
+        torch.testing.assert_close(accumulated[name], tensor, rtol=0, atol=1e-6)
+    for name in ("loss", "grad_norm", "entropy", "sampling/sampler_mass"):
+        assert m1[name] == pytest.approx(m2[name], rel=1e-5), name
+
+
+def test_an_empty_row_runs_and_adds_nothing(tiny_qwen3) -> None:
+    (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
+    model = load_causal_lm(tiny_qwen3)
+    learner = Learner(model, config(), optimizers=sgd(model, lr=0.0))
+    empty = learner.train_step([None]).metrics
+    assert empty["grad_norm"] == 0.0 and empty["loss"] == 0.0 and "entropy" not in empty
+    half = learner.train_step([pack_row([sample]), None]).metrics
+    full = learner.train_step([pack_row([sample])]).metrics
+    # the step's loss is the mean over its micro-batches, the empty one included
+    assert half["grad_norm"] == pytest.approx(full["grad_norm"] / 2, rel=1e-6)
+    assert half["entropy"] == full["entropy"]
+
+
+def test_resume_gives_bit_identical_weights(tiny_qwen3, tmp_path) -> None:
+    first, second = samples_of(tiny_qwen3, ([21, 22, 23], 1.0), ([31, 32], -1.0))
+    settings = config(lr_scheduler_type="constant_with_warmup", warmup_steps=3, weight_decay=0.1)
+    straight = Learner(load_causal_lm(tiny_qwen3), settings)
+    straight.train_step([pack_row([first])])
+    straight.save_checkpoint(tmp_path)
+    out = straight.train_step([pack_row([second])])
+    resumed = Learner(load_causal_lm(tiny_qwen3), settings)
+    resumed.load_checkpoint(tmp_path)
+    assert resumed.step == 1
+    resumed_out = resumed.train_step([pack_row([second])])
+    assert (
+        resumed_out.metrics["learning_rate"]
+        == out.metrics["learning_rate"]
+        == pytest.approx(1e-2 / 3)
+    )
+    want, got = weights_after(straight), weights_after(resumed)
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+
+
+def test_save_pretrained_round_trips(tiny_qwen3, tmp_path) -> None:
+    (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
+    learner = Learner(load_causal_lm(tiny_qwen3), config())
+    learner.train_step([pack_row([sample])])
+    learner.save_pretrained(tmp_path, AutoTokenizer.from_pretrained(tiny_qwen3))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    want = learner.full_state_dict()
+    assert set(loaded.state_dict()) == set(want)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in want.items())
+    assert len(AutoTokenizer.from_pretrained(tmp_path)) == len(build_tokenizer())
+
+
+def test_lora_trains_only_the_adapters_and_merges(tiny_qwen3, tmp_path) -> None:
+    good, bad = samples_of(tiny_qwen3, ([21, 22, 23], 1.0), ([31, 32, 33], -1.0))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    learner = Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
+    trainable = {n for n, p in learner.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    learner.train_step([pack_row([good, bad])])
+    adapters = learner.adapter_state_dict()
+    assert adapters and all(".lora_" in k for k in adapters)
+    assert any(v.abs().max() > 0 for k, v in adapters.items() if "lora_B" in k)
+    base = load_causal_lm(tiny_qwen3).state_dict()
+    merged = learner.full_state_dict()
+    assert set(merged) == set(base)
+    changed = {k for k in base if not torch.equal(merged[k], base[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed)
+    learner.save_pretrained(tmp_path / "merged")
+    learner.save_pretrained(tmp_path / "adapter", adapter_only=True)
+    merged_model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    adapter_model = PeftModel.from_pretrained(load_causal_lm(tiny_qwen3), tmp_path / "adapter")
+    for sample in (good, bad):
+        assert sequence_logp(merged_model, sample) == pytest.approx(
+            sequence_logp(adapter_model, sample), abs=1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        LoraConfig(target_modules=["q_proj", "lm_head"]),
+        LoraConfig(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+        LoraConfig(target_modules=r".*(q_proj|lm_head)"),
+    ],
+    ids=["target", "modules_to_save", "regex"],
+)
+def test_lora_on_lm_head_is_rejected(tiny_qwen3, lora) -> None:
+    with pytest.raises(ValueError, match="adapters on lm_head are not supported"):
+        Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
+
+
+def test_router_aux_loss_coef_on_a_dense_model_is_rejected(tiny_qwen3) -> None:
+    with pytest.raises(ValueError, match="router_aux_loss_coef is 0.01 but Qwen3ForCausalLM"):
+        Learner(load_causal_lm(tiny_qwen3), config(router_aux_loss_coef=0.01))
+
+
+def test_moe_router_aux_loss_is_added(tmp_path) -> None:
+    moe = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.5,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(moe).save_pretrained(tmp_path)
+    samples = on_policy(tmp_path, [completion([21, 22, 23], 1.0, prompt=[1, 2, 3])])
+    losses = {}
+    for coef in (None, 0.0):
+        learner = Learner(load_causal_lm(tmp_path), config(router_aux_loss_coef=coef))
+        losses[coef] = learner.train_step([pack_row(samples)]).metrics
+    assert "aux_loss" not in losses[0.0] and losses[None]["aux_loss"] > 0
+    want = losses[0.0]["loss"] + 0.5 * losses[None]["aux_loss"]
+    assert losses[None]["loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_score_centering_without_sampler_tables_names_the_fix(tiny_qwen3) -> None:
+    learner = Learner(load_causal_lm(tiny_qwen3), config())
+    with pytest.raises(ValueError, match="set score_centering=False"):
+        learner.train_step([pack_row([completion([21, 22], 1.0)])])
+
+
+def test_rows_become_sampler_topk_and_candidate_masks() -> None:
+    tables = [None, {5: -0.1, 6: -3.0, 7: -2.0, 8: -4.0, 9: -5.0}, {2: -0.5, 3: -1.0}]
+    seq = TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -0.1, -1.0], (None, (2, 5), None), tables)
+    row = pack_row([attrs.evolve(completion([2, 3], 1.0), sequence=seq)])
+    topk = sampler_topk(row, 3, torch.device("cpu"))
+    assert topk.ids[:, :2].tolist() == [[5, 7], [2, 3]] and topk.ids[0, 2] == 6
+    assert topk.valid.tolist() == [[True, True, True], [True, True, False]]
+    torch.testing.assert_close(topk.logp[0], torch.tensor([-0.1, -2.0, -3.0]))
+    mask = candidate_mask(row, 10, torch.device("cpu"))
+    assert mask[0].nonzero().flatten().tolist() == [2, 5] and bool(mask[1].all())
