@@ -41,6 +41,7 @@ rows on all processes and over the micro-batches.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -184,8 +185,8 @@ def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolic
     fully_shard(policy, mesh=mesh, mp_policy=precision)
     for module in policy.modules():
         if isinstance(module, FSDPModule):
-            pass
-            pass
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def uses_bf16(config: AsyncGRPOConfig, device: torch.device) -> bool:
@@ -770,7 +771,7 @@ class Learner:
     def _write_model(self, path: Path, weights: dict[str, Tensor]) -> None:
         """Save ``weights`` through a fresh meta-device instance of the base architecture."""
         base = self.model.get_base_model() if self.is_peft else self.model
-        config = base.config
+        config = copy.deepcopy(base.config)
         with torch.device("meta"):
             fresh = AutoModelForCausalLM.from_config(config, dtype=self.export_dtype)
         fresh.load_state_dict(weights, strict=True, assign=True)

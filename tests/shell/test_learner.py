@@ -254,3 +254,14 @@ def test_rows_become_sampler_topk_and_candidate_masks() -> None:
     torch.testing.assert_close(topk.logp[0], torch.tensor([-0.1, -2.0, -3.0]))
     mask = candidate_mask(row, 10, torch.device("cpu"))
     assert mask[0].nonzero().flatten().tolist() == [2, 5] and bool(mask[1].all())
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_gradient_checkpointing_recomputes_the_layers(tiny_qwen3, checkpointing) -> None:
+    (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
+    learner = Learner(load_causal_lm(tiny_qwen3), config(gradient_checkpointing=checkpointing))
+    calls = []
+    layer = learner.model.get_decoder().layers[0]
+    layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
+    learner.train_step([pack_row([sample])])
+    assert len(calls) == (2 if checkpointing else 1)  # the backward runs the forward again

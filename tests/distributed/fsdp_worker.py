@@ -1,0 +1,98 @@
+"""One FSDP2 training step on the rows of this rank, run by ``torchrun`` (gloo, CPU).
+
+The same micro-batches are laid out for any number of processes: with 2, rank 0 holds groups
+0 and 2 and rank 1 holds group 1 (and nothing in the second micro-batch); with 1, the process
+holds every group of a micro-batch in one row. Each micro-batch has the same global trained
+tokens either way, so the updated weights must agree. Rank 0 saves the full state dict and the
+step's metrics to ``--out``.
+
+    torchrun --standalone --nproc_per_node=2 tests/distributed/fsdp_worker.py MODEL OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import attrs
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.core.packing import PackedRow, pack_row
+from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner import Learner
+
+TOP_K = 4
+GROUPS = {
+    0: ([11, 12, 13, 14], [[21, 22, 23], [21, 24], [25, 26, 27, 28]], [1.0, -0.5, -0.5]),
+    1: ([15, 16, 17], [[31, 32], [33, 34, 35]], [0.7, -0.7]),
+    2: ([18, 19, 20, 21, 22], [[41, 42, 43], [41, 42, 44], [45]], [1.2, 0.3, -1.5]),
+}
+# per micro-batch, the groups of each rank (by world size)
+LAYOUT = {
+    1: [[[0, 1]], [[2]]],
+    2: [[[0], [1]], [[2], []]],
+}
+
+
+def group_samples(group: int) -> list[TrainingSample]:
+    prompt, completions, advantages = GROUPS[group]
+    samples = []
+    for member, (tokens, advantage) in enumerate(zip(completions, advantages, strict=True)):
+        ids = prompt + tokens
+        mask = [0] * len(prompt) + [1] * len(tokens)
+        sequence = TrainingSequence(ids, mask, [-1.0 if m else 0.0 for m in mask])
+        rollout = f"{group}-{member}"
+        samples.append(TrainingSample(sequence, advantage, 0, group, group, group, rollout))
+    return samples
+
+
+def on_policy(model, sample: TrainingSample) -> TrainingSample:
+    """The sample with the model's own log-probs and top-k tables as the sampler's."""
+    seq = sample.sequence
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(seq.input_ids)[None], use_cache=False).logits
+    logp_all = torch.log_softmax(logits[0].double(), -1)
+    trained = np.flatnonzero(seq.trained_mask)
+    logprobs = np.zeros(len(seq))
+    logprobs[trained] = logp_all[trained - 1, seq.input_ids[trained]].numpy()
+    tables = [None] * len(seq)
+    for t in trained:
+        top = logp_all[t - 1].topk(TOP_K)
+        tables[t] = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    new = TrainingSequence(seq.input_ids, seq.trained_mask, logprobs, None, tuple(tables))
+    return attrs.evolve(sample, sequence=new)
+
+
+def my_rows(model_path: str, rank: int, world_size: int) -> list[PackedRow | None]:
+    stock = load_causal_lm(model_path)
+    rows: list[PackedRow | None] = []
+    for micro_batch in LAYOUT[world_size]:
+        groups = micro_batch[rank]
+        samples = [on_policy(stock, s) for g in groups for s in group_samples(g)]
+        rows.append(pack_row(samples) if samples else None)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("out")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    config = AsyncGRPOConfig(num_sampler_logprobs=TOP_K, gradient_accumulation_steps=2, seed=0)
+    model = load_causal_lm(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    with Learner(model, config, optimizers=(optimizer, None)) as learner:
+        rows = my_rows(args.model, learner.rank, learner.world_size)
+        metrics = learner.train_step(rows).metrics
+        weights = learner.full_state_dict()
+        if learner.rank == 0:
+            torch.save({"weights": weights, "metrics": metrics}, args.out)
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

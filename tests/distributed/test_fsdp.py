@@ -1,0 +1,47 @@
+"""FSDP2 on 2 processes (torchrun, gloo, CPU) updates the weights exactly as 1 process holding
+all the rows: the reduce-scatter sums gradients, as the loss normalisation requires.
+
+The step clips the gradient norm to 1, which hides a uniform scale error from the weights (an
+average over 2 processes would give the same clipped update), so the pre-clip ``grad_norm``
+is compared too; together they check both the sum and the clipping of sharded gradients.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+def run_worker(model: Path, out: Path, processes: int) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc_per_node={processes}", str(WORKER), str(model), str(out)]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out, weights_only=True)
+
+
+def test_two_processes_update_the_weights_as_one(tiny_qwen3, tmp_path) -> None:
+    single = run_worker(tiny_qwen3, tmp_path / "single.pt", processes=1)
+    sharded = run_worker(tiny_qwen3, tmp_path / "sharded.pt", processes=2)
+    initial = load_file(tiny_qwen3 / "model.safetensors")
+    update = max((t - initial[n]).abs().max().item() for n, t in single["weights"].items())
+    diffs = {
+        name: (sharded["weights"][name] - tensor).abs().max().item()
+        for name, tensor in single["weights"].items()
+    }
+    difference = max(diffs.values())
+    print(
+        f"grad_norm {single['metrics']['grad_norm']:.4g}, largest update {update:.3g}, "
+        f"largest difference 2 vs 1 process {difference:.3g}"
+    )
+    assert update > 1e-2 and single["metrics"]["grad_norm"] > 1.0  # clipped to norm 1
+    assert difference < 1e-6, diffs
+    for name in ("loss", "grad_norm", "entropy", "sampling/sampler_mass", "clip_ratio/low_min"):
+        assert sharded["metrics"][name] == pytest.approx(single["metrics"][name], rel=1e-5), name
