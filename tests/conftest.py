@@ -31,7 +31,6 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
     spec = ServerSpec(
         model=str(tiny_qwen3),
-        served_model_name="tiny-qwen3",
         max_model_len=1024,
         dtype="float32",
         max_logprobs=20,

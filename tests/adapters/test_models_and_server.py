@@ -51,9 +51,9 @@ def test_model_init_kwargs_dtype_wins_and_bad_dtype_is_named(tiny_qwen3) -> None
         tiny_config("qwen3", vocab_size=10, hidden_size=100)
 
 
-def test_server_serves_the_tiny_model(vllm_server) -> None:
+def test_server_serves_the_tiny_model(vllm_server, tiny_qwen3) -> None:
     models = httpx.get(f"{vllm_server.base_url}/v1/models").json()["data"]
-    assert models[0]["id"] == "tiny-qwen3" and models[0]["max_model_len"] == 1024
+    assert models[0]["id"] == str(tiny_qwen3) and models[0]["max_model_len"] == 1024
 
 
 def test_server_failure_carries_its_last_log_lines(tmp_path) -> None:

@@ -21,7 +21,9 @@ def run(coro_fn, *args):
 
 
 def client_for(server) -> VLLMClient:
-    return VLLMClient(server.base_url, "tiny-qwen3", timeout_s=120, max_retries=2, backoff_s=0.1)
+    return VLLMClient(
+        server.base_url, server.spec.name, timeout_s=120, max_retries=2, backoff_s=0.1
+    )
 
 
 def prompt_ids(path) -> list[int]:

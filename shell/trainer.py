@@ -1,0 +1,459 @@
+"""``AsyncGRPOTrainer``: the rollout process streams scored samples, the learner trains on them.
+
+One step of :meth:`AsyncGRPOTrainer.train`, on rank 0:
+
+1. take the rollout process's messages: groups (their samples join the buffer, the prompt
+   cursor records their outcome) and loop reports (metrics); the wait is
+   ``perf/rollout_wait_s``;
+2. drop samples more than ``max_staleness`` versions old (``sample/dropped_stale_count``);
+3. plan a step with the token-budget planner; wait for more samples until the step is full;
+4. pack each row, scatter rows to the processes, run :meth:`Learner.train_step`;
+5. every ``weight_sync_steps`` steps, push the weights to the vLLM server;
+6. log a window every ``logging_steps`` steps, checkpoint every ``save_steps``.
+
+Other ranks receive their rows from rank 0 and take part in the collective step, sync and
+checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epochs`` passes over
+the prompts were consumed, counted in distinct prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import structlog
+import torch.distributed as dist
+from tqdm import tqdm
+from transformers import AutoTokenizer, PreTrainedModel
+
+from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.core import cursor, metrics, pacing
+from asyncgrpo.core.packing import pack_row
+from asyncgrpo.core.planner import batch_metrics, plan_step
+from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.core.rollout_metrics import sample_observations
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.metrics_log import MetricsFile
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
+
+log = structlog.get_logger("asyncgrpo.trainer")
+
+ROLLOUT_STATE = "rollout_state.json"
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+@attrs.frozen
+class TrainOutput:
+    """What :meth:`AsyncGRPOTrainer.train` returns (as transformers' TrainOutput)."""
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float]
+
+
+def _reject_reward_models(reward_funcs: Sequence[Any]) -> None:
+    for fn in reward_funcs:
+        if isinstance(fn, (str, PreTrainedModel)) or not callable(fn):
+            raise TypeError(
+                f"reward_funcs entry {fn!r} is not a Python callable; reward models given as a "
+                "model id or PreTrainedModel are not supported: wrap the model in a picklable "
+                "reward function (see docs/rollouts.md)"
+            )
+
+
+def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConfig) -> None:
+    if dataset is None:
+        if environment_factory is None:
+            raise ValueError("train_dataset is required unless environment_factory is given")
+        if config.max_steps <= 0:
+            raise ValueError(
+                "without a train_dataset the environment owns the data: set max_steps to "
+                "define the length of training"
+            )
+        return
+    columns = getattr(dataset, "column_names", None)
+    if columns is None and len(dataset):
+        columns = list(dataset[0])
+    if "prompt" not in (columns or []) and environment_factory is None:
+        raise ValueError(
+            f"train_dataset has no 'prompt' column (columns: {columns}); prompts must be "
+            "conversational lists of {'role', 'content'} messages"
+        )
+    if isinstance(environment_factory, Mapping) and "environment" not in (columns or []):
+        raise ValueError(
+            "environment_factory is a dict, so every row needs an 'environment' "
+            "column naming its environment"
+        )
+
+
+class AsyncGRPOTrainer:
+    """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
+
+    The constructor follows the seed (TRL's ``AsyncGRPOTrainer``). Set ``loop_cls`` on a
+    subclass to customise the rollout loop.
+
+    Example::
+
+        trainer = AsyncGRPOTrainer(model="path/to/model", reward_funcs=my_reward,
+                                   train_dataset=dataset,
+                                   args=AsyncGRPOConfig(output_dir="runs/x", max_steps=50))
+        trainer.train()
+    """
+
+    loop_cls: type[AsyncRolloutLoop] = AsyncRolloutLoop
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        args: AsyncGRPOConfig | None = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        peft_config: Any = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        environment_factory: Any = None,
+    ) -> None:
+        self.args = args or AsyncGRPOConfig()
+        if self.args.output_dir is None:
+            self.args = dataclasses.replace(self.args, output_dir="trainer_output")
+        funcs = (
+            []
+            if reward_funcs is None
+            else (list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs])
+        )
+        _reject_reward_models(funcs)
+        if not funcs and environment_factory is None:
+            raise ValueError(
+                "give reward_funcs, or an environment_factory whose environments define get_reward"
+            )
+        _check_dataset(train_dataset, environment_factory, self.args)
+        self.reward_funcs = funcs
+        self.train_dataset = train_dataset
+        self.tools = list(tools or [])
+        self.environment_factory = environment_factory
+        self.peft_config = peft_config
+        self.optimizers = optimizers
+        self.callbacks = list(callbacks or [])
+        if isinstance(model, str):
+            self.model_name = model
+            self.model = load_causal_lm(model, self.args.dtype, self.args.model_init_kwargs)
+        else:
+            self.model_name = str(model.config._name_or_path)
+            self.model = model
+        self.processing_class = processing_class or AutoTokenizer.from_pretrained(
+            self.model_name, trust_remote_code=self.args.trust_remote_code
+        )
+        if self.processing_class.pad_token is None:
+            self.processing_class.pad_token = self.processing_class.eos_token
+        self.output_dir = Path(self.args.output_dir)
+
+    # ----------------------------------------------------------------- public API
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+        """Train until ``max_steps`` or ``num_train_epochs``; returns the last window."""
+        resume = resume_from_checkpoint or self.args.resume_from_checkpoint
+        checkpoint = self._find_checkpoint(resume) if resume else None
+        with Learner(self.model, self.args, peft_config=self.peft_config,
+                     optimizers=self.optimizers) as learner:  # fmt: skip
+            run = _Run(self, learner, checkpoint)
+            try:
+                return run.loop()
+            finally:
+                run.close()
+
+    def _find_checkpoint(self, resume: str | bool) -> Path:
+        if isinstance(resume, str):
+            path = Path(resume)
+            if not (path / ROLLOUT_STATE).exists():
+                raise FileNotFoundError(f"{path} is not a checkpoint: {ROLLOUT_STATE} is missing")
+            return path
+        found = sorted(self.output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
+                       key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))  # fmt: skip
+        if not found:
+            raise FileNotFoundError(
+                f"resume_from_checkpoint=True but {self.output_dir} holds no checkpoint"
+            )
+        return found[-1]
+
+
+def _steps(setting: float, max_steps: int) -> int:
+    """``logging_steps``/``save_steps``: a count, or a fraction of ``max_steps`` when < 1."""
+    if 0 < setting < 1:
+        if max_steps <= 0:
+            raise ValueError("a fractional logging_steps/save_steps needs max_steps > 0")
+        return max(1, math.ceil(setting * max_steps))
+    return int(setting)
+
+
+class _Run:
+    """The state of one ``train()`` call (the shell's side; every decision is the core's)."""
+
+    def __init__(self, trainer: AsyncGRPOTrainer, learner: Learner, checkpoint: Path | None):
+        self.trainer = trainer
+        self.args = trainer.args
+        self.learner = learner
+        self.rank0 = learner.rank == 0
+        self.output_dir = trainer.output_dir
+        self.cursor = cursor.PromptCursor()
+        self.version = 0
+        self.buffer: list[TrainingSample] = []
+        self.window = metrics.MetricWindow()
+        self.forwarded_total = 0
+        self.last_loss = math.nan
+        self.dataset_size = None if trainer.train_dataset is None else len(trainer.train_dataset)
+        self.logging_every = max(1, _steps(self.args.logging_steps, self.args.max_steps))
+        self.save_every = _steps(self.args.save_steps, self.args.max_steps)
+        if checkpoint is not None:
+            learner.load_checkpoint(checkpoint)
+            state = json.loads((checkpoint / ROLLOUT_STATE).read_text())
+            self.cursor = cursor.PromptCursor.from_json(state["cursor"])
+        self.process: RolloutProcess | None = None
+        self.metrics_file: MetricsFile | None = None
+        self.bar: tqdm | None = None
+        if self.rank0:
+            self.max_model_len = anyio.run(self._max_model_len)
+            self.token_budget = self.args.token_budget or self.max_model_len
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.metrics_file = MetricsFile(self.output_dir)
+        # The server may hold other weights than the trainer's (a resumed run, a server left
+        # over from an earlier run): push the trainer's so staleness 0 means equal policies.
+        self._sync_weights()
+        if self.rank0:
+            self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout)
+            self.process.start()
+            self.process.set_model_version(self.version)
+            self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
+                            initial=learner.step, desc="train", unit="step",
+                            disable=bool(self.args.disable_tqdm))  # fmt: skip
+
+    def _client(self) -> VLLMClient:
+        return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
+                          timeout_s=self.args.vllm_server_timeout)  # fmt: skip
+
+    async def _max_model_len(self) -> int:
+        async with self._client() as client:
+            return await client.max_model_len()
+
+    def _loop_spec(self) -> LoopSpec:
+        t = self.trainer
+        return LoopSpec(
+            loop_cls=t.loop_cls,
+            config=self.args,
+            model_name=t.model_name,
+            dataset=t.train_dataset,
+            reward_funcs=tuple(t.reward_funcs),
+            processing_class=t.processing_class,
+            max_model_len=self.max_model_len,
+            token_budget=self.token_budget,
+            rows_per_step=self.args.gradient_accumulation_steps * self.learner.world_size,
+            tools=tuple(t.tools),
+            environment_factory=t.environment_factory,
+            start_cursor=self.cursor,
+        )
+
+    # ----------------------------------------------------------------- the loop
+
+    def loop(self) -> TrainOutput:
+        summary: dict[str, float] = {}
+        while True:
+            step_start = time.monotonic()
+            rows = self._next_rows()
+            if rows is None:
+                break
+            out = self.learner.train_step(rows)
+            self.last_loss = out.metrics.get("loss", math.nan)
+            self.window = metrics.merge(self.window, out.window)
+            if self.learner.step % self.args.weight_sync_steps == 0:
+                self._sync_weights()
+            self._observe(metrics.value("perf/step_s", time.monotonic() - step_start))
+            if self.rank0 and self.bar is not None:
+                self.bar.update(1)
+            if self.learner.step % self.logging_every == 0:
+                summary = self._log_window()
+            if self.save_every > 0 and self.learner.step % self.save_every == 0:
+                self._save_checkpoint()
+        if len(self.window):
+            summary = self._log_window()
+        self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
+        return TrainOutput(self.learner.step, self.last_loss, summary)
+
+    def _observe(self, *observations: metrics.Observation) -> None:
+        self.window = metrics.record(self.window, observations)
+
+    def _finished(self) -> bool:
+        if self.args.max_steps > 0:
+            return self.learner.step >= self.args.max_steps
+        if self.dataset_size is None:
+            return False
+        consumed = cursor.epochs_consumed(self.cursor, self.dataset_size)
+        return consumed >= self.args.num_train_epochs
+
+    def _next_rows(self) -> list[Any] | None:
+        """This process's rows of the next step, or None when training is over (collective)."""
+        payload: list[Any] = [None]
+        if self.rank0 and not self._finished():
+            payload = [self._plan_next_step()]
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(payload, src=0)
+        step = payload[0]
+        return None if step is None else [mb[self.learner.rank] for mb in step]
+
+    def _plan_next_step(self) -> list[list[Any]]:
+        assert self.process is not None
+        waited_from = time.monotonic()
+        world, accumulation = self.learner.world_size, self.args.gradient_accumulation_steps
+        while True:
+            self._drain(wait_s=0.2)
+            self._drop_stale()
+            plan = plan_step(self.buffer, self.token_budget, world, accumulation)
+            if plan.dropped_oversize:
+                self._drop_oversize(plan.dropped_oversize)
+                continue
+            if plan.complete:
+                break
+        self._observe(metrics.value("perf/rollout_wait_s", time.monotonic() - waited_from),
+                      metrics.value("rollout/queue_size", len(self.buffer)))  # fmt: skip
+        placed = [self.buffer[i] for i in plan.placed]
+        rows = [
+            [pack_row([self.buffer[i] for i in row.samples]) if row.samples else None
+             for row in micro_batch]
+            for micro_batch in plan.micro_batches
+        ]  # fmt: skip
+        self.buffer = [self.buffer[i] for i in plan.leftover]
+        tokens = sum(len(s.sequence) for s in placed)
+        self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
+        self.process.step_consumed(tokens)
+        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
+        self._observe(
+            *sample_observations(placed, self.learner.step, time.monotonic()),
+            *(metrics.value(k, v) for k, v in batch_metrics(rows, self.token_budget).items()
+              if k != "batch/dropped_oversize_count"),
+        )  # fmt: skip
+        return rows
+
+    def _drain(self, wait_s: float) -> None:
+        assert self.process is not None
+        message = self.process.get(wait_s)
+        while message is not None:
+            if isinstance(message, GroupOutcome):
+                self.cursor = cursor.group_outcome(self.cursor, message.position,
+                                                   len(message.samples))  # fmt: skip
+                self.buffer.extend(message.samples)
+                self.process.samples_taken(message.forwarded_tokens)
+            self._observe(*message.observations)
+            message = self.process.get(0.0)
+
+    def _drop_stale(self) -> None:
+        fresh, stale = pacing.split_stale(self.buffer, self.learner.step, self.args.max_staleness)
+        if stale:
+            self.buffer = fresh
+            self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in stale])
+        self._observe(metrics.value("sample/dropped_stale_count", len(stale)))
+
+    def _drop_oversize(self, indices: Sequence[int]) -> None:
+        dropped = set(indices)
+        oversize = [self.buffer[i] for i in indices]
+        self.buffer = [s for i, s in enumerate(self.buffer) if i not in dropped]
+        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in oversize])
+        self._observe(metrics.value("batch/dropped_oversize_count", len(oversize)))
+        log.warning("dropped samples longer than token_budget", count=len(oversize),
+                    token_budget=self.token_budget,
+                    longest=max(len(s.sequence) for s in oversize))  # fmt: skip
+
+    # ----------------------------------------------------------------- weights and logs
+
+    def _sync_weights(self) -> None:
+        """Push the current weights to the server (collective gather, rank 0 pushes)."""
+        start = time.monotonic()
+        if self.learner.world_size > 1:
+            dist.barrier()
+        barrier_s = time.monotonic() - start
+        state = self.learner.full_state_dict()
+        if self.rank0:
+            timings = anyio.run(self._push, state, barrier_s)
+            self.version = self.learner.step
+            if self.process is not None:
+                self.process.set_model_version(self.version)
+            self._observe(
+                metrics.value("perf/weight_sync_s", timings.total_s),
+                metrics.value("perf/weight_sync_pause_s", timings.pause_s),
+                metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
+                metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
+            )
+
+    async def _push(self, state: Mapping[str, Any], barrier_s: float) -> Any:
+        async with self._client() as client:
+            return await DiskReload(client, self.output_dir / ".vllm_weights").sync(
+                state, barrier_s
+            )
+
+    def _log_window(self) -> dict[str, float]:
+        summary = metrics.summarize(self.window)
+        self.window = metrics.MetricWindow()
+        if self.dataset_size:
+            summary["epoch"] = cursor.epochs_consumed(self.cursor, self.dataset_size)
+        summary["num_tokens"] = float(self.forwarded_total)
+        step_s = summary.get("perf/step_s")
+        trained = summary.get("batch/trained_tokens_per_step")
+        forwarded = summary.get("batch/forwarded_tokens_per_step")
+        if step_s and trained is not None and forwarded is not None:
+            summary["perf/wall_clock_trained_tokens_per_s"] = trained / step_s
+            summary["perf/wall_clock_forwarded_tokens_per_s"] = forwarded / step_s
+        fwd_bwd = summary.get("perf/fwd_bwd_s")
+        if fwd_bwd and forwarded is not None:
+            summary["perf/fwd_bwd_forwarded_tokens_per_s"] = forwarded / fwd_bwd
+        if self.rank0 and self.metrics_file is not None:
+            self.metrics_file.write(self.learner.step, summary)
+            log.info("step", step=self.learner.step,
+                     reward=_rounded(summary.get("reward")),
+                     loss=_rounded(summary.get("loss")),
+                     staleness_max=summary.get("sample/staleness_max"),
+                     logp_diff_max=_rounded(summary.get(
+                         "sampling/sampling_logp_difference/max"), 6))  # fmt: skip
+            if self.bar is not None:
+                self.bar.set_postfix(reward=_rounded(summary.get("reward")))
+        return summary
+
+    def _save_checkpoint(self) -> None:
+        path = self.output_dir / f"{CHECKPOINT_PREFIX}{self.learner.step}"
+        self.learner.save_checkpoint(path)
+        if self.rank0:
+            state = {"cursor": self.cursor.to_json(), "version": self.version,
+                     "step": self.learner.step}  # fmt: skip
+            (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
+            self._prune_checkpoints()
+
+    def _prune_checkpoints(self) -> None:
+        limit = self.args.save_total_limit
+        if not limit:
+            return
+        found = sorted(self.output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
+                       key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))  # fmt: skip
+        for old in found[:-limit]:
+            shutil.rmtree(old)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)

