@@ -78,3 +78,76 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(output_dir) / "metrics.jsonl"
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class Reporters:
+    """Forward each logging window to the trackers ``report_to`` names (``"tensorboard"``,
+    ``"wandb"``, ``"trackio"``; ``"all"`` for every one installed, ``"none"`` for none).
+
+    A named tracker that is not installed is skipped with a warning saying what to install.
+    """
+
+    KNOWN = ("tensorboard", "wandb", "trackio")
+
+    def __init__(
+        self,
+        report_to: str | list[str] | None,
+        output_dir: str | Path,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+        if "all" in names:
+            names = list(self.KNOWN)
+        names = [n for n in names if n != "none"]
+        unknown = sorted(set(names) - set(self.KNOWN))
+        if unknown:
+            raise ValueError(f"report_to names unknown trackers {unknown}; use {self.KNOWN}")
+        self._sinks: list[Any] = []
+        for name in names:
+            try:
+                self._sinks.append(self._open(name, Path(output_dir), run_name, config or {}))
+            except ImportError as error:
+                structlog.get_logger("asyncgrpo").warning(
+                    "tracker not installed, skipped", tracker=name, error=str(error),
+                    fix=f"pip install {'tensorboard' if name == 'tensorboard' else name}",
+                )  # fmt: skip
+
+    @staticmethod
+    def _open(name: str, output_dir: Path, run_name: str | None, config: Mapping[str, Any]):
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+            return ("tensorboard", writer)
+        if name == "wandb":
+            import wandb
+
+            return ("wandb", wandb.init(name=run_name, config=dict(config)))
+        import trackio
+
+        trackio.init(project="asyncgrpo", name=run_name, config=dict(config))
+        return ("trackio", trackio)
+
+    @property
+    def active(self) -> list[str]:
+        return [name for name, _ in self._sinks]
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        finite = {k: v for k, v in metrics.items()
+                  if isinstance(v, (int, float)) and math.isfinite(v)}  # fmt: skip
+        for name, sink in self._sinks:
+            if name == "tensorboard":
+                for key, value in finite.items():
+                    sink.add_scalar(key, value, step)
+                sink.flush()
+            else:
+                sink.log(finite, step=step)
+
+    def close(self) -> None:
+        for name, sink in self._sinks:
+            if name == "tensorboard":
+                sink.close()
+            else:
+                sink.finish()
+        self._sinks = []

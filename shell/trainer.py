@@ -44,7 +44,7 @@ from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.metrics_log import MetricsFile
+from asyncgrpo.shell.metrics_log import MetricsFile, Reporters
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 
@@ -223,12 +223,15 @@ class _Run:
             self.cursor = cursor.PromptCursor.from_json(state["cursor"])
         self.process: RolloutProcess | None = None
         self.metrics_file: MetricsFile | None = None
+        self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self.metrics_file = MetricsFile(self.output_dir)
+            self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
+                                       dataclasses.asdict(self.args))  # fmt: skip
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._sync_weights()
@@ -418,6 +421,8 @@ class _Run:
             summary["perf/fwd_bwd_forwarded_tokens_per_s"] = forwarded / fwd_bwd
         if self.rank0 and self.metrics_file is not None:
             self.metrics_file.write(self.learner.step, summary)
+            if self.reporters is not None:
+                self.reporters.log(self.learner.step, summary)
             log.info("step", step=self.learner.step,
                      reward=_rounded(summary.get("reward")),
                      loss=_rounded(summary.get("loss")),
@@ -453,6 +458,8 @@ class _Run:
             self.bar.close()
         if self.metrics_file is not None:
             self.metrics_file.close()
+        if self.reporters is not None:
+            self.reporters.close()
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:
