@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-import attrs
-import numpy as np
 import torch
 import torch.distributed as dist
+from on_policy import on_policy
 
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.core.packing import PackedRow, pack_row
@@ -49,29 +48,12 @@ def group_samples(group: int) -> list[TrainingSample]:
     return samples
 
 
-def on_policy(model, sample: TrainingSample) -> TrainingSample:
-    """The sample with the model's own log-probs and top-k tables as the sampler's."""
-    seq = sample.sequence
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor(seq.input_ids)[None], use_cache=False).logits
-    logp_all = torch.log_softmax(logits[0].double(), -1)
-    trained = np.flatnonzero(seq.trained_mask)
-    logprobs = np.zeros(len(seq))
-    logprobs[trained] = logp_all[trained - 1, seq.input_ids[trained]].numpy()
-    tables = [None] * len(seq)
-    for t in trained:
-        top = logp_all[t - 1].topk(TOP_K)
-        tables[t] = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-    new = TrainingSequence(seq.input_ids, seq.trained_mask, logprobs, None, tuple(tables))
-    return attrs.evolve(sample, sequence=new)
-
-
 def my_rows(model_path: str, rank: int, world_size: int) -> list[PackedRow | None]:
     stock = load_causal_lm(model_path)
     rows: list[PackedRow | None] = []
     for micro_batch in LAYOUT[world_size]:
         groups = micro_batch[rank]
-        samples = [on_policy(stock, s) for g in groups for s in group_samples(g)]
+        samples = [on_policy(stock, s, TOP_K) for g in groups for s in group_samples(g)]
         rows.append(pack_row(samples) if samples else None)
     return rows
 

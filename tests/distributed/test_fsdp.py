@@ -21,7 +21,8 @@ WORKER = Path(__file__).with_name("fsdp_worker.py")
 def run_worker(model: Path, out: Path, processes: int) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={processes}", str(WORKER), str(model), str(out)]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    support = str(Path(__file__).parents[1] / "support")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": support}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out, weights_only=True)

@@ -8,6 +8,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
+from on_policy import on_policy
 from packing_strategies import make_sample
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
@@ -34,25 +35,10 @@ def process_group():
     torch.set_num_threads(threads)
 
 
-def on_policy(path, samples, k=K):
+def on_policy_samples(path, samples, k=K):
     """``samples`` with the model's own log-probs and top-``k`` tables as the sampler's."""
     model = load_causal_lm(path)
-    relabelled = []
-    for sample in samples:
-        seq = sample.sequence
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor(seq.input_ids)[None], use_cache=False).logits
-        logp_all = torch.log_softmax(logits[0].double(), -1)
-        trained = np.flatnonzero(seq.trained_mask)
-        logprobs = np.zeros(len(seq))
-        logprobs[trained] = logp_all[trained - 1, seq.input_ids[trained]].numpy()
-        tables = [None] * len(seq)
-        for t in trained:
-            top = logp_all[t - 1].topk(k)
-            tables[t] = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-        new = TrainingSequence(seq.input_ids, seq.trained_mask, logprobs, None, tuple(tables))
-        relabelled.append(attrs.evolve(sample, sequence=new))
-    return relabelled
+    return [on_policy(model, sample, k) for sample in samples]
 
 
 def completion(tokens, advantage, group=0, prompt=PROMPT):
@@ -60,7 +46,7 @@ def completion(tokens, advantage, group=0, prompt=PROMPT):
 
 
 def samples_of(path, *specs):
-    return on_policy(path, [completion(*spec) for spec in specs])
+    return on_policy_samples(path, [completion(*spec) for spec in specs])
 
 
 def sequence_logp(model, sample) -> float:
@@ -228,7 +214,7 @@ def test_moe_router_aux_loss_is_added(tmp_path) -> None:
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(moe).save_pretrained(tmp_path)
-    samples = on_policy(tmp_path, [completion([21, 22, 23], 1.0, prompt=[1, 2, 3])])
+    samples = on_policy_samples(tmp_path, [completion([21, 22, 23], 1.0, prompt=[1, 2, 3])])
     losses = {}
     for coef in (None, 0.0):
         learner = Learner(load_causal_lm(tmp_path), config(router_aux_loss_coef=coef))
