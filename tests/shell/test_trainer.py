@@ -142,3 +142,27 @@ def test_bad_arguments_fail_at_construction_or_train(served, tmp_path) -> None:
     )
     with pytest.raises(TypeError, match="reward function '<lambda>'"):
         lam.train()
+
+
+def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
+    from peft import LoraConfig
+
+    server, path = served
+    trainer = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=config(server, tmp_path, max_steps=3, max_staleness=0, learning_rate=1e-2),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["sampling/sampling_logp_difference/max"] < 1e-4, row["step"]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    original = AutoModelForCausalLM.from_pretrained(path)
+    changed = [
+        name for name, p in merged.named_parameters() if not p.equal(original.get_parameter(name))
+    ]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
