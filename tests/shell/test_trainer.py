@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
-from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm_client import VLLMError
 from asyncgrpo.adapters.vllm_server import free_port
-from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.shell.demo import digit_fraction_reward
 from asyncgrpo.shell.metrics_log import read_metrics
 from asyncgrpo.shell.rollout_process import RolloutWorkerError
@@ -49,20 +47,6 @@ def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides)
         args=config(server, tmp_path, **overrides),
         train_dataset=dataset(),
     )
-
-
-@pytest.fixture
-def served(vllm_server, tiny_qwen3, tmp_path_factory):
-    """The session server under the tiny model's name; the original weights are put back after
-    each test, since training pushes its weights to the server."""
-    yield vllm_server, tiny_qwen3
-    original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
-
-    async def restore():
-        async with VLLMClient(vllm_server.base_url, str(tiny_qwen3)) as client:
-            await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
-
-    anyio.run(restore)
 
 
 def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) -> None:
