@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -151,3 +151,32 @@ class Reporters:
             else:
                 sink.finish()
         self._sinks = []
+
+
+def write_completions(
+    output_dir: str | Path,
+    step: int,
+    completions: Sequence[tuple[str, str, float]],
+    num_to_print: int | None,
+) -> None:
+    """Append a window's ``(prompt, completion, reward)`` samples to
+    ``<output_dir>/completions.jsonl`` and print ``num_to_print`` of them (all when None) as
+    a table."""
+    path = Path(output_dir) / "completions.jsonl"
+    with path.open("a", encoding="utf-8") as f:
+        for prompt, completion, reward in completions:
+            row = {"step": step, "prompt": prompt, "completion": completion,
+                   "reward": _json_number(reward)}  # fmt: skip
+            f.write(json.dumps(row) + "\n")
+    shown = completions if num_to_print is None else completions[:num_to_print]
+    if not shown:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"completions at step {step}", show_lines=True)
+    for column in ("prompt", "completion", "reward"):
+        table.add_column(column)
+    for prompt, completion, reward in shown:
+        table.add_row(prompt, completion, f"{reward:.3f}")
+    Console(file=sys.stderr).print(table)

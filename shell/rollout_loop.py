@@ -59,12 +59,14 @@ HEARTBEAT_S = 1.0
 
 @attrs.frozen
 class GroupOutcome:
-    """A group's result for the trainer: its samples (none if filtered or dropped)."""
+    """A group's result for the trainer: its samples (none if filtered or dropped) and, with
+    ``log_completions``, its ``(prompt, completion, reward)`` texts."""
 
     position: int
     row_index: int
     samples: tuple[TrainingSample, ...]
     observations: tuple[Observation, ...]
+    completions: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def forwarded_tokens(self) -> int:
@@ -625,8 +627,16 @@ class AsyncRolloutLoop:
             loop_exhausted=[bool(r.completion and r.completion[-1].get("tool_calls"))
                             for r in pending.rollouts],
         )  # fmt: skip
+        texts = ()
+        if self.config.log_completions:
+            prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
+            texts = tuple(
+                (prompt, "\n".join(str(m.get("content") or "") for m in r.completion),
+                 float(reward))
+                for r, reward in zip(pending.rollouts, rewards, strict=True)
+            )  # fmt: skip
         return GroupOutcome(pending.position, pending.row_index, samples,
-                            tuple(group_observations(facts)))  # fmt: skip
+                            tuple(group_observations(facts)), texts)  # fmt: skip
 
     # ----------------------------------------------------------------- load and liveness
 

@@ -44,7 +44,7 @@ from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.metrics_log import MetricsFile, Reporters
+from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 
@@ -211,6 +211,7 @@ class _Run:
         self.cursor = cursor.PromptCursor()
         self.version = 0
         self.buffer: list[TrainingSample] = []
+        self.completions: list[tuple[str, str, float]] = []
         self.window = metrics.MetricWindow()
         self.forwarded_total = 0
         self.last_loss = math.nan
@@ -356,6 +357,7 @@ class _Run:
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
                                                    len(message.samples))  # fmt: skip
                 self.buffer.extend(message.samples)
+                self.completions.extend(message.completions)
                 self.process.samples_taken(message.forwarded_tokens)
             self._observe(*message.observations)
             message = self.process.get(0.0)
@@ -431,6 +433,10 @@ class _Run:
                          "sampling/sampling_logp_difference/max"), 6))  # fmt: skip
             if self.bar is not None:
                 self.bar.set_postfix(reward=_rounded(summary.get("reward")))
+            if self.completions:
+                write_completions(self.output_dir, self.learner.step, self.completions,
+                                  self.args.num_completions_to_print)  # fmt: skip
+        self.completions = []
         return summary
 
     def _save_checkpoint(self) -> None:

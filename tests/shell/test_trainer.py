@@ -51,7 +51,15 @@ def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides)
 
 def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) -> None:
     server, path = served
-    trainer = trainer_for(server, path, tmp_path, max_steps=4, max_staleness=0)
+    trainer = trainer_for(
+        server,
+        path,
+        tmp_path,
+        max_steps=4,
+        max_staleness=0,
+        log_completions=True,
+        num_completions_to_print=2,
+    )
     out = trainer.train()
     rows = read_metrics(tmp_path / "run")
     assert out.global_step == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -59,6 +67,9 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) ->
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row["step"]
     assert (tmp_path / "run" / "model.safetensors").exists()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").open()]
+    assert logged and {"step", "prompt", "completion", "reward"} <= set(logged[0])
+    assert logged[0]["prompt"].startswith("Number ")
 
 
 def test_resume_continues_from_rollout_state(served, tmp_path) -> None:
