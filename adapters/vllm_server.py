@@ -135,10 +135,6 @@ class VLLMServer:
     def base_url(self) -> str:
         return f"http://{self.spec.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
     def last_log_lines(self, count: int = 40) -> str:
         """The last ``count`` lines the server wrote (stdout and stderr)."""
         try:

@@ -184,10 +184,6 @@ class AsyncGRPOConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
 
-    @property
-    def effective_epsilon_high(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
-
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> AsyncGRPOConfig:
         """Read the fields from a TOML file (top level or an ``[asyncgrpo]`` table);

@@ -352,7 +352,7 @@ class AsyncRolloutLoop:
         while True:
             if self.channels.stop_requested():
                 return False
-            if self._reserved >= min(self._load_cap.cap, self.config.max_concurrent_rollouts):
+            if not self._admits(self._reserved):
                 await anyio.sleep(0.02)
                 continue
             taken = self.channels.tokens_taken()
@@ -407,11 +407,16 @@ class AsyncRolloutLoop:
             value("rollout/score_block_s", time.monotonic() - pending.completed_at)
         )
 
+    def _admits(self, in_flight: int) -> bool:
+        """Whether one more rollout fits under the load cap and max_concurrent_rollouts."""
+        limit = self.config.max_concurrent_rollouts
+        return pacing.rollouts_to_admit(in_flight, self._load_cap, limit) > 0
+
     async def _one_rollout(
         self, pending: _PendingGroup
     ) -> tuple[Rollout, tuple[type, float] | None]:
         async with self._slots:
-            while self._in_flight >= min(self._load_cap.cap, self.config.max_concurrent_rollouts):
+            while not self._admits(self._in_flight):
                 await self._slots.wait()
             self._in_flight += 1
         start = time.monotonic()
@@ -528,9 +533,14 @@ class AsyncRolloutLoop:
                     value("rollout/score_queue_size", receive.statistics().current_buffer_used),
                 )))  # fmt: skip
 
+    @staticmethod
+    def _reward_kwargs(pending: _PendingGroup) -> dict[str, list[Any]]:
+        """The row's columns but ``prompt``, one value per rollout, as reward keywords."""
+        return {k: [v] * len(pending.rollouts) for k, v in pending.row.items() if k != "prompt"}
+
     async def _reward_columns(self, pending: _PendingGroup) -> dict[str, list[float | None]]:
         g = len(pending.rollouts)
-        kwargs = {k: [v] * g for k, v in pending.row.items() if k != "prompt"}
+        kwargs = self._reward_kwargs(pending)
         inputs = dict(
             prompts=[pending.prompt] * g,
             completions=[r.completion for r in pending.rollouts],
@@ -595,12 +605,13 @@ class AsyncRolloutLoop:
         columns = await self._reward_columns(pending)
         rollout_rewards = [r.reward for r in pending.rollouts]
         rewards = sum_rewards([*columns.values(), rollout_rewards], g)
+        reconciled = [reconcile_turns(r.turns) for r in pending.rollouts]
         group = RolloutGroup(
             prompts=[pending.prompt] * g,
-            reward_kwargs={k: [v] * g for k, v in pending.row.items() if k != "prompt"},
+            reward_kwargs=self._reward_kwargs(pending),
             completions=[r.completion for r in pending.rollouts],
             completions_ids=[r.completion_ids for r in pending.rollouts],
-            completions_sequences=[[] for _ in pending.rollouts],
+            completions_sequences=[r.sequences for r in reconciled],
             tool_call_counts=[r.tool_call_count for r in pending.rollouts],
             tool_failure_counts=[r.tool_failure_count for r in pending.rollouts],
             model_version=pending.model_version,
@@ -611,8 +622,6 @@ class AsyncRolloutLoop:
             queued_at=pending.completed_at,
             rewards=rewards,
         )
-        reconciled = [reconcile_turns(r.turns) for r in pending.rollouts]
-        group = attrs.evolve(group, completions_sequences=[r.sequences for r in reconciled])
         score = score_group(rewards, lambda _: self.compute_advantages(group))
         now = time.monotonic()
         samples = tuple(
