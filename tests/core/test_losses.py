@@ -178,7 +178,7 @@ def test_log_probs_and_entropy_match_a_manual_log_softmax(case: Case) -> None:
     np.testing.assert_allclose(
         whole[case.candidates], expected[case.candidates], rtol=1e-12, atol=1e-12
     )
-    np.testing.assert_allclose(np.exp(whole).sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(whole).sum(axis=1), 1.0, rtol=1e-12, atol=1e-12)
     entropy = [-sum(math.exp(x) * x for x in row[row > -np.inf]) for row in expected]
     np.testing.assert_allclose(tokens.entropy.numpy(), entropy, atol=1e-12)
 
@@ -196,7 +196,9 @@ def test_topk_log_probs_are_gathered_and_minus_inf_at_padding(case: Case) -> Non
     got = tokens.topk_logp.numpy()
     expected = np.take_along_axis(case.policy_logp_all(), np.maximum(case.topk_ids, 0), 1)
     assert np.all(np.isneginf(got[~case.topk_valid]))
-    np.testing.assert_allclose(got[case.topk_valid], expected[case.topk_valid], rtol=1e-12)
+    np.testing.assert_allclose(
+        got[case.topk_valid], expected[case.topk_valid], rtol=1e-12, atol=1e-12
+    )
 
 
 def test_entropy_is_detached_and_bfloat16_logits_compute_in_float32() -> None:

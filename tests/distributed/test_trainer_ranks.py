@@ -28,9 +28,9 @@ def test_two_ranks_train_sync_and_checkpoint(served, tmp_path) -> None:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3], done.stderr[-3000:]
     for row in rows:
-        assert row["batch/microbatches_per_step"] == 1
-        assert row["sampling/sampling_logp_difference/max"] < 1e-4
+        assert row["batch/microbatches_per_step"] == 1, row
+        assert row["sampling/sampling_logp_difference/max"] < 1e-4, (row, done.stderr[-3000:])
     assert (tmp_path / "checkpoint-3" / "rollout_state.json").exists()
     assert (tmp_path / "model.safetensors").exists()
