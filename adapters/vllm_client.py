@@ -70,7 +70,8 @@ class Generation:
             of each sampled token.
         top_logprobs: per token, the sampler's top ``num_sampler_logprobs`` log-probs keyed by
             token id; ``None`` when none were requested.
-        finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``.
+        finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``; an ``"abort"``ed
+            (partial) completion is retried by :meth:`VLLMClient.generate`, never returned.
     """
 
     output_ids: tuple[int, ...]
@@ -298,12 +299,22 @@ class VLLMClient:
             "skip_special_tokens": False,
             "stream": False,
         }
-        response = await self._request("POST", "/v1/completions", json=body)
-        self._raise_for_client_error(response, "generation")
-        choices = response.json().get("choices") or []
-        if len(choices) != 1:
-            raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
-        return parse_generation(choices[0], params.num_sampler_logprobs)
+        for attempt in range(self.max_retries + 1):
+            response = await self._request("POST", "/v1/completions", json=body)
+            self._raise_for_client_error(response, "generation")
+            choices = response.json().get("choices") or []
+            if len(choices) != 1:
+                raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
+            generation = parse_generation(choices[0], params.num_sampler_logprobs)
+            if generation.finish_reason != "abort":
+                return generation
+            if attempt < self.max_retries:
+                self.retry_count += 1
+        raise VLLMError(
+            f"generation: the server aborted the request {self.max_retries + 1} times (someone "
+            "paused it with mode=abort or aborted requests); a partial completion is never "
+            "trained"
+        )
 
     async def max_model_len(self) -> int:
         """The served model's ``max_model_len`` from ``/v1/models``."""
@@ -333,14 +344,25 @@ class VLLMClient:
         return response.text
 
     async def pause(self) -> None:
-        """Pause generation (in-flight requests wait); needs ``VLLM_SERVER_DEV_MODE=1``."""
-        await self._post("/pause")
+        """Pause the scheduler for a weight update; needs ``VLLM_SERVER_DEV_MODE=1``.
+
+        In-flight requests are frozen (``mode=keep``), not aborted: they continue after
+        :meth:`resume`, and each token's sampler log-prob is that of the policy that sampled it.
+        """
+        await self._post("/pause", params={"mode": "keep"})
 
     async def resume(self) -> None:
         await self._post("/resume")
 
     async def reset_prefix_cache(self) -> None:
-        await self._post("/reset_prefix_cache")
+        """Drop all cached KV, preempting running requests so that their KV is recomputed
+        under the current weights when they continue; raises if the server could not."""
+        reply = await self._post("/reset_prefix_cache", params={"reset_running_requests": True})
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise VLLMError(
+                "/reset_prefix_cache: the server kept its prefix cache (blocks still held); "
+                "KV computed by the old weights would be reused"
+            )
 
     async def collective_rpc(
         self, method: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None

@@ -139,3 +139,30 @@ def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
     assert metrics.load.kv_cache_usage == 0.5
     assert (metrics.load.running, metrics.load.waiting, metrics.preemptions) == (7, 1, 2)
     assert metrics.kv_cache_tokens == 1600
+
+
+def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) -> None:
+    """A request aborted by someone else's ``/pause?mode=abort`` comes back partial; the client
+    generates it again (counted in retry_count) and returns only the full completion."""
+    params = SamplingParams(max_tokens=1000, temperature=1.0, num_sampler_logprobs=0)
+    prompt = [1, 5, 9]
+
+    async def main():
+        async with client_for(vllm_server) as client, anyio.create_task_group() as group:
+            results = []
+
+            async def generate():
+                results.append(await client.generate(prompt, params, seed=5))
+
+            group.start_soon(generate)
+            while (await client.metrics()).load.running == 0:
+                await anyio.sleep(0.01)
+            await client._post("/pause", params={"mode": "abort"})
+            await client.resume()
+        async with client_for(vllm_server) as reference:
+            expected = await reference.generate(prompt, params, seed=5)
+        return results[0], client.retry_count, expected
+
+    generation, retries, expected = run(main)
+    assert retries == 1
+    assert generation == expected and generation.finish_reason in ("stop", "length")

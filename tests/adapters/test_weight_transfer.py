@@ -44,3 +44,53 @@ def test_reloaded_weights_are_served(vllm_server, tiny_qwen3, tmp_path) -> None:
     assert before_gap < 1e-4 and after_gap < 1e-4 and restored_gap < 1e-4
     assert restored_ids == before_ids
     assert timings.transfer_s > 0 and timings.total_s >= timings.transfer_s
+
+
+def token_log_probs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    """transformers' log-prob of each of ``ids`` after ``prompt`` (float64)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].double()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+
+
+async def wait_until_running(client: VLLMClient) -> None:
+    while (await client.metrics()).load.running == 0:
+        await anyio.sleep(0.01)
+
+
+def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
+    """A sync freezes in-flight requests instead of aborting them: the request finishes at its
+    full length, every token before the sync has the old policy's log-prob and every token
+    after it the new policy's (its KV recomputed), with no token matching neither."""
+    server, path = served
+    old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for param in new.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True,
+            "logprobs": 0, "temperature": 1.0, "seed": 3, "return_token_ids": True}  # fmt: skip
+
+    async def main():
+        replies = []
+        async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
+
+            async def generate():
+                replies.append((await client._request("POST", "/v1/completions", json=body)).json())
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(generate)
+                await wait_until_running(client)
+                await DiskReload(client, tmp_path / ".vllm_weights").sync(new.state_dict())
+        return replies[0]["choices"][0]
+
+    choice = anyio.run(main)
+    ids = choice["token_ids"]
+    served_lp = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
+    assert choice["finish_reason"] == "length" and len(ids) == 1000
+    by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
+    by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
+    old_prefix = int(by_old.int().cumprod(0).sum())
+    new_suffix = int(by_new.flip(0).int().cumprod(0).sum())
+    assert 0 < old_prefix < len(ids) and 0 < new_suffix < len(ids)
+    assert old_prefix + new_suffix >= len(ids), (old_prefix, new_suffix)
