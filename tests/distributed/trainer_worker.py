@@ -28,6 +28,7 @@ def main() -> None:
             num_sampler_logprobs=4,
             save_steps=3,
             vllm_server_base_url=base_url,
+            weight_transfer_backend="asyncgrpo_gloo",
             disable_tqdm=True,
         ),
     )

@@ -251,3 +251,18 @@ def test_gradient_checkpointing_recomputes_the_layers(tiny_qwen3, checkpointing)
     layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
     learner.train_step([pack_row([sample])])
     assert len(calls) == (2 if checkpointing else 1)  # the backward runs the forward again
+
+
+@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
+def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen3, peft) -> None:
+    """What weight-transfer engines send: iter_weights yields full_state_dict's tensors in its
+    order, and weight_metadata declares them (name, dtype, shape) without gathering."""
+    (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if peft else None
+    learner = Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
+    learner.train_step([pack_row([sample])])
+    want = learner.full_state_dict()
+    streamed = list(learner.iter_weights())
+    assert [name for name, _ in streamed] == list(want)
+    assert all(torch.equal(tensor, want[name]) for name, tensor in streamed)
+    assert learner.weight_metadata() == [(n, t.dtype, tuple(t.shape)) for n, t in want.items()]

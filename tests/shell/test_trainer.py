@@ -49,7 +49,9 @@ def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides)
     )
 
 
-def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["asyncgrpo_gloo", "disk"])
+def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path, backend) -> None:
+    """In memory (the server's gloo engine) and by disk reload alike."""
     server, path = served
     trainer = trainer_for(
         server,
@@ -59,6 +61,7 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path) ->
         max_staleness=0,
         log_completions=True,
         num_completions_to_print=2,
+        weight_transfer_backend=backend,
     )
     out = trainer.train()
     rows = read_metrics(tmp_path / "run")
@@ -129,6 +132,11 @@ def test_bad_arguments_fail_at_construction_or_train(served, tmp_path) -> None:
         )
     with pytest.raises(ValueError, match="fp16 is not supported"):
         config(server, tmp_path, fp16=True)
+    with pytest.raises(ValueError, match="weight_transfer_backend must be one of"):
+        config(server, tmp_path, weight_transfer_backend="shm")
+    nccl = trainer_for(server, path, tmp_path, weight_transfer_backend="nccl")
+    with pytest.raises(ValueError, match="--weight-transfer-config"):
+        nccl.train()
     lam = AsyncGRPOTrainer(
         model=str(path),
         reward_funcs=lambda **kw: [0.0],

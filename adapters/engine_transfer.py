@@ -1,0 +1,151 @@
+"""Weight sync through a vLLM weight-transfer engine: ``nccl`` (vLLM's, GPU servers) or
+``asyncgrpo_gloo`` (:mod:`asyncgrpo.adapters.gloo_transfer`, CPU servers).
+
+The server must have been started with ``--weight-transfer-config '{"backend": ...}'``. Once per
+run the trainer joins a group with the server's workers (``/init_weight_transfer_engine``); each
+sync then pauses the server, streams every tensor of the policy to it (``/start_weight_update``,
+``/update_weights`` alongside the broadcasts, ``/finish_weight_update``), drops the KV computed
+by the old weights and resumes. Nothing touches the disk, and the server may be on another
+machine that can reach the trainer's address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+from anyio.from_thread import start_blocking_portal
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm_plugin import BACKEND as GLOO
+from asyncgrpo.adapters.vllm_plugin import register
+from asyncgrpo.adapters.vllm_server import free_port
+from asyncgrpo.adapters.weight_transfer import SyncTimings
+
+NCCL = "nccl"
+
+
+def address_towards(url: str) -> str:
+    """This machine's address on the route to the server at ``url`` (where the server's
+    workers reach the trainer); loopback for a server on this machine.
+
+    Example:
+        >>> address_towards("http://127.0.0.1:8000")
+        '127.0.0.1'
+    """
+    host = urlsplit(url).hostname or "127.0.0.1"
+    resolved = socket.gethostbyname(host)
+    if ipaddress.ip_address(resolved).is_loopback:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((resolved, 9))  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
+
+
+class WeightStream(WeightSource):
+    """A :class:`WeightSource` over two callables: ``metadata`` lists ``(name, dtype, shape)``
+    without gathering; ``weights`` yields ``(name, tensor)`` in the same order, and is a
+    collective every trainer rank runs (see :meth:`asyncgrpo.shell.learner.Learner.iter_weights`).
+    """
+
+    def __init__(
+        self,
+        metadata: Callable[[], list[tuple[str, torch.dtype, tuple[int, ...]]]],
+        weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
+    ) -> None:
+        self._metadata = metadata
+        self._weights = weights
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(name, dtype, tuple(shape)) for name, dtype, shape in self._metadata()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self._weights())
+
+
+class EngineSync:
+    """Weight sync through the server's weight-transfer engine (every trainer rank holds one).
+
+    Args:
+        base_url: the server's URL.
+        client: makes a :class:`VLLMClient` for it (rank 0 pauses and resumes the server).
+        backend: ``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started with.
+        source: the policy's weights.
+        workers: the server's model workers (``ServerTransfer.workers``).
+        rank: this trainer process's rank; rank 0 sends, the others only gather.
+        timeout_s: longest wait for the handshake and for each round.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        client: Callable[[], VLLMClient],
+        backend: str,
+        source: WeightSource,
+        *,
+        workers: int,
+        rank: int,
+        timeout_s: float,
+    ) -> None:
+        info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
+        self.sender = rank == 0
+        self._wire = HTTPVLLMWeightSyncClient(base_url, timeout=timeout_s)
+        self.engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=self._wire, source=source
+        )
+        # Rank 0 pauses and resumes the server through one client on one event loop, kept for
+        # the run; the transfer itself stays on the calling thread (its gathers are collectives
+        # of the trainer's process group and, on GPUs, use the thread's current device).
+        self._portal: Any = None
+        if self.sender:
+            self._portal_context = start_blocking_portal()
+            self._portal = self._portal_context.__enter__()
+            self._client = client()
+
+    def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:
+        """Push the source's current weights (collective; rank 0 gets the timings)."""
+        if not self.sender:
+            self.engine.send_weights()
+            return None
+        start = time.monotonic()
+        self._portal.call(self._client.pause)
+        paused = time.monotonic()
+        try:
+            self.engine.send_weights()
+            self._portal.call(self._client.reset_prefix_cache)
+        finally:
+            self._portal.call(self._client.resume)
+        done = time.monotonic()
+        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+
+    def close(self) -> None:
+        """Leave the group; the server keeps serving and accepts a new trainer."""
+        self.engine.shutdown()
+        if self.sender:
+            try:
+                self._wire.shutdown_weight_transfer_engine()
+            finally:
+                self._portal.call(self._client.aclose)
+                self._portal_context.__exit__(None, None, None)
+
+
+def _init_info(backend: str, address: str, world_size: int, rank: int, timeout_s: float) -> Any:
+    port = free_port(address)
+    if backend == NCCL:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(address, port, world_size, rank=rank)
+    if backend == GLOO:
+        register()
+        from asyncgrpo.adapters.gloo_transfer import GlooTrainerInitInfo
+
+        return GlooTrainerInitInfo(address, port, world_size, timeout_s, rank=rank)
+    raise ValueError(f"no trainer-side weight transfer for backend {backend!r}; use nccl or {GLOO}")

@@ -1,0 +1,116 @@
+"""Which weight-sync path a run uses: a pure decision over what the server offers.
+
+The trainer asks the server once, at start (``/server_info``), which weight-transfer engine it
+was started with, and picks:
+
+- ``"nccl"``: vLLM's NCCL engine; the trainer must hold its weights on a CUDA device;
+- ``"asyncgrpo_gloo"``: asyncgrpo's gloo engine, in memory between CPU processes;
+- ``"disk"``: safetensors in the output directory, reloaded by the server (any server with
+  ``VLLM_SERVER_DEV_MODE=1`` and a filesystem it shares with the trainer).
+
+``weight_transfer_backend="auto"`` takes the engine the server runs when the trainer can drive
+it, else the disk; naming a backend makes a mismatch an error at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+AUTO = "auto"
+DISK = "disk"
+NCCL = "nccl"
+GLOO = "asyncgrpo_gloo"
+WEIGHT_TRANSFER_BACKENDS = (AUTO, DISK, NCCL, GLOO)
+
+
+@attrs.frozen
+class TransferChoice:
+    """The chosen path and why, for the run's log."""
+
+    backend: str
+    reason: str
+
+
+def check_backend(requested: str) -> None:
+    """Raise a ``ValueError`` naming the config field unless ``requested`` is a known value."""
+    if requested not in WEIGHT_TRANSFER_BACKENDS:
+        raise ValueError(
+            f"AsyncGRPOConfig.weight_transfer_backend must be one of "
+            f"{', '.join(WEIGHT_TRANSFER_BACKENDS)}; got {requested!r}"
+        )
+
+
+def choose_weight_transfer(
+    requested: str, server_backend: str | None, trainer_on_cuda: bool
+) -> TransferChoice:
+    """Pick the weight-sync path.
+
+    Args:
+        requested: ``AsyncGRPOConfig.weight_transfer_backend``.
+        server_backend: the server's ``--weight-transfer-config`` backend; ``None`` when it has
+            none or does not say.
+        trainer_on_cuda: whether the trainer's weights live on a CUDA device.
+
+    Raises:
+        ValueError: ``requested`` names an engine the server does not run, or ``"nccl"`` without
+            CUDA on the trainer.
+
+    Example:
+        >>> choose_weight_transfer("auto", "asyncgrpo_gloo", trainer_on_cuda=False).backend
+        'asyncgrpo_gloo'
+        >>> choose_weight_transfer("auto", "nccl", trainer_on_cuda=False).backend
+        'disk'
+    """
+    check_backend(requested)
+    if requested == DISK:
+        return TransferChoice(DISK, "weight_transfer_backend='disk'")
+    if requested == AUTO:
+        if server_backend == GLOO:
+            return TransferChoice(GLOO, "the server runs the asyncgrpo_gloo engine")
+        if server_backend == NCCL and trainer_on_cuda:
+            return TransferChoice(NCCL, "the server runs the nccl engine")
+        if server_backend == NCCL:
+            return TransferChoice(DISK, "the server runs nccl but the trainer is not on CUDA")
+        offered = server_backend or "no --weight-transfer-config"
+        return TransferChoice(DISK, f"the server runs no engine the trainer drives ({offered})")
+    if server_backend != requested:
+        raise ValueError(
+            f"AsyncGRPOConfig.weight_transfer_backend={requested!r} but the server runs "
+            f"{server_backend or 'no weight-transfer engine'}: start vLLM with "
+            f'--weight-transfer-config \'{{"backend": "{requested}"}}\' (and '
+            "VLLM_SERVER_DEV_MODE=1), or set weight_transfer_backend='auto'"
+        )
+    if requested == NCCL and not trainer_on_cuda:
+        raise ValueError(
+            "AsyncGRPOConfig.weight_transfer_backend='nccl' needs the trainer on a CUDA device; "
+            f"on CPU use {GLOO!r} or 'disk'"
+        )
+    return TransferChoice(requested, f"weight_transfer_backend={requested!r}")
+
+
+def chunk_bounds(nbytes: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """Group consecutive tensors into broadcast chunks of at most ``limit`` bytes.
+
+    Returns ``[(start, stop), ...]`` index ranges covering ``nbytes`` in order; a chunk closes
+    when the next tensor would overflow it, and a tensor larger than ``limit`` is a chunk of its
+    own. The trainer and the server compute the same bounds from the same sizes, so only the
+    sizes (from the round's metadata) cross the wire.
+
+    Example:
+        >>> chunk_bounds([4, 4, 4, 10, 1], limit=8)
+        [(0, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    if limit < 1:
+        raise ValueError(f"chunk limit must be >= 1 byte, got {limit}")
+    bounds: list[tuple[int, int]] = []
+    start, filled = 0, 0
+    for index, size in enumerate(nbytes):
+        if index > start and filled + size > limit:
+            bounds.append((start, index))
+            start, filled = index, 0
+        filled += size
+    if start < len(nbytes):
+        bounds.append((start, len(nbytes)))
+    return bounds

