@@ -5,11 +5,13 @@ GPUs)."""
 import anyio
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
 from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-from asyncgrpo.adapters.gloo_transfer import concurrently, open_group
+from asyncgrpo.adapters.gloo_transfer import concurrently, open_group, pack, padded_nbytes, unpack
 from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, server_transfer
 from asyncgrpo.adapters.vllm_server import free_port
 
@@ -84,3 +86,40 @@ def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:
             lambda: wire.init_weight_transfer_engine(nccl_payload),
             timeout_s=60,
         )
+
+
+def test_the_nccl_handshake_is_built_for_vllms_trainer_engine() -> None:
+    """The NCCL path cannot run without GPUs; its init info is checked against vLLM's class."""
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    from asyncgrpo.adapters.engine_transfer import _init_info
+
+    info = _init_info("nccl", "127.0.0.1", world_size=3, rank=1, timeout_s=60)
+    assert isinstance(info, NCCLTrainerInitInfo) and info.backend == "nccl"
+    assert (info.master_address, info.world_size, info.rank, info.is_sender) == (
+        "127.0.0.1", 3, 1, False
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="no trainer-side weight transfer for backend 'ipc'"):
+        _init_info("ipc", "127.0.0.1", world_size=2, rank=0, timeout_s=60)
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool]
+
+
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)),
+                max_size=8))  # fmt: skip
+def test_packed_chunks_give_back_every_tensor_bit_for_bit(specs) -> None:
+    """What the gloo engine broadcasts: tensors of mixed dtypes and odd sizes packed back to
+    back into one byte buffer, viewed back out unchanged (each at an aligned offset)."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = [
+        (torch.randint(0, 2, shape, generator=generator).bool() if dtype == torch.bool
+         else torch.randn(shape, generator=generator).mul(100).to(dtype))
+        for dtype, shape in specs
+    ]  # fmt: skip
+    metas = [(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
+    sizes = [padded_nbytes(t.dtype, t.shape) for t in tensors]
+    unpacked = unpack(pack(tensors, sizes), metas)
+    assert [name for name, _ in unpacked] == [name for name, _, _ in metas]
+    for (_, got), want in zip(unpacked, tensors, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
