@@ -111,6 +111,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         self.chunk_bytes = DEFAULT_CHUNK_BYTES
 
     def init_transfer_engine(self, init_info: GlooWorkerInitInfo) -> None:
+        """Join a trainer's group, leaving the group of an earlier trainer that never said
+        goodbye (killed, say) first."""
+        self.shutdown()
         self.chunk_bytes = init_info.chunk_bytes
         parallel = self.parallel_config
         worker = parallel.data_parallel_index * parallel.world_size + parallel.rank

