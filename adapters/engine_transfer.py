@@ -25,12 +25,10 @@ from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_plugin import BACKEND as GLOO
 from asyncgrpo.adapters.vllm_plugin import register
 from asyncgrpo.adapters.vllm_server import free_port
 from asyncgrpo.adapters.weight_transfer import SyncTimings
-
-NCCL = "nccl"
+from asyncgrpo.core.weight_sync import GLOO, NCCL
 
 
 def address_towards(url: str) -> str:

@@ -38,8 +38,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from asyncgrpo.adapters.vllm_plugin import BACKEND
-from asyncgrpo.core.weight_sync import chunk_bounds
+from asyncgrpo.core.weight_sync import GLOO, chunk_bounds
 
 TRANSPORT = "gloo"
 DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -163,7 +162,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     ``world_size`` is 1 (the trainer's sender) plus the server's workers
     (tensor x pipeline x data parallel)."""
 
-    backend: ClassVar[str] = BACKEND
+    backend: ClassVar[str] = GLOO
 
     master_address: str
     master_port: int

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from contextlib import suppress
 
-BACKEND = "asyncgrpo_gloo"
+from asyncgrpo.core.weight_sync import GLOO
+
 MODULE = "asyncgrpo.adapters.gloo_transfer"
 
 
@@ -29,4 +30,4 @@ def register() -> None:
         (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine"),
     ):
         with suppress(ValueError):  # already registered in this process
-            factory.register_engine(BACKEND, MODULE, engine)
+            factory.register_engine(GLOO, MODULE, engine)

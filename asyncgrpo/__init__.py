@@ -2,13 +2,31 @@
 
     from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-See ``docs/`` for the guide.
+See ``docs/`` for the guide. The names below are imported on first use, so that importing a
+submodule (vLLM loads :mod:`asyncgrpo.adapters.vllm_plugin` into each of its processes) does
+not pull in the trainer.
 """
 
-from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
-from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
+    from asyncgrpo.shell.config import AsyncGRPOConfig
+    from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+    from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+
+_HOMES = {
+    "AsyncGRPOConfig": "asyncgrpo.shell.config",
+    "AsyncGRPOTrainer": "asyncgrpo.shell.trainer",
+    "AsyncRolloutLoop": "asyncgrpo.shell.rollout_loop",
+    "Rollout": "asyncgrpo.core.records",
+    "RolloutGroup": "asyncgrpo.core.records",
+    "TrainingSample": "asyncgrpo.core.records",
+    "TurnRecord": "asyncgrpo.core.records",
+}
 
 __all__ = [
     "AsyncGRPOConfig",
@@ -19,3 +37,11 @@ __all__ = [
     "TrainingSample",
     "TurnRecord",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'asyncgrpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value

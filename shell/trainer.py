@@ -239,9 +239,9 @@ class _Run:
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
         this opens, :meth:`close` closes, also when it fails half way."""
-        self.transfer = self._choose_transfer()
-        if self.transfer.backend != weight_sync.DISK:
-            self.engine = self._connect_engine()
+        choice, server_workers = self._choose_transfer()
+        if choice.backend != weight_sync.DISK:
+            self.engine = self._connect_engine(choice.backend, server_workers)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
@@ -264,9 +264,10 @@ class _Run:
         return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
                           timeout_s=self.args.vllm_server_timeout)  # fmt: skip
 
-    def _choose_transfer(self) -> weight_sync.TransferChoice:
-        """Rank 0 asks the server which weight-transfer engine it runs; every rank gets the
-        choice (an error, e.g. a backend the server lacks, is raised on every rank)."""
+    def _choose_transfer(self) -> tuple[weight_sync.TransferChoice, int]:
+        """Rank 0 asks the server which weight-transfer engine it runs and how many workers it
+        has; every rank gets the choice and the count (an error, e.g. a backend the server
+        lacks, is raised on every rank)."""
         outcome: list[Any] = [None, None]  # [choice or error, server workers]
         if self.rank0:
             try:
@@ -283,19 +284,18 @@ class _Run:
             dist.broadcast_object_list(outcome, src=0)
         if isinstance(outcome[0], ValueError):
             raise outcome[0]
-        self._server_workers = outcome[1]
-        return outcome[0]
+        return outcome[0], outcome[1]
 
     async def _describe_server(self) -> ServerTransfer | None:
         async with self._client() as client:
             return await client.weight_transfer()
 
-    def _connect_engine(self) -> EngineSync:
+    def _connect_engine(self, backend: str, server_workers: int) -> EngineSync:
         from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
 
         source = WeightStream(self.learner.weight_metadata, self.learner.iter_weights)
-        return EngineSync(self.args.vllm_server_base_url, self._client, self.transfer.backend,
-                          source, workers=self._server_workers, rank=self.learner.rank,
+        return EngineSync(self.args.vllm_server_base_url, self._client, backend, source,
+                          workers=server_workers, rank=self.learner.rank,
                           timeout_s=self.args.vllm_server_timeout)  # fmt: skip
 
     async def _max_model_len(self) -> int:
@@ -559,7 +559,10 @@ class _Run:
         if self.process is not None:
             self.process.stop()
         if self.engine is not None:
-            self.engine.close()
+            try:
+                self.engine.close()
+            except Exception as error:  # the run's outcome stands; the server keeps serving
+                log.warning("could not leave the weight-transfer group", error=str(error)[:300])
         if self.bar is not None:
             self.bar.close()
         if self.metrics_file is not None:

@@ -157,3 +157,21 @@ def test_packed_chunks_give_back_every_tensor_bit_for_bit(specs) -> None:
     assert [name for name, _ in unpacked] == [name for name, _, _ in metas]
     for (_, got), want in zip(unpacked, tensors, strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_the_plugin_is_an_entry_point_and_registers_the_backend_idempotently() -> None:
+    from importlib.metadata import entry_points
+
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from asyncgrpo.adapters.vllm_plugin import register
+
+    plugins = entry_points(group="vllm.general_plugins")
+    assert "asyncgrpo.adapters.vllm_plugin:register" in {p.value for p in plugins}
+    register()
+    register()
+    assert "asyncgrpo_gloo" in WeightTransferEngineFactory._registry
+    assert "asyncgrpo_gloo" in WeightTransferTrainerFactory._registry
