@@ -147,18 +147,23 @@ def test_bad_arguments_fail_at_construction_or_train(served, tmp_path) -> None:
         lam.train()
 
 
-def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
+def lora_trainer(server, path, tmp_path, max_staleness: int) -> AsyncGRPOTrainer:
+    """3 steps of LoRA (rank 4 on q_proj and v_proj) at a learning rate that moves the policy."""
     from peft import LoraConfig
 
-    server, path = served
-    trainer = AsyncGRPOTrainer(
+    args = config(server, tmp_path, max_steps=3, max_staleness=max_staleness, learning_rate=1e-2)
+    return AsyncGRPOTrainer(
         model=str(path),
         reward_funcs=digit_fraction_reward,
         train_dataset=dataset(),
-        args=config(server, tmp_path, max_steps=3, max_staleness=0, learning_rate=1e-2),
+        args=args,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
-    trainer.train()
+
+
+def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
+    server, path = served
+    lora_trainer(server, path, tmp_path, max_staleness=0).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
@@ -186,17 +191,8 @@ def lora_server(tmp_path_factory):
 
 
 def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tmp_path) -> None:
-    from peft import LoraConfig
-
     server, path = lora_server
-    trainer = AsyncGRPOTrainer(
-        model=str(path),
-        reward_funcs=digit_fraction_reward,
-        train_dataset=dataset(),
-        args=config(server, tmp_path, max_steps=3, max_staleness=1, learning_rate=1e-2),
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-    )
-    trainer.train()
+    lora_trainer(server, path, tmp_path, max_staleness=1).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[0]["sample/staleness_max"] == 0
