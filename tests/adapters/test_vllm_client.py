@@ -142,8 +142,10 @@ def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
 
 
 def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) -> None:
-    """A request aborted by someone else's ``/pause?mode=abort`` comes back partial; the client
-    generates it again (counted in retry_count) and returns only the full completion."""
+    """A request aborted by someone else (``/abort_requests``, a ``/pause?mode=abort``) comes
+    back partial; the client generates it again (counted in retry_count) and returns only the
+    full completion. The server is paused while the abort is repeated until it catches the
+    request, so the request is surely in flight then, however short its completion."""
     params = SamplingParams(max_tokens=1000, temperature=1.0, num_sampler_logprobs=0)
     prompt = [1, 5, 9]
 
@@ -154,11 +156,14 @@ def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) 
             async def generate():
                 results.append(await client.generate(prompt, params, seed=5))
 
-            group.start_soon(generate)
-            while (await client.metrics()).load.running == 0:
-                await anyio.sleep(0.01)
-            await client._post("/pause", params={"mode": "abort"})
-            await client.resume()
+            await client.pause()
+            try:
+                group.start_soon(generate)
+                with anyio.fail_after(60):
+                    while not (await client._post("/abort_requests", json={}))["aborted"]:
+                        await anyio.sleep(0.01)
+            finally:
+                await client.resume()
         async with client_for(vllm_server) as reference:
             expected = await reference.generate(prompt, params, seed=5)
         return results[0], client.retry_count, expected

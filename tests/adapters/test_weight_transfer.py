@@ -54,8 +54,9 @@ def token_log_probs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
 
 
 async def wait_until_running(client: VLLMClient) -> None:
-    while (await client.metrics()).load.running == 0:
-        await anyio.sleep(0.01)
+    with anyio.fail_after(60):
+        while (await client.metrics()).load.running == 0:
+            await anyio.sleep(0.01)
 
 
 def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
