@@ -212,7 +212,7 @@ def load_causal_lm(
     Args:
         model: hub id or local directory written by ``save_pretrained``.
         dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"auto"``; a
-            ``dtype`` inside ``model_init_kwargs`` takes precedence, as in the seed.
+            ``dtype`` inside ``model_init_kwargs`` takes precedence, as in TRL's AsyncGRPOTrainer.
         model_init_kwargs: extra keyword arguments for ``from_pretrained``.
     """
     kwargs = dict(model_init_kwargs or {})

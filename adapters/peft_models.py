@@ -2,8 +2,8 @@
 
 Only plain LoRA on linear layers is supported (no DoRA, no embedding or convolution LoRA), and
 never on the output layer: the packed forward applies ``lm_head`` to gathered hidden states
-itself, and the seed rules out lm_head adapters. ``target_modules="all-linear"`` is fine, as
-peft leaves the output layer out of it.
+itself, and TRL's AsyncGRPOTrainer rules out lm_head adapters. ``target_modules="all-linear"``
+is fine, as peft leaves the output layer out of it.
 
 The learner shards the wrapped model with FSDP2 and gathers a full state dict (PEFT keys such as
 ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` and
@@ -33,8 +33,9 @@ from transformers import PreTrainedModel
 
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _LM_HEAD_ERROR = (
-    "PEFT adapters on lm_head are not supported (the seed rules them out): remove the output "
-    "layer ({name!r}) from LoraConfig.{field}; target_modules='all-linear' already leaves it out"
+    "PEFT adapters on lm_head are not supported (TRL's AsyncGRPOTrainer rules them out): "
+    "remove the output layer ({name!r}) from LoraConfig.{field}; target_modules='all-linear' "
+    "already leaves it out"
 )
 
 

@@ -134,7 +134,7 @@ def epochs_consumed(cursor: PromptCursor, dataset_size: int) -> float:
 
 
 def epoch_order(dataset_size: int, epoch: int, seed: int) -> np.ndarray:
-    """The row order of ``epoch``: a permutation of ``range(dataset_size)`` fixed by the seed."""
+    """The row order of ``epoch``: a permutation of ``range(dataset_size)`` fixed by ``seed``."""
     rng = np.random.default_rng([seed, epoch])
     return rng.permutation(dataset_size)
 

@@ -160,7 +160,7 @@ class LossOutput:
 
     Attributes:
         loss: scalar tensor with grad, normalised as :func:`normalize_loss` describes.
-        metrics: the seed's metric names to values (see :func:`loss_metrics`).
+        metrics: the metric names of TRL's AsyncGRPOTrainer to values (see :func:`loss_metrics`).
         num_tokens: N, this micro-batch's trained tokens on this process. Record each metric
             with this weight (``metrics.value(name, amount, weight=num_tokens)``) so a window's
             means are over trained tokens; ``_min``/``_max`` metrics ignore the weight.
@@ -383,7 +383,7 @@ def loss_metrics(
     config: LossConfig,
     topk: SamplerTopK | None = None,
 ) -> dict[str, float]:
-    """The seed's loss metrics over the N trained tokens, computed without grad.
+    """The loss metrics of TRL's AsyncGRPOTrainer over the N trained tokens, computed without grad.
 
     * ``sampling/importance_sampling_ratio/{min,mean,max}``: of ``r`` before masking;
     * ``sampling/sampling_logp_difference/{mean,max}``: of ``|logp - sampler_logp|`` (nats);

@@ -1,6 +1,6 @@
 """Metric windows: everything recorded since the last log, aggregated by the metric's name.
 
-The seed's rules, applied by :func:`aggregation_for`:
+TRL's AsyncGRPOTrainer rules, applied by :func:`aggregation_for`:
 
 * a **ratio** recorded with :func:`ratio` (rates such as ``rollout/generated_tokens_per_s``,
   fractions such as ``tools/failure_frequency``) is total numerator / total denominator;

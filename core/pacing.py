@@ -1,6 +1,7 @@
 """Pacing decisions: how far generation may run ahead, and how hard to load the vLLM server.
 
-Three limits bound the rollouts in flight (the seed's "concurrency" section):
+Three limits bound the rollouts in flight (the "concurrency" section of TRL's AsyncGRPOTrainer
+documentation):
 
 1. **Staleness allowance** (:func:`token_allowance`, :func:`may_start_group`): generation keeps
    at most ``max(max_staleness, 1)`` steps' worth of tokens queued or in flight, measured in

@@ -3,7 +3,7 @@
 Tokens that several samples share are forwarded once, and attention lets each token see
 exactly its own history: the keys and values of its segment's path in the trie. A position
 predicts one token, so a position is shared only while the *next* token is shared too. The
-seed's worked example (two rollouts of one prompt):
+worked example of TRL's AsyncGRPOTrainer documentation (two rollouts of one prompt):
 
     rollouts        r0: p1 p2 p3 a1 a2        r1: p1 p2 p3 b1 b2          (10 tokens)
     trie            S0 [p1 p2] ─┬─ S1 [p3 a1 a2]

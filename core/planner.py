@@ -1,4 +1,4 @@
-"""The token-budget planner (the seed's TokenBudgetBatcher) and the batch metrics of a step.
+"""The token-budget planner (TokenBudgetBatcher of TRL's AsyncGRPOTrainer) and a step's metrics.
 
 A step is ``gradient_accumulation_steps`` micro-batches; a micro-batch is one row per process;
 a row is tree-packed (:mod:`asyncgrpo.core.packing`) and holds at most ``token_budget``
@@ -187,7 +187,7 @@ def batch_metrics(
     token_budget: int,
     dropped_oversize: int = 0,
 ) -> dict[str, float]:
-    """The seed's ``batch/*`` metrics of one step, from its packed rows.
+    """The ``batch/*`` metrics of TRL's AsyncGRPOTrainer of one step, from its packed rows.
 
     Args:
         micro_batches: per micro-batch, one packed row per process (``None`` for an empty

@@ -1,7 +1,7 @@
 """Immutable records that flow from the rollout process to the learner.
 
-The user-facing records keep the seed's names and field names: :class:`TurnRecord` (one sampling
-request), :class:`Rollout` (one whole conversation) and :class:`RolloutGroup` (the
+The user-facing records keep TRL's AsyncGRPOTrainer names and field names: :class:`TurnRecord`
+(one sampling request), :class:`Rollout` (one whole conversation) and :class:`RolloutGroup` (the
 ``num_generations`` rollouts of one prompt, scored together). Their token fields are tuples.
 
 The learner-facing records are the project's own: :class:`TrainingSequence` (one reconciled
@@ -335,7 +335,8 @@ def _rewards_array(values: Sequence[float] | np.ndarray | None) -> np.ndarray | 
 
 @attrs.frozen
 class RolloutGroup:
-    """The ``num_generations`` rollouts of one prompt, scored together (the seed's fields).
+    """The ``num_generations`` rollouts of one prompt, scored together (the fields of TRL's
+    AsyncGRPOTrainer documentation).
 
     Each list holds one entry per rollout. ``rewards`` is the total reward of each rollout
     summed over all sources (NaN when no source scored it); the loop sets it

@@ -1,6 +1,6 @@
 """The metrics of one scored group, as observations for a metric window.
 
-Everything the seed logs per rollout or per group at scoring time: ``reward*``,
+Everything TRL's AsyncGRPOTrainer logs per rollout or per group at scoring time: ``reward*``,
 ``rewards/{name}/*``, ``frac_reward_zero_std``, ``completions/*``, ``rollout/turns_*``,
 ``rollout/samples_per_rollout``, ``rollout/fork_frac``, ``rollout/drift_tokens_*`` and, when the
 trainer has tools, ``tools/call_frequency``, ``tools/failure_frequency`` and
@@ -140,7 +140,8 @@ def _tool_observations(facts: GroupFacts) -> list[Observation]:
 
 
 def group_observations(facts: GroupFacts) -> list[Observation]:
-    """Observations of one scored group (dropped groups included, as the seed counts them).
+    """Observations of one scored group (dropped groups included, as TRL's AsyncGRPOTrainer
+    counts them).
 
     Example:
         >>> from asyncgrpo.core.advantages import score_group

@@ -1,13 +1,14 @@
-"""``AsyncGRPOConfig``: the trainer's configuration, with the seed's field names and defaults.
+"""``AsyncGRPOConfig``: the trainer's configuration, with TRL's field names and defaults.
 
-A plain dataclass, so a subclass can add its own fields (the seed's curriculum example)::
+A plain dataclass, so a subclass can add its own fields (the curriculum example of TRL's
+AsyncGRPOTrainer documentation)::
 
     @dataclass
     class CurriculumConfig(AsyncGRPOConfig):
         pass_rate_cap: float = 0.9
 
-Combinations the seed rules out fail at construction with an error that names the field and
-says why. :meth:`AsyncGRPOConfig.from_toml` reads a TOML file of the same fields.
+Combinations TRL's AsyncGRPOTrainer rules out fail at construction with an error that names the
+field and says why. :meth:`AsyncGRPOConfig.from_toml` reads a TOML file of the same fields.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _UNSUPPORTED = {
 
 @dataclass
 class AsyncGRPOConfig:
-    """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer` (defaults as in the seed).
+    """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer` (defaults as in TRL's AsyncGRPOTrainer).
 
     Training arguments used by the loop: ``output_dir``, ``learning_rate`` (1e-6),
     ``lr_scheduler_type`` ("constant"), ``warmup_steps``, ``weight_decay``, ``adam_beta1``,

@@ -30,8 +30,8 @@ it adds 0 to every gradient, 0 trained tokens to the global count and no metrics
 bf16 forward and backward, fp32 gradient reduction, and fp32 master weights and optimizer
 states (trainable parameters are upcast before sharding, as accelerate does), unless
 ``dtype="bfloat16"`` asks for pure bf16 training. Exported weights (:meth:`full_state_dict`,
-:meth:`save_pretrained`) are in bf16 then, as the seed says; checkpoints for resuming keep the
-master weights.
+:meth:`save_pretrained`) are in bf16 then, as TRL's AsyncGRPOTrainer documentation says;
+checkpoints for resuming keep the master weights.
 
 **MoE.** For a Mixture-of-Experts model the router logits of every layer are captured during the
 packed forward, and transformers' load-balancing loss of the row times ``router_aux_loss_coef``

@@ -7,7 +7,8 @@ runs ``num_generations`` rollouts (each holding one slot under the vLLM load cap
 finished group to the scoring task, which sums the rewards, calls ``compute_advantages``, drops
 zero-signal groups, reconciles turns into samples and publishes them.
 
-Subclass it and override a hook to change one step (the seed's table):
+Subclass it and override a hook to change one step (the table in TRL's AsyncGRPOTrainer
+documentation):
 
 ==============================  =======================================================
 ``filter_prompt(row_index, row, epoch)``  once per prompt, before generation
@@ -209,7 +210,7 @@ class AsyncRolloutLoop:
         ids = {tokenizer.eos_token_id, getattr(tokenizer, "pad_token_id", None)}
         return frozenset(int(i) for i in ids if i is not None)
 
-    # ----------------------------------------------------------------- hooks (seed's API)
+    # ------------------------------------------------ hooks (TRL's AsyncGRPOTrainer API)
 
     def filter_prompt(self, row_index: int, row: dict[str, Any], epoch: int) -> bool:
         """Whether to generate for this prompt; rejected prompts count as consumed."""

@@ -105,7 +105,7 @@ def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConf
 class AsyncGRPOTrainer:
     """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
 
-    The constructor follows the seed (TRL's ``AsyncGRPOTrainer``). Set ``loop_cls`` on a
+    The constructor follows TRL's ``AsyncGRPOTrainer``. Set ``loop_cls`` on a
     subclass to customise the rollout loop.
 
     Example::
