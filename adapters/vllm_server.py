@@ -8,7 +8,8 @@ config must not override the trainer's sampling parameters), ``--max-logprobs`` 
 centering, and ``VLLM_SERVER_DEV_MODE=1`` for the pause / resume / reload endpoints.
 
 The server runs in its own process group, so stopping it also stops its engine process, on
-exit and on error alike.
+exit and on error alike; it receives ``SIGTERM`` when the process that started it exits, even by
+``SIGKILL`` (:mod:`~asyncgrpo.adapters.parent_death`), and then shuts its engine down.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import IO
 
 import attrs
 import httpx
+
+from asyncgrpo.adapters.parent_death import command_dying_with_caller
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -160,7 +163,7 @@ class VLLMServer:
         """
         self._log = self.log_path.open("wb")
         self._process = subprocess.Popen(
-            self.spec.command(self.port),
+            command_dying_with_caller(signal.SIGTERM, self.spec.command(self.port)),
             env=self.spec.environment(),
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -8,6 +8,12 @@ from collections.abc import Sequence
 
 import attrs
 
+from asyncgrpo.shell.interrupts import (
+    TrainingInterrupted,
+    signal_name,
+    signals_interrupt,
+    signum_of,
+)
 from asyncgrpo.shell.metrics_log import configure_logging
 from asyncgrpo.shell.plots import plot_run
 from asyncgrpo.shell.simulate import SimulationConfig, simulate
@@ -68,6 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _train_or_demo(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        from asyncgrpo.shell.train_command import TrainCommandError, run_train
+
+        try:
+            result = run_train(args)
+        except TrainCommandError as error:
+            print(f"asyncgrpo train: {error}", file=sys.stderr)
+            return 2
+        print(f"trained {result.global_step} steps")
+        return 0
+    from asyncgrpo.shell.demo import run_demo
+
+    result = run_demo(args.output_dir, max_steps=args.max_steps)
+    path = plot_run(args.output_dir)
+    print(
+        f"demo finished {result.global_step} steps; metrics in "
+        f"{args.output_dir}/metrics.jsonl, plots in {path}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(json_logs=args.json_logs)
@@ -84,24 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"simulated {last['step']} steps: reward {first.get('reward', float('nan')):.3f} -> "
             f"{last.get('reward', float('nan')):.3f}; metrics in {args.output_dir}/metrics.jsonl"
         )
-    elif args.command == "train":
-        from asyncgrpo.shell.train_command import TrainCommandError, run_train
-
-        try:
-            result = run_train(args)
-        except TrainCommandError as error:
-            print(f"asyncgrpo train: {error}", file=sys.stderr)
-            return 2
-        print(f"trained {result.global_step} steps")
-    elif args.command == "demo":
-        from asyncgrpo.shell.demo import run_demo
-
-        result = run_demo(args.output_dir, max_steps=args.max_steps)
-        path = plot_run(args.output_dir)
-        print(
-            f"demo finished {result.global_step} steps; metrics in "
-            f"{args.output_dir}/metrics.jsonl, plots in {path}"
-        )
+    elif args.command in ("train", "demo"):
+        with signals_interrupt():
+            try:
+                return _train_or_demo(args)
+            except KeyboardInterrupt as error:
+                signum = signum_of(error)
+                what = str(error)
+                if not isinstance(error, TrainingInterrupted):
+                    what = (
+                        f"interrupted by {signal_name(signum)} outside training (server start/stop)"
+                    )
+                print(f"asyncgrpo {args.command}: {what}", file=sys.stderr)
+                return 128 + signum
     elif args.command == "plot":
         try:
             path = plot_run(args.run_dir)

