@@ -1,7 +1,13 @@
-"""Time the token-budget planner and tree packing on 1,024 samples of realistic shapes.
+"""Time the token-budget planner and tree packing on 1,024 samples of realistic shapes, and
+the step queue's planning cost per step as its buffer grows.
 
-128 groups of G=8 rollouts, 256-token prompts, completions uniform in 64-512 tokens, token
-budget 4,096, 2 processes x 4 accumulation steps per plan. Prints medians over repeats.
+Planner: 128 groups of G=8 rollouts, 256-token prompts, completions uniform in 64-512 tokens,
+token budget 4,096, 2 processes x 4 accumulation steps per plan. Prints medians over repeats.
+
+Re-planning (:mod:`asyncgrpo.core.step_queue`): 8-sample groups of ~330 tokens, budget 16,384,
+4 processes; with 256 to 8,192 samples buffered, the time for one group to arrive and for one
+step to be taken (the queue plans the next step afresh), against re-planning the whole buffer
+with ``plan_step`` (what the trainer did after every drain before the queue kept its plan).
 
     .venv/bin/python benchmarks/planning.py
 """
@@ -13,19 +19,26 @@ import time
 
 import numpy as np
 
+from asyncgrpo.core import step_queue
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics, plan_step
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 
 
-def make_samples(rng: np.random.Generator, groups: int = 128, group_size: int = 8):
+def make_samples(
+    rng: np.random.Generator,
+    groups: int = 128,
+    group_size: int = 8,
+    prompt_len: int = 256,
+    completions: tuple[int, int] = (64, 512),
+):
     samples = []
     for group in range(groups):
-        prompt = rng.integers(0, 32_000, 256)
+        prompt = rng.integers(0, 32_000, prompt_len)
         for member in range(group_size):
-            completion = rng.integers(0, 32_000, int(rng.integers(64, 513)))
+            completion = rng.integers(0, 32_000, int(rng.integers(*completions) + 1))
             tokens = np.concatenate([prompt, completion])
-            mask = np.r_[np.zeros(256, np.int8), np.ones(len(completion), np.int8)]
+            mask = np.r_[np.zeros(prompt_len, np.int8), np.ones(len(completion), np.int8)]
             logprobs = np.where(mask == 1, -1.0, 0.0)
             seq = TrainingSequence(tokens, mask, logprobs)
             samples.append(TrainingSample(seq, 1.0, 0, group, group, group, f"{group}-{member}"))
@@ -75,5 +88,34 @@ def main(repeats: int = 5) -> None:
     )
 
 
+def replanning(buffer_sizes=(256, 1024, 4096, 8192), repeats: int = 5) -> None:
+    """Planning cost per step with ``buffer_sizes`` samples buffered (see the docstring)."""
+    settings = step_queue.QueueSettings(token_budget=16_384, num_processes=4, max_staleness=4)
+    rng = np.random.default_rng(1)
+    print("buffered  arrive 1 group  take 1 step  plan_step(buffer)  (medians, ms)")
+    for size in buffer_sizes:
+        samples = make_samples(rng, groups=size // 8 + 8, prompt_len=128, completions=(64, 340))
+        queue = step_queue.StepQueue(settings)
+        for start in range(0, size, 8):
+            queue = step_queue.arrive(queue, samples[start : start + 8], version=0).queue
+        extra = samples[size : size + 8]
+        arrive_s, take_s, fresh_s = [], [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step_queue.arrive(queue, extra, version=0)
+            arrive_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            step_queue.take_step(queue)
+            take_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            plan_step(queue.buffer, settings.token_budget, settings.num_processes)
+            fresh_s.append(time.perf_counter() - start)
+        print(
+            f"{size:8d}  {statistics.median(arrive_s) * 1e3:14.2f}  "
+            f"{statistics.median(take_s) * 1e3:11.1f}  {statistics.median(fresh_s) * 1e3:17.1f}"
+        )
+
+
 if __name__ == "__main__":
     main()
+    replanning()

@@ -4,10 +4,14 @@ Three limits bound the rollouts in flight (the "concurrency" section of TRL's As
 documentation):
 
 1. **Staleness allowance** (:func:`token_allowance`, :func:`may_start_group`): generation keeps
-   at most ``max(max_staleness, 1)`` steps' worth of tokens queued or in flight, measured in
-   the tokens the trainer consumed per step; before the first step every row counts as full;
-   until the first group completes, one group at a time. Samples more than ``max_staleness``
-   weight updates old are dropped (:func:`split_stale`).
+   at most ``max(max_staleness, 1)`` steps' worth of tokens queued, buffered by the trainer or
+   in flight, a group starting only if its expected tokens fit too. A sample's tokens count
+   from its group's end until the trainer trains or drops it (:mod:`asyncgrpo.core.step_queue`
+   releases them), so in steady state a sample waits at most ``max_staleness`` steps. The step
+   size is the trainer's (:attr:`~asyncgrpo.core.step_queue.StepQueue.tokens_per_step`); before
+   the first step every row counts as full; until the first group completes, one group at a
+   time. Samples more than ``max_staleness`` weight updates old are dropped
+   (:func:`split_stale`).
 2. **vLLM load cap** (:class:`LoadCap`, :func:`next_load_cap`): a state machine over /metrics
    snapshots, starting at ``KV-cache tokens // max_model_len`` requests.
 3. **max_concurrent_rollouts**: the hard ceiling set by the user.
@@ -37,11 +41,12 @@ def token_allowance(
     token_budget: int,
     rows_per_step: int,
 ) -> float:
-    """Tokens that may be queued or in flight: ``max(max_staleness, 1) x tokens per step``.
+    """Tokens that may be queued, buffered or in flight: ``max(max_staleness, 1) x`` a step.
 
     Args:
-        tokens_per_step: forwarded tokens the trainer consumed in its last step; ``None``
-            before the first step, when every row counts as full (``token_budget`` tokens).
+        tokens_per_step: the unpacked tokens a full step holds, as the trainer's queue measured
+            it (:mod:`asyncgrpo.core.step_queue`); ``None`` before the first step, when every
+            row counts as full (``token_budget`` tokens).
         max_staleness: the config's ``max_staleness`` (0 still allows one step ahead).
         token_budget: tokens per row.
         rows_per_step: ``gradient_accumulation_steps x num_processes``.
@@ -60,7 +65,8 @@ class GenerationLedger:
     """What the rollout side has outstanding, for the staleness allowance.
 
     Attributes:
-        queued_tokens: forwarded tokens of samples waiting in the rollout queue.
+        queued_tokens: tokens of samples finished but not yet trained or dropped by the trainer
+            (on the rollout queue or in the trainer's buffer).
         groups_in_flight: groups started whose scoring has not finished.
         groups_completed: groups completed so far (any outcome).
         tokens_per_group: running mean of forwarded tokens per completed group; 0 until one
@@ -81,22 +87,26 @@ def may_start_group(ledger: GenerationLedger, allowance: float) -> bool:
     """Whether the worker may start one more group now.
 
     Before any group completes the size of a group is unknown, so one group runs at a time.
-    Afterwards a group starts while queued plus in-flight tokens stay within ``allowance``.
-    With nothing queued or in flight a group may always start, so a small allowance (say
-    ``max_staleness=0``) never deadlocks.
+    Afterwards a group starts if queued plus in-flight tokens plus its own expected tokens (the
+    mean group so far) stay within ``allowance``. With nothing queued or in flight a group may
+    always start, so a small allowance (say ``max_staleness=0``) never deadlocks; nor does a
+    full buffer: the trainer takes a step when no group can start
+    (:func:`asyncgrpo.core.step_queue.ready`).
 
     Example:
         >>> may_start_group(GenerationLedger(groups_in_flight=1), 1e9)
         False
-        >>> may_start_group(GenerationLedger(queued_tokens=900, groups_completed=3,
-        ...                                  tokens_per_group=200.0), 1000.0)
-        True
+        >>> ledger = GenerationLedger(queued_tokens=800, groups_completed=3,
+        ...                           tokens_per_group=200.0)
+        >>> may_start_group(ledger, 1000.0), may_start_group(ledger, 999.0)
+        (True, False)
     """
     if ledger.groups_completed == 0:
         return ledger.groups_in_flight == 0
     if ledger.queued_tokens == 0 and ledger.groups_in_flight == 0:
         return True
-    return ledger.queued_tokens + ledger.in_flight_tokens() <= allowance
+    expected = ledger.queued_tokens + ledger.in_flight_tokens() + ledger.tokens_per_group
+    return expected <= allowance
 
 
 def group_started(ledger: GenerationLedger) -> GenerationLedger:
@@ -123,7 +133,8 @@ def group_finished(ledger: GenerationLedger, forwarded_tokens: int) -> Generatio
 
 
 def samples_taken(ledger: GenerationLedger, forwarded_tokens: int) -> GenerationLedger:
-    """The ledger after the trainer takes samples holding ``forwarded_tokens`` off the queue."""
+    """The ledger after the trainer is done with samples holding ``forwarded_tokens`` (trained
+    or dropped)."""
     return attrs.evolve(ledger, queued_tokens=max(0, ledger.queued_tokens - forwarded_tokens))
 
 

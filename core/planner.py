@@ -82,50 +82,126 @@ class StepPlan:
         return tuple(i for mb in self.micro_batches for row in mb for i in row.samples)
 
 
-class _OpenMicroBatch:
-    """Rows being filled (local state of :func:`plan_step`)."""
+@attrs.frozen(eq=False)
+class PlanState:
+    """A step planned one sample at a time: :func:`add_sample` places the next sample.
 
-    def __init__(self, num_processes: int) -> None:
-        self.rows = [RowPlan() for _ in range(num_processes)]
-        self.groups: list[set[int]] = [set() for _ in range(num_processes)]
+    Placement is order-preserving, so the samples a step takes are always a prefix of those
+    added: once a sample fits no row of the last micro-batch the step is ``full`` and every
+    later sample is left for the next step without being looked at. Adding a sample costs a
+    look at the open micro-batch's rows only, whatever came before; folding
+    :func:`add_sample` over samples gives exactly :func:`plan_step`'s plan.
 
-    def is_empty(self) -> bool:
-        return all(not row.samples for row in self.rows)
+    Attributes:
+        token_budget, num_processes, gradient_accumulation_steps: as in :func:`plan_step`.
+        closed: finished micro-batches.
+        rows: the open micro-batch, one row per process.
+        row_groups: group ids held by each open row.
+        row_tokens: token arrays of each open row's samples (for prefix sharing).
+        placed: samples placed so far (they are the first ``placed`` added).
+        full: True once a sample was left over; the step takes no more.
+    """
 
-    def close(self) -> tuple[RowPlan, ...]:
-        return tuple(self.rows)
+    token_budget: int
+    num_processes: int = 1
+    gradient_accumulation_steps: int = 1
+    closed: tuple[tuple[RowPlan, ...], ...] = ()
+    rows: tuple[RowPlan, ...] = ()
+    row_groups: tuple[frozenset[int], ...] = ()
+    row_tokens: tuple[tuple[np.ndarray, ...], ...] = ()
+    placed: int = 0
+    full: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_budget < 1 or self.num_processes < 1 or self.gradient_accumulation_steps < 1:
+            raise ValueError(
+                "plan_step: token_budget, num_processes and gradient_accumulation_steps must "
+                "be >= 1"
+            )
+        if not self.rows:
+            empty = _empty_micro_batch(self.num_processes)
+            object.__setattr__(self, "rows", empty[0])
+            object.__setattr__(self, "row_groups", empty[1])
+            object.__setattr__(self, "row_tokens", empty[2])
+
+    @property
+    def micro_batches(self) -> tuple[tuple[RowPlan, ...], ...]:
+        """The closed micro-batches and the open one if it holds a sample."""
+        if any(row.samples for row in self.rows):
+            return (*self.closed, self.rows)
+        return self.closed
 
 
-def _shared_with_row(tokens: np.ndarray, row: RowPlan, all_tokens: Sequence[np.ndarray]) -> int:
-    return max((shared_positions(tokens, all_tokens[j]) for j in row.samples), default=0)
+def _empty_micro_batch(
+    num_processes: int,
+) -> tuple[tuple[RowPlan, ...], tuple[frozenset[int], ...], tuple[tuple[np.ndarray, ...], ...]]:
+    return (RowPlan(),) * num_processes, (frozenset(),) * num_processes, ((),) * num_processes
 
 
-def _place(
-    open_mb: _OpenMicroBatch,
-    index: int,
-    sample: TrainingSample,
-    all_tokens: Sequence[np.ndarray],
-    token_budget: int,
-) -> bool:
-    tokens = all_tokens[index]
+def _choose_row(state: PlanState, tokens: np.ndarray, group_id: int) -> tuple[int, int, int] | None:
+    """(cost after, row, new tokens) of the row the sample goes to, or None if none fits."""
     options: list[tuple[int, int, int]] = []  # (cost after, row, new tokens)
-    for r, row in enumerate(open_mb.rows):
-        shared = _shared_with_row(tokens, row, all_tokens)
+    for r, row in enumerate(state.rows):
+        shared = max((shared_positions(tokens, t) for t in state.row_tokens[r]), default=0)
         new_tokens = len(tokens) - shared
-        if row.tokens + new_tokens > token_budget:
+        if row.tokens + new_tokens > state.token_budget:
             continue
         cost_after = row.cost + added_cost(len(tokens), shared)
-        if sample.group_id in open_mb.groups[r]:
-            options = [(cost_after, r, new_tokens)]
-            break
+        if group_id in state.row_groups[r]:
+            return (cost_after, r, new_tokens)
         options.append((cost_after, r, new_tokens))
-    if not options:
-        return False
-    cost_after, r, new_tokens = min(options)
-    row = open_mb.rows[r]
-    open_mb.rows[r] = RowPlan((*row.samples, index), row.tokens + new_tokens, cost_after)
-    open_mb.groups[r].add(sample.group_id)
-    return True
+    return min(options) if options else None
+
+
+def _placed_in(state: PlanState, tokens: np.ndarray, group_id: int) -> PlanState | None:
+    choice = _choose_row(state, tokens, group_id)
+    if choice is None:
+        return None
+    cost_after, r, new_tokens = choice
+    row = state.rows[r]
+    index = state.placed
+    return attrs.evolve(
+        state,
+        rows=_replace(state.rows, r, RowPlan((*row.samples, index), row.tokens + new_tokens,
+                                             cost_after)),
+        row_groups=_replace(state.row_groups, r, state.row_groups[r] | {group_id}),
+        row_tokens=_replace(state.row_tokens, r, (*state.row_tokens[r], tokens)),
+        placed=index + 1,
+    )  # fmt: skip
+
+
+def _replace(items: tuple, index: int, item: object) -> tuple:
+    return (*items[:index], item, *items[index + 1 :])
+
+
+def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
+    """The plan after the next sample (which fits ``token_budget``) is offered to the step.
+
+    It goes to a row of the open micro-batch (rules in the module docstring); if none fits, the
+    micro-batch closes and the sample opens the next one; if that was the step's last
+    micro-batch, the step is ``full`` and the sample is left over. The new sample's index is
+    ``state.placed`` (samples are numbered in the order added).
+    """
+    if state.full:
+        return state
+    tokens = sample.sequence.input_ids
+    if len(tokens) > state.token_budget:
+        raise ValueError(
+            f"add_sample: a sample of {len(tokens)} tokens exceeds token_budget "
+            f"({state.token_budget}); drop it before planning"
+        )
+    placed = _placed_in(state, tokens, sample.group_id)
+    if placed is not None:
+        return placed
+    closed = (*state.closed, state.rows)
+    if len(closed) == state.gradient_accumulation_steps:
+        return attrs.evolve(state, full=True)
+    rows, groups, row_tokens = _empty_micro_batch(state.num_processes)
+    opened = attrs.evolve(state, closed=closed, rows=rows, row_groups=groups,
+                          row_tokens=row_tokens)  # fmt: skip
+    placed = _placed_in(opened, tokens, sample.group_id)
+    assert placed is not None  # a sample within the budget fits an empty row
+    return placed
 
 
 def plan_step(
@@ -153,33 +229,20 @@ def plan_step(
         >>> [row.samples for mb in plan.micro_batches for row in mb], plan.dropped_oversize
         ([(0, 1)], (2,))
     """
-    if token_budget < 1 or num_processes < 1 or gradient_accumulation_steps < 1:
-        raise ValueError(
-            "plan_step: token_budget, num_processes and gradient_accumulation_steps must be >= 1"
-        )
-    all_tokens = [s.sequence.input_ids for s in samples]
-    closed: list[tuple[RowPlan, ...]] = []
+    state = PlanState(token_budget, num_processes, gradient_accumulation_steps)
+    fitting: list[int] = []  # input index of each sample offered to the plan
     dropped: list[int] = []
-    leftover: list[int] = []
-    open_mb = _OpenMicroBatch(num_processes)
     for index, sample in enumerate(samples):
-        if len(all_tokens[index]) > token_budget:
+        if len(sample.sequence.input_ids) > token_budget:
             dropped.append(index)
             continue
-        if len(closed) == gradient_accumulation_steps:
-            leftover.append(index)
-            continue
-        if _place(open_mb, index, sample, all_tokens, token_budget):
-            continue
-        closed.append(open_mb.close())
-        open_mb = _OpenMicroBatch(num_processes)
-        if len(closed) == gradient_accumulation_steps:
-            leftover.append(index)
-            continue
-        _place(open_mb, index, sample, all_tokens, token_budget)
-    if not open_mb.is_empty():
-        closed.append(open_mb.close())
-    return StepPlan(tuple(closed), tuple(dropped), tuple(leftover))
+        fitting.append(index)
+        state = add_sample(state, sample)
+    micro_batches = tuple(
+        tuple(RowPlan(tuple(fitting[i] for i in row.samples), row.tokens, row.cost) for row in mb)
+        for mb in state.micro_batches
+    )
+    return StepPlan(micro_batches, tuple(dropped), tuple(fitting[state.placed :]))
 
 
 def batch_metrics(

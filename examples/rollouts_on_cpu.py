@@ -88,6 +88,9 @@ class PrintChannels:
     def tokens_taken(self):
         return self.taken
 
+    def report_in_flight(self, groups):
+        pass
+
     def beat(self):
         pass
 

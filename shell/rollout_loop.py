@@ -95,6 +95,8 @@ class Channels(Protocol):
 
     def tokens_taken(self) -> int: ...
 
+    def report_in_flight(self, groups: int) -> None: ...
+
     def beat(self) -> None: ...
 
     def stop_requested(self) -> bool: ...
@@ -341,6 +343,7 @@ class AsyncRolloutLoop:
             if not await self._wait_for_allowance():
                 return
             self._ledger = pacing.group_started(self._ledger)
+            self.channels.report_in_flight(self._ledger.groups_in_flight)
             self._reserved += self.config.num_generations
             group_id = self._next_group_id
             self._next_group_id += 1
@@ -533,6 +536,8 @@ class AsyncRolloutLoop:
                     value("rollout/score_s", done - started),
                     value("rollout/score_queue_size", receive.statistics().current_buffer_used),
                 )))  # fmt: skip
+                # after the publish: the trainer waits for a group counted here to arrive
+                self.channels.report_in_flight(self._ledger.groups_in_flight)
 
     @staticmethod
     def _reward_kwargs(pending: _PendingGroup) -> dict[str, list[Any]]:

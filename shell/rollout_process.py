@@ -95,6 +95,7 @@ class _Shared:
         self.version = _CONTEXT.Value("q", 0)
         self.step_tokens = _CONTEXT.Value("d", -1.0)
         self.taken = _CONTEXT.Value("q", 0)
+        self.in_flight = _CONTEXT.Value("q", 0)
         self.heartbeat = _CONTEXT.Value("d", time.time())
         self.stop = _CONTEXT.Event()
 
@@ -117,6 +118,9 @@ class _ProcessChannels:
 
     def tokens_taken(self) -> int:
         return int(self.shared.taken.value)
+
+    def report_in_flight(self, groups: int) -> None:
+        self.shared.in_flight.value = groups
 
     def beat(self) -> None:
         self.shared.heartbeat.value = time.time()
@@ -203,14 +207,20 @@ class RolloutProcess:
     def set_model_version(self, version: int) -> None:
         self._shared.version.value = version
 
-    def step_consumed(self, tokens: int) -> None:
-        """Report the tokens one optimizer step consumed (feeds the staleness allowance)."""
+    def step_consumed(self, tokens: float) -> None:
+        """Report the step size the staleness allowance is measured in: the unpacked tokens a
+        full step holds (:attr:`asyncgrpo.core.step_queue.StepQueue.tokens_per_step`)."""
         self._shared.step_tokens.value = float(tokens)
 
     def samples_taken(self, tokens: int) -> None:
-        """Report tokens of samples the trainer took off the queue."""
+        """Report tokens of samples the trainer is done with (trained, or dropped as stale or
+        oversize); until then they count against the staleness allowance."""
         with self._shared.taken.get_lock():
             self._shared.taken.value += tokens
+
+    def groups_in_flight(self) -> int:
+        """Groups the loop has started and not yet published (its last report)."""
+        return int(self._shared.in_flight.value)
 
     def check_alive(self) -> None:
         """Raise :class:`RolloutWorkerError` if the child failed, exited or stopped beating."""

@@ -5,8 +5,10 @@ the groups in flight, a trainer with a fixed throughput, and a toy policy whose 
 probability on a prompt is ``sigmoid(skill - difficulty)``), but every decision is the core's:
 which groups start (:mod:`asyncgrpo.core.pacing`), how a group is scored
 (:mod:`asyncgrpo.core.advantages`), how turns become samples
-(:mod:`asyncgrpo.core.reconcile`), which samples are too stale, which prompts are consumed
-(:mod:`asyncgrpo.core.cursor`) and how metrics aggregate (:mod:`asyncgrpo.core.metrics`).
+(:mod:`asyncgrpo.core.reconcile`), which samples are too stale and when a step is taken with
+which samples (:mod:`asyncgrpo.core.step_queue`, the trainer's own queue and planner), which
+prompts are consumed (:mod:`asyncgrpo.core.cursor`) and how metrics aggregate
+(:mod:`asyncgrpo.core.metrics`).
 
 Use it to see how ``max_staleness``, throughputs and batch sizes trade staleness against
 trainer idle time before spending compute. Time is simulated: a run takes about a second.
@@ -24,7 +26,7 @@ import numpy as np
 import structlog
 from tqdm import tqdm
 
-from asyncgrpo.core import advantages, cursor, metrics, pacing
+from asyncgrpo.core import advantages, cursor, metrics, pacing, step_queue
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import TrainingSample, TurnRecord
 from asyncgrpo.shell.metrics_log import MetricsFile
@@ -45,11 +47,13 @@ class SimulationConfig:
         max_staleness: as in the config; samples further behind are dropped.
         max_concurrent_rollouts: rollouts in flight at most (groups start whole).
         token_budget: tokens per row.
-        rows_per_step: ``gradient_accumulation_steps x num_processes``.
+        rows_per_step: ``gradient_accumulation_steps x num_processes`` (planned as one
+            process's micro-batches).
         prompt_tokens: tokens per prompt.
         min_completion_tokens, max_completion_tokens: completion lengths, uniform.
         generation_tokens_per_s: generator throughput shared by all groups in flight.
-        training_tokens_per_s: trainer throughput in forwarded tokens.
+        training_tokens_per_s: trainer throughput in forwarded tokens (shared prefixes
+            counted once, as the planner packs them).
         skill_per_step: the toy policy's skill gain per step at full signal.
         logging_steps: steps per logging window.
         tick_s: simulated seconds per tick.
@@ -120,15 +124,21 @@ class _Pipeline:
     clock: float = 0.0
     ledger: pacing.GenerationLedger = attrs.field(factory=pacing.GenerationLedger)
     prompt_cursor: cursor.PromptCursor = attrs.field(factory=cursor.PromptCursor)
-    tokens_per_step: float | None = None
+    steps: step_queue.StepQueue = attrs.field(default=None)
     next_position: int = 0
     next_group_id: int = 0
     in_flight: list[_Group] = attrs.field(factory=list)
-    queue: deque[TrainingSample] = attrs.field(factory=deque)
-    buffer: deque[TrainingSample] = attrs.field(factory=deque)
+    queue: deque[tuple[TrainingSample, ...]] = attrs.field(factory=deque)
     window: metrics.MetricWindow = attrs.field(factory=metrics.MetricWindow)
     blocked_since: float | None = None
     waiting_since: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        c = self.config
+        if self.steps is None:
+            self.steps = step_queue.StepQueue(
+                step_queue.QueueSettings(c.token_budget, 1, c.rows_per_step, c.max_staleness)
+            )
 
     def observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)
@@ -138,9 +148,7 @@ def _start_groups(state: _Pipeline) -> None:
     """Start every group that rollout slots and the staleness allowance admit; a group that
     waited on the allowance with slots free records that wait as ``rollout/backpressure_s``."""
     c = state.config
-    allowance = pacing.token_allowance(
-        state.tokens_per_step, c.max_staleness, c.token_budget, c.rows_per_step
-    )
+    allowance = state.steps.allowance
     while True:
         slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
         if slots < c.num_generations:
@@ -195,7 +203,7 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
     tokens = sum(len(s.sequence) for s in samples)
     state.ledger = pacing.group_finished(state.ledger, tokens)
     state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, group.position, len(samples))
-    state.queue.extend(samples)
+    state.queue.append(tuple(samples))
     state.observe(
         metrics.value("reward", float(np.nanmean(rewards)), weight=c.num_generations),
         metrics.value("frac_reward_zero_std", 0.0 if score.kept else 1.0),
@@ -214,49 +222,48 @@ def _generate(state: _Pipeline) -> None:
             _finish_group(state, group)
 
 
-def _take_step(state: _Pipeline) -> list[TrainingSample] | None:
-    """Pull every queued sample into the trainer's buffer, drop the stale ones, and return a
-    step's worth once the buffer holds one (else None).
+def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
+    """Move the queued groups into the step queue, as the trainer does with the rollout
+    process's messages, and take a step if the queue is ready (else None).
 
-    The trainer pulls eagerly, as the real one does: the staleness allowance counts what is
-    queued, so a trainer holding samples back on the queue could stall the worker.
+    Stale and oversize drops and the step's samples are the queue's decisions, the same the
+    trainer makes; their tokens are released to the generator's ledger.
     """
-    c = state.config
-    state.observe(metrics.value("rollout/queue_size", len(state.queue)))
-    pulled = sum(len(s.sequence) for s in state.queue)
-    state.ledger = pacing.samples_taken(state.ledger, pulled)
-    state.buffer.extend(state.queue)
-    state.queue.clear()
-    fresh, stale = pacing.split_stale(state.buffer, state.version, c.max_staleness)
-    if stale:
-        state.buffer = deque(fresh)
-        state.prompt_cursor = cursor.samples_consumed(
-            state.prompt_cursor, [s.prompt_position for s in stale]
-        )
-        state.observe(metrics.value("sample/dropped_stale_count", len(stale)))
-    target = c.token_budget * c.rows_per_step
-    if sum(len(s.sequence) for s in state.buffer) < target:
+    state.observe(metrics.value("rollout/queue_size", sum(len(g) for g in state.queue)))
+    _apply(state, step_queue.advance(state.steps, state.version))
+    while state.queue:
+        _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
+    if not step_queue.ready(state.steps, len(state.in_flight)):
         return None
-    batch: list[TrainingSample] = []
-    tokens = 0
-    while state.buffer and tokens + len(state.buffer[0].sequence) <= target:
-        sample = state.buffer.popleft()
-        batch.append(sample)
-        tokens += len(sample.sequence)
-    return batch
+    step = step_queue.take_step(state.steps)
+    state.steps = step.queue
+    state.ledger = pacing.samples_taken(state.ledger, step.released_tokens)
+    return step
 
 
-def _train(state: _Pipeline, batch: list[TrainingSample]) -> float:
+def _apply(state: _Pipeline, decided: step_queue.Arrival) -> None:
+    state.steps = decided.queue
+    dropped = (*decided.stale, *decided.oversize)
+    if not dropped:
+        return
+    state.ledger = pacing.samples_taken(state.ledger, decided.released_tokens)
+    state.prompt_cursor = cursor.samples_consumed(
+        state.prompt_cursor, [s.prompt_position for s in dropped]
+    )
+    if decided.stale:
+        state.observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
+
+
+def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
     """Apply one step; returns its simulated duration in seconds."""
     c = state.config
-    tokens = sum(len(s.sequence) for s in batch)
+    batch = step.samples
     staleness = [s.staleness(state.version) for s in batch]
     signal = float(np.mean([abs(s.advantage) for s in batch]))
     state.skill += c.skill_per_step * signal / (1.0 + 0.25 * float(np.mean(staleness)))
     state.prompt_cursor = cursor.samples_consumed(
         state.prompt_cursor, [s.prompt_position for s in batch]
     )
-    state.tokens_per_step = float(tokens)
     state.observe(
         metrics.value("sample/staleness_mean", float(np.mean(staleness)), weight=len(batch)),
         metrics.value("sample/staleness_max", float(max(staleness))),
@@ -265,11 +272,11 @@ def _train(state: _Pipeline, batch: list[TrainingSample]) -> float:
             float(np.mean([state.clock - s.queued_at for s in batch])),
             weight=len(batch),
         ),
-        metrics.value("batch/forwarded_tokens_per_step", tokens),
+        metrics.value("batch/forwarded_tokens_per_step", step.forwarded_tokens),
         metrics.value("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
         metrics.value("batch/samples_per_step", len(batch)),
     )
-    return tokens / c.training_tokens_per_s
+    return step.forwarded_tokens / c.training_tokens_per_s
 
 
 def simulate(

@@ -2,14 +2,16 @@
 
 One step of :meth:`AsyncGRPOTrainer.train`, on rank 0:
 
-1. take the rollout process's messages: groups (their samples join the buffer, the prompt
-   cursor records their outcome) and loop reports (metrics); the wait is
-   ``perf/rollout_wait_s``;
-2. drop samples more than ``max_staleness`` versions old (``sample/dropped_stale_count``);
-3. plan a step with the token-budget planner; wait for more samples until the step is full;
-4. pack each row, scatter rows to the processes, run :meth:`Learner.train_step`;
-5. every ``weight_sync_steps`` steps, push the weights to the vLLM server;
-6. log a window every ``logging_steps`` steps, checkpoint every ``save_steps``.
+1. take the rollout process's messages: groups (their samples enter the step queue,
+   :mod:`asyncgrpo.core.step_queue`, the prompt cursor records their outcome) and loop reports
+   (metrics) until the queue is ready; the wait is ``perf/rollout_wait_s``. The queue drops
+   samples more than ``max_staleness`` versions old (``sample/dropped_stale_count``) or longer
+   than ``token_budget`` (``batch/dropped_oversize_count``) and keeps the next step planned;
+   the rollout process learns which tokens are done with (trained or dropped) for its pacing;
+2. take the planned step;
+3. pack each row, scatter rows to the processes, run :meth:`Learner.train_step`;
+4. every ``weight_sync_steps`` steps, push the weights to the vLLM server;
+5. log a window every ``logging_steps`` steps, checkpoint every ``save_steps``.
 
 Other ranks receive their rows from rank 0 and take part in the collective step, sync and
 checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epochs`` passes over
@@ -37,10 +39,9 @@ from transformers import AutoTokenizer, PreTrainedModel
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
-from asyncgrpo.core import cursor, metrics, pacing, weight_sync
+from asyncgrpo.core import cursor, metrics, step_queue, weight_sync
 from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.planner import batch_metrics, plan_step
-from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.shell import checkpoints
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -242,7 +243,7 @@ class _Run:
         self.output_dir = trainer.output_dir
         self.cursor = cursor.PromptCursor()
         self.version = 0
-        self.buffer: list[TrainingSample] = []
+        self.queue: step_queue.StepQueue | None = None
         self.completions: list[tuple[str, str, float]] = []
         self.window = metrics.MetricWindow()
         self.forwarded_total = 0
@@ -272,6 +273,7 @@ class _Run:
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
+            self.queue = self._new_queue()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self.metrics_file = MetricsFile(self.output_dir)
             self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
@@ -286,6 +288,11 @@ class _Run:
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
                             initial=self.learner.step, desc="train", unit="step",
                             disable=bool(self.args.disable_tqdm))  # fmt: skip
+
+    def _new_queue(self) -> step_queue.StepQueue:
+        return step_queue.StepQueue(step_queue.QueueSettings(
+            self.token_budget, self.learner.world_size, self.args.gradient_accumulation_steps,
+            self.args.max_staleness))  # fmt: skip
 
     def _client(self) -> VLLMClient:
         return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
@@ -395,30 +402,25 @@ class _Run:
         return None if step is None else [mb[self.learner.rank] for mb in step]
 
     def _plan_next_step(self) -> list[list[Any]]:
-        assert self.process is not None
+        """Wait until the step queue is ready, take its step and pack the rows (rank 0)."""
+        assert self.process is not None and self.queue is not None
         waited_from = time.monotonic()
-        world, accumulation = self.learner.world_size, self.args.gradient_accumulation_steps
-        while True:
+        self._apply(step_queue.advance(self.queue, self.learner.step))
+        self._drain(wait_s=0.0)
+        while not step_queue.ready(self.queue, self.process.groups_in_flight()):
             self._drain(wait_s=0.2)
-            self._drop_stale()
-            plan = plan_step(self.buffer, self.token_budget, world, accumulation)
-            if plan.dropped_oversize:
-                self._drop_oversize(plan.dropped_oversize)
-                continue
-            if plan.complete:
-                break
         self._observe(metrics.value("perf/rollout_wait_s", time.monotonic() - waited_from),
-                      metrics.value("rollout/queue_size", len(self.buffer)))  # fmt: skip
-        placed = [self.buffer[i] for i in plan.placed]
-        rows = [
-            [pack_row([self.buffer[i] for i in row.samples]) if row.samples else None
-             for row in micro_batch]
-            for micro_batch in plan.micro_batches
-        ]  # fmt: skip
-        self.buffer = [self.buffer[i] for i in plan.leftover]
-        tokens = sum(len(s.sequence) for s in placed)
+                      metrics.value("rollout/queue_size", len(self.queue.buffer)),
+                      metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
+        step = step_queue.take_step(self.queue)
+        self.queue = step.queue
+        rows = [[pack_row(list(row)) if row else None for row in mb]
+                for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
-        self.process.step_consumed(tokens)
+        self.process.samples_taken(step.released_tokens)
+        assert step.queue.tokens_per_step is not None
+        self.process.step_consumed(step.queue.tokens_per_step)
+        placed = step.samples
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
         self._observe(
             *sample_observations(placed, self.learner.step, time.monotonic()),
@@ -428,34 +430,42 @@ class _Run:
         return rows
 
     def _drain(self, wait_s: float) -> None:
-        assert self.process is not None
+        assert self.process is not None and self.queue is not None
         message = self.process.get(wait_s)
         while message is not None:
             if isinstance(message, GroupOutcome):
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
                                                    len(message.samples))  # fmt: skip
-                self.buffer.extend(message.samples)
                 self.completions.extend(message.completions)
-                self.process.samples_taken(message.forwarded_tokens)
+                self._apply(step_queue.arrive(self.queue, message.samples, self.learner.step))
             self._observe(*message.observations)
             message = self.process.get(0.0)
 
-    def _drop_stale(self) -> None:
-        fresh, stale = pacing.split_stale(self.buffer, self.learner.step, self.args.max_staleness)
-        if stale:
-            self.buffer = fresh
-            self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in stale])
-        self._observe(metrics.value("sample/dropped_stale_count", len(stale)))
-
-    def _drop_oversize(self, indices: Sequence[int]) -> None:
-        dropped = set(indices)
-        oversize = [self.buffer[i] for i in indices]
-        self.buffer = [s for i, s in enumerate(self.buffer) if i not in dropped]
-        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in oversize])
-        self._observe(metrics.value("batch/dropped_oversize_count", len(oversize)))
-        log.warning("dropped samples longer than token_budget", count=len(oversize),
-                    token_budget=self.token_budget,
-                    longest=max(len(s.sequence) for s in oversize))  # fmt: skip
+    def _apply(self, decided: step_queue.Arrival) -> None:
+        """Act on the queue's decisions: dropped samples are consumed prompts, counted in the
+        metrics and released to the rollout process's pacing."""
+        assert self.process is not None
+        self.queue = decided.queue
+        dropped = (*decided.stale, *decided.oversize)
+        if not dropped:
+            return
+        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
+        self.process.samples_taken(decided.released_tokens)
+        if decided.stale:
+            self._observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
+        if decided.oversize:
+            self._observe(metrics.value("batch/dropped_oversize_count", len(decided.oversize)))
+            log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
+                        token_budget=self.token_budget,
+                        longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
+            if self.queue.budget_too_small:
+                raise ValueError(
+                    f"token_budget={self.token_budget} is too small: the last "
+                    f"{self.queue.oversize_in_a_row} samples were all longer (the longest "
+                    f"{max(len(s.sequence) for s in decided.oversize)} tokens), so no step "
+                    "can be filled; raise token_budget to at least the prompt length plus "
+                    "max_completion_length"
+                )
 
     # ----------------------------------------------------------------- weights and logs
 

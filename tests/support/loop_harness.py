@@ -22,6 +22,7 @@ class LocalChannels:
     version: int = 0
     step_tokens: float | None = None
     taken: int = 0
+    in_flight: int = 0
     beats: int = 0
 
     def publish(self, message) -> None:
@@ -42,6 +43,9 @@ class LocalChannels:
 
     def tokens_taken(self) -> int:
         return self.taken
+
+    def report_in_flight(self, groups: int) -> None:
+        self.in_flight = groups
 
     def beat(self) -> None:
         self.beats += 1

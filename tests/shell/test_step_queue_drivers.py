@@ -1,0 +1,154 @@
+"""The trainer and ``asyncgrpo simulate`` drive the same step queue: fed the same stream of
+groups, they take the same steps and drop the same samples.
+
+The trainer's side runs its real ``_plan_next_step`` over a ``FakeRolloutProcess`` (a fake: a
+real rollout process cannot replay a fixed stream), so no server or model is involved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncgrpo.core import cursor, metrics
+from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.rollout_loop import GroupOutcome
+from asyncgrpo.shell.simulate import SimulationConfig, _Pipeline, _take_step
+from asyncgrpo.shell.trainer import _Run
+
+
+class FakeRolloutProcess:
+    """Replays ticks of messages: each ``get`` returns the current tick's next message, or
+    ``None`` once the tick is exhausted, after which the next tick begins."""
+
+    def __init__(self, ticks: list[list[GroupOutcome]]) -> None:
+        self.ticks = [list(t) for t in ticks]
+        self.taken = 0
+        self.step_sizes: list[float] = []
+
+    def get(self, wait_s: float) -> GroupOutcome | None:
+        if not self.ticks:
+            raise RuntimeError("the stream ran out before the queue was ready")
+        if self.ticks[0]:
+            return self.ticks[0].pop(0)
+        self.ticks.pop(0)
+        return None
+
+    def samples_taken(self, tokens: int) -> None:
+        self.taken += tokens
+
+    def step_consumed(self, tokens: float) -> None:
+        self.step_sizes.append(tokens)
+
+    def groups_in_flight(self) -> int:
+        return 0
+
+
+def _group(position: int, version: int, lengths: list[int]) -> GroupOutcome:
+    samples = []
+    for member, length in enumerate(lengths):
+        tokens = [position % 5, *range(10 + member, 10 + member + length - 1)]
+        seq = TrainingSequence(tokens, [0] + [1] * (length - 1), [0.0] + [-0.5] * (length - 1))
+        samples.append(TrainingSample(seq, 1.0, version, position, position, position,
+                                      f"{position}-{member}"))  # fmt: skip
+    return GroupOutcome(position, position, tuple(samples), ())
+
+
+@st.composite
+def streams(draw):
+    """Ticks of groups; each group started some versions behind the number of ticks so far
+    (a stand-in for the trainer's version, which both sides advance per step)."""
+    ticks, position = [], 0
+    for _ in range(draw(st.integers(5, 30))):
+        tick = []
+        for _ in range(draw(st.integers(0, 3))):
+            lengths = draw(st.lists(st.integers(2, 40), min_size=0, max_size=4))
+            tick.append((position, draw(st.integers(0, 3)), lengths))
+            position += 1
+        ticks.append(tick)
+    return ticks
+
+
+def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> _Run:
+    args = AsyncGRPOConfig(output_dir=str(tmp), max_staleness=max_staleness, token_budget=budget,
+                           gradient_accumulation_steps=rows, disable_tqdm=True)  # fmt: skip
+    trainer = SimpleNamespace(args=args, output_dir=tmp, train_dataset=None)
+    learner = SimpleNamespace(rank=0, world_size=1, step=0)
+    run = _Run(trainer, learner, None)
+    run.token_budget = budget
+    run.queue = run._new_queue()
+    return run
+
+
+@settings(max_examples=25, deadline=None)
+@given(streams(), st.integers(48, 160), st.integers(1, 2), st.integers(0, 3))
+def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budget, rows, ms):
+    tmp = tmp_path_factory.mktemp("run")
+
+    def outcomes(version: int, tick) -> list[GroupOutcome]:
+        return [_group(p, max(0, version - lag), lengths) for p, lag, lengths in tick]
+
+    # The simulator's side: one tick per call, its version advancing per step taken.
+    sim = SimulationConfig(token_budget=budget, rows_per_step=rows, max_staleness=ms,
+                           prompt_tokens=8, min_completion_tokens=1,
+                           max_completion_tokens=8)  # fmt: skip
+    state = _Pipeline(sim, np.random.default_rng(0), np.zeros(sim.dataset_size))
+    sim_steps, sim_sizes, versions, sim_stale = [], [], [], 0.0
+    for tick in ticks:
+        versions.append(state.version)
+        for outcome in outcomes(state.version, tick):
+            state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, outcome.position,
+                                                       len(outcome.samples))  # fmt: skip
+            state.queue.append(outcome.samples)
+        step = _take_step(state)
+        if step is not None:
+            sim_steps.append([s.rollout_id for s in step.samples])
+            sim_sizes.append(state.steps.tokens_per_step)
+            sim_stale = metrics.summarize(state.window).get("sample/dropped_stale_count", 0.0)
+            state.version += 1
+
+    # The trainer's side: the same groups, built at the versions the simulator saw.
+    run = _trainer_run(tmp, budget, rows, ms)
+    process = FakeRolloutProcess([outcomes(v, t) for v, t in zip(versions, ticks, strict=True)])
+    run.process = process
+    trainer_steps = []
+    for _ in sim_steps:
+        rows_of_step = run._plan_next_step()
+        trainer_steps.append([s.rollout_id for mb in rows_of_step for r in mb if r is not None
+                              for s in r.samples])  # fmt: skip
+        run.learner.step += 1
+    trainer_stale = metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0)
+
+    assert trainer_steps == sim_steps
+    assert process.step_sizes == sim_sizes
+    assert trainer_stale == sim_stale
+
+
+def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) -> None:
+    run = _trainer_run(tmp_path, budget=16, rows=1, max_staleness=1)
+    long = [_group(p, 0, [40] * 8) for p in range(8)]
+    run.process = FakeRolloutProcess([long] * 10)
+    with pytest.raises(ValueError, match="token_budget=16 is too small"):
+        run._plan_next_step()
+
+
+@pytest.mark.parametrize("max_staleness", [1, 4])
+def test_the_simulator_drops_few_stale_samples_when_generation_keeps_up(tmp_path, max_staleness):
+    """Generation 3x faster than training: the allowance counts what the trainer holds, so
+    few samples wait long enough to go stale (before the queue counted them, 23% of the
+    trained samples at max_staleness 1 and three times as many as were trained at 4)."""
+    from asyncgrpo.shell.simulate import simulate
+
+    config = SimulationConfig(max_steps=30, max_staleness=max_staleness, logging_steps=5,
+                              generation_tokens_per_s=20_000.0)  # fmt: skip
+    windows = simulate(config, tmp_path, progress=False)[1:]
+    dropped = sum(w.get("sample/dropped_stale_count", 0.0) for w in windows)
+    trained = sum(w["batch/samples_per_step"] * config.logging_steps for w in windows)
+    assert dropped < 0.1 * trained
+    assert all(w["sample/staleness_max"] <= max_staleness for w in windows)
