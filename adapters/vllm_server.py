@@ -60,6 +60,10 @@ class ServerSpec:
         weight_transfer_backend: the in-memory weight-transfer engine the trainer may use
             (``--weight-transfer-config``): ``"asyncgrpo_gloo"`` on CPU, ``"nccl"`` on GPUs;
             ``None`` leaves only the disk reload.
+        cpus: CPU cores of the server (a vLLM CPU server beside a trainer on the same
+            host): its worker binds its OpenMP threads to them (``VLLM_CPU_OMP_THREADS_BIND``;
+            vLLM's reserved-core count only applies to its automatic binding, so it is left
+            alone) and its processes are pinned to them; empty leaves vLLM's own binding.
         extra_args: further command-line flags, passed as they are.
         startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health``.
     """
@@ -77,6 +81,7 @@ class ServerSpec:
     max_lora_rank: int = 16
     max_loras: int = 6
     weight_transfer_backend: str | None = None
+    cpus: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     startup_timeout_s: float = 600.0
 
@@ -115,7 +120,14 @@ class ServerSpec:
         env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(self.cpus))
         return env
+
+    def pin(self) -> None:
+        """Run in the child before exec: keep the server's processes on ``cpus``."""
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
 
 
 class ServerStartError(RuntimeError):
@@ -169,6 +181,7 @@ class VLLMServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=self.spec.pin if self.spec.cpus else None,
         )
         try:
             self._wait_healthy()

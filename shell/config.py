@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncgrpo.core.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.weight_sync import check_backend
 
 _UNSUPPORTED = {
@@ -50,6 +51,10 @@ class AsyncGRPOConfig:
     ``max_staleness``, ``weight_sync_steps``, ``weight_transfer_backend`` (``"auto"``: the
     server's engine when the trainer can drive it, else the disk; or ``"disk"``, ``"nccl"``,
     ``"asyncgrpo_gloo"``), ``rollout_worker_timeout`` (seconds).
+    CPU sharing (not in TRL; see docs/configuration.md): ``cpu_sharing`` (``"auto"``: when
+    training on CPU beside a vLLM server on this host, server and trainer ranks get disjoint
+    cores and torch one thread per core of its rank; ``"off"``: torch's defaults),
+    ``server_cpus`` (cores for that server; None: half, at least one).
     Logging: ``log_completions``, ``num_completions_to_print``.
     """
 
@@ -113,6 +118,8 @@ class AsyncGRPOConfig:
     weight_sync_steps: int = 1
     weight_transfer_backend: str = "auto"
     rollout_worker_timeout: float = 300.0
+    cpu_sharing: str = "auto"
+    server_cpus: int | None = None
 
     log_completions: bool = False
     num_completions_to_print: int | None = None
@@ -142,6 +149,7 @@ class AsyncGRPOConfig:
         if self.max_staleness < 0:
             raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
         check_backend(self.weight_transfer_backend)
+        check_cpu_sharing(self.cpu_sharing, self.server_cpus)
         if self.temperature <= 0:
             raise ValueError("AsyncGRPOConfig.temperature must be > 0")
         if not 0.0 < self.top_p <= 1.0:

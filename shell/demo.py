@@ -8,6 +8,7 @@ gradient pushes it up within a few dozen steps on 2 CPU cores.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from datasets import Dataset
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.cpu_sharing import server_cpus_for
 from asyncgrpo.shell.trainer import AsyncGRPOTrainer, TrainOutput
 
 QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
@@ -65,17 +67,25 @@ def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncG
     )
 
 
-def run_demo(output_dir: str | Path, max_steps: int = 20) -> TrainOutput:
-    """Build the tiny model, start the server, train; metrics land in ``output_dir``."""
+def run_demo(
+    output_dir: str | Path, max_steps: int = 20, overrides: dict[str, Any] | None = None
+) -> TrainOutput:
+    """Build the tiny model, start the server, train; metrics land in ``output_dir``.
+
+    ``overrides`` replaces :func:`demo_config` fields (benchmarks compare settings this way);
+    the server gets the cores :mod:`asyncgrpo.core.cpu_plan` leaves it."""
     output_dir = Path(output_dir)
     model_dir = save_tiny_model(output_dir / "initial-model", "qwen3", seed=0)
+    config = dataclasses.replace(
+        demo_config(output_dir, max_steps, base_url="http://127.0.0.1"), **(overrides or {})
+    )
     spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype="float32",
-                      max_logprobs=8)  # fmt: skip
+                      max_logprobs=8, cpus=server_cpus_for(config))  # fmt: skip
     with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             reward_funcs=digit_fraction_reward,
-            args=demo_config(output_dir, max_steps, server.base_url),
+            args=dataclasses.replace(config, vllm_server_base_url=server.base_url),
             train_dataset=demo_dataset(),
         )
         return trainer.train()

@@ -24,6 +24,7 @@ from typing import Any
 
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.cpu_sharing import server_cpus_for
 from asyncgrpo.shell.trainer import AsyncGRPOTrainer, TrainOutput
 
 
@@ -86,7 +87,8 @@ def run_train(args: argparse.Namespace) -> TrainOutput:
         return train(args.vllm_url)
     spec = ServerSpec(model=str(model), max_model_len=args.max_model_len,
                       dtype=table.get("dtype", "float32"),
-                      max_logprobs=max(20, table.get("num_sampler_logprobs", 8)))  # fmt: skip
+                      max_logprobs=max(20, table.get("num_sampler_logprobs", 8)),
+                      cpus=server_cpus_for(AsyncGRPOConfig(**table)))  # fmt: skip
     output_dir = Path(table.get("output_dir") or "trainer_output")
     output_dir.mkdir(parents=True, exist_ok=True)
     with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:

@@ -45,19 +45,21 @@ from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.shell import checkpoints
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
     signal_name,
     signals_interrupt,
     signum_of,
 )
-from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.learner import Learner, default_device
 from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.engine_transfer import EngineSync
+    from asyncgrpo.core.cpu_plan import CpuPlan
 
 log = structlog.get_logger("asyncgrpo.trainer")
 
@@ -172,6 +174,7 @@ class AsyncGRPOTrainer:
         if self.processing_class.pad_token is None:
             self.processing_class.pad_token = self.processing_class.eos_token
         self.output_dir = Path(self.args.output_dir)
+        self.cpu_plan: CpuPlan | None = None
 
     # ----------------------------------------------------------------- public API
 
@@ -184,8 +187,12 @@ class AsyncGRPOTrainer:
         """
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         checkpoint = self._find_checkpoint(resume) if resume else None
-        with signals_interrupt(), Learner(self.model, self.args, peft_config=self.peft_config,
-                                          optimizers=self.optimizers) as learner:  # fmt: skip
+        with (
+            signals_interrupt(),
+            cpus_shared_with_server(self.args, default_device()) as self.cpu_plan,
+            Learner(self.model, self.args, peft_config=self.peft_config,
+                    optimizers=self.optimizers) as learner,
+        ):  # fmt: skip
             run = _Run(self, learner, checkpoint)
             try:
                 run.start()
@@ -284,6 +291,7 @@ class _Run:
         if self.rank0:
             self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout)
             self.process.start()
+            release_process(self.process.pid, self.trainer.cpu_plan)
             self.process.set_model_version(self.version)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
                             initial=self.learner.step, desc="train", unit="step",
