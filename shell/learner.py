@@ -449,8 +449,8 @@ class StepOutput:
             on all processes, extremes for ``_min``/``_max``), ``loss`` (the step's objective,
             summed over processes and micro-batches), ``grad_norm`` (before clipping),
             ``learning_rate`` (of this step), ``aux_loss`` (MoE only; unscaled, mean over
-            rows), ``perf/fwd_bwd_s``, ``perf/fwd_s`` and ``perf/optimizer_s`` (seconds, mean
-            over processes).
+            rows), ``perf/fwd_bwd_s`` = ``perf/fwd_s`` + ``perf/bwd_s``, and ``perf/optimizer_s``
+            (seconds, mean over processes).
         window: the same as a metric window, to merge into a logging window so that its means
             stay token-weighted over several steps.
     """
@@ -589,7 +589,8 @@ class Learner:
             fwd_bwd_s += self._now() - start
             loss_sum += micro.loss.detach()
             observations.extend(micro.observations)
-        observations += [value("perf/fwd_s", fwd_s), value("perf/fwd_bwd_s", fwd_bwd_s)]
+        observations += [value("perf/fwd_s", fwd_s), value("perf/bwd_s", fwd_bwd_s - fwd_s),
+                         value("perf/fwd_bwd_s", fwd_bwd_s)]  # fmt: skip
         return self._finish_step(observations, loss_sum)
 
     def _global_counts(self, micro_batches: Sequence[PackedRow | None]) -> list[tuple[int, int]]:

@@ -39,13 +39,14 @@ from transformers import AutoTokenizer, PreTrainedModel
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
-from asyncgrpo.core import cursor, metrics, step_queue, weight_sync
+from asyncgrpo.core import cursor, metrics, step_queue, step_time, weight_sync
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.shell import checkpoints
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
+from asyncgrpo.shell.flops_meter import FlopsMeter
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
     signal_name,
@@ -270,6 +271,11 @@ class _Run:
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
+        self.flops = FlopsMeter(trainer.model.config, learner.device, learner.bf16)
+        self.step_flops = self.waited_s = 0.0
+        if self.rank0:
+            log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
+                     source=self.flops.peak_source)  # fmt: skip
 
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
@@ -365,28 +371,49 @@ class _Run:
     # ----------------------------------------------------------------- the loop
 
     def loop(self) -> TrainOutput:
+        """Train step by step. A step's time runs from the end of the previous step's weight
+        sync to the end of its own, so the previous step's logging and checkpoint are in it
+        (``perf/logging_s``, ``perf/checkpoint_s``) and the ``perf/*`` parts add up to
+        ``perf/step_s`` (docs/metrics.md)."""
         summary: dict[str, float] = {}
+        step_start, after_step = time.monotonic(), (0.0, 0.0)
         while True:
-            step_start = time.monotonic()
             rows = self._next_rows()
             if rows is None:
                 break
             out = self.learner.train_step(rows)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
+            sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
                 self._sync_weights()
-            self._observe(metrics.value("perf/step_s", time.monotonic() - step_start))
+            step_end = time.monotonic()
+            self._observe(metrics.value("perf/weight_sync_s", step_end - sync_start),
+                          metrics.value("perf/logging_s", after_step[0]),
+                          metrics.value("perf/checkpoint_s", after_step[1]),
+                          metrics.value("perf/step_s", step_end - step_start),
+                          *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
             if self.rank0 and self.bar is not None:
                 self.bar.update(1)
             if self.learner.step % self.logging_every == 0:
                 summary = self._log_window()
+            logged = time.monotonic()
             if self.save_every > 0 and self.learner.step % self.save_every == 0:
                 self._save_checkpoint()
+            step_start = step_end  # the next step holds this one's logging and checkpoint
+            after_step = (logged - step_end, time.monotonic() - logged)
         if len(self.window):
             summary = self._log_window()
         self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
         return TrainOutput(self.learner.step, self.last_loss, summary)
+
+    def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
+        """``perf/fwd_bwd_mfu`` of this step: its rows' model FLOPs (all processes) over
+        fwd+bwd seconds x one process's peak x processes."""
+        if not self.rank0 or not fwd_bwd_s or not self.step_flops:
+            return ()
+        capacity = fwd_bwd_s * self.flops.peak_flops * self.learner.world_size
+        return (metrics.ratio("perf/fwd_bwd_mfu", self.step_flops, capacity),)
 
     def _observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)
@@ -404,24 +431,29 @@ class _Run:
         payload: list[Any] = [None]
         if self.rank0 and not self._finished():
             payload = [self._plan_next_step()]
+        send_start = time.monotonic()
         if self.learner.world_size > 1:
             dist.broadcast_object_list(payload, src=0)
         step = payload[0]
+        if step is not None:
+            self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
         return None if step is None else [mb[self.learner.rank] for mb in step]
 
     def _plan_next_step(self) -> list[list[Any]]:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0)."""
         assert self.process is not None and self.queue is not None
-        waited_from = time.monotonic()
+        waited_from, self.waited_s = time.monotonic(), 0.0
         self._apply(step_queue.advance(self.queue, self.learner.step))
         self._drain(wait_s=0.0)
         while not step_queue.ready(self.queue, self.process.groups_in_flight()):
             self._drain(wait_s=0.2)
-        self._observe(metrics.value("perf/rollout_wait_s", time.monotonic() - waited_from),
-                      metrics.value("rollout/queue_size", len(self.queue.buffer)),
-                      metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
+        pack_start = time.monotonic()
+        self._observe(metrics.value("perf/rollout_wait_s", self.waited_s),
+                      metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
+                      metrics.value("rollout/queue_size", len(self.queue.buffer)),
+                      metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
         rows = [[pack_row(list(row)) if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
@@ -435,11 +467,15 @@ class _Run:
             *(metrics.value(k, v) for k, v in batch_metrics(rows, self.token_budget).items()
               if k != "batch/dropped_oversize_count"),
         )  # fmt: skip
+        self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
+        self._observe(metrics.value("perf/pack_s", time.monotonic() - pack_start))
         return rows
 
     def _drain(self, wait_s: float) -> None:
         assert self.process is not None and self.queue is not None
+        asked = time.monotonic()
         message = self.process.get(wait_s)
+        self.waited_s += time.monotonic() - asked
         while message is not None:
             if isinstance(message, GroupOutcome):
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
@@ -506,7 +542,7 @@ class _Run:
         if self.process is not None:
             self.process.set_model_version(self.version)
         self._observe(
-            metrics.value("perf/weight_sync_s", timings.total_s),
+            metrics.value("perf/weight_sync_server_s", timings.total_s),
             metrics.value("perf/weight_sync_pause_s", timings.pause_s),
             metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
             metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
@@ -561,6 +597,9 @@ class _Run:
         if step_s and trained is not None and forwarded is not None:
             summary["perf/wall_clock_trained_tokens_per_s"] = trained / step_s
             summary["perf/wall_clock_forwarded_tokens_per_s"] = forwarded / step_s
+        unaccounted = step_time.unaccounted_s(summary)
+        if unaccounted is not None:
+            summary["perf/unaccounted_s"] = unaccounted
         fwd_bwd = summary.get("perf/fwd_bwd_s")
         if fwd_bwd and forwarded is not None:
             summary["perf/fwd_bwd_forwarded_tokens_per_s"] = forwarded / fwd_bwd

