@@ -21,7 +21,8 @@ causal or "packed sequence" mask is built from the non-monotonic position ids. T
 function refuses a mask if one ever arrives. Position ids (each token's depth in the trie) are
 the caller's to pass: they feed RoPE.
 
-Backends (all compute the same function; see :func:`default_backend` for the choice):
+Backends (all compute the same function; see :func:`default_backend` for the choice, on CPU
+row by row by a cost model measured here):
 
 * ``"dense"``: the reference; ``PackedRow.dense_mask()`` through SDPA. Memory ``T²``.
 * ``"segments"``: the varlen view, looped over segments: each segment's queries against its
@@ -31,12 +32,16 @@ Backends (all compute the same function; see :func:`default_backend` for the cho
   ``flash_attn_varlen_func`` from the ``kernels`` hub (flash-attn3 on Hopper, flash-attn4 on
   Blackwell); bf16/fp16 only.
 * ``"flex"`` (CUDA): torch FlexAttention with a block mask from :func:`tree_mask_mod`.
+* ``"torch_varlen"`` (CUDA): the gathered varlen view through torch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (flash-attention inside torch, no ``kernels``
+  download); bf16/fp16 only, where the installed torch offers it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 from collections.abc import Callable
 from typing import Literal, get_args
 
@@ -48,12 +53,14 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
+from asyncgrpo.core.attention_choice import cheaper_backend
+from asyncgrpo.core.flops import query_key_pairs
 from asyncgrpo.core.packing import PackedRow
 
 TREE_ATTENTION = "asyncgrpo_tree"
 LAYOUT_KWARG = "tree_layout"
 
-Backend = Literal["dense", "segments", "flash_varlen", "flex"]
+Backend = Literal["dense", "segments", "flash_varlen", "flex", "torch_varlen"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 
 # Hub repositories of flash-attention with a varlen entry point, with the kernel versions
@@ -96,18 +103,44 @@ class TreeLayout:
     block_mask: BlockMask | None = None
 
 
-def default_backend(device: torch.device | str) -> Backend:
-    """The backend for ``device``.
+@attrs.frozen
+class ModelAttention:
+    """What the CPU backend choice needs from the model: the query width (``heads x
+    head_dim``) and the attention layers one forward runs (defaults: the tiny test model)."""
 
-    CPU: ``"segments"``. It consumes the same gathered varlen view (``kv_indices``,
-    ``cu_seqlens``) as the GPU kernel, so CPU runs check the layout a GPU run depends on, and
-    its memory follows the tree's attention pairs rather than ``T²`` like ``"dense"``.
+    query_width: int = 128
+    layers: int = 2
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> ModelAttention:
+        config = model.config.get_text_config()
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return cls(heads * head_dim, int(config.num_hidden_layers))
+
+
+def default_backend(
+    device: torch.device | str, row: PackedRow | None = None, shape: ModelAttention | None = None
+) -> Backend:
+    """The backend for ``device`` (and, on CPU, for ``row`` in a model of ``shape``).
+
+    CPU: by cost, row by row (:func:`asyncgrpo.core.attention_choice.cheaper_backend`, measured
+    here): ``"dense"`` for rows of many short samples (one SDPA call instead of one per
+    segment), ``"segments"`` for rows of few long ones (the tree's pairs instead of ``T²``);
+    both are exact. Without a row, ``"segments"``: it consumes the same gathered varlen view
+    (``kv_indices``, ``cu_seqlens``) as the GPU kernel, and its memory follows the tree's
+    attention pairs rather than ``T²``.
     CUDA: ``"flash_varlen"`` when its kernel loads on this GPU (the first call may download
     it from the Hugging Face hub through ``kernels``), else ``"flex"``.
     """
     device = torch.device(device)
     if device.type != "cuda":
-        return "segments"
+        if row is None:
+            return "segments"
+        shape = shape or ModelAttention()
+        pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
+        return cheaper_backend(row.num_tokens, row.num_segments, pairs,  # type: ignore[return-value]
+                               shape.query_width, shape.layers)  # fmt: skip
     try:
         _flash_varlen_function(device)
     except BackendUnavailableError:
@@ -123,6 +156,8 @@ def check_backend(backend: str, device: torch.device | str) -> None:
         raise ValueError(f"unknown tree attention backend {backend!r}; choose one of {BACKENDS}")
     if backend == "flash_varlen":
         _flash_varlen_function(device)
+    elif backend == "torch_varlen":
+        _torch_varlen_function(device)
     elif backend == "flex" and device.type != "cuda":
         raise BackendUnavailableError(
             f"tree attention backend 'flex' needs a CUDA device, got {device} (FlexAttention has "
@@ -131,15 +166,19 @@ def check_backend(backend: str, device: torch.device | str) -> None:
 
 
 def tree_layout(
-    row: PackedRow, device: torch.device | str, backend: Backend | None = None
+    row: PackedRow,
+    device: torch.device | str,
+    backend: Backend | None = None,
+    shape: ModelAttention | None = None,
 ) -> TreeLayout:
-    """The row's :class:`TreeLayout` on ``device`` for ``backend`` (default: by device).
+    """The row's :class:`TreeLayout` on ``device`` for ``backend`` (default: by device and,
+    on CPU, by the row's cost in a model of ``shape``; see :func:`default_backend`).
 
     Raises:
         BackendUnavailableError: ``backend`` cannot run on ``device``.
     """
     device = torch.device(device)
-    backend = backend or default_backend(device)
+    backend = backend or default_backend(device, row, shape)
     check_backend(backend, device)
     cu_q = row.cu_seqlens_q.astype(np.int64)
     cu_k = row.cu_seqlens_k.astype(np.int64)
@@ -271,6 +310,29 @@ def _flash_varlen(
     return out[0] if isinstance(out, tuple) else out
 
 
+def _torch_varlen(
+    q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through torch's ``varlen_attn``, causal and
+    bottom-right aligned like flash-attention (the segment's queries end its path)."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"tree attention backend 'torch_varlen' needs bf16 or fp16 activations, got {q.dtype}"
+        )
+    q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
+    attend = _torch_varlen_function(q.device)
+    options = inspect.signature(attend).parameters
+    if "enable_gqa" not in options and k_path.shape[1] != q_rows.shape[1]:
+        repeats = q_rows.shape[1] // k_path.shape[1]
+        k_path, v_path = k_path.repeat_interleave(repeats, 1), v_path.repeat_interleave(repeats, 1)
+    kwargs: dict[str, object] = {"scale": scaling}
+    kwargs.update({"enable_gqa": True} if "enable_gqa" in options else {})
+    kwargs.update({"is_causal": True} if "is_causal" in options else {"window_size": (-1, 0)})
+    out = attend(q_rows, k_path, v_path, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                 layout.max_seqlen_q, layout.max_seqlen_k, **kwargs)  # fmt: skip
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _flex(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
     """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through compiled FlexAttention."""
     out = _compiled_flex_attention()(
@@ -289,6 +351,7 @@ _ATTEND: dict[str, Callable[[Tensor, Tensor, Tensor, TreeLayout, float | None], 
     "segments": _segments,
     "flash_varlen": _flash_varlen,
     "flex": _flex,
+    "torch_varlen": _torch_varlen,
 }
 
 
@@ -350,6 +413,23 @@ def _flash_varlen_function(device: torch.device) -> Callable[..., Tensor]:
             f"GPU, this one is sm{major}{minor}; choose backend 'flex'"
         )
     return _load_flash_kernel(*(_FLASH_ATTN3 if major == 9 else _FLASH_ATTN4))
+
+
+def _torch_varlen_function(device: torch.device) -> Callable[..., Tensor]:
+    """torch's ``varlen_attn`` (torch >= 2.10, CUDA)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as error:
+        raise BackendUnavailableError(
+            f"tree attention backend 'torch_varlen' needs torch >= 2.10 "
+            f"(torch.nn.attention.varlen), this is torch {torch.__version__}; choose 'flex'"
+        ) from error
+    if device.type != "cuda":
+        raise BackendUnavailableError(
+            f"tree attention backend 'torch_varlen' needs a CUDA device, got {device}; use "
+            "'segments' or 'dense' on CPU"
+        )
+    return varlen_attn
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from asyncgrpo.adapters.attention import (
     LAYOUT_KWARG,
     TREE_ATTENTION,
     Backend,
+    ModelAttention,
     TreeLayout,
     tree_layout,
 )
@@ -55,10 +56,14 @@ class RowTensors:
 
 
 def row_tensors(
-    row: PackedRow, device: torch.device | str, backend: Backend | None = None
+    row: PackedRow,
+    device: torch.device | str,
+    backend: Backend | None = None,
+    shape: ModelAttention | None = None,
 ) -> RowTensors:
     """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend``
-    (default: by device, see :func:`~asyncgrpo.adapters.attention.default_backend`)."""
+    (default: by device and, on CPU, by the row's cost in a model of ``shape``; see
+    :func:`~asyncgrpo.adapters.attention.default_backend`)."""
 
     def long(array) -> Tensor:
         return torch.tensor(array, dtype=torch.long, device=device)
@@ -68,7 +73,7 @@ def row_tensors(
         position_ids=long(row.position_ids).unsqueeze(0),
         predict_index=long(row.predict_index),
         target_ids=long(row.target_ids),
-        layout=tree_layout(row, device, backend),
+        layout=tree_layout(row, device, backend, shape),
     )
 
 
@@ -122,7 +127,7 @@ def packed_log_probs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 trained positions, got {chunk_size}")
     _check_plain_lm_head(model)
-    inputs = row_tensors(row, model.device, backend)
+    inputs = row_tensors(row, model.device, backend, ModelAttention.of(model))
     hidden = decoder_hidden_states(model, inputs)[inputs.predict_index]
     lm_head, n = model.get_output_embeddings(), hidden.shape[0]
     # One (possibly empty) chunk when N = 0, so that the result keeps its shapes and dtypes.

@@ -19,6 +19,8 @@ from asyncgrpo.adapters.attention import (
     tree_mask_mod,
 )
 from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.core.attention_choice import cheaper_backend
+from asyncgrpo.core.flops import query_key_pairs
 from asyncgrpo.core.packing import pack_row
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
@@ -72,14 +74,22 @@ def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
     assert torch.equal(grid, torch.from_numpy(row.dense_mask()))
 
 
-def test_cpu_default_is_segments_and_no_transformers_mask_is_built() -> None:
+def test_cpu_default_is_chosen_per_row_by_cost_and_no_transformers_mask_is_built() -> None:
     assert default_backend("cpu") == "segments"
-    assert tree_layout(ROW, "cpu").backend == "segments"
+    many_short = pack_row([make_sample([i, i + 1, i + 2], [0, 1, 1]) for i in range(0, 600, 3)])
+    one_long = pack_row([make_sample(list(range(2000)), [0] + [1] * 1999)])
+    for row in (ROW, many_short, one_long):
+        pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
+        assert tree_layout(row, "cpu").backend == cheaper_backend(
+            row.num_tokens, row.num_segments, pairs, 128, 2
+        )
+    assert tree_layout(many_short, "cpu").backend == "dense"
+    assert tree_layout(one_long, "cpu").backend == "segments"
     assert TREE_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-@pytest.mark.parametrize("backend", ["flash_varlen", "flex"])
+@pytest.mark.parametrize("backend", ["flash_varlen", "flex", "torch_varlen"])
 def test_gpu_backend_on_a_machine_without_cuda_names_what_is_missing(backend) -> None:
     with pytest.raises(BackendUnavailableError, match=f"'{backend}' needs a CUDA device"):
         tree_layout(ROW, "cpu", backend)

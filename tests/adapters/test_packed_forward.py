@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.adapters.attention import enable_tree_attention
+from asyncgrpo.adapters.attention import default_backend, enable_tree_attention
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
 from asyncgrpo.core.losses import SamplerTopK
@@ -211,7 +211,7 @@ def test_row_tensors_carry_the_row_on_the_device() -> None:
     assert tensors.input_ids.shape == tensors.position_ids.shape == (1, ROW.num_tokens)
     assert tensors.position_ids[0].tolist() == ROW.position_ids.tolist()
     assert tensors.predict_index.dtype == tensors.target_ids.dtype == torch.long
-    assert tensors.layout.backend == "segments"
+    assert tensors.layout.backend == default_backend("cpu", ROW)  # by cost: see test_attention
 
 
 def test_model_without_tree_attention_is_refused(models) -> None:
