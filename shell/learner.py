@@ -42,6 +42,7 @@ rows on all processes and over the micro-batches.
 from __future__ import annotations
 
 import copy
+import datetime
 import math
 import os
 import random
@@ -97,14 +98,15 @@ LEARNER_STATE = "learner_state.pt"
 # --- process group -------------------------------------------------------------------------
 
 
-def default_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` when CUDA is available, else the CPU."""
-    if torch.cuda.is_available():
+def default_device(config: AsyncGRPOConfig | None = None) -> torch.device:
+    """``cuda:LOCAL_RANK`` when CUDA is available (and ``config.use_cpu`` is off), else the
+    CPU."""
+    if torch.cuda.is_available() and not (config is not None and config.use_cpu):
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> bool:
+def init_distributed(device: torch.device, timeout_s: float = 1800) -> bool:
     """Initialise the default process group unless one exists (nccl on CUDA, gloo on CPU).
 
     Under ``torchrun`` it reads ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``MASTER_PORT``
@@ -116,13 +118,16 @@ def init_distributed(device: torch.device) -> bool:
     if dist.is_initialized():
         return False
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend, device_id=device if device.type == "cuda" else None, timeout=timeout
+        )
     else:
         address = f"tcp://127.0.0.1:{_free_port()}"
-        dist.init_process_group(backend, init_method=address, rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
     return True
 
 
@@ -344,22 +349,23 @@ def dummy_row(vocab_size: int) -> PackedRow:
 
 
 def build_optimizer(model: nn.Module, config: AsyncGRPOConfig) -> Optimizer:
-    """AdamW over the trainable parameters; no weight decay on 1-D ones (biases, norms)."""
+    """``config.optim`` over the trainable parameters, as transformers' ``Trainer`` builds it
+    (``Trainer.get_optimizer_cls_and_kwargs``: learning rate, betas, epsilon, ``optim_args``);
+    no weight decay on 1-D parameters (biases, norms)."""
+    from transformers import Trainer
+
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(config)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.ndim > 1], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
-        lr=config.learning_rate,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_epsilon,
-    )
+    return optimizer_cls([g for g in groups if g["params"]], **kwargs)
 
 
 def build_scheduler(optimizer: Optimizer, config: AsyncGRPOConfig) -> LRScheduler:
-    """``transformers.get_scheduler(config.lr_scheduler_type)`` with the config's warmup.
+    """``transformers.get_scheduler(config.lr_scheduler_type)`` with the config's warmup and
+    ``lr_scheduler_kwargs``.
 
     ``warmup_steps`` below 1 is a fraction of ``max_steps``, as in transformers.
     """
@@ -373,7 +379,11 @@ def build_scheduler(optimizer: Optimizer, config: AsyncGRPOConfig) -> LRSchedule
             )
         warmup = math.ceil(warmup * total)
     return get_scheduler(
-        config.lr_scheduler_type, optimizer, num_warmup_steps=int(warmup), num_training_steps=total
+        config.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(warmup),
+        num_training_steps=total,
+        scheduler_specific_kwargs=config.lr_scheduler_kwargs or None,
     )
 
 
@@ -510,8 +520,8 @@ class Learner:
                 "the optimizer is built; leave optimizers=(None, None)"
             )
         self.config = config
-        self.device = torch.device(device) if device is not None else default_device()
-        self._owns_group = init_distributed(self.device)
+        self.device = torch.device(device) if device is not None else default_device(config)
+        self._owns_group = init_distributed(self.device, timeout_s=config.ddp_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.bf16 = uses_bf16(config, self.device)
         self.loss_config = LossConfig(
@@ -538,7 +548,8 @@ class Learner:
         enable_tree_attention(model)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
+                gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs
+                or {"use_reentrant": False}
             )
         if peft_config is not None:
             set_seed(self.config.seed)

@@ -95,6 +95,7 @@ class Reporters:
         output_dir: str | Path,
         run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        project: str = "asyncgrpo",
     ) -> None:
         names = [report_to] if isinstance(report_to, str) else list(report_to or [])
         if "all" in names:
@@ -106,7 +107,8 @@ class Reporters:
         self._sinks: list[Any] = []
         for name in names:
             try:
-                self._sinks.append(self._open(name, Path(output_dir), run_name, config or {}))
+                sink = self._open(name, Path(output_dir), run_name, config or {}, project)
+                self._sinks.append(sink)
             except ImportError as error:
                 structlog.get_logger("asyncgrpo").warning(
                     "tracker not installed, skipped", tracker=name, error=str(error),
@@ -114,7 +116,9 @@ class Reporters:
                 )  # fmt: skip
 
     @staticmethod
-    def _open(name: str, output_dir: Path, run_name: str | None, config: Mapping[str, Any]):
+    def _open(
+        name: str, output_dir: Path, run_name: str | None, config: Mapping[str, Any], project: str
+    ):
         if name == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 
@@ -126,7 +130,7 @@ class Reporters:
             return ("wandb", wandb.init(name=run_name, config=dict(config)))
         import trackio
 
-        trackio.init(project="asyncgrpo", name=run_name, config=dict(config))
+        trackio.init(project=project, name=run_name, config=dict(config))
         return ("trackio", trackio)
 
     @property

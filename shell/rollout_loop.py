@@ -734,7 +734,7 @@ class AsyncRolloutLoop:
     def _row_at(self, position: int, size: int | None) -> tuple[int, int]:
         if size is None:
             return 0, position
-        return cursor.row_at(position, size, self.config.seed)
+        return cursor.row_at(position, size, self.config.prompt_order_seed)
 
     def _row(self, row_index: int) -> dict[str, Any]:
         if self.dataset is None:

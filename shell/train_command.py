@@ -1,7 +1,10 @@
-"""``asyncgrpo train``: a run from a TOML file and flags.
+"""``asyncgrpo train``: a run from a config file and flags.
 
-The TOML file may hold ``model``, ``dataset``, ``reward_funcs`` (``"module:function"``
-strings) and an ``[asyncgrpo]`` table of :class:`AsyncGRPOConfig` fields; flags override it::
+Every :class:`AsyncGRPOConfig` field is a flag (``--learning_rate`` or ``--learning-rate``),
+built by transformers' ``HfArgumentParser`` from the same declarations as the config, so
+``asyncgrpo train --help`` shows each field's help. A config file (TOML, YAML or JSON) holds
+``model``, ``dataset``, ``reward_funcs`` (``"module:function"`` strings) and config fields, at
+the top level or in an ``asyncgrpo`` table; flags override it::
 
     model = "runs/demo/initial-model"
     dataset = "prompts.jsonl"
@@ -10,26 +13,141 @@ strings) and an ``[asyncgrpo]`` table of :class:`AsyncGRPOConfig` fields; flags 
     [asyncgrpo]
     max_steps = 20
     learning_rate = 1e-2
+
+A misspelt flag or key fails naming the closest one.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
-import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import server_cpus_for
-from asyncgrpo.shell.trainer import AsyncGRPOTrainer, TrainOutput
+from transformers import HfArgumentParser
+
+from asyncgrpo.shell import config_rules
+from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
+from asyncgrpo.shell.config_files import read_config
+
+SCRIPT_KEYS = ("model", "dataset", "reward_funcs")
+"""Top-level keys of a config file that are not config fields."""
 
 
 class TrainCommandError(ValueError):
     """A missing or invalid setting of ``asyncgrpo train``."""
+
+
+@dataclass
+class TrainScriptArguments:
+    """The flags of ``asyncgrpo train`` that are not config fields."""
+
+    config: str | None = field(
+        default=None,
+        metadata={"help": "TOML, YAML or JSON file: model, dataset, reward_funcs and "
+                          "AsyncGRPOConfig fields (top level or an 'asyncgrpo' table)"},
+    )  # fmt: skip
+    model: str | None = field(default=None, metadata={"help": "model id or directory"})
+    dataset: str | None = field(
+        default=None, metadata={"help": "a .json/.jsonl file or a datasets.save_to_disk folder"}
+    )
+    reward: list[str] | None = field(
+        default=None, metadata={"help": "module:function of each reward function"}
+    )
+    vllm_url: str | None = field(
+        default=None, metadata={"help": "use this vLLM server instead of starting one"}
+    )
+    max_model_len: int = field(
+        default=4096, metadata={"help": "--max-model-len of the server it starts"}
+    )
+    resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint"})
+
+
+@dataclass
+class TrainSettings:
+    """What ``asyncgrpo train`` runs: script settings and the config fields to build."""
+
+    script: TrainScriptArguments
+    config_values: dict[str, Any]
+    model: str
+    dataset: str
+    rewards: list[str]
+
+
+def build_parser() -> HfArgumentParser:
+    """``HfArgumentParser`` over :class:`TrainScriptArguments` and :class:`AsyncGRPOConfig`;
+    the help of a ``TrainingArguments`` field says what this trainer does with it."""
+    parser = HfArgumentParser(
+        (TrainScriptArguments, AsyncGRPOConfig),
+        prog="asyncgrpo train",
+        description="Train with AsyncGRPOTrainer. Starts a local vLLM server for the model "
+        "unless --vllm_url is given. Every AsyncGRPOConfig field is a flag.",
+        usage="asyncgrpo train [--help] [--config FILE] [--model M] [--dataset D] "
+        "[--reward module:function ...] [--<AsyncGRPOConfig field> VALUE ...]",
+    )
+    for action in parser._actions:
+        if action.dest in config_rules.REJECTED:
+            note = f"only the default: {config_rules.REJECTED[action.dest]}"
+        elif action.dest in config_rules.USED and action.dest in config_rules.CHOICES:
+            note = config_rules.USED[action.dest]
+        else:
+            continue
+        action.help = f"{action.help or ''} [AsyncGRPOTrainer: {note}]".replace("%", "%%")
+    return parser
+
+
+def _given_flags(argv: Sequence[str]) -> dict[str, Any]:
+    """The flags given on the command line (not their defaults), converted to their types."""
+    parser = build_parser()
+    for action in parser._actions:
+        if action.dest != "help":
+            action.default = argparse.SUPPRESS
+    namespace, _ = parser.parse_known_args(list(argv))
+    return vars(namespace)
+
+
+def parse_train_args(argv: Sequence[str]) -> TrainSettings:
+    """Parse ``asyncgrpo train`` flags and the config file they name.
+
+    Raises:
+        TrainCommandError: an unknown flag or key (naming the closest), a missing model,
+            dataset or reward.
+    """
+    parser = build_parser()
+    _, unknown = parser.parse_known_args(list(argv))
+    flags = [u.split("=")[0] for u in unknown if u.startswith("-")]
+    if unknown:
+        known = [o for a in parser._actions for o in a.option_strings]
+        first = flags[0] if flags else unknown[0]
+        raise TrainCommandError(f"unknown argument {first!r}" + config_rules.closest(first, known))
+    given = _given_flags(argv)
+    script = TrainScriptArguments(
+        **{k: v for k, v in given.items() if k in TrainScriptArguments.__dataclass_fields__}
+    )
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if script.config:
+        try:
+            values, extra = read_config(script.config, AsyncGRPOConfig)
+        except (OSError, ValueError) as error:
+            raise TrainCommandError(str(error)) from error
+        stray = sorted(set(extra) - set(SCRIPT_KEYS))
+        if stray:
+            raise TrainCommandError(
+                f"{script.config}: {stray[0]!r} is neither an AsyncGRPOConfig field nor one of "
+                f"{', '.join(SCRIPT_KEYS)}"
+                + config_rules.closest(stray[0], [*SCRIPT_KEYS, *field_names()])
+            )
+    values.update({k: v for k, v in given.items() if k in set(field_names())})
+    model = script.model or extra.get("model")
+    dataset = script.dataset or extra.get("dataset")
+    rewards = script.reward or extra.get("reward_funcs") or []
+    if not model or not dataset or not rewards:
+        raise TrainCommandError("model, dataset and at least one reward are required "
+                                "(--model/--dataset/--reward or the --config file)")  # fmt: skip
+    return TrainSettings(script, values, str(model), str(dataset), list(rewards))
 
 
 def import_callable(spec: str) -> Callable[..., Any]:
@@ -54,42 +172,44 @@ def load_prompts(path: str) -> Any:
     raise TrainCommandError(f"dataset {path!r}: give a .json/.jsonl file or a dataset folder")
 
 
-def run_train(args: argparse.Namespace) -> TrainOutput:
-    """Run ``asyncgrpo train`` with parsed command-line ``args``."""
-    settings: dict[str, Any] = {}
-    if args.config:
-        settings = tomllib.loads(Path(args.config).read_text())
-    table = dict(settings.pop("asyncgrpo", {}))
-    model = args.model or settings.get("model")
-    dataset = args.dataset or settings.get("dataset")
-    rewards = args.reward or settings.get("reward_funcs", [])
-    if not model or not dataset or not rewards:
-        raise TrainCommandError("model, dataset and at least one reward are required "
-                                "(--model/--dataset/--reward or the --config file)")  # fmt: skip
-    if args.output_dir:
-        table["output_dir"] = args.output_dir
-    if args.max_steps is not None:
-        table["max_steps"] = args.max_steps
-    known = {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise TrainCommandError(f"unknown AsyncGRPOConfig fields {unknown}")
-    reward_funcs = [import_callable(spec) for spec in rewards]
-    prompts = load_prompts(dataset)
+def build_config(settings: TrainSettings, base_url: str | None = None) -> AsyncGRPOConfig:
+    """The run's config; a bad value fails naming its field (a ``TrainCommandError``)."""
+    values = dict(settings.config_values)
+    if base_url is not None:
+        values["vllm_server_base_url"] = base_url
+    try:
+        return AsyncGRPOConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise TrainCommandError(str(error)) from error
 
-    def train(base_url: str) -> TrainOutput:
-        config = AsyncGRPOConfig(**{**table, "vllm_server_base_url": base_url})
-        trainer = AsyncGRPOTrainer(model=model, reward_funcs=reward_funcs, args=config,
+
+def run_train(argv: Sequence[str]) -> Any:
+    """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
+    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+    from asyncgrpo.shell.cpu_sharing import server_cpus_for
+    from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+
+    settings = parse_train_args(argv)
+    config = build_config(settings)  # fail at the door, before a server starts
+    reward_funcs = [import_callable(spec) for spec in settings.rewards]
+    prompts = load_prompts(settings.dataset)
+
+    def train(base_url: str) -> Any:
+        trainer = AsyncGRPOTrainer(model=settings.model, reward_funcs=reward_funcs,
+                                   args=build_config(settings, base_url),
                                    train_dataset=prompts)  # fmt: skip
-        return trainer.train(resume_from_checkpoint=True if args.resume else None)
+        return trainer.train(resume_from_checkpoint=True if settings.script.resume else None)
 
-    if args.vllm_url:
-        return train(args.vllm_url)
-    spec = ServerSpec(model=str(model), max_model_len=args.max_model_len,
-                      dtype=table.get("dtype", "float32"),
-                      max_logprobs=max(20, table.get("num_sampler_logprobs", 8)),
-                      cpus=server_cpus_for(AsyncGRPOConfig(**table)))  # fmt: skip
-    output_dir = Path(table.get("output_dir") or "trainer_output")
+    if settings.script.vllm_url:
+        return train(settings.script.vllm_url)
+    spec = ServerSpec(
+        model=settings.model,
+        max_model_len=settings.script.max_model_len,
+        dtype=config.dtype,
+        max_logprobs=max(20, config.num_sampler_logprobs),
+        cpus=server_cpus_for(config),
+    )
+    output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
         return train(server.base_url)

@@ -20,9 +20,9 @@ the prompts were consumed, counted in distinct prompts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,16 +34,22 @@ import attrs
 import structlog
 import torch.distributed as dist
 from tqdm import tqdm
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoTokenizer,
+    PreTrainedModel,
+    TrainerControl,
+)
+from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
-from asyncgrpo.core import cursor, metrics, step_queue, step_time, weight_sync
+from asyncgrpo.core import cursor, metrics, schedule, step_queue, step_time, weight_sync
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
-from asyncgrpo.shell import checkpoints
+from asyncgrpo.shell import checkpoints, hub
+from asyncgrpo.shell.callbacks import Callbacks
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
 from asyncgrpo.shell.flops_meter import FlopsMeter
@@ -57,6 +63,7 @@ from asyncgrpo.shell.learner import Learner, default_device
 from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
+from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.engine_transfer import EngineSync
@@ -97,6 +104,11 @@ def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConf
                 "without a train_dataset the environment owns the data: set max_steps to "
                 "define the length of training"
             )
+        if "epoch" in (config.save_strategy, config.logging_strategy):
+            raise ValueError(
+                "save_strategy/logging_strategy='epoch' counts passes over the train_dataset; "
+                "without one use 'steps'"
+            )
         return
     columns = getattr(dataset, "column_names", None)
     if columns is None and len(dataset):
@@ -113,7 +125,7 @@ def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConf
         )
 
 
-class AsyncGRPOTrainer:
+class AsyncGRPOTrainer(TrainerAPI):
     """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
 
     The constructor follows TRL's ``AsyncGRPOTrainer``. Set ``loop_cls`` on a
@@ -143,8 +155,8 @@ class AsyncGRPOTrainer:
         environment_factory: Any = None,
     ) -> None:
         self.args = args or AsyncGRPOConfig()
-        if self.args.output_dir is None:
-            self.args = dataclasses.replace(self.args, output_dir="trainer_output")
+        seed_everything(self.args)
+        transformers_logging.set_verbosity(self.args.get_process_log_level())
         funcs = (
             []
             if reward_funcs is None
@@ -162,7 +174,6 @@ class AsyncGRPOTrainer:
         self.environment_factory = environment_factory
         self.peft_config = peft_config
         self.optimizers = optimizers
-        self.callbacks = list(callbacks or [])
         if isinstance(model, str):
             self.model_name = model
             self.model = load_causal_lm(model, self.args.dtype, self.args.model_init_kwargs)
@@ -175,17 +186,36 @@ class AsyncGRPOTrainer:
         if self.processing_class.pad_token is None:
             self.processing_class.pad_token = self.processing_class.eos_token
         self.output_dir = Path(self.args.output_dir)
+        self._callbacks = Callbacks(list(callbacks or []), self.args, self.model,
+                                    self.processing_class)  # fmt: skip
+        self._run: _Run | None = None
+        self._final: FinalModel | None = None
+        if self.args.push_to_hub:
+            hub.resolve_token(self.args)  # fail at the door, not at the first save
+        self._callbacks.init_end()
         self.cpu_plan: CpuPlan | None = None
 
     # ----------------------------------------------------------------- public API
 
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Mapping[str, Any] | Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
         """Train until ``max_steps`` or ``num_train_epochs``; returns the last window.
+
+        ``trial``: config values to apply before training, a dict or an optuna trial (its
+        ``params``), so a sweep runs many configs from one trainer factory.
 
         Raises:
             TrainingInterrupted: SIGINT or SIGTERM stopped the run (the rollout process is
                 stopped first); the message names the step and the last checkpoint.
         """
+        if ignore_keys_for_eval is not None:
+            raise ValueError("ignore_keys_for_eval: AsyncGRPOTrainer has no evaluation loop")
+        if trial is not None:
+            self._apply_trial(trial)
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         checkpoint = self._find_checkpoint(resume) if resume else None
         with (
@@ -195,12 +225,25 @@ class AsyncGRPOTrainer:
                     optimizers=self.optimizers) as learner,
         ):  # fmt: skip
             run = _Run(self, learner, checkpoint)
+            self._run = run
             try:
                 run.start()
-                return run.loop()
+                self._callbacks.train_begin(
+                    optimizer=learner.optimizer, lr_scheduler=learner.scheduler,
+                    global_step=learner.step, logging_steps=run.logging_every,
+                    save_steps=run.save_every, rank=learner.rank,
+                    local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                )  # fmt: skip
+                output = run.loop()
+                adapter = learner.adapter_state_dict() if learner.is_peft else None
+                self._final = FinalModel(run.output_dir, learner.rank, adapter,
+                                          learner.model if learner.is_peft else None)  # fmt: skip
+                self._callbacks.train_end()
+                return output
             except KeyboardInterrupt as error:
                 raise self._interrupted(signum_of(error), learner.step) from None
             finally:
+                self._run = None
                 run.close()
 
     def _interrupted(self, signum: int, step: int) -> TrainingInterrupted:
@@ -247,6 +290,7 @@ class _Run:
         self.trainer = trainer
         self.args = trainer.args
         self.learner = learner
+        self.callbacks = trainer._callbacks
         self.rank0 = learner.rank == 0
         self.output_dir = trainer.output_dir
         self.cursor = cursor.PromptCursor()
@@ -290,7 +334,7 @@ class _Run:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self.metrics_file = MetricsFile(self.output_dir)
             self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
-                                       dataclasses.asdict(self.args))  # fmt: skip
+                                       self.args.to_dict(), project=self.args.project)  # fmt: skip
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._sync_weights()
@@ -377,10 +421,12 @@ class _Run:
         ``perf/step_s`` (docs/metrics.md)."""
         summary: dict[str, float] = {}
         step_start, after_step = time.monotonic(), (0.0, 0.0)
+        epochs_before = self._epochs()
         while True:
             rows = self._next_rows()
             if rows is None:
                 break
+            self.callbacks.step_begin()
             out = self.learner.train_step(rows)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
@@ -395,13 +441,24 @@ class _Run:
                           *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
             if self.rank0 and self.bar is not None:
                 self.bar.update(1)
-            if self.learner.step % self.logging_every == 0:
+            epochs_after = self._epochs()
+            save = schedule.due(self.args.save_strategy.value, self.learner.step,
+                                self.save_every, epochs_before, epochs_after)  # fmt: skip
+            control = self._agree(self.callbacks.step_end(
+                self.learner.step, epochs_after, self._log_due(epochs_before, epochs_after), save
+            ))  # fmt: skip
+            if control.should_log:
                 summary = self._log_window()
             logged = time.monotonic()
-            if self.save_every > 0 and self.learner.step % self.save_every == 0:
+            if control.should_save:
                 self._save_checkpoint()
+                self.trainer._after_save(self.learner.step, self.rank0)
+                self.callbacks.save()
             step_start = step_end  # the next step holds this one's logging and checkpoint
             after_step = (logged - step_end, time.monotonic() - logged)
+            if control.should_training_stop:
+                break
+            epochs_before = epochs_after
         if len(self.window):
             summary = self._log_window()
         self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
@@ -414,6 +471,26 @@ class _Run:
             return ()
         capacity = fwd_bwd_s * self.flops.peak_flops * self.learner.world_size
         return (metrics.ratio("perf/fwd_bwd_mfu", self.step_flops, capacity),)
+
+    def _agree(self, control: TrainerControl) -> TrainerControl:
+        """Rank 0's ``should_log``/``should_save``/``should_training_stop`` on every rank."""
+        if self.learner.world_size > 1:
+            flags = [(control.should_log, control.should_save, control.should_training_stop)]
+            dist.broadcast_object_list(flags, src=0)
+            control.should_log, control.should_save, control.should_training_stop = flags[0]
+        return control
+
+    def _epochs(self) -> float:
+        """Passes over the prompts consumed so far (0 without a dataset)."""
+        if not self.dataset_size:
+            return 0.0
+        return cursor.epochs_consumed(self.cursor, self.dataset_size)
+
+    def _log_due(self, epochs_before: float, epochs_after: float) -> bool:
+        step = self.learner.step
+        first = self.args.logging_first_step and step == 1
+        return first or schedule.due(self.args.logging_strategy.value, step, self.logging_every,
+                                     epochs_before, epochs_after)  # fmt: skip
 
     def _observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)
@@ -619,6 +696,7 @@ class _Run:
                 write_completions(self.output_dir, self.learner.step, self.completions,
                                   self.args.num_completions_to_print)  # fmt: skip
         self.completions = []
+        self.callbacks.log(summary)
         return summary
 
     def _save_checkpoint(self) -> None:

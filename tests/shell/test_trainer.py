@@ -163,7 +163,8 @@ def lora_trainer(server, path, tmp_path, max_staleness: int) -> AsyncGRPOTrainer
 
 def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
     server, path = served
-    lora_trainer(server, path, tmp_path, max_staleness=0).train()
+    trainer = lora_trainer(server, path, tmp_path, max_staleness=0)
+    trainer.train()
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
@@ -174,6 +175,13 @@ def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
         name for name, p in merged.named_parameters() if not p.equal(original.get_parameter(name))
     ]
     assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
+    trainer.save_model(str(tmp_path / "adapter"))  # the adapter, as PEFT saves it
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path),
+                                        tmp_path / "adapter").merge_and_unload()  # fmt: skip
+    for name in changed:
+        assert adapted.get_parameter(name).allclose(merged.get_parameter(name), atol=1e-6), name
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,203 @@
+"""AsyncGRPOConfig: every TrainingArguments field accepted or rejected with a reason, types
+checked at construction, config files and flags read into the same fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainingArguments
+
+from asyncgrpo.shell import config_docs, config_rules
+from asyncgrpo.shell.cli import main
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner import build_optimizer, build_scheduler
+from asyncgrpo.shell.train_command import TrainCommandError, build_config, parse_train_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CurriculumConfig(AsyncGRPOConfig):
+    pass_rate_cap: float = 0.9
+
+
+def test_every_training_arguments_field_is_used_rejected_or_script_only() -> None:
+    kinds = [config_rules.USED, config_rules.REJECTED, config_rules.SCRIPT_ONLY]
+    for field in dataclasses.fields(TrainingArguments):
+        if field.init:
+            assert sum(field.name in kind for kind in kinds) == 1, field.name
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set().union(*kinds) <= names
+
+
+def test_the_configuration_reference_is_generated_from_the_declarations() -> None:
+    assert (ROOT / "docs" / "configuration.md").read_text() == config_docs.render(), (
+        "regenerate: python -m asyncgrpo.shell.config_docs docs/configuration.md"
+    )
+
+
+def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
+    config = AsyncGRPOConfig(
+        per_device_train_batch_size=8, optim="sgd", lr_scheduler_kwargs={"min_lr": 0.0},
+        gradient_checkpointing_kwargs={"use_reentrant": True}, logging_first_step=True,
+        push_to_hub=True, hub_model_id="me/model", data_seed=3, full_determinism=True,
+        save_strategy="epoch", use_cpu=True, do_train=True,
+    )  # fmt: skip
+    assert config.output_dir == "trainer_output"
+    assert config.learning_rate == 1e-6 and config.logging_steps == 1
+    assert config.gradient_checkpointing and config.bf16 is None
+    assert config.prompt_order_seed == 3 and AsyncGRPOConfig(seed=5).prompt_order_seed == 5
+    assert config.device == torch.device("cpu")
+    again = pickle.loads(pickle.dumps(config))
+    assert again.to_dict() == config.to_dict()
+    assert dataclasses.replace(config, max_steps=7).max_steps == 7
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"torch_compile": True}, "torch_compile=True is not supported: the packed"),
+        ({"per_device_train_batch_size": 4}, "set token_budget instead"),
+        ({"optim": "adamw_8bit"}, "optim='adamw_8bit' is not supported"),
+        ({"eval_strategy": "steps"}, "no evaluation loop"),
+        ({"save_strategy": "best"}, "save_strategy='best'"),
+        ({"deepspeed": "ds.json"}, "DeepSpeed is not supported"),
+        ({"report_to": "mlflow"}, "report_to names unknown trackers"),
+        ({"lr_scheduler_type": "cosine"}, "set max_steps explicitly"),
+        ({"remove_unused_columns": True}, "every column goes to the reward functions"),
+    ],
+)
+def test_fields_the_trainer_cannot_honour_fail_with_the_reason(values, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        AsyncGRPOConfig(**values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"learning_rate": "abc"}, r"learning_rate must be float, got 'abc' \(str\)"),
+        ({"num_generations": True}, "num_generations must be int"),
+        ({"max_steps": 2.5}, "max_steps must be int"),
+        ({"top_k": None}, "top_k must be int"),
+        ({"chat_template_kwargs": 3}, "chat_template_kwargs must be dict or str or None"),
+    ],
+)
+def test_values_of_the_wrong_type_fail_naming_the_field(values, message) -> None:
+    with pytest.raises(TypeError, match=message):
+        AsyncGRPOConfig(**values)
+
+
+def test_a_subclass_adds_fields_that_are_type_checked_too() -> None:
+    assert CurriculumConfig(pass_rate_cap=0.5).pass_rate_cap == 0.5
+    with pytest.raises(TypeError, match="pass_rate_cap must be float"):
+        CurriculumConfig(pass_rate_cap="high")
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml", ".json"])
+def test_config_files_read_top_level_fields_and_the_table(tmp_path, suffix) -> None:
+    data = {"max_steps": 3, "asyncgrpo": {"learning_rate": 0.01, "report_to": ["tensorboard"]}}
+    path = tmp_path / f"run{suffix}"
+    if suffix == ".toml":
+        path.write_text('max_steps = 3\n[asyncgrpo]\nlearning_rate = 0.01\n'
+                        'report_to = ["tensorboard"]\n')  # fmt: skip
+    elif suffix == ".yaml":
+        path.write_text("max_steps: 3\nasyncgrpo:\n  learning_rate: 0.01\n"
+                        "  report_to: [tensorboard]\n")  # fmt: skip
+    else:
+        path.write_text(json.dumps(data))
+    config = AsyncGRPOConfig.from_file(path, seed=1)
+    assert (config.max_steps, config.learning_rate, config.seed) == (3, 0.01, 1)
+    assert config.report_to == ["tensorboard"]
+
+
+def test_config_files_fail_on_unknown_duplicate_and_mistyped_keys(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[asyncgrpo]\nlerning_rate = 0.1\n")
+    with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
+        AsyncGRPOConfig.from_file(path)
+    path.write_text("max_stps = 3\n")
+    with pytest.raises(ValueError, match="did you mean 'max_steps'"):
+        AsyncGRPOConfig.from_file(path)
+    path.write_text("max_steps = 3\n[asyncgrpo]\nmax_steps = 4\n")
+    with pytest.raises(ValueError, match="both at the top level and in"):
+        AsyncGRPOConfig.from_file(path)
+    path.write_text('[asyncgrpo]\nlearning_rate = "abc"\n')
+    with pytest.raises(TypeError, match="learning_rate must be float"):
+        AsyncGRPOConfig.from_file(path)
+
+
+def test_train_flags_override_the_config_file(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
+                    "learning_rate = 0.5\n[asyncgrpo]\nmax_steps = 9\n")  # fmt: skip
+    settings = parse_train_args(["--config", str(path), "--max-steps", "2", "--no_score_centering",
+                                 "--lr_scheduler_kwargs", '{"num_cycles": 2}'])  # fmt: skip
+    config = build_config(settings)
+    assert (settings.model, settings.dataset, settings.rewards) == ("m", "d.jsonl", ["a:b"])
+    assert (config.max_steps, config.learning_rate, config.score_centering) == (2, 0.5, False)
+    assert config.lr_scheduler_kwargs == {"num_cycles": 2}
+
+
+def test_train_fails_naming_the_closest_flag_or_key(tmp_path, capsys) -> None:
+    base = ["--model", "m", "--dataset", "d.jsonl", "--reward", "a:b"]
+    with pytest.raises(TrainCommandError, match="did you mean '--learning_rate'"):
+        parse_train_args([*base, "--lerning_rate", "3"])
+    path = tmp_path / "run.yaml"
+    path.write_text("modle: m\n")
+    with pytest.raises(TrainCommandError, match="did you mean 'model'"):
+        parse_train_args(["--config", str(path)])
+    path.write_text("learning_rate: abc\n")
+    with pytest.raises(TrainCommandError, match="learning_rate must be float"):
+        build_config(parse_train_args([*base, "--config", str(path)]))
+    assert main(["train", *base, "--max_stepz", "3"]) == 2
+    assert "did you mean '--max_steps'" in capsys.readouterr().err
+
+
+def test_train_help_shows_every_field_with_its_help(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for field in dataclasses.fields(AsyncGRPOConfig):
+        assert f"--{field.name}" in text, field.name
+    assert "Top log-probs requested per token for score centering." in text
+    assert "only the default: the packed tree-attention forward is not compiled" in text
+
+
+@pytest.mark.parametrize(
+    ("optim", "kind", "extra"),
+    [
+        ("adamw_torch_fused", torch.optim.AdamW, {"fused": True}),
+        ("adamw_torch", torch.optim.AdamW, {"fused": None}),
+        ("sgd", torch.optim.SGD, {"momentum": 0.5}),
+    ],
+)
+def test_optim_builds_transformers_optimizers(optim, kind, extra) -> None:
+    model = torch.nn.Linear(4, 4)
+    args = "momentum=0.5" if optim == "sgd" else None
+    config = AsyncGRPOConfig(optim=optim, optim_args=args, learning_rate=0.1, weight_decay=0.1)
+    optimizer = build_optimizer(model, config)
+    assert type(optimizer) is kind
+    groups = {g["params"][0].ndim: g for g in optimizer.param_groups}
+    assert groups[2]["weight_decay"] == 0.1 and groups[2]["lr"] == 0.1  # the weight matrix
+    assert groups[1]["weight_decay"] == 0.0  # the bias
+    for key, value in extra.items():
+        assert groups[2][key] == value
+
+
+def test_lr_scheduler_kwargs_reach_the_schedule() -> None:
+    model = torch.nn.Linear(2, 2)
+    config = AsyncGRPOConfig(lr_scheduler_type="cosine_with_min_lr", max_steps=10,
+                             learning_rate=1.0, lr_scheduler_kwargs={"min_lr": 0.25})  # fmt: skip
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.25)
