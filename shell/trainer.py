@@ -315,11 +315,8 @@ class _Run:
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
-        self.flops = FlopsMeter(trainer.model.config, learner.device, learner.bf16)
+        self.flops: FlopsMeter | None = None
         self.step_flops = self.waited_s = 0.0
-        if self.rank0:
-            log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
-                     source=self.flops.peak_source)  # fmt: skip
 
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
@@ -339,6 +336,10 @@ class _Run:
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._sync_weights()
         if self.rank0:
+            self.flops = FlopsMeter(self.trainer.model.config, self.learner.device,
+                                    self.learner.bf16)  # fmt: skip
+            log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
+                     source=self.flops.peak_source)  # fmt: skip
             self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout)
             self.process.start()
             release_process(self.process.pid, self.trainer.cpu_plan)
@@ -467,7 +468,7 @@ class _Run:
     def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
         """``perf/fwd_bwd_mfu`` of this step: its rows' model FLOPs (all processes) over
         fwd+bwd seconds x one process's peak x processes."""
-        if not self.rank0 or not fwd_bwd_s or not self.step_flops:
+        if self.flops is None or not fwd_bwd_s or not self.step_flops:
             return ()
         capacity = fwd_bwd_s * self.flops.peak_flops * self.learner.world_size
         return (metrics.ratio("perf/fwd_bwd_mfu", self.step_flops, capacity),)
@@ -544,7 +545,8 @@ class _Run:
             *(metrics.value(k, v) for k, v in batch_metrics(rows, self.token_budget).items()
               if k != "batch/dropped_oversize_count"),
         )  # fmt: skip
-        self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
+        if self.flops is not None:
+            self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
         self._observe(metrics.value("perf/pack_s", time.monotonic() - pack_start))
         return rows
 
