@@ -72,11 +72,13 @@ def main(repeats: int = 5) -> None:
         placed = sum(len(p.placed) for p, _ in plans)
     metrics = batch_metrics(rows[0], budget)
     steps = len(plans)
+    imbalance = statistics.mean(batch_metrics(r, budget)["batch/row_imbalance"] for r in rows)
     print(
         f"samples {len(samples)}, placed {placed}, steps {steps}, "
         f"packing_ratio {metrics['batch/packing_ratio']:.2f}, "
         f"samples_per_row {metrics['batch/samples_per_row']:.2f}, "
-        f"row_fill_frac {metrics['batch/row_fill_frac']:.2f}"
+        f"row_fill_frac {metrics['batch/row_fill_frac']:.2f}, "
+        f"row_imbalance (mean over steps) {imbalance:.3f}"
     )
     print(
         f"plan all 1,024 samples: median {statistics.median(plan_times) * 1e3:.1f} ms "
