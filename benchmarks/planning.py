@@ -5,9 +5,10 @@ Planner: 128 groups of G=8 rollouts, 256-token prompts, completions uniform in 6
 token budget 4,096, 2 processes x 4 accumulation steps per plan. Prints medians over repeats.
 
 Re-planning (:mod:`asyncgrpo.core.step_queue`): 8-sample groups of ~330 tokens, budget 16,384,
-4 processes; with 256 to 8,192 samples buffered, the time for one group to arrive and for one
-step to be taken (the queue plans the next step afresh), against re-planning the whole buffer
-with ``plan_step`` (what the trainer did after every drain before the queue kept its plan).
+4 processes; with 64 to 8,192 samples buffered, re-planning the whole buffer with ``plan_step``
+(what the trainer did after every drain before the queue kept its plan), the queue's cost for
+one group to arrive, and for one step to be taken (the next step is planned afresh); then the
+total planning work to fill one step from empty, group by group, both ways.
 
     .venv/bin/python benchmarks/planning.py
 """
@@ -72,11 +73,13 @@ def main(repeats: int = 5) -> None:
         placed = sum(len(p.placed) for p, _ in plans)
     metrics = batch_metrics(rows[0], budget)
     steps = len(plans)
+    imbalance = statistics.mean(batch_metrics(r, budget)["batch/row_imbalance"] for r in rows)
     print(
         f"samples {len(samples)}, placed {placed}, steps {steps}, "
         f"packing_ratio {metrics['batch/packing_ratio']:.2f}, "
         f"samples_per_row {metrics['batch/samples_per_row']:.2f}, "
-        f"row_fill_frac {metrics['batch/row_fill_frac']:.2f}"
+        f"row_fill_frac {metrics['batch/row_fill_frac']:.2f}, "
+        f"row_imbalance (mean over steps) {imbalance:.3f}"
     )
     print(
         f"plan all 1,024 samples: median {statistics.median(plan_times) * 1e3:.1f} ms "
@@ -88,32 +91,53 @@ def main(repeats: int = 5) -> None:
     )
 
 
-def replanning(buffer_sizes=(256, 1024, 4096, 8192), repeats: int = 5) -> None:
-    """Planning cost per step with ``buffer_sizes`` samples buffered (see the docstring)."""
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def replanning(buffer_sizes=(64, 256, 1024, 4096, 8192), repeats: int = 5) -> None:
+    """Planning cost with ``buffer_sizes`` samples buffered, and for filling one step."""
     settings = step_queue.QueueSettings(token_budget=16_384, num_processes=4, max_staleness=4)
     rng = np.random.default_rng(1)
-    print("buffered  arrive 1 group  take 1 step  plan_step(buffer)  (medians, ms)")
+    pool = make_samples(rng, groups=max(buffer_sizes) // 8 + 8, prompt_len=128,
+                        completions=(64, 340))  # fmt: skip
+    print("buffered  re-plan the buffer  arrive 1 group  take 1 step   (medians, ms)")
     for size in buffer_sizes:
-        samples = make_samples(rng, groups=size // 8 + 8, prompt_len=128, completions=(64, 340))
         queue = step_queue.StepQueue(settings)
         for start in range(0, size, 8):
-            queue = step_queue.arrive(queue, samples[start : start + 8], version=0).queue
-        extra = samples[size : size + 8]
-        arrive_s, take_s, fresh_s = [], [], []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step_queue.arrive(queue, extra, version=0)
-            arrive_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            step_queue.take_step(queue)
-            take_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            plan_step(queue.buffer, settings.token_budget, settings.num_processes)
-            fresh_s.append(time.perf_counter() - start)
-        print(
-            f"{size:8d}  {statistics.median(arrive_s) * 1e3:14.2f}  "
-            f"{statistics.median(take_s) * 1e3:11.1f}  {statistics.median(fresh_s) * 1e3:17.1f}"
-        )
+            queue = step_queue.arrive(queue, pool[start : start + 8], version=0).queue
+        extra = pool[size : size + 8]
+        fresh = _timed(lambda q=queue: plan_step(q.buffer, 16_384, 4), repeats)
+        arrive = _timed(lambda q=queue, g=extra: step_queue.arrive(q, g, version=0), repeats)
+        take = _timed(lambda q=queue: step_queue.take_step(q), repeats)
+        print(f"{size:8d}  {fresh * 1e3:18.1f}  {arrive * 1e3:14.2f}  {take * 1e3:11.1f}")
+
+    def fill_by_replanning() -> None:  # what the trainer did: re-plan after every arrival
+        buffer: list = []
+        for start in range(0, len(pool), 8):
+            buffer += pool[start : start + 8]
+            if plan_step(buffer, 16_384, 4).complete:
+                return
+
+    def fill_incrementally() -> None:
+        queue = step_queue.StepQueue(settings)
+        for start in range(0, len(pool), 8):
+            queue = step_queue.arrive(queue, pool[start : start + 8], version=0).queue
+            if step_queue.ready(queue, groups_in_flight=1):
+                step_queue.take_step(queue)
+                return
+
+    old, new = _timed(fill_by_replanning, 3), _timed(fill_incrementally, 3)
+    print(
+        f"fill one step group by group: re-planning after each group {old * 1e3:.0f} ms, "
+        f"incremental {new * 1e3:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

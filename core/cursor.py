@@ -12,6 +12,8 @@ taken off the queue (trained or dropped as stale). A position accounted for is *
   and the consumed positions past it (groups finish out of order). Resuming starts at that
   position and skips the consumed ones, so nothing trained is replayed and nothing untrained is
   skipped.
+* A sampling request's seed is a function of the prompt's position (:func:`request_seed`), so
+  a resumed run asks the server for the same samples as the run it continues.
 
 Example:
     >>> cursor = PromptCursor()
@@ -26,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -158,3 +162,21 @@ def positions_from(cursor: PromptCursor, stop: int | None = None) -> Iterable[in
         if position not in cursor.consumed_after:
             yield position
         position += 1
+
+
+def request_seed(seed: int, position: int, rollout_index: int, turn: int) -> int:
+    """The sampling seed of one vLLM request, in ``[0, 2**63)``.
+
+    A pure function of the config's ``seed``, the prompt's ``position`` in the stream, the
+    rollout's index within its group (``0 .. num_generations - 1``) and the turn within the
+    rollout (0 for the first request), so a resumed run, or the same run again, sends every
+    request the seed it had; distinct requests get unrelated seeds (a hash, not a sum).
+
+    Example:
+        >>> request_seed(0, 5, 1, 0) == request_seed(0, 5, 1, 0)
+        True
+        >>> len({request_seed(0, 5, i, t) for i in range(8) for t in range(3)})
+        24
+    """
+    digest = hashlib.blake2b(struct.pack("<4q", seed, position, rollout_index, turn), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1

@@ -6,7 +6,8 @@ a row is tree-packed (:mod:`asyncgrpo.core.packing`) and holds at most ``token_b
 
 1. a sample longer than ``token_budget`` fits no row: it is dropped and counted
    (``batch/dropped_oversize_count``);
-2. it goes to a row that already holds its group (its prompt is there) if it fits;
+2. among the rows that already hold its group (its prompt is there) and that it fits, it goes
+   to the one whose attention cost after adding it is lowest;
 3. else to the row, among those it fits, whose attention cost after adding it is lowest;
    empty rows count as cost 0, so every process gets work before any row grows, and the most
    loaded row is raised only when every row would be;
@@ -141,16 +142,17 @@ def _empty_micro_batch(
 def _choose_row(state: PlanState, tokens: np.ndarray, group_id: int) -> tuple[int, int, int] | None:
     """(cost after, row, new tokens) of the row the sample goes to, or None if none fits."""
     options: list[tuple[int, int, int]] = []  # (cost after, row, new tokens)
+    with_group: list[tuple[int, int, int]] = []
     for r, row in enumerate(state.rows):
         shared = max((shared_positions(tokens, t) for t in state.row_tokens[r]), default=0)
         new_tokens = len(tokens) - shared
         if row.tokens + new_tokens > state.token_budget:
             continue
-        cost_after = row.cost + added_cost(len(tokens), shared)
+        option = (row.cost + added_cost(len(tokens), shared), r, new_tokens)
+        options.append(option)
         if group_id in state.row_groups[r]:
-            return (cost_after, r, new_tokens)
-        options.append((cost_after, r, new_tokens))
-    return min(options) if options else None
+            with_group.append(option)
+    return min(with_group or options, default=None)
 
 
 def _placed_in(state: PlanState, tokens: np.ndarray, group_id: int) -> PlanState | None:

@@ -58,6 +58,9 @@ log = structlog.get_logger("asyncgrpo.rollout")
 
 METRICS_POLL_S = 5.0
 _GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_version", default=0)
+_ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
+    "rollout", default=None
+)
 HEARTBEAT_S = 1.0
 
 
@@ -125,6 +128,16 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(error, anyio.get_cancelled_exc_class()):
             return error
     return group
+
+
+@attrs.define
+class _RolloutKey:
+    """Which rollout a task generates (its prompt position and index in the group) and how many
+    requests it has sent, for :func:`asyncgrpo.core.cursor.request_seed`."""
+
+    position: int
+    index: int
+    turns: int = 0
 
 
 @attrs.define
@@ -205,7 +218,7 @@ class AsyncRolloutLoop:
         self._generated_tokens = 0
         self._completed_rollouts = 0
         self._next_group_id = 0
-        self._seed_counter = 0
+        self._unkeyed_requests = 0
 
     @staticmethod
     def _eos_ids(tokenizer: Any) -> frozenset[int]:
@@ -229,11 +242,13 @@ class AsyncRolloutLoop:
         return standardize_rewards(np.asarray(group.rewards, dtype=np.float64))
 
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
-        """Sample one reply with the config's sampling settings (one vLLM request)."""
+        """Sample one reply with the config's sampling settings (one vLLM request).
+
+        The request's seed is :func:`~asyncgrpo.core.cursor.request_seed` of the prompt's
+        position, the rollout's index and the turn, so a resumed run samples the same way."""
         if self.client is None:
             raise RuntimeError("generate_one_turn called before the loop started")
-        self._seed_counter += 1
-        seed = (self.config.seed * 1_000_003 + self._seed_counter) % (2**63 - 1)
+        seed = self._next_seed()
         adapter = adapter_name(self.lora_prefix, _GROUP_VERSION.get()) if self.lora_prefix else None
         gen = await self.client.generate(prompt_ids, self.sampling, seed, model=adapter)
         self._generated_tokens += len(gen.output_ids)
@@ -243,6 +258,14 @@ class AsyncRolloutLoop:
             output_log_probs=gen.output_log_probs,
             output_sampler_logprobs=gen.top_logprobs,
         )
+
+    def _next_seed(self) -> int:
+        key = _ROLLOUT.get()
+        if key is None:  # a request outside a rollout task (a hook called directly)
+            self._unkeyed_requests += 1
+            return cursor.request_seed(self.config.seed, -1, 0, self._unkeyed_requests)
+        key.turns += 1
+        return cursor.request_seed(self.config.seed, key.position, key.index, key.turns - 1)
 
     async def generate_one(
         self, prompt: list[dict[str, Any]], tools: list[Callable[..., Any]], group_id: int = 0
@@ -395,6 +418,7 @@ class AsyncRolloutLoop:
         )
 
         async def one(index: int) -> None:
+            _ROLLOUT.set(_RolloutKey(position, index))  # this task's copy of the context
             results[index] = await self._one_rollout(pending)
 
         try:

@@ -42,9 +42,9 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
-from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
-from asyncgrpo.core import cursor, metrics, schedule, step_queue, step_time, weight_sync
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.weight_transfer import SyncTimings
+from asyncgrpo.core import cursor, metrics, schedule, step_queue, step_time
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
@@ -64,16 +64,15 @@ from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completion
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
+from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
 
 if TYPE_CHECKING:
-    from asyncgrpo.adapters.engine_transfer import EngineSync
     from asyncgrpo.core.cpu_plan import CpuPlan
 
 log = structlog.get_logger("asyncgrpo.trainer")
 
 ROLLOUT_STATE = "rollout_state.json"
 CHECKPOINT_PREFIX = "checkpoint-"
-ADAPTER_PREFIX = "asyncgrpo-policy"
 
 
 @attrs.frozen
@@ -308,10 +307,7 @@ class _Run:
             state = json.loads((checkpoint / ROLLOUT_STATE).read_text())
             self.cursor = cursor.PromptCursor.from_json(state["cursor"])
         self.process: RolloutProcess | None = None
-        self.engine: EngineSync | None = None
-        self.adapter_mode: bool | None = None
-        self.adapters = AdapterSync(self.output_dir / ".vllm_lora", ADAPTER_PREFIX,
-                                    keep=self.args.max_staleness + 1)  # fmt: skip
+        self.weights: WeightSync | None = None
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
@@ -321,9 +317,9 @@ class _Run:
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
         this opens, :meth:`close` closes, also when it fails half way."""
-        choice, server_workers = self._choose_transfer()
-        if choice.backend != weight_sync.DISK:
-            self.engine = self._connect_engine(choice.backend, server_workers)
+        self.weights = open_weight_sync(self.learner, self.args, self.trainer.model_name,
+                                        self.output_dir)  # fmt: skip
+        self.weights.start()
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
@@ -357,40 +353,6 @@ class _Run:
         return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
                           timeout_s=self.args.vllm_server_timeout)  # fmt: skip
 
-    def _choose_transfer(self) -> tuple[weight_sync.TransferChoice, int]:
-        """Rank 0 asks the server which weight-transfer engine it runs and how many workers it
-        has; every rank gets the choice and the count (an error, e.g. a backend the server
-        lacks, is raised on every rank)."""
-        outcome: list[Any] = [None, None]  # [choice or error, server workers]
-        if self.rank0:
-            try:
-                server = anyio.run(self._describe_server)
-                choice = weight_sync.choose_weight_transfer(
-                    self.args.weight_transfer_backend, server.backend if server else None,
-                    trainer_on_cuda=self.learner.device.type == "cuda",
-                )  # fmt: skip
-                outcome = [choice, server.workers if server else 1]
-                log.info("weight sync", backend=choice.backend, reason=choice.reason)
-            except ValueError as error:
-                outcome = [error, None]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(outcome, src=0)
-        if isinstance(outcome[0], ValueError):
-            raise outcome[0]
-        return outcome[0], outcome[1]
-
-    async def _describe_server(self) -> ServerTransfer | None:
-        async with self._client() as client:
-            return await client.weight_transfer()
-
-    def _connect_engine(self, backend: str, server_workers: int) -> EngineSync:
-        from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-
-        source = WeightStream(self.learner.weight_metadata, self.learner.iter_weights)
-        return EngineSync(self.args.vllm_server_base_url, self._client, backend, source,
-                          workers=server_workers, rank=self.learner.rank,
-                          timeout_s=self.args.vllm_server_timeout)  # fmt: skip
-
     async def _max_model_len(self) -> int:
         async with self._client() as client:
             return await client.max_model_len()
@@ -410,7 +372,7 @@ class _Run:
             tools=tuple(t.tools),
             environment_factory=t.environment_factory,
             start_cursor=self.cursor,
-            lora_name=ADAPTER_PREFIX if self.adapter_mode else None,
+            lora_name=self.weights.lora_name if self.weights is not None else None,
         )
 
     # ----------------------------------------------------------------- the loop
@@ -593,26 +555,12 @@ class _Run:
     # ----------------------------------------------------------------- weights and logs
 
     def _sync_weights(self) -> None:
-        """Push the current policy to the server (collective; rank 0 talks to the server).
-
-        With PEFT, the first sync tries adapter sync (a server with ``--enable-lora``); if the
-        server refuses the adapter, merged weights are sent from then on."""
+        """Push the current policy to the server (collective; rank 0 talks to the server)."""
+        assert self.weights is not None
         start = time.monotonic()
         if self.learner.world_size > 1:
             dist.barrier()
-        barrier_s = time.monotonic() - start
-        if self.adapter_mode is None:
-            self.adapter_mode = self.learner.is_peft and self._try_adapter_sync(barrier_s)
-            if self.adapter_mode:
-                return
-        if self.adapter_mode:
-            timings = self._adapter_sync(barrier_s)
-        elif self.engine is not None:
-            timings = self.engine.sync(barrier_s)
-        else:
-            state = self.learner.full_state_dict()
-            timings = anyio.run(self._push, state, barrier_s) if self.rank0 else None
-        self._synced(timings)
+        self._synced(self.weights.sync(self.learner.step, time.monotonic() - start))
 
     def _synced(self, timings: SyncTimings | None) -> None:
         if not self.rank0 or timings is None:
@@ -626,43 +574,6 @@ class _Run:
             metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
             metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
         )
-
-    def _adapter_sync(self, barrier_s: float) -> SyncTimings | None:
-        step = self.learner.step
-        self.learner.save_pretrained(self.adapters.path(step), adapter_only=True)
-        if not self.rank0:
-            return None
-
-        async def load() -> SyncTimings:
-            async with self._client() as client:
-                return await self.adapters.sync(client, step, barrier_s)
-
-        return anyio.run(load)
-
-    def _try_adapter_sync(self, barrier_s: float) -> bool:
-        """The first sync of a PEFT run: adapters if the server takes them (collective)."""
-        outcome: list[Any] = [None]
-        try:
-            timings = self._adapter_sync(barrier_s)
-            outcome = [timings]
-        except VLLMError as error:
-            log.warning("the server refused a LoRA adapter; syncing merged weights instead "
-                        "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
-                        f"for adapter sync, --max-loras >= {self.args.max_staleness + 2})",
-                        error=str(error)[:300])  # fmt: skip
-            outcome = [False]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(outcome, src=0)
-        if outcome[0] is False:
-            return False
-        self._synced(outcome[0] if self.rank0 else None)
-        return True
-
-    async def _push(self, state: Mapping[str, Any], barrier_s: float) -> SyncTimings:
-        async with self._client() as client:
-            return await DiskReload(client, self.output_dir / ".vllm_weights").sync(
-                state, barrier_s
-            )
 
     def _log_window(self) -> dict[str, float]:
         summary = metrics.summarize(self.window)
@@ -722,11 +633,8 @@ class _Run:
     def close(self) -> None:
         if self.process is not None:
             self.process.stop()
-        if self.engine is not None:
-            try:
-                self.engine.close()
-            except Exception as error:  # the run's outcome stands; the server keeps serving
-                log.warning("could not leave the weight-transfer group", error=str(error)[:300])
+        if self.weights is not None:
+            self.weights.close()
         if self.bar is not None:
             self.bar.close()
         if self.metrics_file is not None:

@@ -10,6 +10,7 @@ from asyncgrpo.core.cursor import (
     group_outcome,
     positions_from,
     prompts_consumed,
+    request_seed,
     row_at,
     samples_consumed,
 )
@@ -78,3 +79,15 @@ def test_each_epoch_visits_every_row_once(n, epoch, seed) -> None:
     assert {r for _, r in rows} == set(range(n))
     assert {e for e, _ in rows} == {epoch}
     np.testing.assert_array_equal(order, epoch_order(n, epoch, seed))
+
+
+@given(st.integers(0, 2**31), st.integers(-1, 10**6), st.integers(0, 64), st.integers(0, 16))
+def test_request_seed_is_a_pure_function_in_range(seed, position, index, turn) -> None:
+    value = request_seed(seed, position, index, turn)
+    assert value == request_seed(seed, position, index, turn)
+    assert 0 <= value < 2**63
+    neighbours = {request_seed(seed, position + 1, index, turn),
+                  request_seed(seed, position, index + 1, turn),
+                  request_seed(seed, position, index, turn + 1),
+                  request_seed(seed + 1, position, index, turn)}  # fmt: skip
+    assert value not in neighbours and len(neighbours) == 4

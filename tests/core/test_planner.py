@@ -102,3 +102,15 @@ def test_packing_ratio_is_one_exactly_when_nothing_is_shared(samples) -> None:
     ratio = batch_metrics([[row]], token_budget=1000)["batch/packing_ratio"]
     assert ratio >= 1.0
     assert (ratio == 1.0) == (row.num_tokens == row.unpacked_tokens)
+
+
+def test_among_rows_holding_the_group_the_cheapest_takes_the_sample() -> None:
+    """The group's first two samples land in different rows (the second does not fit the
+    first's row); the third fits both and goes to the cheaper, not the first."""
+    a = make_sample([1, 2, 3, *range(4, 11)], [0, 0, 0] + [1] * 7, group=0)
+    b = make_sample([1, 2, 3, 20, 21, 22, 23, 24], [0, 0, 0] + [1] * 5, group=0)
+    c = make_sample([1, 2, 3, 30], [0, 0, 0, 1], group=0)
+    plan = plan_step([a, b, c], token_budget=12, num_processes=2)
+    (mb,) = plan.micro_batches
+    assert mb[0].samples == (0,) and mb[1].samples == (1, 2)
+    assert mb[1].cost < attention_cost(pack_row([a, c]).position_ids)

@@ -10,9 +10,10 @@ import pytest
 from loop_harness import LocalChannels, run_loop
 from transformers import AutoTokenizer
 
+from asyncgrpo.core.cursor import PromptCursor, request_seed
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout_loop import _ROLLOUT, AsyncRolloutLoop
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
 
@@ -358,3 +359,36 @@ def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3) -> None:
     loop = make_loop(Dead, tiny_qwen3, channels=LocalChannels(stop_after=1))
     with pytest.raises(VLLMError, match="failed after 5 retries: ConnectError"):
         run_loop(loop, timeout_s=120)
+
+
+class SeedRecordingLoop(ScriptedLoop):
+    """The scripted tool loop, recording each request's seed under its rollout and turn."""
+
+    async def generate_one_turn(self, prompt_ids):
+        key = _ROLLOUT.get()
+        turn = key.turns
+        self.seeds[(key.position, key.index, turn)] = self._next_seed()
+        return await super().generate_one_turn(prompt_ids)
+
+
+def test_request_seeds_are_a_function_of_position_rollout_and_turn(vllm_server, tiny_qwen3):
+    """Two runs, the second resuming at the second prompt: every request of a prompt gets the
+    seed it had in the first run, whatever order the requests went in."""
+    dataset = [{"prompt": tool_prompt(call("multiply", a=i, b=2))} for i in range(3)]
+    runs = []
+    for start in (PromptCursor(), PromptCursor(next_untrained=1)):
+        loop = make_loop(vllm_server, tiny_qwen3, channels=LocalChannels(stop_after=2),
+                         cls=SeedRecordingLoop, dataset=dataset, tools=[multiply],
+                         reward_funcs=[digits_reward], start_cursor=start,
+                         config={"num_generations": 3})  # fmt: skip
+        loop.seeds = {}
+        run_loop(loop)
+        runs.append(loop.seeds)
+    first, resumed = runs
+    positions = {key[0] for key in resumed}
+    assert min(positions) == 1  # the resumed run starts at position 1
+    shared = set(first) & set(resumed)
+    assert {key[0] for key in shared} >= {1} and all(first[k] == resumed[k] for k in shared)
+    assert {key[2] for key in first} == {0, 1}  # two turns per rollout (tool call, answer)
+    assert all(first[k] == request_seed(3, *k) for k in first)
+    assert len(set(first.values())) == len(first)
