@@ -12,9 +12,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncgrpo.adapters.models import tiny_config
 from asyncgrpo.core import cursor, metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -78,8 +80,11 @@ def streams(draw):
 def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> _Run:
     args = AsyncGRPOConfig(output_dir=str(tmp), max_staleness=max_staleness, token_budget=budget,
                            gradient_accumulation_steps=rows, disable_tqdm=True)  # fmt: skip
-    trainer = SimpleNamespace(args=args, output_dir=tmp, train_dataset=None)
-    learner = SimpleNamespace(rank=0, world_size=1, step=0)
+    model = SimpleNamespace(config=tiny_config("qwen3", vocab_size=64))
+    trainer = SimpleNamespace(args=args, output_dir=tmp, train_dataset=None, model=model,
+                              _callbacks=None)  # fmt: skip
+    learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
+                              bf16=False)  # fmt: skip
     run = _Run(trainer, learner, None)
     run.token_budget = budget
     run.queue = run._new_queue()
