@@ -53,6 +53,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
+from asyncgrpo.adapters.gated_delta_net import enable_tree_gated_delta_net
 from asyncgrpo.core.attention_choice import cheaper_backend
 from asyncgrpo.core.flops import query_key_pairs
 from asyncgrpo.core.packing import PackedRow
@@ -253,9 +254,11 @@ def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
     """Switch ``model``'s attention layers to :data:`TREE_ATTENTION`; returns ``model``.
 
     Every forward must then pass ``tree_layout=``; switch back with
-    ``model.set_attn_implementation("sdpa")`` to run unpacked batches.
+    ``model.set_attn_implementation("sdpa")`` to run unpacked batches. Gated DeltaNet layers
+    (Qwen3.5, Qwen3-Next) follow the tree too (:mod:`asyncgrpo.adapters.gated_delta_net`).
     """
     model.set_attn_implementation(TREE_ATTENTION)
+    enable_tree_gated_delta_net(model)
     return model
 
 
