@@ -53,6 +53,8 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
+from asyncgrpo.adapters.architecture_support import check_tree_packing_support
+from asyncgrpo.adapters.gated_delta_net import enable_tree_gated_delta_net
 from asyncgrpo.core.attention_choice import cheaper_backend
 from asyncgrpo.core.flops import query_key_pairs
 from asyncgrpo.core.packing import PackedRow
@@ -242,6 +244,11 @@ def tree_attention_forward(
     Returns:
         ``(output, None)``: float [1, T, H, D], and no attention weights.
     """
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(
+            f"{type(module).__name__} passes attention sinks (s_aux); tree attention does not "
+            "implement them"
+        )
     layout = _layout_from(kwargs)
     _check_call(query, attention_mask, dropout, kwargs.get("sliding_window"), layout)
     q, k, v = query[0], key[0], value[0]
@@ -253,9 +260,16 @@ def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
     """Switch ``model``'s attention layers to :data:`TREE_ATTENTION`; returns ``model``.
 
     Every forward must then pass ``tree_layout=``; switch back with
-    ``model.set_attn_implementation("sdpa")`` to run unpacked batches.
+    ``model.set_attn_implementation("sdpa")`` to run unpacked batches. Gated DeltaNet layers
+    (Qwen3.5, Qwen3-Next) follow the tree too (:mod:`asyncgrpo.adapters.gated_delta_net`).
+
+    Raises:
+        UnsupportedArchitectureError: a layer the tree-packed forward would compute wrongly
+            (see :mod:`asyncgrpo.adapters.architecture_support`).
     """
+    check_tree_packing_support(model)
     model.set_attn_implementation(TREE_ATTENTION)
+    enable_tree_gated_delta_net(model)
     return model
 
 

@@ -30,6 +30,12 @@ from asyncgrpo.adapters.attention import (
     TreeLayout,
     tree_layout,
 )
+from asyncgrpo.adapters.gated_delta_net import (
+    RECURRENT_LAYOUT_KWARG,
+    RecurrentTensors,
+    conv_kernel_size,
+    recurrent_tensors,
+)
 from asyncgrpo.core.losses import SamplerTopK, TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing import PackedRow
 
@@ -46,6 +52,7 @@ class RowTensors:
         predict_index: long [N], the row whose output predicts each trained token.
         target_ids: long [N], the trained tokens.
         layout: the row's attention layout.
+        recurrent: the row's gated DeltaNet index tables, for models with such layers.
     """
 
     input_ids: Tensor
@@ -53,6 +60,7 @@ class RowTensors:
     predict_index: Tensor
     target_ids: Tensor
     layout: TreeLayout
+    recurrent: RecurrentTensors | None = None
 
 
 def row_tensors(
@@ -60,10 +68,12 @@ def row_tensors(
     device: torch.device | str,
     backend: Backend | None = None,
     shape: ModelAttention | None = None,
+    conv_kernel: int | None = None,
 ) -> RowTensors:
     """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend``
     (default: by device and, on CPU, by the row's cost in a model of ``shape``; see
-    :func:`~asyncgrpo.adapters.attention.default_backend`)."""
+    :func:`~asyncgrpo.adapters.attention.default_backend`) and, when ``conv_kernel`` is given
+    (a gated DeltaNet model), the recurrent index tables."""
 
     def long(array) -> Tensor:
         return torch.tensor(array, dtype=torch.long, device=device)
@@ -74,6 +84,7 @@ def row_tensors(
         predict_index=long(row.predict_index),
         target_ids=long(row.target_ids),
         layout=tree_layout(row, device, backend, shape),
+        recurrent=None if conv_kernel is None else recurrent_tensors(row, device, conv_kernel),
     )
 
 
@@ -89,11 +100,13 @@ def decoder_hidden_states(model: PreTrainedModel, inputs: RowTensors) -> Tensor:
             f"the model attends with {attention!r}, which ignores the tree layout; call "
             "asyncgrpo.adapters.attention.enable_tree_attention(model) before packed forwards"
         )
+    recurrent = {} if inputs.recurrent is None else {RECURRENT_LAYOUT_KWARG: inputs.recurrent}
     output = model.get_decoder()(
         input_ids=inputs.input_ids,
         position_ids=inputs.position_ids,
         use_cache=False,
         **{LAYOUT_KWARG: inputs.layout},
+        **recurrent,
     )
     return output.last_hidden_state[0]
 
@@ -127,7 +140,9 @@ def packed_log_probs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 trained positions, got {chunk_size}")
     _check_plain_lm_head(model)
-    inputs = row_tensors(row, model.device, backend, ModelAttention.of(model))
+    inputs = row_tensors(
+        row, model.device, backend, ModelAttention.of(model), conv_kernel_size(model)
+    )
     hidden = decoder_hidden_states(model, inputs)[inputs.predict_index]
     lm_head, n = model.get_output_embeddings(), hidden.shape[0]
     # One (possibly empty) chunk when N = 0, so that the result keeps its shapes and dtypes.

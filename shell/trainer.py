@@ -41,6 +41,7 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
+from asyncgrpo.adapters.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.weight_transfer import SyncTimings
@@ -179,6 +180,7 @@ class AsyncGRPOTrainer(TrainerAPI):
         else:
             self.model_name = str(model.config._name_or_path)
             self.model = model
+        check_tree_packing_support(self.model)
         self.processing_class = processing_class or AutoTokenizer.from_pretrained(
             self.model_name, trust_remote_code=self.args.trust_remote_code
         )
