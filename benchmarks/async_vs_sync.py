@@ -51,11 +51,13 @@ LENGTHS = (4, 8, 16, 32, 64, 128)
 
 
 class VariedLengthLoop(AsyncRolloutLoop):
-    """Each request's ``max_tokens`` drawn from :data:`LENGTHS` (seeded by the request)."""
+    """Each request's ``max_tokens`` drawn from :data:`LENGTHS` (a sequence seeded by the
+    run's seed). Only ``max_tokens`` differs between requests, so concurrent requests that
+    swap ``self.sampling`` around their call leave every other setting as it was."""
 
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
+        draw = self.__dict__.setdefault("_lengths", random.Random(self.config.seed))
         base = self.sampling
-        draw = random.Random(self.config.seed * 7919 + self._seed_counter)
         self.sampling = attrs.evolve(base, max_tokens=draw.choice(LENGTHS))
         try:
             return await super().generate_one_turn(prompt_ids)

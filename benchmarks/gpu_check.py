@@ -160,10 +160,10 @@ def parity_rows(device: torch.device, sizes: Sizes, dry_run: bool) -> list[dict[
     return rows
 
 
-def learner_config() -> AsyncGRPOConfig:
+def learner_config(device: torch.device) -> AsyncGRPOConfig:
     return AsyncGRPOConfig(output_dir="/tmp/gpu_check", bf16=True, score_centering=False,
-                           vllm_importance_sampling_clip_max=1e9,
-                           learning_rate=1e-7)  # fmt: skip
+                           vllm_importance_sampling_clip_max=1e9, learning_rate=1e-7,
+                           use_cpu=device.type == "cpu")  # fmt: skip
 
 
 def step_figures(learner: Learner, row: PackedRow, meter: FlopsMeter, repeats: int,
@@ -191,7 +191,7 @@ def learner_rows(device: torch.device, sizes: Sizes, dry_run: bool) -> list[dict
     layouts = {"tree": pack_row(samples), "padding-free": padding_free_row(samples)}
     for backend in backends_for(device, torch.bfloat16):
         model = random_model(torch.float32, device, dry_run).train()  # FSDP2 shards it in place
-        with Learner(model, learner_config(), attention_backend=backend) as learner:
+        with Learner(model, learner_config(device), attention_backend=backend) as learner:
             for name, row in layouts.items():
                 rows.append(run_check(f"fwd+bwd {name}", "bf16", backend, row.num_tokens,
                                       lambda row=row, learner=learner: step_figures(
