@@ -16,6 +16,8 @@ import attrs
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import get_json_schema
 
+from asyncgrpo.adapters.vision_language import reject_images
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 Message = Mapping[str, Any]
@@ -102,7 +104,12 @@ def render_prompt(
     tools: Sequence[Mapping[str, Any]] | None,
     chat_template_kwargs: Mapping[str, Any] | None,
 ) -> list[int]:
-    """Token ids of the conversation with the generation prompt appended."""
+    """Token ids of the conversation with the generation prompt appended.
+
+    Raises:
+        ValueError: a message carries an image or a video (not supported).
+    """
+    reject_images(messages)
     ids = tokenizer.apply_chat_template(
         list(messages),
         tools=list(tools) if tools else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from transformers import PretrainedConfig, Qwen3NextConfig
+from transformers import PretrainedConfig, Qwen3_5Config, Qwen3NextConfig
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
 HybridArchitecture = Literal["qwen3_5", "qwen3_next"]
@@ -58,3 +58,20 @@ def tiny_hybrid_config(
             shared_expert_intermediate_size=hidden_size // 2,
         )
     raise ValueError(f"architecture must be 'qwen3_5' or 'qwen3_next', got {architecture!r}")
+
+
+def tiny_vision_language_config(vocab_size: int, **text_overrides: Any) -> Qwen3_5Config:
+    """A tiny Qwen3.5 vision-language config: the ``"qwen3_5"`` text model above and a
+    one-block vision tower (``model.visual``)."""
+    text = tiny_hybrid_config("qwen3_5", vocab_size, **text_overrides)
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=text.hidden_size,
+        patch_size=4,
+        temporal_patch_size=1,
+        spatial_merge_size=1,
+    )
+    return Qwen3_5Config(text_config=text.to_dict(), vision_config=vision)

@@ -18,12 +18,16 @@ from typing import Any, Literal
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     LlamaConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen3Config,
 )
+
+from asyncgrpo.adapters.vision_language import freeze_outside_text_model, is_vision_language
 
 Architecture = Literal["qwen3", "llama"]
 
@@ -223,4 +227,11 @@ def load_causal_lm(
                 f"dtype must be one of {sorted(_DTYPES)}, got {chosen!r} (config field `dtype`)"
             )
         chosen = _DTYPES[chosen]
+    config = AutoConfig.from_pretrained(
+        str(model), trust_remote_code=kwargs.get("trust_remote_code", False)
+    )
+    if is_vision_language(config):
+        loaded = AutoModelForImageTextToText.from_pretrained(str(model), dtype=chosen, **kwargs)
+        freeze_outside_text_model(loaded)
+        return loaded
     return AutoModelForCausalLM.from_pretrained(str(model), dtype=chosen, **kwargs)

@@ -73,11 +73,22 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler, set_seed
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    PreTrainedModel,
+    get_scheduler,
+    set_seed,
+)
 
 from asyncgrpo.adapters.attention import Backend, enable_tree_attention
 from asyncgrpo.adapters.packed_forward import DEFAULT_CHUNK_SIZE, packed_log_probs
 from asyncgrpo.adapters.peft_models import adapter_state_dict, merged_state_dict, wrap_with_lora
+from asyncgrpo.adapters.vision_language import (
+    frozen_prefixes,
+    is_synced_weight,
+    is_vision_language,
+)
 from asyncgrpo.core.losses import (
     LossConfig,
     SamplerTopK,
@@ -748,6 +759,12 @@ class Learner:
             full = merged_state_dict(self.model, full)
         return {k: self._exported(v) for k, v in full.items()}
 
+    def synced_state_dict(self) -> dict[str, Tensor]:
+        """:meth:`full_state_dict` without the weights that never change (a vision-language
+        model's frozen vision tower): what weight sync sends. Collective, like it."""
+        prefixes = frozen_prefixes(self.model)
+        return {k: v for k, v in self.full_state_dict().items() if is_synced_weight(k, prefixes)}
+
     def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
         without gathering anything (the same keys, dtypes and order as
@@ -755,6 +772,7 @@ class Learner:
         shapes = {
             name: torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
             for name, t in self.model.state_dict().items()
+            if is_synced_weight(name, frozen_prefixes(self.model))
         }
         if self.is_peft:
             shapes = merged_state_dict(self.model, shapes)
@@ -774,6 +792,8 @@ class Learner:
                 yield name, tensor.to(self.device)
             return
         for name, tensor in self.model.state_dict().items():
+            if not is_synced_weight(name, frozen_prefixes(self.model)):
+                continue
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             yield name, self._exported(full.detach())
 
@@ -817,7 +837,10 @@ class Learner:
         base = self.model.get_base_model() if self.is_peft else self.model
         config = copy.deepcopy(base.config)
         with torch.device("meta"):
-            fresh = AutoModelForCausalLM.from_config(config, dtype=self.export_dtype)
+            auto = (
+                AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+            )
+            fresh = auto.from_config(config, dtype=self.export_dtype)
         fresh.load_state_dict(weights, strict=True, assign=True)
         fresh.generation_config = base.generation_config
         fresh.save_pretrained(str(path))

@@ -79,7 +79,7 @@ class DiskWeights:
         pass
 
     def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
-        state = self.learner.full_state_dict()  # a collective on every rank
+        state = self.learner.synced_state_dict()  # a collective on every rank
         if self.learner.rank != 0:
             return None
 

@@ -1,6 +1,7 @@
-"""Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next with experts) on tree-packed rows: the
-packed forward equals forwarding each sample alone, in log-probs and in parameter gradients
-(fp32, CPU, every CPU attention backend), and transformers' stock layer does not."""
+"""Gated DeltaNet hybrids (Qwen3.5 text, Qwen3-Next with experts, the Qwen3.5 vision-language
+checkpoint text only) on tree-packed rows: the packed forward equals forwarding each sample
+alone, in log-probs and in parameter gradients (fp32, CPU, every CPU attention backend), and
+transformers' stock layer does not."""
 
 import copy
 
@@ -10,11 +11,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from asyncgrpo.adapters.attention import TREE_ATTENTION, enable_tree_attention
 from asyncgrpo.adapters.gated_delta_net import RECURRENT_LAYOUT_KWARG, conv_kernel_size
-from asyncgrpo.adapters.hybrid_models import tiny_hybrid_config
+from asyncgrpo.adapters.hybrid_models import tiny_hybrid_config, tiny_vision_language_config
 from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.recurrent_tree import segment_depths
@@ -47,14 +48,20 @@ ROW = pack_row(TREE)
 
 
 class Models:
-    """One hybrid's weights twice: ``stock`` (sdpa, unpacked) and ``tree``."""
+    """One hybrid's weights twice: ``stock`` (sdpa, unpacked) and ``tree``; ``"qwen3_5_vl"`` is
+    the vision-language checkpoint trained text-only."""
 
     def __init__(self, architecture) -> None:
-        config = tiny_hybrid_config(architecture, VOCAB, initializer_range=0.1)
+        if architecture == "qwen3_5_vl":
+            auto = AutoModelForImageTextToText
+            config = tiny_vision_language_config(VOCAB, initializer_range=0.1)
+        else:
+            auto = AutoModelForCausalLM
+            config = tiny_hybrid_config(architecture, VOCAB, initializer_range=0.1)
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            self.stock = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        self.tree = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32)
+            self.stock = auto.from_config(config, dtype=torch.float32)
+        self.tree = auto.from_config(copy.deepcopy(config), dtype=torch.float32)
         self.tree.load_state_dict(self.stock.state_dict())
         enable_tree_attention(self.tree)
         self.architecture = architecture
@@ -63,7 +70,7 @@ class Models:
         return f"Models({self.architecture})"
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next", "qwen3_5_vl"])
 def models(request) -> Models:
     return Models(request.param)
 
@@ -143,7 +150,7 @@ def test_a_tree_layout_without_recurrent_tables_is_refused(models) -> None:
     inputs = row_tensors(ROW, "cpu")  # no conv_kernel: no recurrent tables
     assert conv_kernel_size(models.tree) == 4
     with pytest.raises(ValueError, match=RECURRENT_LAYOUT_KWARG):
-        models.tree.model(
+        models.tree.get_decoder()(
             input_ids=inputs.input_ids,
             position_ids=inputs.position_ids,
             use_cache=False,
