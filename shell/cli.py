@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--output-dir", required=True, help="where the run is written")
     demo.add_argument("--max-steps", type=int, default=20, help="optimizer steps (default: 20)")
+    demo.add_argument(
+        "--max-staleness", type=int, default=None,
+        help="versions a sample may lag the policy (default: the demo's 1; TRL's default is 4)",
+    )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     return parser
@@ -72,7 +76,8 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
         return 0
     from asyncgrpo.shell.demo import run_demo
 
-    result = run_demo(args.output_dir, max_steps=args.max_steps)
+    overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
+    result = run_demo(args.output_dir, max_steps=args.max_steps, overrides=overrides)
     path = plot_run(args.output_dir)
     print(
         f"demo finished {result.global_step} steps; metrics in "
