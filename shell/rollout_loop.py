@@ -21,14 +21,16 @@ documentation):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import math
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -47,6 +49,7 @@ from asyncgrpo.adapters.chat import (
 from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
 from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
+from asyncgrpo.core.activity import Activity, describe_activities
 from asyncgrpo.core.advantages import score_group, standardize_rewards, sum_rewards
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.reconcile import reconcile_turns
@@ -61,6 +64,8 @@ _GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_vers
 _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
     "rollout", default=None
 )
+# (group_id, row_index) of the group a rollout task works for, for the activity report
+_GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 HEARTBEAT_S = 1.0
 
 
@@ -100,7 +105,8 @@ class Channels(Protocol):
 
     def report_in_flight(self, groups: int) -> None: ...
 
-    def beat(self) -> None: ...
+    def beat(self, activity: str = "") -> None:
+        """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
 
     def stop_requested(self) -> bool: ...
 
@@ -219,6 +225,8 @@ class AsyncRolloutLoop:
         self._completed_rollouts = 0
         self._next_group_id = 0
         self._unkeyed_requests = 0
+        self._activities: dict[int, Activity] = {}
+        self._activity_ids = itertools.count()
 
     @staticmethod
     def _eos_ids(tokenizer: Any) -> frozenset[int]:
@@ -286,7 +294,8 @@ class AsyncRolloutLoop:
         while True:
             prompt_ids = render_prompt(self.tokenizer, messages, schemas,
                                        self.config.chat_template_kwargs)  # fmt: skip
-            turn = await self.generate_one_turn(prompt_ids)
+            with self._doing("generation"):
+                turn = await self.generate_one_turn(prompt_ids)
             turns.append(turn)
             text = self._decode(turn.output_ids)
             content, calls = parse_tool_calls(text) if tools else (text, ())
@@ -298,7 +307,8 @@ class AsyncRolloutLoop:
             rounds += 1
             self._pending_obs.append(value("tools/parallel_calls_mean", len(calls)))
             for call in calls:
-                answer, failed = await self._call_tool(call, by_name)
+                with self._doing(f"tool {call.name!r}"):
+                    answer, failed = await self._call_tool(call, by_name)
                 calls_made += 1
                 failures += failed
                 message = {"role": "tool", "name": call.name, "content": answer}
@@ -413,6 +423,7 @@ class AsyncRolloutLoop:
             env_rewards=[],
         )
         _GROUP_VERSION.set(pending.model_version)  # its rollouts finish under this policy
+        _GROUP.set((group_id, row_index))
         results: list[tuple[Rollout, tuple[type, float] | None] | None] = [None] * (
             self.config.num_generations
         )
@@ -471,16 +482,19 @@ class AsyncRolloutLoop:
             return prompt, tools, None
         name = self._env_name(pending.row)
         pool = self._env_pool[name]
-        environment = (
-            pool.pop()
-            if pool
-            else await anyio.to_thread.run_sync(self._factory(name), limiter=self._tool_limiter)
-        )
+        if pool:
+            environment = pool.pop()
+        else:
+            with self._doing(f"environment factory {name!r}"):
+                environment = await anyio.to_thread.run_sync(
+                    self._factory(name), limiter=self._tool_limiter
+                )
         kwargs = {k: v for k, v in pending.row.items() if k not in ("prompt", "environment")}
         start = time.monotonic()
-        text = await anyio.to_thread.run_sync(
-            functools.partial(environment.reset, **kwargs), limiter=self._tool_limiter
-        )
+        with self._doing(f"{type(environment).__name__}.reset"):
+            text = await anyio.to_thread.run_sync(
+                functools.partial(environment.reset, **kwargs), limiter=self._tool_limiter
+            )
         self._pending_obs.append(value("env/reset_s", time.monotonic() - start))
         if isinstance(text, str):
             if prompt and prompt[-1].get("role") == "user":
@@ -505,10 +519,11 @@ class AsyncRolloutLoop:
         if get_reward is None:
             return None
         start = time.monotonic()
-        if _is_async(get_reward):
-            reward = await get_reward()
-        else:
-            reward = await anyio.to_thread.run_sync(get_reward, limiter=self._tool_limiter)
+        with self._doing(f"{type(environment).__name__}.get_reward"):
+            if _is_async(get_reward):
+                reward = await get_reward()
+            else:
+                reward = await anyio.to_thread.run_sync(get_reward, limiter=self._tool_limiter)
         self._pending_obs.append(value("env/reward_s", time.monotonic() - start))
         if reward is None:
             return None
@@ -582,10 +597,13 @@ class AsyncRolloutLoop:
         async def call(fn: Callable[..., Any]) -> None:
             name = callable_name(fn)
             try:
-                if _is_async(fn):
-                    result = await fn(**inputs)
-                else:
-                    result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
+                with self._doing(
+                    f"reward function {name!r}", (pending.group_id, pending.row_index)
+                ):
+                    if _is_async(fn):
+                        result = await fn(**inputs)
+                    else:
+                        result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
             except Exception as error:
                 raise RuntimeError(
                     f"reward function {name!r} raised {type(error).__name__}: {error}"
@@ -704,9 +722,27 @@ class AsyncRolloutLoop:
                 stacklevel=2,
             )
 
+    @contextlib.contextmanager
+    def _doing(self, what: str, group: tuple[int, int] | None = None) -> Iterator[None]:
+        """Record a call in flight for :meth:`describe_activity` (the current task's group
+        unless ``group`` is given)."""
+        group_id, row_index = group or _GROUP.get()
+        key = next(self._activity_ids)
+        self._activities[key] = Activity(what, group_id, row_index, time.monotonic())
+        try:
+            yield
+        finally:
+            del self._activities[key]
+
+    def describe_activity(self) -> str:
+        """One line: rollouts in flight and the longest-running calls (reward functions,
+        tools, environment methods, generation requests), with their groups."""
+        calls = describe_activities(self._activities.values(), time.monotonic())
+        return f"{self._in_flight} rollouts in flight; {calls}"
+
     async def _heartbeat_forever(self) -> None:
         while True:
-            self.channels.beat()
+            self.channels.beat(self.describe_activity())
             await anyio.sleep(HEARTBEAT_S)
 
     async def _poll_server_forever(self) -> None:
