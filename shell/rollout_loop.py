@@ -118,6 +118,26 @@ def callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def check_conversational(prompt: Any, row_index: int) -> None:
+    """Raise a ``ValueError`` unless ``prompt`` is a list of ``{'role', 'content'}`` messages.
+
+    Example:
+        >>> check_conversational("What is 2 + 2?", 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: dataset row 0: 'prompt' must be conversational, a list of {'role': ..., \
+'content': ...} messages, got str: 'What is 2 + 2?'
+    """
+    if isinstance(prompt, (str, bytes, Mapping)) or not all(
+        isinstance(m, Mapping) and "role" in m for m in prompt
+    ):
+        raise ValueError(
+            f"dataset row {row_index}: 'prompt' must be conversational, a list of "
+            f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: "
+            f"{str(prompt)[:200]!r}"
+        )
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -810,13 +830,7 @@ class AsyncRolloutLoop:
                     "must be conversational (a list of role/content messages)"
                 )
             return []
-        if isinstance(prompt, str) or not all(
-            isinstance(m, Mapping) and "role" in m for m in prompt
-        ):
-            raise ValueError(
-                f"dataset row {row_index}: 'prompt' must be conversational, a list of "
-                f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}"
-            )
+        check_conversational(prompt, row_index)
         return [dict(m) for m in prompt]
 
     def _env_name(self, row: Mapping[str, Any]) -> str:

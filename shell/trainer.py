@@ -66,7 +66,7 @@ from asyncgrpo.shell.metrics_log import (
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, check_conversational
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
 from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
@@ -112,19 +112,44 @@ def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConf
                 "without one use 'steps'"
             )
         return
+    if len(dataset) == 0:
+        raise ValueError(
+            "train_dataset is empty (0 rows); give at least one prompt row (or, with an "
+            "environment_factory that makes its own prompts, train_dataset=None and max_steps)"
+        )
     columns = getattr(dataset, "column_names", None)
-    if columns is None and len(dataset):
+    if columns is None:
         columns = list(dataset[0])
     if "prompt" not in (columns or []) and environment_factory is None:
         raise ValueError(
             f"train_dataset has no 'prompt' column (columns: {columns}); prompts must be "
             "conversational lists of {'role', 'content'} messages"
         )
+    if "prompt" in columns:
+        _check_prompts_conversational(dataset)
     if isinstance(environment_factory, Mapping) and "environment" not in (columns or []):
         raise ValueError(
             "environment_factory is a dict, so every row needs an 'environment' "
             "column naming its environment"
         )
+
+
+def _check_prompts_conversational(dataset: Any, rows: int = 8) -> None:
+    """The first ``rows`` prompts are lists of messages (the rest is checked as they are
+    used); the message shows the column's schema when the dataset has one."""
+    for index in range(min(rows, len(dataset))):
+        prompt = dataset[index].get("prompt")
+        if prompt is None:
+            continue  # an environment's reset() makes it
+        try:
+            check_conversational(prompt, index)
+        except ValueError as error:
+            features = getattr(dataset, "features", None)
+            schema = f" (the column's schema: {features['prompt']})" if features else ""
+            raise ValueError(
+                f"train_dataset: {error}{schema}. Write each prompt as "
+                '[{"role": "user", "content": "..."}]'
+            ) from None
 
 
 class AsyncGRPOTrainer(TrainerAPI):

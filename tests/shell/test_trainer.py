@@ -232,3 +232,24 @@ def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tmp_path) -
     kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
     assert kept == ["v2", "v3"]  # max_staleness + 1 versions
     assert not (tmp_path / "run" / ".vllm_weights").exists()  # no merged sync happened
+
+
+def test_an_empty_or_plain_text_dataset_fails_at_construction(tiny_qwen3, tmp_path) -> None:
+    class NoServer:  # construction does not reach the server
+        base_url = "http://127.0.0.1:9"
+
+    def build(train_dataset):
+        args = config(NoServer, tmp_path)
+        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
+                                args=args, train_dataset=train_dataset)  # fmt: skip
+
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build(Dataset.from_dict({"prompt": []}))
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build([])
+    plain = Dataset.from_dict({"prompt": ["What is 2 + 2?", "Name a colour."]})
+    with pytest.raises(ValueError, match=r"row 0: 'prompt' must be conversational.*got str: "
+                       r"'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
+        build(plain)
+    with pytest.raises(ValueError, match="row 1: 'prompt' must be conversational"):
+        build([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": {"text": "hi"}}])
