@@ -46,7 +46,7 @@ from asyncgrpo.adapters.chat import (
     render_prompt,
     tool_schema,
 )
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.vllm_client import PromptTooLongError, SamplingParams, VLLMClient
 from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
 from asyncgrpo.core.activity import Activity, describe_activities
@@ -67,6 +67,7 @@ _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
 # (group_id, row_index) of the group a rollout task works for, for the activity report
 _GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 HEARTBEAT_S = 1.0
+TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
 
 
 @attrs.frozen
@@ -136,6 +137,14 @@ def check_conversational(prompt: Any, row_index: int) -> None:
             f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: "
             f"{str(prompt)[:200]!r}"
         )
+
+
+def _leaves(group: BaseExceptionGroup) -> list[Any]:
+    """The exceptions of ``group``, nested groups flattened."""
+    found: list[Any] = []
+    for error in group.exceptions:
+        found += _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    return found
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -246,6 +255,7 @@ class AsyncRolloutLoop:
         self._next_group_id = 0
         self._unkeyed_requests = 0
         self._activities: dict[int, Activity] = {}
+        self._too_long_in_a_row = 0
         self._activity_ids = itertools.count()
 
     @staticmethod
@@ -452,12 +462,19 @@ class AsyncRolloutLoop:
             _ROLLOUT.set(_RolloutKey(position, index))  # this task's copy of the context
             results[index] = await self._one_rollout(pending)
 
+        too_long: list[PromptTooLongError] = []
         try:
             async with anyio.create_task_group() as tg:
                 for index in range(self.config.num_generations):
                     tg.start_soon(one, index)
+        except* PromptTooLongError as errors:
+            too_long += _leaves(errors)
         finally:
             self._reserved -= self.config.num_generations
+        if too_long:
+            self._skip_too_long(pending, too_long[0])
+            return
+        self._too_long_in_a_row = 0
         pending.rollouts = [r[0] for r in results if r is not None]
         pending.env_rewards = [r[1] for r in results if r is not None]
         pending.completed_at = time.monotonic()
@@ -465,6 +482,23 @@ class AsyncRolloutLoop:
         self._pending_obs.append(
             value("rollout/score_block_s", time.monotonic() - pending.completed_at)
         )
+
+    def _skip_too_long(self, pending: _PendingGroup, error: PromptTooLongError) -> None:
+        """A prompt the server rejects as too long: skip its group (consumed, as a filtered
+        prompt), count it (``rollout/prompt_too_long_count``) and log its row; raise when
+        every prompt of an epoch, or ``TOO_LONG_IN_A_ROW`` in a row, were rejected."""
+        self._too_long_in_a_row += 1
+        limit = min(self._dataset_size() or TOO_LONG_IN_A_ROW, TOO_LONG_IN_A_ROW)
+        if self._too_long_in_a_row >= limit:
+            raise PromptTooLongError(
+                f"the last {self._too_long_in_a_row} prompts were all rejected as too long; "
+                f"no batch can reach the trainer. {error}"
+            ) from error
+        log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
+                    position=pending.position, error=str(error)[:400])  # fmt: skip
+        self._ledger = pacing.group_finished(self._ledger, 0)
+        counted = (value("rollout/prompt_too_long_count", 1),)
+        self.channels.publish(GroupOutcome(pending.position, pending.row_index, (), counted))
 
     def _admits(self, in_flight: int) -> bool:
         """Whether one more rollout fits under the load cap and max_concurrent_rollouts."""
