@@ -499,6 +499,8 @@ class AsyncRolloutLoop:
         self._ledger = pacing.group_finished(self._ledger, 0)
         counted = (value("rollout/prompt_too_long_count", 1),)
         self.channels.publish(GroupOutcome(pending.position, pending.row_index, (), counted))
+        # after the publish: the trainer waits for a group counted here to arrive
+        self.channels.report_in_flight(self._ledger.groups_in_flight)
 
     def _admits(self, in_flight: int) -> bool:
         """Whether one more rollout fits under the load cap and max_concurrent_rollouts."""
