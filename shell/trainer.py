@@ -77,7 +77,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("asyncgrpo.trainer")
 
 
-
 @attrs.frozen
 class TrainOutput:
     """What :meth:`AsyncGRPOTrainer.train` returns (as transformers' TrainOutput)."""
