@@ -80,6 +80,30 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def drop_rows_after(output_dir: str | Path, step: int) -> None:
+    """Remove the rows of ``metrics.jsonl`` and ``completions.jsonl`` logged after ``step``:
+    a run resumed from checkpoint ``step`` logs those steps again, and each step is kept once.
+    Each file is rewritten beside itself and renamed into place."""
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        path = Path(output_dir) / name
+        if not path.is_file():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and _row_step(line) <= step]
+        if len(kept) == len(lines):
+            continue
+        partial = path.with_name(f".{name}.partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        partial.replace(path)
+
+
+def _row_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", math.inf))
+    except ValueError:  # a line cut short by a kill: written after the checkpoint
+        return math.inf
+
+
 class Reporters:
     """Forward each logging window to the trackers ``report_to`` names (``"tensorboard"``,
     ``"wandb"``, ``"trackio"``; ``"all"`` for every one installed, ``"none"`` for none).

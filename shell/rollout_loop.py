@@ -21,14 +21,16 @@ documentation):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import math
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -44,9 +46,10 @@ from asyncgrpo.adapters.chat import (
     render_prompt,
     tool_schema,
 )
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.vllm_client import PromptTooLongError, SamplingParams, VLLMClient
 from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
+from asyncgrpo.core.activity import Activity, describe_activities
 from asyncgrpo.core.advantages import score_group, standardize_rewards, sum_rewards
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.reconcile import reconcile_turns
@@ -61,7 +64,10 @@ _GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_vers
 _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
     "rollout", default=None
 )
+# (group_id, row_index) of the group a rollout task works for, for the activity report
+_GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 HEARTBEAT_S = 1.0
+TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
 
 
 @attrs.frozen
@@ -100,7 +106,8 @@ class Channels(Protocol):
 
     def report_in_flight(self, groups: int) -> None: ...
 
-    def beat(self) -> None: ...
+    def beat(self, activity: str = "") -> None:
+        """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
 
     def stop_requested(self) -> bool: ...
 
@@ -110,6 +117,34 @@ def callable_name(fn: Callable[..., Any]) -> str:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__name__", type(fn).__name__)
+
+
+def check_conversational(prompt: Any, row_index: int) -> None:
+    """Raise a ``ValueError`` unless ``prompt`` is a list of ``{'role', 'content'}`` messages.
+
+    Example:
+        >>> check_conversational("What is 2 + 2?", 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: dataset row 0: 'prompt' must be conversational, a list of {'role': ..., \
+'content': ...} messages, got str: 'What is 2 + 2?'
+    """
+    if isinstance(prompt, (str, bytes, Mapping)) or not all(
+        isinstance(m, Mapping) and "role" in m for m in prompt
+    ):
+        raise ValueError(
+            f"dataset row {row_index}: 'prompt' must be conversational, a list of "
+            f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: "
+            f"{str(prompt)[:200]!r}"
+        )
+
+
+def _leaves(group: BaseExceptionGroup) -> list[Any]:
+    """The exceptions of ``group``, nested groups flattened."""
+    found: list[Any] = []
+    for error in group.exceptions:
+        found += _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    return found
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -219,6 +254,9 @@ class AsyncRolloutLoop:
         self._completed_rollouts = 0
         self._next_group_id = 0
         self._unkeyed_requests = 0
+        self._activities: dict[int, Activity] = {}
+        self._too_long_in_a_row = 0
+        self._activity_ids = itertools.count()
 
     @staticmethod
     def _eos_ids(tokenizer: Any) -> frozenset[int]:
@@ -286,7 +324,8 @@ class AsyncRolloutLoop:
         while True:
             prompt_ids = render_prompt(self.tokenizer, messages, schemas,
                                        self.config.chat_template_kwargs)  # fmt: skip
-            turn = await self.generate_one_turn(prompt_ids)
+            with self._doing("generation"):
+                turn = await self.generate_one_turn(prompt_ids)
             turns.append(turn)
             text = self._decode(turn.output_ids)
             content, calls = parse_tool_calls(text) if tools else (text, ())
@@ -298,7 +337,8 @@ class AsyncRolloutLoop:
             rounds += 1
             self._pending_obs.append(value("tools/parallel_calls_mean", len(calls)))
             for call in calls:
-                answer, failed = await self._call_tool(call, by_name)
+                with self._doing(f"tool {call.name!r}"):
+                    answer, failed = await self._call_tool(call, by_name)
                 calls_made += 1
                 failures += failed
                 message = {"role": "tool", "name": call.name, "content": answer}
@@ -413,6 +453,7 @@ class AsyncRolloutLoop:
             env_rewards=[],
         )
         _GROUP_VERSION.set(pending.model_version)  # its rollouts finish under this policy
+        _GROUP.set((group_id, row_index))
         results: list[tuple[Rollout, tuple[type, float] | None] | None] = [None] * (
             self.config.num_generations
         )
@@ -421,12 +462,19 @@ class AsyncRolloutLoop:
             _ROLLOUT.set(_RolloutKey(position, index))  # this task's copy of the context
             results[index] = await self._one_rollout(pending)
 
+        too_long: list[PromptTooLongError] = []
         try:
             async with anyio.create_task_group() as tg:
                 for index in range(self.config.num_generations):
                     tg.start_soon(one, index)
+        except* PromptTooLongError as errors:
+            too_long += _leaves(errors)
         finally:
             self._reserved -= self.config.num_generations
+        if too_long:
+            self._skip_too_long(pending, too_long[0])
+            return
+        self._too_long_in_a_row = 0
         pending.rollouts = [r[0] for r in results if r is not None]
         pending.env_rewards = [r[1] for r in results if r is not None]
         pending.completed_at = time.monotonic()
@@ -434,6 +482,25 @@ class AsyncRolloutLoop:
         self._pending_obs.append(
             value("rollout/score_block_s", time.monotonic() - pending.completed_at)
         )
+
+    def _skip_too_long(self, pending: _PendingGroup, error: PromptTooLongError) -> None:
+        """A prompt the server rejects as too long: skip its group (consumed, as a filtered
+        prompt), count it (``rollout/prompt_too_long_count``) and log its row; raise when
+        every prompt of an epoch, or ``TOO_LONG_IN_A_ROW`` in a row, were rejected."""
+        self._too_long_in_a_row += 1
+        limit = min(self._dataset_size() or TOO_LONG_IN_A_ROW, TOO_LONG_IN_A_ROW)
+        if self._too_long_in_a_row >= limit:
+            raise PromptTooLongError(
+                f"the last {self._too_long_in_a_row} prompts were all rejected as too long; "
+                f"no batch can reach the trainer. {error}"
+            ) from error
+        log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
+                    position=pending.position, error=str(error)[:400])  # fmt: skip
+        self._ledger = pacing.group_finished(self._ledger, 0)
+        counted = (value("rollout/prompt_too_long_count", 1),)
+        self.channels.publish(GroupOutcome(pending.position, pending.row_index, (), counted))
+        # after the publish: the trainer waits for a group counted here to arrive
+        self.channels.report_in_flight(self._ledger.groups_in_flight)
 
     def _admits(self, in_flight: int) -> bool:
         """Whether one more rollout fits under the load cap and max_concurrent_rollouts."""
@@ -471,16 +538,19 @@ class AsyncRolloutLoop:
             return prompt, tools, None
         name = self._env_name(pending.row)
         pool = self._env_pool[name]
-        environment = (
-            pool.pop()
-            if pool
-            else await anyio.to_thread.run_sync(self._factory(name), limiter=self._tool_limiter)
-        )
+        if pool:
+            environment = pool.pop()
+        else:
+            with self._doing(f"environment factory {name!r}"):
+                environment = await anyio.to_thread.run_sync(
+                    self._factory(name), limiter=self._tool_limiter
+                )
         kwargs = {k: v for k, v in pending.row.items() if k not in ("prompt", "environment")}
         start = time.monotonic()
-        text = await anyio.to_thread.run_sync(
-            functools.partial(environment.reset, **kwargs), limiter=self._tool_limiter
-        )
+        with self._doing(f"{type(environment).__name__}.reset"):
+            text = await anyio.to_thread.run_sync(
+                functools.partial(environment.reset, **kwargs), limiter=self._tool_limiter
+            )
         self._pending_obs.append(value("env/reset_s", time.monotonic() - start))
         if isinstance(text, str):
             if prompt and prompt[-1].get("role") == "user":
@@ -505,10 +575,11 @@ class AsyncRolloutLoop:
         if get_reward is None:
             return None
         start = time.monotonic()
-        if _is_async(get_reward):
-            reward = await get_reward()
-        else:
-            reward = await anyio.to_thread.run_sync(get_reward, limiter=self._tool_limiter)
+        with self._doing(f"{type(environment).__name__}.get_reward"):
+            if _is_async(get_reward):
+                reward = await get_reward()
+            else:
+                reward = await anyio.to_thread.run_sync(get_reward, limiter=self._tool_limiter)
         self._pending_obs.append(value("env/reward_s", time.monotonic() - start))
         if reward is None:
             return None
@@ -582,10 +653,13 @@ class AsyncRolloutLoop:
         async def call(fn: Callable[..., Any]) -> None:
             name = callable_name(fn)
             try:
-                if _is_async(fn):
-                    result = await fn(**inputs)
-                else:
-                    result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
+                with self._doing(
+                    f"reward function {name!r}", (pending.group_id, pending.row_index)
+                ):
+                    if _is_async(fn):
+                        result = await fn(**inputs)
+                    else:
+                        result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
             except Exception as error:
                 raise RuntimeError(
                     f"reward function {name!r} raised {type(error).__name__}: {error}"
@@ -704,9 +778,27 @@ class AsyncRolloutLoop:
                 stacklevel=2,
             )
 
+    @contextlib.contextmanager
+    def _doing(self, what: str, group: tuple[int, int] | None = None) -> Iterator[None]:
+        """Record a call in flight for :meth:`describe_activity` (the current task's group
+        unless ``group`` is given)."""
+        group_id, row_index = group or _GROUP.get()
+        key = next(self._activity_ids)
+        self._activities[key] = Activity(what, group_id, row_index, time.monotonic())
+        try:
+            yield
+        finally:
+            del self._activities[key]
+
+    def describe_activity(self) -> str:
+        """One line: rollouts in flight and the longest-running calls (reward functions,
+        tools, environment methods, generation requests), with their groups."""
+        calls = describe_activities(self._activities.values(), time.monotonic())
+        return f"{self._in_flight} rollouts in flight; {calls}"
+
     async def _heartbeat_forever(self) -> None:
         while True:
-            self.channels.beat()
+            self.channels.beat(self.describe_activity())
             await anyio.sleep(HEARTBEAT_S)
 
     async def _poll_server_forever(self) -> None:
@@ -774,13 +866,7 @@ class AsyncRolloutLoop:
                     "must be conversational (a list of role/content messages)"
                 )
             return []
-        if isinstance(prompt, str) or not all(
-            isinstance(m, Mapping) and "role" in m for m in prompt
-        ):
-            raise ValueError(
-                f"dataset row {row_index}: 'prompt' must be conversational, a list of "
-                f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}"
-            )
+        check_conversational(prompt, row_index)
         return [dict(m) for m in prompt]
 
     def _env_name(self, row: Mapping[str, Any]) -> str:

@@ -5,6 +5,13 @@ version and the tokens each step consumed, takes its messages, and watches it: a
 back with the child's traceback, a missing heartbeat for ``rollout_worker_timeout`` seconds
 raises, and :meth:`RolloutProcess.stop` cancels the in-flight requests and joins it.
 
+Nothing hangs silently: the heartbeat carries what the loop is doing (the calls in flight, see
+:mod:`asyncgrpo.core.activity`). While the trainer waits for samples and none comes, it logs
+that report every ``LONG_WAIT_LOG_S`` seconds, and after ``rollout_worker_timeout`` seconds it
+raises with it (a reward function, tool or environment call that never returns blocks only its
+worker thread, so the heartbeat alone would go on beating). The child dies with the trainer
+(a parent-death signal) and ignores Ctrl-C, which the trainer handles.
+
 Everything sent into the child is pickled; :func:`check_picklable` fails early, at
 ``train()``, with a ``TypeError`` that names the reward function, tool or factory that cannot
 be sent (a lambda or a closure).
@@ -13,6 +20,7 @@ be sent (a lambda or a closure).
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -25,6 +33,7 @@ from typing import Any
 
 import anyio
 import attrs
+import structlog
 
 from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.cursor import PromptCursor
@@ -32,6 +41,10 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, LoopReport, callable_name
 
 _CONTEXT = mp.get_context("spawn")
+log = structlog.get_logger("asyncgrpo.rollout_process")
+ACTIVITY_BYTES = 2048
+LONG_WAIT_LOG_S = 60.0  # log a wait for samples this long, and every this often after
+WAIT_GAP_S = 5.0  # a pause between two get() calls this long: the trainer was busy, not waiting
 
 
 class RolloutWorkerError(RuntimeError):
@@ -97,6 +110,7 @@ class _Shared:
         self.taken = _CONTEXT.Value("q", 0)
         self.in_flight = _CONTEXT.Value("q", 0)
         self.heartbeat = _CONTEXT.Value("d", time.time())
+        self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES)
         self.stop = _CONTEXT.Event()
 
 
@@ -122,19 +136,38 @@ class _ProcessChannels:
     def report_in_flight(self, groups: int) -> None:
         self.shared.in_flight.value = groups
 
-    def beat(self) -> None:
+    def beat(self, activity: str = "") -> None:
         self.shared.heartbeat.value = time.time()
+        encoded = activity.encode("utf-8", "replace")[: ACTIVITY_BYTES - 1]
+        self.shared.activity.value = encoded
 
     def stop_requested(self) -> bool:
         return self.shared.stop.is_set()
 
 
-def _child_main(spec: LoopSpec, shared: _Shared, parent_pid: int) -> None:
+def _load_spec(pickled: bytes) -> LoopSpec:
+    """Unpickle the spec, naming the usual cause when user code cannot be found here."""
+    try:
+        return pickle.loads(pickled)
+    except (AttributeError, ImportError) as error:
+        raise RolloutWorkerError(
+            f"the rollout process could not load what the trainer sent it: "
+            f"{type(error).__name__}: {error}. The rollout process is spawned: it imports the "
+            "modules your reward functions, tools, environment factories and rollout loop "
+            "class live in, and runs the script that started training without its "
+            '`if __name__ == "__main__":` block. Define them at module level (above that '
+            "block, or in an importable module), not inside it, in a notebook cell or in the "
+            "interactive interpreter"
+        ) from error
+
+
+def _child_main(pickled_spec: bytes, shared: _Shared, parent_pid: int) -> None:
     # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
     # killed outright takes this process with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(signal.SIGKILL, parent_pid)
     try:
+        spec = _load_spec(pickled_spec)
         loop = spec.loop_cls(
             spec.config,
             spec.model_name,
@@ -188,11 +221,14 @@ class RolloutProcess:
         self.timeout_s = timeout_s
         self._shared = _Shared()
         self._process: Any = None
+        self._waiting_since: float | None = None  # the trainer waits and no sample came
+        self._last_get = -math.inf
+        self._logged_wait_s = 0.0
 
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
             self._process = _CONTEXT.Process(
-                target=_child_main, args=(self.spec, self._shared, os.getpid()),
+                target=_child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid()),
                 name="asyncgrpo-rollout",
                 daemon=True,
             )  # fmt: skip
@@ -236,8 +272,33 @@ class RolloutProcess:
         if silent > self.timeout_s:
             raise RolloutWorkerError(
                 f"the rollout process sent no heartbeat for {silent:.0f} s "
-                f"(rollout_worker_timeout={self.timeout_s:.0f} s); it is hung"
+                f"(rollout_worker_timeout={self.timeout_s:.0f} s); its event loop is blocked "
+                "(a hook or async call that blocks without awaiting). At its last heartbeat: "
+                f"{self.activity()}"
             )
+
+    def activity(self) -> str:
+        """What the rollout loop was doing at its last heartbeat (calls in flight)."""
+        return self._shared.activity.value.decode("utf-8", "replace") or "not started yet"
+
+    def _check_progress(self) -> None:
+        """Log a long wait for samples; raise when it passed ``timeout_s``."""
+        if self._waiting_since is None:
+            return
+        waited = time.monotonic() - self._waiting_since
+        if waited > self.timeout_s:
+            raise RolloutWorkerError(
+                f"no sample reached the trainer for {waited:.0f} s while it waited "
+                f"(rollout_worker_timeout={self.timeout_s:.0f} s). The rollout process is "
+                f"alive; it is doing: {self.activity()}. A call that never returns blocks the "
+                "run: give it a timeout of its own, or raise rollout_worker_timeout if it is "
+                "that slow on purpose"
+            )
+        every = min(LONG_WAIT_LOG_S, self.timeout_s / 2)
+        if waited - self._logged_wait_s >= every:
+            self._logged_wait_s = waited
+            log.warning("waiting for samples", waited_s=round(waited),
+                        fails_after_s=self.timeout_s, rollout=self.activity())  # fmt: skip
 
     def _child_error(self) -> str | None:
         try:
@@ -246,12 +307,24 @@ class RolloutProcess:
             return None
 
     def get(self, wait_s: float) -> GroupOutcome | LoopReport | None:
-        """The next message, or ``None`` after ``wait_s`` seconds; checks the child's health."""
+        """The next message, or ``None`` after ``wait_s`` seconds; checks the child's health
+        and, while calls keep finding no samples, how long the trainer has been waiting."""
+        if time.monotonic() - self._last_get > WAIT_GAP_S:  # the trainer was busy meanwhile
+            self._waiting_since = None
         try:
-            return self._shared.messages.get(timeout=wait_s)
+            message = self._shared.messages.get(timeout=wait_s)
         except queue.Empty:
+            if self._waiting_since is None:
+                self._waiting_since = time.monotonic() - wait_s
+                self._logged_wait_s = 0.0
             self.check_alive()
-            return None
+            self._check_progress()
+            message = None
+        else:
+            if isinstance(message, GroupOutcome) and message.samples:
+                self._waiting_since = None
+        self._last_get = time.monotonic()
+        return message
 
     def _discard_messages(self) -> None:
         with contextlib.suppress(queue.Empty):

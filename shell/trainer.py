@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -61,8 +60,13 @@ from asyncgrpo.shell.interrupts import (
     signum_of,
 )
 from asyncgrpo.shell.learner import Learner, default_device
-from asyncgrpo.shell.metrics_log import MetricsFile, Reporters, write_completions
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.metrics_log import (
+    MetricsFile,
+    Reporters,
+    drop_rows_after,
+    write_completions,
+)
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, check_conversational
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
 from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
@@ -71,9 +75,6 @@ if TYPE_CHECKING:
     from asyncgrpo.core.cpu_plan import CpuPlan
 
 log = structlog.get_logger("asyncgrpo.trainer")
-
-ROLLOUT_STATE = "rollout_state.json"
-CHECKPOINT_PREFIX = "checkpoint-"
 
 
 @attrs.frozen
@@ -110,19 +111,44 @@ def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConf
                 "without one use 'steps'"
             )
         return
+    if len(dataset) == 0:
+        raise ValueError(
+            "train_dataset is empty (0 rows); give at least one prompt row (or, with an "
+            "environment_factory that makes its own prompts, train_dataset=None and max_steps)"
+        )
     columns = getattr(dataset, "column_names", None)
-    if columns is None and len(dataset):
+    if columns is None:
         columns = list(dataset[0])
     if "prompt" not in (columns or []) and environment_factory is None:
         raise ValueError(
             f"train_dataset has no 'prompt' column (columns: {columns}); prompts must be "
             "conversational lists of {'role', 'content'} messages"
         )
+    if "prompt" in columns:
+        _check_prompts_conversational(dataset)
     if isinstance(environment_factory, Mapping) and "environment" not in (columns or []):
         raise ValueError(
             "environment_factory is a dict, so every row needs an 'environment' "
             "column naming its environment"
         )
+
+
+def _check_prompts_conversational(dataset: Any, rows: int = 8) -> None:
+    """The first ``rows`` prompts are lists of messages (the rest is checked as they are
+    used); the message shows the column's schema when the dataset has one."""
+    for index in range(min(rows, len(dataset))):
+        prompt = dataset[index].get("prompt")
+        if prompt is None:
+            continue  # an environment's reset() makes it
+        try:
+            check_conversational(prompt, index)
+        except ValueError as error:
+            features = getattr(dataset, "features", None)
+            schema = f" (the column's schema: {features['prompt']})" if features else ""
+            raise ValueError(
+                f"train_dataset: {error}{schema}. Write each prompt as "
+                '[{"role": "user", "content": "..."}]'
+            ) from None
 
 
 class AsyncGRPOTrainer(TrainerAPI):
@@ -263,16 +289,12 @@ class AsyncGRPOTrainer(TrainerAPI):
     def _find_checkpoint(self, resume: str | bool) -> Path:
         if isinstance(resume, str):
             path = Path(resume)
-            if not (path / ROLLOUT_STATE).exists():
-                raise FileNotFoundError(f"{path} is not a checkpoint: {ROLLOUT_STATE} is missing")
+            if not checkpoints.is_complete(path):
+                raise FileNotFoundError(
+                    f"{path} is not a complete checkpoint: {checkpoints.ROLLOUT_STATE} is missing"
+                )
             return path
-        found = sorted(self.output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
-                       key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))  # fmt: skip
-        if not found:
-            raise FileNotFoundError(
-                f"resume_from_checkpoint=True but {self.output_dir} holds no checkpoint"
-            )
-        return found[-1]
+        return checkpoints.find_for_resume(self.output_dir)
 
 
 def _steps(setting: float, max_steps: int) -> int:
@@ -306,7 +328,7 @@ class _Run:
         self.save_every = _steps(self.args.save_steps, self.args.max_steps)
         if checkpoint is not None:
             learner.load_checkpoint(checkpoint)
-            state = json.loads((checkpoint / ROLLOUT_STATE).read_text())
+            state = json.loads((checkpoint / checkpoints.ROLLOUT_STATE).read_text())
             self.cursor = cursor.PromptCursor.from_json(state["cursor"])
         self.process: RolloutProcess | None = None
         self.weights: WeightSync | None = None
@@ -327,6 +349,9 @@ class _Run:
             self.token_budget = self.args.token_budget or self.max_model_len
             self.queue = self._new_queue()
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            checkpoints.remove_partials(self.output_dir)
+            if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
+                drop_rows_after(self.output_dir, self.learner.step)
             self.metrics_file = MetricsFile(self.output_dir)
             self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
                                        self.args.to_dict(), project=self.args.project)  # fmt: skip
@@ -615,22 +640,15 @@ class _Run:
         return summary
 
     def _save_checkpoint(self) -> None:
-        path = self.output_dir / f"{CHECKPOINT_PREFIX}{self.learner.step}"
+        checkpoints.save(self.output_dir, self.learner.step, self._write_checkpoint,
+                         rank0=self.rank0, keep=self.args.save_total_limit)  # fmt: skip
+
+    def _write_checkpoint(self, path: Path) -> None:
         self.learner.save_checkpoint(path)
         if self.rank0:
             state = {"cursor": self.cursor.to_json(), "version": self.version,
                      "step": self.learner.step}  # fmt: skip
-            (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
-            self._prune_checkpoints()
-
-    def _prune_checkpoints(self) -> None:
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        found = sorted(self.output_dir.glob(f"{CHECKPOINT_PREFIX}*"),
-                       key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))  # fmt: skip
-        for old in found[:-limit]:
-            shutil.rmtree(old)
+            (path / checkpoints.ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
     def close(self) -> None:
         if self.process is not None:

@@ -8,8 +8,10 @@ import warnings
 import numpy as np
 import pytest
 from loop_harness import LocalChannels, run_loop
+from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
+from asyncgrpo.adapters.vllm_client import PromptTooLongError
 from asyncgrpo.core.cursor import PromptCursor, request_seed
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -392,3 +394,33 @@ def test_request_seeds_are_a_function_of_position_rollout_and_turn(vllm_server, 
     assert {key[2] for key in first} == {0, 1}  # two turns per rollout (tool call, answer)
     assert all(first[k] == request_seed(3, *k) for k in first)
     assert len(set(first.values())) == len(first)
+
+
+LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 3000)}]  # > max_model_len 1024
+
+
+def test_a_prompt_too_long_for_the_server_is_skipped_counted_and_logged(
+    vllm_server, tiny_qwen3
+) -> None:
+    """Only its group is skipped (published without samples, so the trainer counts the prompt
+    as consumed); the others train."""
+    prompts = [*PROMPTS[:2], LONG_PROMPT, *PROMPTS[2:4]]
+    channels = LocalChannels(stop_after=5)
+    loop = make_loop(vllm_server, tiny_qwen3, channels=channels,
+                     dataset=[{"prompt": p, "answer": "x"} for p in prompts])  # fmt: skip
+    with capture_logs() as logs:
+        run_loop(loop)
+    counter = "rollout/prompt_too_long_count"
+    too_long = [o for o in channels.outcomes if any(ob.name == counter for ob in o.observations)]
+    assert {o.row_index for o in too_long} == {2} and not any(o.samples for o in too_long)
+    assert any(o.samples for o in channels.outcomes)
+    skipped = [e for e in logs if e["event"] == "skipped a prompt the server rejected as too long"]
+    assert {e["row"] for e in skipped} == {2} and "max-model-len" in skipped[0]["error"]
+
+
+def test_when_every_prompt_is_too_long_the_loop_fails(vllm_server, tiny_qwen3) -> None:
+    channels = LocalChannels(stop_after=100)
+    loop = make_loop(vllm_server, tiny_qwen3, channels=channels,
+                     dataset=[{"prompt": LONG_PROMPT, "answer": "x"}] * 3)  # fmt: skip
+    with pytest.raises(PromptTooLongError, match="the last 3 prompts were all rejected"):
+        run_loop(loop)

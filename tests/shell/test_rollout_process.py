@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
+from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -135,3 +140,67 @@ def test_a_hung_process_raises_within_the_worker_timeout(vllm_server, tiny_qwen3
         assert time.monotonic() - started < 60
     finally:
         process.stop(grace_s=2)
+
+
+def blocking_reward(completion_ids, **kwargs):
+    threading.Event().wait(3600)  # never returns: only its worker thread blocks
+    return [0.0] * len(completion_ids)
+
+
+def test_a_blocked_reward_function_is_named_when_no_sample_comes(vllm_server, tiny_qwen3) -> None:
+    process = RolloutProcess(
+        spec_for(vllm_server, tiny_qwen3, reward_funcs=(blocking_reward,)), timeout_s=10
+    ).start()
+    started = time.monotonic()
+    try:
+        with capture_logs() as logs, pytest.raises(RolloutWorkerError) as raised:
+            while time.monotonic() - started < 180:
+                process.get(wait_s=0.5)
+        message = str(raised.value)
+        assert "no sample reached the trainer" in message, message
+        assert re.search(r"reward function 'blocking_reward' for \d+ s on group \d+ \(row \d\)",
+                         message), message  # fmt: skip
+        waits = [e for e in logs if e["event"] == "waiting for samples"]
+        assert waits and "blocking_reward" in waits[0]["rollout"]
+    finally:
+        process.stop(grace_s=2)
+
+
+SCRIPT = """
+import sys, time
+from transformers import AutoTokenizer
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess, RolloutWorkerError
+
+if __name__ == "__main__":
+    def reward_in_main(completion_ids, **kwargs):
+        return [0.0] * len(completion_ids)
+
+    spec = LoopSpec(
+        loop_cls=AsyncRolloutLoop, config=AsyncGRPOConfig(num_generations=2),
+        model_name="m", dataset=[{"prompt": [{"role": "user", "content": "hi"}]}],
+        reward_funcs=(reward_in_main,), processing_class=AutoTokenizer.from_pretrained(sys.argv[1]),
+        max_model_len=1024, token_budget=1024, rows_per_step=1,
+    )
+    process = RolloutProcess(spec, timeout_s=60).start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            process.get(wait_s=0.5)
+    except RolloutWorkerError as error:
+        print(error)
+    finally:
+        process.stop(grace_s=5)
+"""
+
+
+def test_a_reward_function_defined_under_the_main_guard_is_named_with_the_fix(
+    tiny_qwen3, tmp_path
+) -> None:
+    script = tmp_path / "train_script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tiny_qwen3)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert "could not load what the trainer sent it" in done.stdout, done.stdout + done.stderr
+    assert "reward_in_main" in done.stdout and "Define them at module level" in done.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from datasets import Dataset
@@ -87,6 +88,30 @@ def test_resume_continues_from_rollout_state(served, tmp_path) -> None:
     assert steps == [1, 2, 3, 4]
     later = json.loads((tmp_path / "run" / "checkpoint-4" / "rollout_state.json").read_text())
     assert later["cursor"]["next_untrained"] >= state["cursor"]["next_untrained"]
+
+
+def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
+    served, tmp_path
+) -> None:
+    """As after kill -9 during the save of step 3: its checkpoint is incomplete, and step 3 is
+    in metrics.jsonl and completions.jsonl already; the resumed run starts from checkpoint 2
+    and step 3 is logged once, by the resumed run."""
+    server, path = served
+    run = tmp_path / "run"
+    trainer_for(server, path, tmp_path, max_steps=3, save_steps=2, log_completions=True).train()
+    shutil.copytree(run / "checkpoint-2", run / "checkpoint-3")
+    (run / "checkpoint-3" / "rollout_state.json").unlink()  # killed before the save finished
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        rows = [json.loads(line) for line in (run / name).open()]
+        marked = [r | {"old": True} if r["step"] == 3 else r for r in rows]
+        (run / name).write_text("".join(json.dumps(r) + "\n" for r in marked))
+    resumed = trainer_for(server, path, tmp_path, max_steps=4, save_steps=2, log_completions=True)
+    assert resumed.train(resume_from_checkpoint=True).global_step == 4
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    completions = [json.loads(line) for line in (run / "completions.jsonl").open()]
+    steps = [r["step"] for r in completions]  # a window without new groups logs none
+    assert steps == sorted(steps) and {1, 2} <= set(steps) <= {1, 2, 3, 4}
+    assert not any("old" in r for r in read_metrics(run) + completions)
 
 
 class CrashingLoop(AsyncRolloutLoop):
@@ -208,3 +233,24 @@ def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tmp_path) -
     kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
     assert kept == ["v2", "v3"]  # max_staleness + 1 versions
     assert not (tmp_path / "run" / ".vllm_weights").exists()  # no merged sync happened
+
+
+def test_an_empty_or_plain_text_dataset_fails_at_construction(tiny_qwen3, tmp_path) -> None:
+    class NoServer:  # construction does not reach the server
+        base_url = "http://127.0.0.1:9"
+
+    def build(train_dataset):
+        args = config(NoServer, tmp_path)
+        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
+                                args=args, train_dataset=train_dataset)  # fmt: skip
+
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build(Dataset.from_dict({"prompt": []}))
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build([])
+    plain = Dataset.from_dict({"prompt": ["What is 2 + 2?", "Name a colour."]})
+    with pytest.raises(ValueError, match=r"row 0: 'prompt' must be conversational.*got str: "
+                       r"'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
+        build(plain)
+    with pytest.raises(ValueError, match="row 1: 'prompt' must be conversational"):
+        build([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": {"text": "hi"}}])

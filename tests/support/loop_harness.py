@@ -24,6 +24,7 @@ class LocalChannels:
     taken: int = 0
     in_flight: int = 0
     beats: int = 0
+    activity: str = ""
 
     def publish(self, message) -> None:
         if isinstance(message, LoopReport):
@@ -47,8 +48,9 @@ class LocalChannels:
     def report_in_flight(self, groups: int) -> None:
         self.in_flight = groups
 
-    def beat(self) -> None:
+    def beat(self, activity: str = "") -> None:
         self.beats += 1
+        self.activity = activity
 
     def stop_requested(self) -> bool:
         return len(self.outcomes) >= self.stop_after
