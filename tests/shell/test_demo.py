@@ -12,9 +12,9 @@ from asyncgrpo.shell.metrics_log import read_metrics
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)
-    assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "14"]) == 0
+    assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20"]) == 0
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == list(range(1, 15))
+    assert [r["step"] for r in rows] == list(range(1, 21))
     rewards = [r["reward"] for r in rows]
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
     assert rows[0]["sample/staleness_max"] == 0
