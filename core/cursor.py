@@ -170,7 +170,7 @@ def request_seed(seed: int, position: int, rollout_index: int, turn: int) -> int
     A pure function of the config's ``seed``, the prompt's ``position`` in the stream, the
     rollout's index within its group (``0 .. num_generations - 1``) and the turn within the
     rollout (0 for the first request), so a resumed run, or the same run again, sends every
-    request the seed it had; distinct requests get unrelated seeds (a hash, not a sum).
+    request the same seed as before; distinct requests get unrelated seeds (a hash, not a sum).
 
     Example:
         >>> request_seed(0, 5, 1, 0) == request_seed(0, 5, 1, 0)

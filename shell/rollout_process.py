@@ -146,7 +146,7 @@ class _ProcessChannels:
 
 
 def _load_spec(pickled: bytes) -> LoopSpec:
-    """Unpickle the spec, naming the usual cause when user code cannot be found here."""
+    """Unpickle the loop spec, naming the usual cause when user code cannot be found here."""
     try:
         return pickle.loads(pickled)
     except (AttributeError, ImportError) as error:

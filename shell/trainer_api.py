@@ -17,11 +17,8 @@ import attrs
 from transformers import TrainerCallback, TrainerState, enable_full_determinism, set_seed
 from transformers.trainer_callback import CallbackHandler
 
-from asyncgrpo.shell import config_rules, hub
+from asyncgrpo.shell import checkpoints, config_rules, hub
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
-
-CHECKPOINT_PREFIX = "checkpoint-"  # as the trainer names checkpoints
-
 
 _FIXED_AT_CONSTRUCTION = ("model_init_kwargs", "dtype", "trust_remote_code")
 """Config fields used when the trainer is built (loading the model), not by train()."""
@@ -154,7 +151,7 @@ class TrainerAPI:
             return
         message = f"Training in progress, step {step}"
         hub.upload(self.args, self.output_dir, commit_message=message)
-        checkpoint = self.output_dir / f"{CHECKPOINT_PREFIX}{step}"
+        checkpoint = self.output_dir / f"{checkpoints.CHECKPOINT_PREFIX}{step}"
         if strategy in ("checkpoint", "all_checkpoints"):
             folder = "last-checkpoint" if strategy == "checkpoint" else checkpoint.name
             hub.upload(self.args, checkpoint, commit_message=message, path_in_repo=folder)
