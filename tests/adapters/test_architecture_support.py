@@ -109,5 +109,5 @@ def test_the_trainer_refuses_at_construction(tmp_path) -> None:
             model=model,
             reward_funcs=len,
             args=AsyncGRPOConfig(output_dir=str(tmp_path), max_steps=1),
-            train_dataset=Dataset.from_dict({"prompt": ["x"]}),
+            train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "x"}]]}),
         )

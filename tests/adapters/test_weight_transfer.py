@@ -83,6 +83,9 @@ async def stream_with_sync_after_first_tokens(
     return ids, log_probs, finish_reason, seen_before_sync
 
 
+TRIALS = 3
+
+
 def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
     """A sync freezes in-flight requests instead of aborting them: the request finishes at its
     full length, every token before the sync has the old policy's log-prob and every token
@@ -93,21 +96,30 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
     with torch.no_grad():
         for param in new.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True,
-            "logprobs": 0, "temperature": 1.0, "seed": 3, "return_token_ids": True}  # fmt: skip
 
-    async def main():
+    async def trial(seed: int):
+        body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000,
+                "ignore_eos": True, "logprobs": 0, "temperature": 1.0, "seed": seed,
+                "return_token_ids": True}  # fmt: skip
         async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
             sync = DiskReload(client, tmp_path / ".vllm_weights")
             with anyio.fail_after(300):
+                await sync.sync(old.state_dict())
                 return await stream_with_sync_after_first_tokens(
                     client, body, sync, new.state_dict()
                 )
 
-    ids, sampler_lp, finish_reason, seen_before_sync = anyio.run(main)
-    served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
-    assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
-    by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
+    # On 2 loaded cores the API server can hand the client its first tokens only after the
+    # engine generated all 1,000; then the sync lands after the request and every token is
+    # the old policy's. Such a trial is repeated (a server that ignored the new weights fails
+    # every trial); any other outcome is judged.
+    for seed in range(3, 3 + TRIALS):
+        ids, sampler_lp, finish_reason, seen_before_sync = anyio.run(trial, seed)
+        served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
+        assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
+        by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
+        if not bool(by_old.all()):
+            break
     by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
     old_prefix = int(by_old.int().cumprod(0).sum())
     new_suffix = int(by_new.flip(0).int().cumprod(0).sum())
