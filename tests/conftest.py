@@ -5,13 +5,16 @@ from pathlib import Path
 
 import anyio
 import pytest
+import torch
 from hypothesis import settings
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.shell.learner import init_distributed
 
 # The machines that run this suite are small and shared: a per-example deadline measures
 # the neighbours, not the code. Speed is measured by the benchmarks instead.
@@ -27,6 +30,30 @@ def tiny_qwen3(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "llama", seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_vl(tmp_path_factory) -> Path:
+    """A tiny random Qwen3.5 vision-language checkpoint (text model + vision tower)."""
+    path = tmp_path_factory.mktemp("models") / "tiny-qwen3_5-vl"
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForImageTextToText.from_config(tiny_vision_language_config(96))
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """One gloo group for a module of learner tests, on one torch thread; the learners find
+    it and leave it alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    created = init_distributed(torch.device("cpu"))
+    yield
+    if created:
+        torch.distributed.destroy_process_group()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -4,24 +4,12 @@ prompt carrying an image is refused."""
 
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
 
 from asyncgrpo.adapters.chat import render_prompt
-from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import build_optimizer
-
-
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny-qwen3_5-vl"
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = AutoModelForImageTextToText.from_config(tiny_vision_language_config(96))
-    model.save_pretrained(path)
-    return path
 
 
 def test_loads_with_image_text_to_text_and_freezes_the_tower(tiny_vl) -> None:

@@ -17,22 +17,13 @@ from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.records import TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner import Learner, candidate_mask, init_distributed, sampler_topk
+from asyncgrpo.shell.learner import Learner, candidate_mask, sampler_topk
 
 PROMPT = [11, 12, 13, 14, 15]
 K = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def process_group():
-    """One gloo group for the module; the learners find it and leave it alone."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    created = init_distributed(torch.device("cpu"))
-    yield
-    if created:
-        torch.distributed.destroy_process_group()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("process_group")
 
 
 def on_policy_samples(path, samples, k=K):

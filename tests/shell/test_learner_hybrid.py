@@ -8,34 +8,15 @@ from on_policy import on_policy
 from packing_strategies import make_sample
 from transformers import AutoModelForImageTextToText
 
-from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner import Learner, init_distributed
+from asyncgrpo.shell.learner import Learner
 
 TOWER = "model.visual."
 
 
-@pytest.fixture(autouse=True, scope="module")
-def process_group():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    created = init_distributed(torch.device("cpu"))
-    yield
-    if created:
-        torch.distributed.destroy_process_group()
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny-qwen3_5-vl"
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = AutoModelForImageTextToText.from_config(tiny_vision_language_config(96))
-    model.save_pretrained(path)
-    return path
+pytestmark = pytest.mark.usefixtures("process_group")
 
 
 def test_a_step_trains_the_text_model_and_syncs_only_it(tiny_vl, tmp_path) -> None:
