@@ -7,6 +7,11 @@ SIGTERM (and SIGINT) raise :class:`Interrupted` instead, as Ctrl-C raises
 :class:`TrainingInterrupted`, whose one-line message says where the run stopped and where its
 last checkpoint is. Children die with the trainer even when it is killed outright
 (:mod:`asyncgrpo.adapters.parent_death`).
+
+Some work must not be cut in the middle: a checkpoint being written (torch's distributed
+checkpoint wraps an exception raised inside it into its own error) or a weight transfer the
+server is taking part in. Inside :func:`interrupts_deferred` the first signal is held and raised
+when the block ends; a second one is raised at once (pressing Ctrl-C twice stops at once).
 """
 
 from __future__ import annotations
@@ -25,7 +30,18 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum: int, message: str | None = None) -> None:
         self.signum = int(signum)
-        super().__init__(message or f"interrupted by {signal_name(self.signum)}")
+        self.message = message or f"interrupted by {signal_name(self.signum)}"
+        super().__init__(self.message)
+
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
+        """Picklable (torch.distributed gathers a rank's exception as a pickle).
+
+        Example:
+            >>> import pickle
+            >>> pickle.loads(pickle.dumps(Interrupted(15))).signum
+            15
+        """
+        return type(self), (self.signum, self.message)
 
 
 class TrainingInterrupted(Interrupted):
@@ -47,8 +63,37 @@ def signum_of(error: KeyboardInterrupt) -> int:
     return error.signum if isinstance(error, Interrupted) else int(signal.SIGINT)
 
 
+class _Deferral:
+    """How many :func:`interrupts_deferred` blocks are open, and the signal held for them."""
+
+    depth = 0
+    held: int | None = None
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    if _Deferral.depth and _Deferral.held is None:
+        _Deferral.held = signum
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold the first SIGTERM/SIGINT that arrives inside until the block ends, then raise it.
+
+    Only signals handled by :func:`signals_interrupt` are held; a second signal is raised at
+    once. Blocks nest: the held signal is raised when the outermost one ends. Signal handlers
+    run in the main thread, so use it there."""
+    _Deferral.depth += 1
+    try:
+        yield
+    finally:
+        _Deferral.depth -= 1
+        held = _Deferral.held if _Deferral.depth == 0 else None
+        if _Deferral.depth == 0:
+            _Deferral.held = None
+    if held is not None:
+        raise Interrupted(held)
 
 
 @contextlib.contextmanager

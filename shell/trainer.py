@@ -55,6 +55,7 @@ from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
 from asyncgrpo.shell.flops_meter import FlopsMeter
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
+    interrupts_deferred,
     signal_name,
     signals_interrupt,
     signum_of,
@@ -451,7 +452,8 @@ class _Run:
             epochs_before = epochs_after
         if len(self.window):
             summary = self._log_window()
-        self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
+        with interrupts_deferred():
+            self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
         return TrainOutput(self.learner.step, self.last_loss, summary)
 
     def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
@@ -587,7 +589,9 @@ class _Run:
         start = time.monotonic()
         if self.learner.world_size > 1:
             dist.barrier()
-        self._synced(self.weights.sync(self.learner.step, time.monotonic() - start))
+        with interrupts_deferred():  # the server takes part in a transfer: never cut it
+            timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+        self._synced(timings)
 
     def _synced(self, timings: SyncTimings | None) -> None:
         if not self.rank0 or timings is None:
@@ -640,8 +644,9 @@ class _Run:
         return summary
 
     def _save_checkpoint(self) -> None:
-        checkpoints.save(self.output_dir, self.learner.step, self._write_checkpoint,
-                         rank0=self.rank0, keep=self.args.save_total_limit)  # fmt: skip
+        with interrupts_deferred():  # a checkpoint is written whole or not at all
+            checkpoints.save(self.output_dir, self.learner.step, self._write_checkpoint,
+                             rank0=self.rank0, keep=self.args.save_total_limit)  # fmt: skip
 
     def _write_checkpoint(self, path: Path) -> None:
         self.learner.save_checkpoint(path)

@@ -83,7 +83,8 @@ def test_sigterm_stops_the_demo_its_server_and_rollout_process(tmp_path) -> None
         commands = " ".join(" ".join(c.cmdline()) for c in children)
         assert "vllm.entrypoints.openai.api_server" in commands  # the server the demo started
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+        code = process.wait(timeout=120)
+        assert code == 128 + signal.SIGTERM, f"exit code {code}:\n{log.read_text()[-6000:]}"
         output = log.read_text()
         last = output.strip().splitlines()[-1]
         assert last.startswith("asyncgrpo demo: training interrupted by SIGTERM at step "), last
@@ -143,7 +144,8 @@ weight_transfer_backend = "disk"
         children = descendants(process)
         assert children  # the rollout process
         os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=120) == 128 + signal.SIGINT
+        code = process.wait(timeout=120)
+        assert code == 128 + signal.SIGINT, f"exit code {code}:\n{log.read_text()[-6000:]}"
         output = log.read_text()
         last = output.strip().splitlines()[-1]
         assert "asyncgrpo train: training interrupted by SIGINT at step " in last, last
