@@ -10,6 +10,7 @@ transformers and vLLM; nothing is downloaded.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -235,3 +236,18 @@ def load_causal_lm(
         freeze_outside_text_model(loaded)
         return loaded
     return AutoModelForCausalLM.from_pretrained(str(model), dtype=chosen, **kwargs)
+
+
+def save_weights_as_model(
+    base: PreTrainedModel, weights: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype
+) -> None:
+    """Write ``weights`` (under ``base``'s keys) so that ``from_pretrained(path)`` loads them,
+    through a fresh meta-device instance of ``base``'s architecture in ``dtype``; ``base``
+    itself may be sharded and is not touched."""
+    config = copy.deepcopy(base.config)
+    with torch.device("meta"):
+        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+        fresh = auto.from_config(config, dtype=dtype)
+    fresh.load_state_dict(dict(weights), strict=True, assign=True)
+    fresh.generation_config = base.generation_config
+    fresh.save_pretrained(str(path))

@@ -42,6 +42,7 @@ from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.weight_transfer import SyncTimings
 from asyncgrpo.core import cursor, metrics, schedule, step_queue, step_time
@@ -60,7 +61,7 @@ from asyncgrpo.shell.interrupts import (
     signals_interrupt,
     signum_of,
 )
-from asyncgrpo.shell.learner import Learner, default_device
+from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.metrics_log import (
     MetricsFile,
     Reporters,

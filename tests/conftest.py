@@ -11,10 +11,10 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
 from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.process_group import init_distributed
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
-from asyncgrpo.shell.learner import init_distributed
 
 # The machines that run this suite are small and shared: a per-example deadline measures
 # the neighbours, not the code. Speed is measured by the benchmarks instead.

@@ -9,7 +9,7 @@ from asyncgrpo.adapters.chat import render_prompt
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner import build_optimizer
+from asyncgrpo.shell.optimization import build_optimizer
 
 
 def test_loads_with_image_text_to_text_and_freezes_the_tower(tiny_vl) -> None:

@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 from asyncgrpo.shell import config_docs, config_rules
 from asyncgrpo.shell.cli import main
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner import build_optimizer, build_scheduler
+from asyncgrpo.shell.optimization import build_optimizer, build_scheduler
 from asyncgrpo.shell.train_command import TrainCommandError, build_config, parse_train_args
 
 ROOT = Path(__file__).resolve().parents[2]

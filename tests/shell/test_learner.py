@@ -14,10 +14,11 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
 
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
+from asyncgrpo.adapters.packed_policy import candidate_mask, sampler_topk
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.records import TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner import Learner, candidate_mask, sampler_topk
+from asyncgrpo.shell.learner import Learner
 
 PROMPT = [11, 12, 13, 14, 15]
 K = 4

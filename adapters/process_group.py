@@ -1,0 +1,54 @@
+"""The torch.distributed process group of the trainer's processes and the device each uses.
+
+Under ``torchrun`` every process reads its rank from the environment; a lone process makes a
+1-process group on a free localhost port, so the learner's collectives run the same way with
+one process as with many. The group is nccl on CUDA, gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def default_device(use_cpu: bool = False) -> torch.device:
+    """``cuda:LOCAL_RANK`` when CUDA is available (and ``use_cpu``, the config's ``use_cpu``,
+    is off), else the CPU."""
+    if torch.cuda.is_available() and not use_cpu:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, timeout_s: float = 1800) -> bool:
+    """Initialise the default process group unless one exists (nccl on CUDA, gloo on CPU).
+
+    Under ``torchrun`` it reads ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``MASTER_PORT``
+    from the environment; otherwise it makes a 1-process group on a free localhost port.
+
+    Returns:
+        True when this call created the group (the caller then destroys it).
+    """
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(
+            backend, device_id=device if device.type == "cuda" else None, timeout=timeout
+        )
+    else:
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,111 @@
+"""What one learner writes into a checkpoint directory, and reads back to resume.
+
+Under the directory :mod:`asyncgrpo.shell.checkpoints` hands out:
+
+- ``dcp/``: model and optimizer states, sharded, with torch.distributed.checkpoint (so the
+  number of processes may differ on resume);
+- ``learner_state.pt`` (rank 0): step counter and scheduler state;
+- ``rng_state_<rank>.pth``: each process's Python, numpy and torch RNG states.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+CHECKPOINT_WEIGHTS = "dcp"
+LEARNER_STATE = "learner_state.pt"
+
+
+def save_learner(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
+    step: int,
+    rank: int,
+) -> None:
+    """Save everything a resume needs under ``path`` (collective; see the module docstring)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state},
+        checkpoint_id=str(path / CHECKPOINT_WEIGHTS),
+    )
+    torch.save(rng_state(), path / f"rng_state_{rank}.pth")
+    if rank == 0:
+        torch.save({"step": step, "scheduler": scheduler.state_dict()}, path / LEARNER_STATE)
+    dist.barrier()
+
+
+def load_learner(
+    path: str | Path, model: nn.Module, optimizer: Optimizer, scheduler: LRScheduler, rank: int
+) -> int:
+    """Restore what :func:`save_learner` wrote into ``model``, ``optimizer`` and ``scheduler``
+    (collective) and return the saved step. RNG states are restored only on ranks that saved
+    one (a warning on the others).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a learner checkpoint.
+    """
+    path = Path(path)
+    if not (path / LEARNER_STATE).is_file():
+        raise FileNotFoundError(
+            f"{path} holds no learner checkpoint ({LEARNER_STATE} is missing); pass a "
+            "directory written by Learner.save_checkpoint"
+        )
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(path / CHECKPOINT_WEIGHTS))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    learner_state = torch.load(path / LEARNER_STATE, weights_only=True)
+    scheduler.load_state_dict(learner_state["scheduler"])
+    rng_path = path / f"rng_state_{rank}.pth"
+    if rng_path.is_file():
+        set_rng_state(torch.load(rng_path, weights_only=True))
+    else:
+        warnings.warn(f"{rng_path} is missing: RNG states not restored", stacklevel=3)
+    return int(learner_state["step"])
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy, torch CPU and CUDA generator states (loadable with ``weights_only``)."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.copy()), position, has_gauss, gauss),
+        "cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(_as_tuples(state["python"]))
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), position, has_gauss, gauss))
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_as_tuples(v) for v in value)
+    return value

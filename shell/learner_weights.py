@@ -1,0 +1,127 @@
+"""The learner's weights read back whole: for weight sync, ``save_pretrained`` and the final
+model.
+
+:class:`LearnerWeights` is the part of :class:`~asyncgrpo.shell.learner.Learner` that exports
+its FSDP2-sharded model (the learner inherits it): every export is a collective over the
+trainer's processes, and rank 0 gets the weights, in :attr:`LearnerWeights.export_dtype`
+(bf16 under bf16 training, as TRL's AsyncGRPOTrainer documentation says). With PEFT the
+exported weights are the merged ones under the base model's keys, unless the adapters alone are
+asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from peft import PeftModel
+from torch import Tensor, nn
+
+from asyncgrpo.adapters.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
+from asyncgrpo.adapters.models import save_weights_as_model
+from asyncgrpo.adapters.peft_models import adapter_state_dict, merged_state_dict
+from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
+
+
+class LearnerWeights:
+    """Weight export of a learner: needs ``model`` (sharded), ``rank``, ``device`` and
+    ``bf16`` on the instance."""
+
+    model: nn.Module
+    rank: int
+    device: torch.device
+    bf16: bool
+
+    @property
+    def is_peft(self) -> bool:
+        return isinstance(self.model, PeftModel)
+
+    @property
+    def export_dtype(self) -> torch.dtype:
+        """The dtype of exported weights: bf16 under bf16 training, else the weights' own."""
+        if self.bf16:
+            return torch.bfloat16
+        return next(p for p in self.model.parameters() if p.is_floating_point()).dtype
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The unsharded model weights on the CPU in :attr:`export_dtype`, for weight sync.
+
+        With PEFT, the merged weights under the base model's keys (see
+        :meth:`adapter_state_dict` for the adapters alone). Collective: every process must
+        call it; rank 0 gets the weights, the others an empty dict.
+        """
+        full = gathered_state_dict(self.model)
+        if self.rank != 0:
+            return {}
+        if self.is_peft:
+            full = merged_state_dict(self.model, full)
+        return {k: self._exported(v) for k, v in full.items()}
+
+    def synced_state_dict(self) -> dict[str, Tensor]:
+        """:meth:`full_state_dict` without the weights that never change (a vision-language
+        model's frozen vision tower): what weight sync sends. Collective, like it."""
+        prefixes = frozen_prefixes(self.model)
+        return {k: v for k, v in self.full_state_dict().items() if is_synced_weight(k, prefixes)}
+
+    def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
+        without gathering anything (the same keys, dtypes and order as
+        :meth:`full_state_dict`). Local: any process may call it alone."""
+        shapes = meta_state_dict(self.model, self._is_synced)
+        if self.is_peft:
+            shapes = merged_state_dict(self.model, shapes)
+        return [(name, self._exported(t).dtype, tuple(t.shape)) for name, t in shapes.items()]
+
+    def iter_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The unsharded weights one tensor at a time, on the learner's device, in
+        :attr:`export_dtype`: what :meth:`full_state_dict` holds, without a CPU copy of the
+        whole model.
+
+        Collective: every process iterates it to the end in step (each tensor is all-gathered);
+        rank 0 gets the weights. With PEFT the merged weights are built whole first, and only
+        rank 0 yields them.
+        """
+        if self.is_peft:
+            for name, tensor in self.full_state_dict().items():
+                yield name, tensor.to(self.device)
+            return
+        for name, full in iter_full_tensors(self.model, self._is_synced):
+            yield name, self._exported(full)
+
+    def _is_synced(self, name: str) -> bool:
+        return is_synced_weight(name, frozen_prefixes(self.model))
+
+    def _exported(self, tensor: Tensor) -> Tensor:
+        return tensor.to(self.export_dtype) if tensor.is_floating_point() else tensor
+
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The LoRA adapter weights under peft's saved keys (collective; rank 0 gets them)."""
+        if not self.is_peft:
+            raise ValueError("adapter_state_dict needs a Learner built with peft_config")
+        full = gathered_state_dict(self.model)
+        return adapter_state_dict(self.model, full) if self.rank == 0 else {}
+
+    def save_pretrained(
+        self, path: str | Path, tokenizer: Any = None, *, adapter_only: bool = False
+    ) -> None:
+        """Write the model (merged for PEFT) so ``AutoModelForCausalLM.from_pretrained(path)``
+        loads it, or with ``adapter_only`` the PEFT adapter (``PeftModel.from_pretrained``);
+        and the tokenizer when given. Collective; rank 0 writes."""
+        if adapter_only and not self.is_peft:
+            raise ValueError("save_pretrained(adapter_only=True) needs a Learner with peft_config")
+        path = Path(path)
+        if adapter_only:
+            full = gathered_state_dict(self.model)
+            if self.rank == 0:
+                self.model.save_pretrained(str(path), state_dict=full)
+        else:
+            weights = self.full_state_dict()
+            if self.rank == 0:
+                base = self.model.get_base_model() if self.is_peft else self.model
+                save_weights_as_model(base, weights, path, self.export_dtype)
+        if self.rank == 0 and tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+        dist.barrier()
