@@ -130,10 +130,9 @@ max_completion_length = 8
 token_budget = 256
 gradient_checkpointing = false
 disable_tqdm = true
-# The session server also runs the gloo weight-transfer engine; an interrupt in the middle of an
-# engine transfer can leave that engine unusable for the next trainer (docs/reliability.md), so
-# this run syncs through the disk and the server stays usable for the tests after it.
-weight_transfer_backend = "disk"
+# In memory through the session server's engine: an interrupt during a transfer waits for it
+# to end, so the engine stays usable for the tests after this one.
+weight_transfer_backend = "asyncgrpo_gloo"
 """)
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     process = start(["train", "--config", str(settings), "--vllm-url", server.base_url,
