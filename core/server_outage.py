@@ -20,7 +20,7 @@ Three questions, each one function:
 Example:
     >>> trust = ServerTrust()
     >>> started = trust.outages                 # a request starts
-    >>> trust = outage_seen(trust, started)      # it fails: the server is gone
+    >>> trust = outage_seen(trust)              # it fails: the server is gone
     >>> weights_known(trust), request_trusted(trust, started)
     (False, False)
     >>> trust = weights_pushed(trust, covering=trust.outages)  # the trainer pushed again
@@ -158,13 +158,14 @@ def weights_known(trust: ServerTrust) -> bool:
     return trust.trusted == trust.outages
 
 
-def outage_seen(trust: ServerTrust, started_in: int) -> ServerTrust:
-    """Record a failure of a request (or probe) started when ``started_in`` outages were seen.
+def outage_seen(trust: ServerTrust) -> ServerTrust:
+    """Record a failure that says the server went away (a request, a probe, a restart seen).
 
-    Every request in flight when the server dies fails; only the first of them counts a new
-    outage (the others started before it was counted), so one outage is counted once.
+    Every request in flight when the server dies fails; the first failure counts a new outage
+    and the others, seen while it is pending (not yet covered by a push), belong to it, so one
+    outage is counted once. A failure after the push is a new outage.
     """
-    if started_in < trust.outages:
+    if not weights_known(trust):
         return trust
     return attrs.evolve(trust, outages=trust.outages + 1)
 

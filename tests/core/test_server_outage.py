@@ -94,10 +94,10 @@ def test_nothing_generated_across_an_outage_is_trusted(script) -> None:
         elif event[0] == "restart":
             server_has_trainer_weights = False
             # every request in flight fails: the first one seen counts the outage
-            for started, _ in in_flight:
-                trust = outage_seen(trust, started)
+            for _ in in_flight:
+                trust = outage_seen(trust)
             if not in_flight:
-                trust = outage_seen(trust, trust.outages)  # the probe / poller sees it
+                trust = outage_seen(trust)  # the probe / poller sees it
             in_flight = []
         elif event[0] == "push":
             covering = trust.outages
@@ -106,7 +106,7 @@ def test_nothing_generated_across_an_outage_is_trusted(script) -> None:
         elif in_flight:
             started, foreign = in_flight.pop(event[1] % len(in_flight))
             if event[0] == "fail":
-                trust = outage_seen(trust, started)
+                trust = outage_seen(trust)
             elif request_trusted(trust, started):
                 assert not foreign and server_has_trainer_weights
         assert 0 <= trust.trusted <= trust.outages
@@ -116,7 +116,7 @@ def test_nothing_generated_across_an_outage_is_trusted(script) -> None:
 def test_one_outage_counts_once_however_many_requests_fail(outages, failing, covering) -> None:
     trust = ServerTrust(outages=outages, trusted=outages)
     for _ in range(failing):
-        trust = outage_seen(trust, outages)
+        trust = outage_seen(trust)
     assert trust.outages == outages + (1 if failing else 0)
     pushed = weights_pushed(trust, covering)
     assert pushed.trusted <= pushed.outages
