@@ -49,12 +49,15 @@ def trainer(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPOTra
 
 class CrashServerAfterFirstStep(TrainerCallback):
     """At the end of step 1 (the weights of step 1 are on the server): kill the server outright,
-    and start it again on the same port from another thread, as a supervisor would."""
+    and start it again on the same port from another thread, as a supervisor would. The thread
+    lives until :meth:`release` (the server gets a parent-death signal when the thread that
+    started it ends)."""
 
     def __init__(self, server: VLLMServer) -> None:
         self.server = server
         self.restarter: threading.Thread | None = None
         self.restart_error: list[BaseException] = []
+        self.released = threading.Event()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1 and self.restarter is None:
@@ -67,6 +70,14 @@ class CrashServerAfterFirstStep(TrainerCallback):
             self.server.start()
         except BaseException as error:  # surfaced by the test
             self.restart_error.append(error)
+        self.released.wait(2 * RESTART_TIMEOUT_S)
+        self.server.stop()
+
+    def release(self) -> None:
+        """Stop the restarted server and end the thread (bounded)."""
+        self.released.set()
+        if self.restarter is not None:
+            self.restarter.join(RESTART_TIMEOUT_S)
 
 
 @pytest.fixture
@@ -87,8 +98,7 @@ def test_a_server_restart_mid_run_is_survived_with_parity(own_server, tiny_qwen3
     try:
         out = run.train()
     finally:
-        if crash.restarter is not None:
-            crash.restarter.join(RESTART_TIMEOUT_S)
+        crash.release()
     assert crash.restarter is not None and not crash.restarter.is_alive()
     assert not crash.restart_error, crash.restart_error
     rows = read_metrics(tmp_path / "run")
