@@ -45,23 +45,17 @@ from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import (
-    cursor,
-    metrics,
-    schedule,
-    server_outage,
-    step_queue,
-    step_time,
-    weight_parity,
-)
+from asyncgrpo.core import cursor, metrics, schedule, server_outage, step_queue, step_time
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
+from asyncgrpo.core.weight_parity import STALENESS0_GAP
 from asyncgrpo.shell import checkpoints, hub
 from asyncgrpo.shell.callbacks import Callbacks
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
 from asyncgrpo.shell.flops_meter import FlopsMeter
+from asyncgrpo.shell.foreign_weights import ParityGuard
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
     interrupts_deferred,
@@ -87,10 +81,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
-
-
-class ForeignWeightsError(RuntimeError):
-    """The server's log-probs at staleness 0 are not the trainer's: it serves other weights."""
 
 
 @attrs.frozen
@@ -353,8 +343,7 @@ class _Run:
         self.bar: tqdm | None = None
         self.flops: FlopsMeter | None = None
         self.step_flops = self.waited_s = 0.0
-        self.parity = weight_parity.ParityWatch()
-        self.parity_limit = math.inf
+        self.parity: ParityGuard | None = None
 
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
@@ -362,7 +351,7 @@ class _Run:
         self.weights = open_weight_sync(self.learner, self.args, self.trainer.model_name,
                                         self.output_dir)  # fmt: skip
         self.weights.start()
-        self.parity_limit = self._parity_limit()
+        self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
@@ -403,50 +392,6 @@ class _Run:
         async with self._client() as client:
             return await client.max_model_len()
 
-    def _parity_limit(self) -> float:
-        """The staleness-0 log-prob gap the trainer's and the server's dtypes explain (the
-        server's from ``/server_info``; unknown counts as bf16), the same on every rank."""
-        limit: list[Any] = [math.inf]
-        if self.rank0:
-
-            async def served_dtype() -> str | None:
-                async with self._client() as client:
-                    config = await client.server_config()
-                return str((config or {}).get("model_config", {}).get("dtype") or "") or None
-
-            trainer_dtype = str(next(self.learner.model.parameters()).dtype)
-            if self.learner.bf16:
-                trainer_dtype = "bfloat16"
-            limit = [weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(limit, src=0)
-        return float(limit[0])
-
-    def _check_parity(self, gap: float | None) -> None:
-        """Warn when this step's staleness-0 gap is above what the dtypes explain; fail after
-        ``foreign_weights_steps`` such steps in a row (every rank decides the same)."""
-        patience = self.args.foreign_weights_steps
-        self.parity, verdict = weight_parity.check_parity(self.parity, gap, self.parity_limit,
-                                                          patience)  # fmt: skip
-        if verdict is weight_parity.Verdict.OK:
-            return
-        what = (
-            f"at staleness 0 the sampler's log-probs differ from the trainer's by {gap:.3g} "
-            f"nats on average (the dtypes explain up to {self.parity_limit:.3g}), "
-            f"{self.parity.bad_in_a_row} step(s) in a row: the vLLM server at "
-            f"{self.args.vllm_server_base_url} serves other weights than this trainer's "
-            "(another trainer pushing to the same server, a server restarted or started on "
-            "another model)"
-        )
-        if verdict is weight_parity.Verdict.FAIL:
-            raise ForeignWeightsError(
-                f"{what}. Give each trainer its own server and check --model; "
-                f"foreign_weights_steps={patience} sets how many such steps stop the run"
-            )
-        if self.rank0:
-            log.warning("FOREIGN WEIGHTS ON THE vLLM SERVER", detail=what,
-                        fails_after_steps=patience or None, step=self.learner.step)  # fmt: skip
-
     def _loop_spec(self) -> LoopSpec:
         t = self.trainer
         return LoopSpec(
@@ -481,7 +426,8 @@ class _Run:
                 break
             self.callbacks.step_begin()
             out = self.learner.train_step(rows)
-            self._check_parity(out.metrics.get(weight_parity.STALENESS0_GAP))
+            if self.parity is not None:
+                self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
             sync_start = time.monotonic()
