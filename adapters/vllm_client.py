@@ -401,6 +401,7 @@ class VLLMClient:
             except ServerUnreachable as error:
                 assert self.gate is not None  # only a gated client raises it
                 await self.gate.unreachable(error)
+                self.regenerated_count += 1  # the server went away while it ran: send again
                 continue
             self._raise_for_client_error(response, "generation")
             choices = response.json().get("choices") or []

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from asyncgrpo.core.weight_parity import (
     check_parity,
     dtype_name,
     parity_limit,
+    staleness0_gap,
 )
 
 dtypes = st.sampled_from(["float32", "torch.float32", "fp32", "bfloat16", "bf16", "float16",
@@ -52,3 +54,20 @@ def test_fp32_arithmetic_noise_never_warns(seq, patience) -> None:
     for gap in seq:
         watch, verdict = check_parity(watch, gap, parity_limit("float32", "float32"), patience)
         assert verdict is Verdict.OK
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 10), st.integers(0, 4)), max_size=40),
+    st.lists(st.integers(0, 3), min_size=5, max_size=5),
+    st.integers(0, 3),
+)
+def test_the_staleness0_gap_is_the_mean_over_fresh_tokens_only(tokens, versions, current) -> None:
+    difference = np.array([d for d, _ in tokens], dtype=np.float64)
+    sample_index = np.array([i for _, i in tokens], dtype=np.int64)
+    gap, count = staleness0_gap(difference, sample_index, versions, current)
+    fresh = [d for d, i in tokens if versions[i] == current]
+    assert count == len(fresh)
+    if fresh:
+        assert math.isclose(gap, sum(fresh) / len(fresh), rel_tol=1e-9, abs_tol=1e-12)
+    else:
+        assert math.isnan(gap)
