@@ -76,6 +76,8 @@ class SharedTrust:
 class RolloutGate:
     """The rollout process's :class:`~asyncgrpo.adapters.vllm_client.ServerGate`.
 
+    Requests wait while an outage is pending, logging every 30 s.
+
     Args:
         trust: the counters shared with the trainer.
         timeout_s: ``vllm_server_timeout``; the gate gives up ``2 x timeout_s`` after the outage
@@ -103,6 +105,9 @@ class RolloutGate:
                     f"the trainer did not push its weights to the vLLM server within "
                     f"{decision.waited_s:.0f} s of the outage (2 x vllm_server_timeout)"
                 )
+            if decision.log and decision.waited_s > 0:
+                log.warning("rollouts wait for the vLLM server and the trainer's weights",
+                            down_s=round(decision.waited_s))  # fmt: skip
             clock = decision.clock
             await anyio.sleep(decision.sleep_s)
         return trust.outages
