@@ -7,6 +7,12 @@ sync then pauses the server, streams every tensor of the policy to it (``/start_
 ``/update_weights`` alongside the broadcasts, ``/finish_weight_update``), drops the KV computed
 by the old weights and resumes. Nothing touches the disk, and the server may be on another
 machine that can reach the trainer's address.
+
+A trainer interrupted between ``/start_weight_update`` and ``/finish_weight_update`` (Ctrl-C, a
+kill, a crash) leaves the server's update session open, and vLLM then refuses every later
+``/start_weight_update`` (HTTP 500, "already active"). :class:`ResumingWeightSyncClient`
+closes such a session before it starts its own: the full round that follows overwrites every
+weight the half-done one touched.
 """
 
 from __future__ import annotations
@@ -69,6 +75,20 @@ class WeightStream(WeightSource):
         return iter(self._weights())
 
 
+class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
+    """vLLM's HTTP weight-sync client, able to start after a trainer that left a session open."""
+
+    def start_weight_update(self) -> None:
+        try:
+            super().start_weight_update()
+        except Exception as refused:
+            try:  # an open session of an interrupted trainer: close it, then start ours
+                self.finish_weight_update()
+            except Exception:
+                raise refused from None  # no session was open: the refusal has another cause
+            super().start_weight_update()
+
+
 class EngineSync:
     """Weight sync through the server's weight-transfer engine (every trainer rank holds one).
 
@@ -95,7 +115,7 @@ class EngineSync:
     ) -> None:
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
         self.sender = rank == 0
-        self._wire = HTTPVLLMWeightSyncClient(base_url, timeout=timeout_s)
+        self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s)
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self._wire, source=source
         )

@@ -9,6 +9,13 @@ Faults: a timeout, a dropped connection or a 5xx is retried with exponential bac
 counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when retries run out the
 last cause is raised. A 4xx is the caller's mistake and raises at once; a prompt the server
 rejects as too long raises :class:`PromptTooLongError`, which says which limit to raise.
+
+A client given a :class:`ServerGate` (the rollout loop's) survives a server that goes away:
+a request that finds the server unreachable
+(:func:`~asyncgrpo.core.server_outage.classify_failure`) is handed to the gate, which waits
+until the server is back *and* holds the trainer's weights again, and is then re-issued; a
+generation that finished across an outage is re-issued too (``regenerated_count``), since its
+tokens may come from a restarted server's checkpoint instead of the trainer's policy.
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import attrs
 import httpx
 
 from asyncgrpo.core.pacing import ServerLoad
+from asyncgrpo.core.server_outage import Failure, classify_failure
 
 
 class VLLMError(RuntimeError):
@@ -31,6 +39,44 @@ class VLLMError(RuntimeError):
 
 class PromptTooLongError(VLLMError):
     """The server rejected a request as longer than its ``--max-model-len``."""
+
+
+class ServerUnreachable(VLLMError):
+    """The server could not be reached or dropped the connection (it may be restarting)."""
+
+
+class ServerGate(Protocol):
+    """Whether requests may go to the server now (see :mod:`asyncgrpo.core.server_outage`)."""
+
+    async def enter(self) -> int:
+        """Wait until the server is known to hold the trainer's weights; return the outages
+        seen so far (the request's start mark)."""
+
+    async def unreachable(self, error: BaseException) -> None:
+        """Record that the server went away; return once it is back and trusted, or raise."""
+
+    def trusted(self, started: int) -> bool:
+        """Whether a request started at mark ``started`` and finished now can be used."""
+
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def failure_of(error: BaseException | None, status: int | None = None) -> Failure:
+    """Classify an ``httpx`` exception (or an HTTP ``status`` >= 500) for the retry logic.
+
+    Example:
+        >>> failure_of(httpx.ConnectError("refused")).value
+        'unreachable'
+        >>> failure_of(httpx.ReadTimeout("slow")).value
+        'timeout'
+    """
+    return classify_failure(
+        connect_failed=isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)),
+        dropped=isinstance(error, _DROPPED),
+        timed_out=isinstance(error, httpx.TimeoutException),
+        status=status,
+    )
 
 
 @attrs.frozen
@@ -235,6 +281,9 @@ class VLLMClient:
         max_retries: retries of a timed-out, dropped or 5xx request before raising.
         backoff_s: first backoff; doubles per retry, capped at 30 s.
         max_connections: connection pool size (about ``max_concurrent_rollouts``).
+        gate: hands requests that find the server gone to a :class:`ServerGate` instead of
+            retrying them, and re-issues generations that crossed an outage; ``None``: plain
+            retries, then the last cause is raised.
     """
 
     def __init__(
@@ -245,12 +294,15 @@ class VLLMClient:
         max_retries: int = 5,
         backoff_s: float = 0.5,
         max_connections: int = 512,
+        gate: ServerGate | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.gate = gate
         self.retry_count = 0
+        self.regenerated_count = 0
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
@@ -275,12 +327,18 @@ class VLLMClient:
                 response = await self._http.request(method, path, **kwargs)
             except (httpx.TimeoutException, httpx.TransportError) as error:
                 cause: BaseException = error
+                failure = failure_of(error)
             else:
                 if response.status_code < 500:
                     return response
                 cause = VLLMError(
                     f"{method} {path}: HTTP {response.status_code}: {response.text[:500]}"
                 )
+                failure = failure_of(None, response.status_code)
+            if self.gate is not None and failure is Failure.UNREACHABLE:
+                raise ServerUnreachable(
+                    f"{method} {self.base_url}{path}: {type(cause).__name__}: {cause}"
+                ) from cause
             if attempt == self.max_retries:
                 raise VLLMError(
                     f"{method} {self.base_url}{path} failed after {self.max_retries} retries: "
@@ -335,17 +393,29 @@ class VLLMClient:
             "skip_special_tokens": False,
             "stream": False,
         }
-        for attempt in range(self.max_retries + 1):
-            response = await self._request("POST", "/v1/completions", json=body)
+        attempt = 0
+        while attempt <= self.max_retries:
+            started = await self.gate.enter() if self.gate is not None else 0
+            try:
+                response = await self._request("POST", "/v1/completions", json=body)
+            except ServerUnreachable as error:
+                assert self.gate is not None  # only a gated client raises it
+                await self.gate.unreachable(error)
+                self.regenerated_count += 1  # the server went away while it ran: send again
+                continue
             self._raise_for_client_error(response, "generation")
             choices = response.json().get("choices") or []
             if len(choices) != 1:
                 raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
             generation = parse_generation(choices[0], params.num_sampler_logprobs)
+            if self.gate is not None and not self.gate.trusted(started):
+                self.regenerated_count += 1  # sampled across an outage: unknown weights
+                continue
             if generation.finish_reason != "abort":
                 return generation
             if attempt < self.max_retries:
                 self.retry_count += 1
+            attempt += 1
         raise VLLMError(
             f"generation: the server aborted the request {self.max_retries + 1} times (someone "
             "paused it with mode=abort or aborted requests); a partial completion is never "
@@ -363,12 +433,33 @@ class VLLMClient:
         raise VLLMError(f"the server does not serve model {self.model!r}; it serves {names}")
 
     async def metrics(self) -> ServerMetrics | None:
-        """One /metrics scrape, or ``None`` when the server has no /metrics endpoint."""
-        response = await self._request("GET", "/metrics")
+        """One /metrics scrape, or ``None`` when the server has no /metrics endpoint; a gated
+        client waits out an outage (see :class:`ServerGate`) and scrapes again."""
+        while True:
+            try:
+                response = await self._request("GET", "/metrics")
+                break
+            except ServerUnreachable as error:
+                assert self.gate is not None
+                await self.gate.unreachable(error)
         if response.status_code == 404:
             return None
         self._raise_for_client_error(response, "/metrics")
         return parse_metrics(response.text)
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers ``/health`` with 200 and serves the client's model now
+        (one try each, no retries: a probe while waiting for a restarted server)."""
+        try:
+            health = await self._http.get("/health", timeout=timeout_s)
+            if health.status_code != 200:
+                return False
+            models = await self._http.get("/v1/models", timeout=timeout_s)
+        except (httpx.TimeoutException, httpx.TransportError):
+            return False
+        if models.status_code != 200:
+            return False
+        return any(m.get("id") == self.model for m in models.json().get("data", []))
 
     async def server_config(self) -> dict[str, Any] | None:
         """The server's ``vllm_config`` from ``/server_info`` as JSON, or ``None`` when the

@@ -229,6 +229,17 @@ class VLLMServer:
             self._log.close()
             self._log = None
 
+    def kill(self, timeout_s: float = 60.0) -> None:
+        """Kill the server and its engine at once (``SIGKILL``, as a crash would), and wait
+        until they are gone; :meth:`start` serves again on the same port."""
+        process, self._process = self._process, None
+        if process is not None:
+            self._signal_group(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     @staticmethod
     def _signal_group(pid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):

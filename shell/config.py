@@ -136,8 +136,9 @@ class AsyncGRPOConfig(TrainingArguments):
     )
     vllm_server_timeout: float = field(
         default=1800.0,
-        metadata=_help("Seconds to wait for the server to be ready and for each request or "
-                       "weight sync."),
+        metadata=_help("Seconds to wait for the server to be ready, for each request or "
+                       "weight sync, and for a server that went away mid-run to come back "
+                       "(docs/reliability.md)."),
     )  # fmt: skip
 
     # loss
@@ -185,6 +186,13 @@ class AsyncGRPOConfig(TrainingArguments):
         default=300.0,
         metadata=_help("Seconds without a heartbeat of the rollout process before the run "
                        "fails."),
+    )  # fmt: skip
+    foreign_weights_steps: int = field(
+        default=3,
+        metadata=_help("Not in TRL. The run fails after this many steps in a row whose "
+                       "staleness-0 sampler/trainer log-prob gap is larger than the dtypes "
+                       "explain (the server serves other weights: another trainer, another "
+                       "model); each such step warns. 0: only warn."),
     )  # fmt: skip
 
     # CPU sharing (not in TRL; see docs/configuration.md)
@@ -258,6 +266,11 @@ class AsyncGRPOConfig(TrainingArguments):
         if self.max_staleness < 0:
             raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
         check_backend(self.weight_transfer_backend)
+        if self.foreign_weights_steps < 0:
+            raise ValueError(
+                "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
+                f"{self.foreign_weights_steps}"
+            )
         check_cpu_sharing(self.cpu_sharing, self.server_cpus)
         if self.temperature <= 0:
             raise ValueError("AsyncGRPOConfig.temperature must be > 0")

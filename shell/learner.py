@@ -70,6 +70,7 @@ from asyncgrpo.core.losses import (
 )
 from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
 from asyncgrpo.core.packing import PackedRow
+from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner_checkpoint import load_learner, save_learner
 from asyncgrpo.shell.learner_weights import LearnerWeights
@@ -251,6 +252,11 @@ class Learner(LearnerWeights):
         )
         n = len(row.target_ids)
         observations = [value(name, v, weight=n) for name, v in metrics.items()]
+        gap, fresh = staleness0_gap((logp.detach() - sampler_logp).abs().double().cpu().numpy(),
+                                    row.sample_index, [s.model_version for s in row.samples],
+                                    self.step)  # fmt: skip
+        if fresh:
+            observations.append(value(STALENESS0_GAP, gap, weight=fresh))
         if self.aux is not None:
             aux_term, aux = self._aux_term(routers, rows, accumulation)
             loss = loss + aux_term

@@ -46,7 +46,12 @@ from asyncgrpo.adapters.chat import (
     render_prompt,
     tool_schema,
 )
-from asyncgrpo.adapters.vllm_client import PromptTooLongError, SamplingParams, VLLMClient
+from asyncgrpo.adapters.vllm_client import (
+    PromptTooLongError,
+    SamplingParams,
+    ServerGate,
+    VLLMClient,
+)
 from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
 from asyncgrpo.core.activity import Activity, describe_activities
@@ -215,8 +220,10 @@ class AsyncRolloutLoop:
         score_queue_maxsize: int = 16,
         lora_name: str | None = None,
         start_cursor: cursor.PromptCursor | None = None,
+        server_gate: ServerGate | None = None,
     ) -> None:
         self.config = config
+        self.server_gate = server_gate
         self.model_name = model_name
         self.lora_prefix = lora_name
         self.dataset = dataset
@@ -361,6 +368,7 @@ class AsyncRolloutLoop:
             self.model_name,
             timeout_s=self.config.vllm_server_timeout,
             max_connections=self.config.max_concurrent_rollouts,
+            gate=self.server_gate,
         )
         try:
             await self._start_load_cap()
@@ -804,7 +812,7 @@ class AsyncRolloutLoop:
     async def _poll_server_forever(self) -> None:
         assert self.client is not None
         last_time, last_tokens = time.monotonic(), 0
-        last_retries = last_preemptions = 0
+        last_retries = last_preemptions = last_regenerated = 0
         last_completed = 0
         while True:
             await anyio.sleep(METRICS_POLL_S)
@@ -825,6 +833,8 @@ class AsyncRolloutLoop:
                 value("rollout/concurrency", self._in_flight),
                 value("rollout/concurrency_cap", self._load_cap.cap),
                 value("rollout/vllm_retry_count", self.client.retry_count - last_retries),
+                value("rollout/vllm_regenerated_count",
+                      self.client.regenerated_count - last_regenerated),
             ]  # fmt: skip
             if snapshot is not None:
                 obs += [
@@ -837,6 +847,7 @@ class AsyncRolloutLoop:
                 last_preemptions = snapshot.preemptions
             last_time, last_tokens = now, self._generated_tokens
             last_retries = self.client.retry_count
+            last_regenerated = self.client.regenerated_count
             obs, self._pending_obs = obs + self._pending_obs, []
             self.channels.publish(LoopReport(tuple(obs)))
 

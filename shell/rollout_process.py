@@ -39,6 +39,7 @@ from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, LoopReport, callable_name
+from asyncgrpo.shell.server_watch import RolloutGate, SharedTrust
 
 _CONTEXT = mp.get_context("spawn")
 log = structlog.get_logger("asyncgrpo.rollout_process")
@@ -112,6 +113,7 @@ class _Shared:
         self.heartbeat = _CONTEXT.Value("d", time.time())
         self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES)
         self.stop = _CONTEXT.Event()
+        self.trust = SharedTrust()
 
 
 @attrs.frozen
@@ -182,6 +184,7 @@ def _child_main(pickled_spec: bytes, shared: _Shared, parent_pid: int) -> None:
             environment_factory=spec.environment_factory,
             lora_name=spec.lora_name,
             start_cursor=spec.start_cursor,
+            server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
         )
         anyio.run(loop.run)
     except BaseException as error:
@@ -239,6 +242,16 @@ class RolloutProcess:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    @property
+    def trust(self) -> SharedTrust:
+        """Outages of the vLLM server seen by either side, and those the trainer's weights were
+        pushed after (:mod:`asyncgrpo.shell.server_watch`)."""
+        return self._shared.trust
+
+    def restart_wait_clock(self) -> None:
+        """Forget the trainer's wait for samples (it was waiting for the server instead)."""
+        self._waiting_since = None
 
     def set_model_version(self, version: int) -> None:
         self._shared.version.value = version

@@ -45,15 +45,17 @@ from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import cursor, metrics, schedule, step_queue, step_time
+from asyncgrpo.core import cursor, metrics, schedule, server_outage, step_queue, step_time
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
+from asyncgrpo.core.weight_parity import STALENESS0_GAP
 from asyncgrpo.shell import checkpoints, hub
 from asyncgrpo.shell.callbacks import Callbacks
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
 from asyncgrpo.shell.flops_meter import FlopsMeter
+from asyncgrpo.shell.foreign_weights import ParityGuard
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
     interrupts_deferred,
@@ -70,6 +72,7 @@ from asyncgrpo.shell.metrics_log import (
 )
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, check_conversational
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
+from asyncgrpo.shell.server_watch import wait_for_server
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
 from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
 
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
     from asyncgrpo.core.cpu_plan import CpuPlan
 
 log = structlog.get_logger("asyncgrpo.trainer")
+RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
 
 
 @attrs.frozen
@@ -339,6 +343,7 @@ class _Run:
         self.bar: tqdm | None = None
         self.flops: FlopsMeter | None = None
         self.step_flops = self.waited_s = 0.0
+        self.parity: ParityGuard | None = None
 
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
@@ -346,6 +351,7 @@ class _Run:
         self.weights = open_weight_sync(self.learner, self.args, self.trainer.model_name,
                                         self.output_dir)  # fmt: skip
         self.weights.start()
+        self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
@@ -420,6 +426,8 @@ class _Run:
                 break
             self.callbacks.step_begin()
             out = self.learner.train_step(rows)
+            if self.parity is not None:
+                self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
             sync_start = time.monotonic()
@@ -497,25 +505,34 @@ class _Run:
         return consumed >= self.args.num_train_epochs
 
     def _next_rows(self) -> list[Any] | None:
-        """This process's rows of the next step, or None when training is over (collective)."""
-        payload: list[Any] = [None]
-        if self.rank0 and not self._finished():
-            payload = [self._plan_next_step()]
-        send_start = time.monotonic()
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(payload, src=0)
+        """This process's rows of the next step, or None when training is over (collective).
+        While the server's weights are unknown (it went away), every process first takes part
+        in pushing them again."""
+        while True:
+            payload: list[Any] = [None]
+            if self.rank0 and not self._finished():
+                payload = [self._plan_next_step()]
+            send_start = time.monotonic()
+            if self.learner.world_size > 1:
+                dist.broadcast_object_list(payload, src=0)
+            if not isinstance(payload[0], str):
+                break
+            self._resync()
         step = payload[0]
         if step is not None:
             self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
         return None if step is None else [mb[self.learner.rank] for mb in step]
 
-    def _plan_next_step(self) -> list[list[Any]]:
-        """Wait until the step queue is ready, take its step and pack the rows (rank 0)."""
+    def _plan_next_step(self) -> list[list[Any]] | str:
+        """Wait until the step queue is ready, take its step and pack the rows (rank 0);
+        :data:`RESYNC` instead when the server went away and the weights must be pushed."""
         assert self.process is not None and self.queue is not None
         waited_from, self.waited_s = time.monotonic(), 0.0
         self._apply(step_queue.advance(self.queue, self.learner.step))
         self._drain(wait_s=0.0)
         while not step_queue.ready(self.queue, self.process.groups_in_flight()):
+            if not server_outage.weights_known(self.process.trust.read()):
+                return RESYNC
             self._drain(wait_s=0.2)
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
@@ -585,14 +602,76 @@ class _Run:
     # ----------------------------------------------------------------- weights and logs
 
     def _sync_weights(self) -> None:
-        """Push the current policy to the server (collective; rank 0 talks to the server)."""
+        """Push the current policy to the server (collective; rank 0 talks to the server).
+
+        Mid-run, a push that fails is taken as the server going away: it is recorded, and the
+        next step waits for the server and pushes again (:meth:`_resync`) before any sample is
+        trusted; a server that is there and still refuses fails the resync."""
         assert self.weights is not None
         start = time.monotonic()
         if self.learner.world_size > 1:
             dist.barrier()
-        with interrupts_deferred():  # the server takes part in a transfer: never cut it
-            timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+        try:
+            with interrupts_deferred():  # the server takes part in a transfer: never cut it
+                timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+        except Exception as error:
+            if self.process is None:
+                raise  # at start: the server must be there
+            self.process.trust.outage(f"{type(error).__name__}: {error}", "trainer weight sync")
+            return
         self._synced(timings)
+
+    def _resync(self, attempts: int = 3) -> None:
+        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage), then
+        every process reconnects and pushes the current weights; the outages seen before the
+        push are then covered (collective). A push that fails while the server answers is
+        retried ``attempts`` times, then raised."""
+        assert self.weights is not None
+        for attempt in range(1, attempts + 1):
+            covering = self._wait_for_server() if self.rank0 else 0
+            error: Exception | None = None
+            try:
+                self.weights.reconnect()
+                with interrupts_deferred():
+                    timings = self.weights.sync(self.learner.step)
+            except Exception as failed:
+                error = failed
+            failure = [None if error is None else f"{type(error).__name__}: {error}"]
+            if self.learner.world_size > 1:
+                dist.broadcast_object_list(failure, src=0)
+            if failure[0] is None:
+                self._synced(timings)
+                self._resynced(covering)
+                return
+            if attempt == attempts:
+                raise error or RuntimeError(f"weight push after an outage failed: {failure[0]}")
+            if self.rank0:
+                assert self.process is not None
+                self.process.trust.outage(failure[0], "resync")
+
+    def _wait_for_server(self) -> int:
+        """Rank 0: wait until the server answers; the outages it has seen by then."""
+        assert self.process is not None
+        trust = self.process.trust
+        covering = trust.read().outages
+
+        async def wait() -> float:
+            async with self._client() as client:
+                return await wait_for_server(client, trust.down_since(),
+                                             self.args.vllm_server_timeout)  # fmt: skip
+
+        down_s = anyio.run(wait)
+        log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
+                 step=self.learner.step)  # fmt: skip
+        return covering
+
+    def _resynced(self, covering: int) -> None:
+        if not self.rank0:
+            return
+        assert self.process is not None
+        self.process.trust.pushed(covering)
+        self.process.restart_wait_clock()
+        self._observe(metrics.value("rollout/vllm_outage_count", 1))
 
     def _synced(self, timings: SyncTimings | None) -> None:
         if not self.rank0 or timings is None:

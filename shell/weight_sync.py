@@ -1,7 +1,7 @@
 """How the trainer's weights reach the vLLM server: one :class:`WeightSync` object per run.
 
-Three implementations share the protocol (``start``, ``sync(version)``, ``close`` and what they
-report):
+Three implementations share the protocol (``start``, ``sync(version)``, ``reconnect``,
+``close`` and what they report):
 
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
   (:class:`~asyncgrpo.adapters.weight_transfer.DiskReload`);
@@ -60,6 +60,9 @@ class WeightSync(Protocol):
         """Push the current policy as ``version`` (collective); rank 0 returns the timings,
         ``barrier_s`` being the time already spent waiting for the other processes."""
 
+    def reconnect(self) -> None:
+        """After the server went away and came back: open the path again (collective)."""
+
     def close(self) -> None:
         """Release what :meth:`start` opened; the server keeps serving."""
 
@@ -88,6 +91,9 @@ class DiskWeights:
                 return await DiskReload(client, self.directory).sync(state, barrier_s)
 
         return anyio.run(push)
+
+    def reconnect(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -119,6 +125,12 @@ class EngineWeights:
         if self.engine is None:
             raise RuntimeError("EngineWeights.sync called before start()")
         return self.engine.sync(barrier_s)
+
+    def reconnect(self) -> None:
+        """A restarted server has no group with the trainer: leave the old one, join anew."""
+        self.close()
+        self.engine = None
+        self.start()
 
     def close(self) -> None:
         if self.engine is None:
@@ -186,6 +198,9 @@ class AdapterWeights:
         if self.adapter_mode:
             return outcome[0] if self.learner.rank == 0 else None
         return self.merged.sync(version, barrier_s)
+
+    def reconnect(self) -> None:
+        self.merged.reconnect()
 
     def close(self) -> None:
         self.merged.close()

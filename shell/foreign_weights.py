@@ -1,0 +1,88 @@
+"""Foreign weights on the vLLM server: the trainer's side of
+:mod:`asyncgrpo.core.weight_parity`.
+
+After each step the trainer hands :class:`ParityGuard` the step's mean staleness-0 log-prob gap
+(``sampling/staleness0_logp_difference/mean``). Above what the trainer's and the server's dtypes
+explain, the step logs a loud warning; after ``foreign_weights_steps`` such steps in a row the
+run fails with :class:`ForeignWeightsError`. Every rank decides the same (the gap is gathered
+over ranks and the limit is rank 0's, broadcast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import structlog
+import torch.distributed as dist
+
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.core import weight_parity
+
+log = structlog.get_logger("asyncgrpo.foreign_weights")
+
+
+class ForeignWeightsError(RuntimeError):
+    """The server's log-probs at staleness 0 are not the trainer's: it serves other weights."""
+
+
+class ParityGuard:
+    """Counts the steps whose staleness-0 gap exceeds ``limit`` (nats); see the module doc.
+
+    Args:
+        limit: :func:`~asyncgrpo.core.weight_parity.parity_limit` of the two dtypes.
+        patience: ``foreign_weights_steps`` (0 only warns).
+        server_url: named in the warning and the error.
+        rank0: whether this process logs.
+    """
+
+    def __init__(self, limit: float, patience: int, server_url: str, rank0: bool) -> None:
+        self.limit = limit
+        self.patience = patience
+        self.server_url = server_url
+        self.rank0 = rank0
+        self.watch = weight_parity.ParityWatch()
+
+    @classmethod
+    def for_run(cls, learner: Any, args: Any, client: Callable[[], VLLMClient]) -> ParityGuard:
+        """The guard of a run: the trainer's compute dtype against the server's (from
+        ``/server_info``; a server that does not say counts as bf16), on every rank."""
+        limit: list[Any] = [None]
+        if learner.rank == 0:
+
+            async def served_dtype() -> str | None:
+                async with client() as c:
+                    config = await c.server_config()
+                return str((config or {}).get("model_config", {}).get("dtype") or "") or None
+
+            trainer_dtype = (
+                "bfloat16" if learner.bf16 else str(next(learner.model.parameters()).dtype)
+            )
+            limit = [weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))]
+        if learner.world_size > 1:
+            dist.broadcast_object_list(limit, src=0)
+        return cls(float(limit[0]), args.foreign_weights_steps, args.vllm_server_base_url,
+                   learner.rank == 0)  # fmt: skip
+
+    def check(self, gap: float | None, step: int) -> None:
+        """Count one step's gap (``None``/NaN: the step had no staleness-0 tokens)."""
+        self.watch, verdict = weight_parity.check_parity(self.watch, gap, self.limit,
+                                                         self.patience)  # fmt: skip
+        if verdict is weight_parity.Verdict.OK:
+            return
+        what = (
+            f"at staleness 0 the sampler's log-probs differ from the trainer's by {gap:.3g} "
+            f"nats on average (the dtypes explain up to {self.limit:.3g}), "
+            f"{self.watch.bad_in_a_row} step(s) in a row: the vLLM server at "
+            f"{self.server_url} serves other weights than this trainer's (another trainer "
+            "pushing to the same server, a server restarted or started on another model)"
+        )
+        if verdict is weight_parity.Verdict.FAIL:
+            raise ForeignWeightsError(
+                f"{what}. Give each trainer its own server and check --model; "
+                f"foreign_weights_steps={self.patience} sets how many such steps stop the run"
+            )
+        if self.rank0:
+            log.warning("FOREIGN WEIGHTS ON THE vLLM SERVER", detail=what, step=step,
+                        fails_after_steps=self.patience or None)  # fmt: skip

@@ -1,0 +1,145 @@
+"""Surviving a vLLM server restart: the state the trainer and the rollout process share, the
+rollout side's gate, and the trainer side's wait for the server.
+
+The decisions are :mod:`asyncgrpo.core.server_outage`'s; this module holds the shared
+counters (:class:`SharedTrust`, in shared memory across the process boundary) and the waits:
+
+- the rollout process (:class:`RolloutGate`, a :class:`~asyncgrpo.adapters.vllm_client.ServerGate`)
+  records an outage when a request finds the server gone, sends nothing while the trainer's
+  weights are not known to be on the server, and has requests that crossed an outage re-issued;
+- the trainer (:func:`wait_for_server`) waits for the server to answer and serve the model, up
+  to ``vllm_server_timeout`` from the first failure, logging while it waits, then pushes its
+  current weights and marks the outages seen before the push as covered.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+
+import anyio
+import structlog
+
+from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.core import server_outage
+from asyncgrpo.core.server_outage import OutageClock, ServerTrust
+
+log = structlog.get_logger("asyncgrpo.server_watch")
+_CONTEXT = mp.get_context("spawn")
+POLL_S = 0.2  # how often the rollout process looks whether the trainer pushed
+
+
+class ServerGone(VLLMError):
+    """The vLLM server did not come back within ``vllm_server_timeout``."""
+
+
+class SharedTrust:
+    """:class:`~asyncgrpo.core.server_outage.ServerTrust` in shared memory, plus when the
+    pending outage was first seen (``time.time()`` seconds, comparable across processes)."""
+
+    def __init__(self) -> None:
+        self._counts = _CONTEXT.Array("q", 2)  # outages, trusted
+        self._down_since = _CONTEXT.Value("d", 0.0, lock=False)
+
+    def read(self) -> ServerTrust:
+        with self._counts.get_lock():
+            return ServerTrust(int(self._counts[0]), int(self._counts[1]))
+
+    def down_since(self) -> float:
+        """When the pending outage was first seen (meaningless while none is pending)."""
+        return float(self._down_since.value)
+
+    def outage(self, cause: str, where: str) -> ServerTrust:
+        """Record that the server went away; log it when this starts a new outage."""
+        with self._counts.get_lock():
+            before = ServerTrust(int(self._counts[0]), int(self._counts[1]))
+            after = server_outage.outage_seen(before)
+            if after != before:
+                self._counts[0] = after.outages
+                self._down_since.value = time.time()
+        if after != before:
+            log.warning("vLLM server unreachable; waiting for it, then the trainer pushes its "
+                        "weights and what was in flight is generated again", seen_by=where,
+                        cause=cause[:300])  # fmt: skip
+        return after
+
+    def pushed(self, covering: int) -> ServerTrust:
+        """The trainer's weights reached the server after ``covering`` outages were seen."""
+        with self._counts.get_lock():
+            before = ServerTrust(int(self._counts[0]), int(self._counts[1]))
+            after = server_outage.weights_pushed(before, covering)
+            self._counts[1] = after.trusted
+        return after
+
+
+class RolloutGate:
+    """The rollout process's :class:`~asyncgrpo.adapters.vllm_client.ServerGate`.
+
+    Requests wait while an outage is pending, logging every 30 s.
+
+    Args:
+        trust: the counters shared with the trainer.
+        timeout_s: ``vllm_server_timeout``; the gate gives up ``2 x timeout_s`` after the outage
+            began (the trainer gives up after ``timeout_s`` and stops this process first).
+        doing: records what the loop waits for, for the heartbeat's activity report.
+    """
+
+    def __init__(self, trust: SharedTrust, timeout_s: float,
+                 doing: Callable[[str], object] | None = None) -> None:  # fmt: skip
+        self.trust = trust
+        self.timeout_s = timeout_s
+        self.doing = doing
+
+    async def enter(self) -> int:
+        trust = self.trust.read()
+        if server_outage.weights_known(trust):
+            return trust.outages
+        clock = OutageClock(down_since=self.trust.down_since())
+        while not server_outage.weights_known(trust := self.trust.read()):
+            decision = server_outage.next_wait(clock, time.time(), 2 * self.timeout_s,
+                                               log_every_s=30.0, first_backoff_s=POLL_S,
+                                               max_backoff_s=POLL_S)  # fmt: skip
+            if decision.give_up:
+                raise ServerGone(
+                    f"the trainer did not push its weights to the vLLM server within "
+                    f"{decision.waited_s:.0f} s of the outage (2 x vllm_server_timeout)"
+                )
+            if decision.log and decision.waited_s > 0:
+                log.warning("rollouts wait for the vLLM server and the trainer's weights",
+                            down_s=round(decision.waited_s))  # fmt: skip
+            clock = decision.clock
+            await anyio.sleep(decision.sleep_s)
+        return trust.outages
+
+    async def unreachable(self, error: BaseException) -> None:
+        self.trust.outage(f"{type(error).__name__}: {error}", "rollout process")
+        await self.enter()
+
+    def trusted(self, started: int) -> bool:
+        return server_outage.request_trusted(self.trust.read(), started)
+
+
+async def wait_for_server(client: VLLMClient, down_since: float, timeout_s: float,
+                          probe_timeout_s: float = 5.0) -> float:  # fmt: skip
+    """Probe ``/health`` and ``/v1/models`` until the server answers and serves the model,
+    logging every 10 s; returns the seconds waited since ``down_since`` (``time.time()``).
+
+    Raises:
+        ServerGone: ``timeout_s`` passed since ``down_since``; names the setting.
+    """
+    clock = OutageClock(down_since=down_since)
+    while not await client.healthy(min(probe_timeout_s, timeout_s)):
+        decision = server_outage.next_wait(clock, time.time(), timeout_s)
+        if decision.give_up:
+            raise ServerGone(
+                f"the vLLM server at {client.base_url} has not answered for "
+                f"{decision.waited_s:.0f} s (vllm_server_timeout={timeout_s:.0f} s); restart it "
+                "and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
+            )
+        if decision.log:
+            log.warning("waiting for the vLLM server", url=client.base_url,
+                        down_s=round(decision.waited_s), gives_up_after_s=timeout_s)  # fmt: skip
+        clock = decision.clock
+        await anyio.sleep(decision.sleep_s)
+    return time.time() - down_since

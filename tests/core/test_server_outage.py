@@ -1,0 +1,123 @@
+"""Outage decisions: properties over every failure, clock and interleaving of requests."""
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncgrpo.core.server_outage import (
+    UNREACHABLE_STATUSES,
+    Failure,
+    OutageClock,
+    ServerTrust,
+    classify_failure,
+    next_wait,
+    outage_seen,
+    request_trusted,
+    weights_known,
+    weights_pushed,
+)
+
+statuses = st.one_of(st.none(), st.integers(500, 599))
+
+
+@given(st.booleans(), st.booleans(), st.booleans(), statuses)
+def test_an_unreachable_server_is_an_outage_and_a_slow_one_is_not(
+    connect_failed, dropped, timed_out, status
+) -> None:
+    failure = classify_failure(
+        connect_failed=connect_failed, dropped=dropped, timed_out=timed_out, status=status
+    )
+    gone = connect_failed or dropped or status in UNREACHABLE_STATUSES
+    assert (failure is Failure.UNREACHABLE) == gone
+    if not gone:
+        assert failure is (Failure.TIMEOUT if timed_out else Failure.SERVER_ERROR)
+
+
+@given(
+    st.floats(0, 1e6),
+    st.floats(0.1, 1e4),
+    st.lists(st.floats(0, 100), min_size=1, max_size=60),
+)
+def test_a_wait_gives_up_exactly_at_the_timeout_and_never_sleeps_past_it(
+    start, timeout, gaps
+) -> None:
+    clock, now, logged = OutageClock(down_since=start), start, 0
+    for gap in gaps:
+        decision = next_wait(clock, now, timeout)
+        waited = now - start
+        assert decision.give_up == (waited >= timeout)
+        if decision.give_up:
+            return
+        assert 0 <= decision.sleep_s <= 5.0 and waited + decision.sleep_s <= timeout + 1e-9
+        logged += decision.log
+        assert logged >= 1  # the first probe is always logged
+        clock = decision.clock
+        now += decision.sleep_s + gap
+
+
+@given(st.floats(0, 1e3), st.floats(1, 1e3), st.integers(1, 200))
+def test_a_long_wait_is_logged_at_most_every_log_interval(start, every, probes) -> None:
+    clock, now, logs = OutageClock(down_since=start), start, []
+    for _ in range(probes):
+        decision = next_wait(clock, now, timeout_s=1e9, log_every_s=every)
+        if decision.log:
+            logs.append(now)
+        clock, now = decision.clock, now + decision.sleep_s + 0.01
+    assert all(b - a >= every for a, b in itertools.pairwise(logs))
+
+
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("start")),
+        st.tuples(st.just("fail"), st.integers(0, 20)),
+        st.tuples(st.just("finish"), st.integers(0, 20)),
+        st.tuples(st.just("push")),
+        st.tuples(st.just("restart")),
+    ),
+    max_size=80,
+)
+
+
+@given(events)
+def test_nothing_generated_across_an_outage_is_trusted(script) -> None:
+    """Requests start, fail or finish in any order, the server restarts (a restart is only
+    ever seen through a failure of a request in flight or a probe), the trainer pushes: a
+    finished request is trusted only when it ran entirely under the trainer's weights."""
+    trust = ServerTrust()
+    in_flight: list[tuple[int, bool]] = []  # (outages seen at start, served by a fresh server)
+    server_has_trainer_weights = True
+    for event in script:
+        if event[0] == "start":
+            if weights_known(trust):  # else the request waits for the push
+                in_flight.append((trust.outages, not server_has_trainer_weights))
+        elif event[0] == "restart":
+            server_has_trainer_weights = False
+            # every request in flight fails: the first one seen counts the outage
+            for _ in in_flight:
+                trust = outage_seen(trust)
+            if not in_flight:
+                trust = outage_seen(trust)  # the probe / poller sees it
+            in_flight = []
+        elif event[0] == "push":
+            covering = trust.outages
+            trust = weights_pushed(trust, covering)
+            server_has_trainer_weights = True
+        elif in_flight:
+            started, foreign = in_flight.pop(event[1] % len(in_flight))
+            if event[0] == "fail":
+                trust = outage_seen(trust)
+            elif request_trusted(trust, started):
+                assert not foreign and server_has_trainer_weights
+        assert 0 <= trust.trusted <= trust.outages
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 60))
+def test_one_outage_counts_once_however_many_requests_fail(outages, failing, covering) -> None:
+    trust = ServerTrust(outages=outages, trusted=outages)
+    for _ in range(failing):
+        trust = outage_seen(trust)
+    assert trust.outages == outages + (1 if failing else 0)
+    pushed = weights_pushed(trust, covering)
+    assert pushed.trusted <= pushed.outages
+    assert weights_known(pushed) == (max(trust.trusted, covering) >= trust.outages)
