@@ -26,7 +26,6 @@ import contextvars
 import functools
 import inspect
 import itertools
-import math
 import time
 import warnings
 from collections import defaultdict
@@ -60,6 +59,7 @@ from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
 from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
+from asyncgrpo.core.scoring import check_reward_values, group_samples
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 log = structlog.get_logger("asyncgrpo.rollout")
@@ -672,7 +672,7 @@ class AsyncRolloutLoop:
                 raise RuntimeError(
                     f"reward function {name!r} raised {type(error).__name__}: {error}"
                 ) from error
-            columns[name] = self._check_rewards(name, result, g)
+            columns[name] = check_reward_values(name, result, g)
 
         async with anyio.create_task_group() as tg:
             for fn in self.reward_funcs:
@@ -683,34 +683,6 @@ class AsyncRolloutLoop:
                 e[1] if e is not None and e[0] is env_type else None for e in env_rewards
             ]
         return {name: columns[name] for name in sorted(columns)}
-
-    @staticmethod
-    def _check_rewards(name: str, result: Any, g: int) -> list[float | None]:
-        if not isinstance(result, (list, tuple, np.ndarray)) or len(result) != g:
-            got = f"{len(result)} values" if hasattr(result, "__len__") else repr(result)
-            raise ValueError(
-                f"reward function {name!r} returned {got} for {g} completions; return a list "
-                "with one float (or None) per completion"
-            )
-        rewards: list[float | None] = []
-        for index, item in enumerate(result):
-            if item is None:
-                rewards.append(None)
-                continue
-            try:
-                number = float(item)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"reward function {name!r} returned {item!r} for completion "
-                    f"{index}; return a float or None"
-                ) from None
-            if math.isnan(number):
-                raise ValueError(
-                    f"reward function {name!r} returned NaN for completion "
-                    f"{index}; return None to leave it unscored"
-                )
-            rewards.append(number)
-        return rewards
 
     async def _score(self, pending: _PendingGroup) -> GroupOutcome:
         g = len(pending.rollouts)
@@ -736,13 +708,10 @@ class AsyncRolloutLoop:
         )
         score = score_group(rewards, lambda _: self.compute_advantages(group))
         now = time.monotonic()
-        samples = tuple(
-            TrainingSample(
-                sequence, score.advantages[i], pending.model_version, pending.group_id,
-                pending.row_index, pending.position, rollout.rollout_id, queued_at=now,
-            )
-            for i, (rollout, rec) in enumerate(zip(pending.rollouts, reconciled, strict=True))
-            for sequence in (rec.sequences if score.kept else ())
+        samples = group_samples(
+            [r.sequences for r in reconciled], score, [r.rollout_id for r in pending.rollouts],
+            model_version=pending.model_version, group_id=pending.group_id,
+            row_index=pending.row_index, prompt_position=pending.position, queued_at=now,
         )  # fmt: skip
         facts = GroupFacts(
             rollouts=pending.rollouts,

@@ -5,7 +5,8 @@ the groups in flight, a trainer with a fixed throughput, and a toy policy whose 
 probability on a prompt is ``sigmoid(skill - difficulty)``), but every decision is the core's:
 which groups start (:mod:`asyncgrpo.core.pacing`), how a group is scored
 (:mod:`asyncgrpo.core.advantages`), how turns become samples
-(:mod:`asyncgrpo.core.reconcile`), which samples are too stale and when a step is taken with
+(:mod:`asyncgrpo.core.reconcile`, :mod:`asyncgrpo.core.scoring`, as the rollout loop builds
+them), which samples are too stale and when a step is taken with
 which samples (:mod:`asyncgrpo.core.step_queue`, the trainer's own queue and planner), which
 prompts are consumed (:mod:`asyncgrpo.core.cursor`) and how metrics aggregate
 (:mod:`asyncgrpo.core.metrics`).
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from asyncgrpo.core import advantages, cursor, metrics, pacing, step_queue
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import TrainingSample, TurnRecord
+from asyncgrpo.core.scoring import check_reward_values, group_samples
 from asyncgrpo.shell.metrics_log import MetricsFile
 
 log = structlog.get_logger("asyncgrpo.simulate")
@@ -176,29 +178,27 @@ def _start_groups(state: _Pipeline) -> None:
 def _finish_group(state: _Pipeline, group: _Group) -> None:
     c = state.config
     p_success = 1.0 / (1.0 + math.exp(-(state.skill - state.difficulty[group.row])))
+    successes = state.rng.binomial(1, p_success, c.num_generations).astype(float).tolist()
     rewards = advantages.sum_rewards(
-        [state.rng.binomial(1, p_success, c.num_generations).astype(float).tolist()],
+        [check_reward_values("simulated success", successes, c.num_generations)],
         c.num_generations,
     )
     score = advantages.score_group(rewards)
     prompt = list(range(c.prompt_tokens))
-    samples: list[TrainingSample] = []
-    for rollout, length in enumerate(group.lengths):
-        outputs = state.rng.integers(1000, 2000, length).tolist()
-        turn = TurnRecord(prompt, outputs, [-1.0] * length)
-        for sequence in reconcile_turns([turn]).sequences if score.kept else ():
-            samples.append(
-                TrainingSample(
-                    sequence,
-                    score.advantages[rollout],
-                    group.version,
-                    state.next_group_id,
-                    group.row,
-                    group.position,
-                    f"{group.position}-{rollout}",
-                    queued_at=state.clock,
-                )
-            )
+    sequences = [
+        reconcile_turns([TurnRecord(prompt, outputs, [-1.0] * len(outputs))]).sequences
+        for outputs in (state.rng.integers(1000, 2000, n).tolist() for n in group.lengths)
+    ]
+    samples = group_samples(
+        sequences,
+        score,
+        [f"{group.position}-{rollout}" for rollout in range(len(group.lengths))],
+        model_version=group.version,
+        group_id=state.next_group_id,
+        row_index=group.row,
+        prompt_position=group.position,
+        queued_at=state.clock,
+    )
     state.next_group_id += 1
     tokens = sum(len(s.sequence) for s in samples)
     state.ledger = pacing.group_finished(state.ledger, tokens)
