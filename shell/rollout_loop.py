@@ -1,11 +1,12 @@
 """``AsyncRolloutLoop``: generates and scores rollouts, one anyio event loop.
 
 It runs inside the rollout process (:mod:`asyncgrpo.shell.rollout_process`) and talks to the
-trainer only through :class:`Channels`. For every prompt position (:mod:`asyncgrpo.core.cursor`)
-it asks ``filter_prompt``, waits for the staleness allowance (:mod:`asyncgrpo.core.pacing`),
-runs ``num_generations`` rollouts (each holding one slot under the vLLM load cap), and hands the
-finished group to the scoring task, which sums the rewards, calls ``compute_advantages``, drops
-zero-signal groups, reconciles turns into samples and publishes them.
+trainer only through :class:`~asyncgrpo.shell.rollout_messages.Channels`. For every prompt
+position (:mod:`asyncgrpo.core.cursor`) it asks ``filter_prompt``, waits for the staleness
+allowance (:mod:`asyncgrpo.core.pacing`), runs ``num_generations`` rollouts (each holding one
+slot under the vLLM load cap), and hands the finished group to the scoring task, which sums the
+rewards, calls ``compute_advantages``, drops zero-signal groups, reconciles turns into samples
+and publishes them.
 
 Subclass it and override a hook to change one step (the table in TRL's AsyncGRPOTrainer
 documentation):
@@ -17,34 +18,32 @@ documentation):
 ``compute_advantages(group)``              once per group, after rewards are summed
 ``setup()``, ``close()``                   when the loop starts and stops
 ==============================  =======================================================
+
+Its parts live beside it: the tool loop and environments (:mod:`asyncgrpo.shell.tool_loop`),
+group scoring (:mod:`asyncgrpo.shell.group_scoring`), dataset rows
+(:mod:`asyncgrpo.shell.prompt_rows`) and the messages to the trainer
+(:mod:`asyncgrpo.shell.rollout_messages`). What stays here, about 500 lines, is one event
+loop's shared state: the hooks, dispatch under pacing and the load cap, the server poller and
+the heartbeat all read and update the same counters (rollouts in flight, the generation
+ledger, generated tokens, calls in flight); split further, that state would be passed between
+modules instead of read in one place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
-import inspect
 import itertools
 import time
 import warnings
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import attrs
 import numpy as np
 import structlog
 
-from asyncgrpo.adapters.chat import (
-    ToolCall,
-    assistant_message,
-    environment_tools,
-    parse_tool_calls,
-    render_prompt,
-    tool_schema,
-)
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
     SamplingParams,
@@ -54,13 +53,14 @@ from asyncgrpo.adapters.vllm_client import (
 from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
 from asyncgrpo.core.activity import Activity, describe_activities
-from asyncgrpo.core.advantages import score_group, standardize_rewards, sum_rewards
+from asyncgrpo.core.advantages import standardize_rewards
 from asyncgrpo.core.metrics import Observation, ratio, value
-from asyncgrpo.core.reconcile import reconcile_turns
-from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
-from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
-from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.group_scoring import PendingGroup, reward_columns, scored_outcome
+from asyncgrpo.shell.prompt_rows import PromptRows
+from asyncgrpo.shell.rollout_messages import Channels, GroupOutcome, LoopReport
+from asyncgrpo.shell.tool_loop import ToolLoop
 
 log = structlog.get_logger("asyncgrpo.rollout")
 
@@ -75,89 +75,12 @@ HEARTBEAT_S = 1.0
 TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
 
 
-@attrs.frozen
-class GroupOutcome:
-    """A group's result for the trainer: its samples (none if filtered or dropped) and, with
-    ``log_completions``, its ``(prompt, completion, reward)`` texts."""
-
-    position: int
-    row_index: int
-    samples: tuple[TrainingSample, ...]
-    observations: tuple[Observation, ...]
-    completions: tuple[tuple[str, str, float], ...] = ()
-
-    @property
-    def forwarded_tokens(self) -> int:
-        return sum(len(s.sequence) for s in self.samples)
-
-
-@attrs.frozen
-class LoopReport:
-    """Loop-level observations (load, throughput, tools), sent every few seconds."""
-
-    observations: tuple[Observation, ...]
-
-
-class Channels(Protocol):
-    """How the loop talks to the trainer (a process boundary in production)."""
-
-    def publish(self, message: GroupOutcome | LoopReport) -> None: ...
-
-    def model_version(self) -> int: ...
-
-    def tokens_per_step(self) -> float | None: ...
-
-    def tokens_taken(self) -> int: ...
-
-    def report_in_flight(self, groups: int) -> None: ...
-
-    def beat(self, activity: str = "") -> None:
-        """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
-
-    def stop_requested(self) -> bool: ...
-
-
-def callable_name(fn: Callable[..., Any]) -> str:
-    """A readable name for a reward function, tool or factory (partials and instances too)."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def check_conversational(prompt: Any, row_index: int) -> None:
-    """Raise a ``ValueError`` unless ``prompt`` is a list of ``{'role', 'content'}`` messages.
-
-    Example:
-        >>> check_conversational("What is 2 + 2?", 0)
-        Traceback (most recent call last):
-        ...
-        ValueError: dataset row 0: 'prompt' must be conversational, a list of {'role': ..., \
-'content': ...} messages, got str: 'What is 2 + 2?'
-    """
-    if isinstance(prompt, (str, bytes, Mapping)) or not all(
-        isinstance(m, Mapping) and "role" in m for m in prompt
-    ):
-        raise ValueError(
-            f"dataset row {row_index}: 'prompt' must be conversational, a list of "
-            f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: "
-            f"{str(prompt)[:200]!r}"
-        )
-
-
 def _leaves(group: BaseExceptionGroup) -> list[Any]:
     """The exceptions of ``group``, nested groups flattened."""
     found: list[Any] = []
     for error in group.exceptions:
         found += _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
     return found
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 (callable instances with async __call__)
-    )
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:
@@ -178,19 +101,6 @@ class _RolloutKey:
     position: int
     index: int
     turns: int = 0
-
-
-@attrs.define
-class _PendingGroup:
-    position: int
-    row_index: int
-    row: Mapping[str, Any]
-    prompt: list[dict[str, Any]]
-    group_id: int
-    model_version: int
-    rollouts: list[Rollout]
-    env_rewards: list[tuple[type, float] | None]
-    completed_at: float = 0.0
 
 
 class AsyncRolloutLoop:
@@ -227,6 +137,9 @@ class AsyncRolloutLoop:
         self.model_name = model_name
         self.lora_prefix = lora_name
         self.dataset = dataset
+        self.prompt_rows = PromptRows(
+            dataset, config.prompt_order_seed, environment_factory is not None
+        )
         self.reward_funcs = list(reward_funcs)
         self.tokenizer = processing_class
         self.channels = channels
@@ -254,9 +167,10 @@ class AsyncRolloutLoop:
         self._in_flight = 0
         self._reserved = 0
         self._slots = anyio.Condition()
-        self._tool_limiter = anyio.CapacityLimiter(config.max_concurrent_rollouts)
-        self._env_pool: dict[str, list[object]] = defaultdict(list)
         self._pending_obs: list[Observation] = []
+        self.tool_loop = ToolLoop(
+            config, processing_class, environment_factory, self._doing, self._observe
+        )
         self._generated_tokens = 0
         self._completed_rollouts = 0
         self._next_group_id = 0
@@ -319,45 +233,9 @@ class AsyncRolloutLoop:
 
         Each turn renders the whole conversation, samples a reply, and runs the reply's tool
         calls in the model's order; it stops at a reply without tool calls or after
-        ``max_tool_calling_iterations`` tool rounds.
+        ``max_tool_calling_iterations`` tool rounds (:class:`~asyncgrpo.shell.tool_loop.ToolLoop`).
         """
-        by_name = {callable_name(t): t for t in tools}
-        schemas = [tool_schema(t) for t in tools] or None
-        messages = [dict(m) for m in prompt]
-        completion: list[dict[str, Any]] = []
-        turns: list[TurnRecord] = []
-        calls_made = failures = rounds = 0
-        limit = self.config.max_tool_calling_iterations
-        while True:
-            prompt_ids = render_prompt(self.tokenizer, messages, schemas,
-                                       self.config.chat_template_kwargs)  # fmt: skip
-            with self._doing("generation"):
-                turn = await self.generate_one_turn(prompt_ids)
-            turns.append(turn)
-            text = self._decode(turn.output_ids)
-            content, calls = parse_tool_calls(text) if tools else (text, ())
-            reply = assistant_message(content, calls)
-            messages.append(reply)
-            completion.append(reply)
-            if not calls or (limit is not None and rounds >= limit):
-                break
-            rounds += 1
-            self._pending_obs.append(value("tools/parallel_calls_mean", len(calls)))
-            for call in calls:
-                with self._doing(f"tool {call.name!r}"):
-                    answer, failed = await self._call_tool(call, by_name)
-                calls_made += 1
-                failures += failed
-                message = {"role": "tool", "name": call.name, "content": answer}
-                messages.append(message)
-                completion.append(message)
-        return Rollout(
-            completion=completion,
-            completion_ids=[t for turn in turns for t in turn.output_ids],
-            turns=turns,
-            tool_call_count=calls_made,
-            tool_failure_count=failures,
-        )
+        return await self.tool_loop.converse(prompt, tools, self.generate_one_turn)
 
     # ----------------------------------------------------------------- the loop
 
@@ -374,7 +252,7 @@ class AsyncRolloutLoop:
             await self._start_load_cap()
             self._warn_if_candidate_sets_are_missing()
             await self.setup()
-            send, receive = anyio.create_memory_object_stream[_PendingGroup](
+            send, receive = anyio.create_memory_object_stream[PendingGroup](
                 self.score_queue_maxsize
             )
             try:
@@ -394,13 +272,13 @@ class AsyncRolloutLoop:
                 await self.client.aclose()
 
     async def _dispatch(self, tg: anyio.abc.TaskGroup, send: Any) -> None:
-        size = self._dataset_size()
+        size = self.prompt_rows.size
         rejected_in_a_row = 0
         for position in cursor.positions_from(self.start_cursor):
             if self.channels.stop_requested():
                 return
-            epoch, row_index = self._row_at(position, size)
-            row = self._row(row_index)
+            epoch, row_index = self.prompt_rows.at(position, size)
+            row = self.prompt_rows.row(row_index)
             if not self.filter_prompt(row_index, row, epoch):
                 rejected_in_a_row += 1
                 if size is not None and rejected_in_a_row >= size:
@@ -450,11 +328,11 @@ class AsyncRolloutLoop:
     async def _run_group(
         self, send: Any, position: int, row_index: int, row: dict[str, Any], group_id: int
     ) -> None:
-        pending = _PendingGroup(
+        pending = PendingGroup(
             position=position,
             row_index=row_index,
             row=row,
-            prompt=self._prompt_of(row, row_index),
+            prompt=self.prompt_rows.prompt_of(row, row_index),
             group_id=group_id,
             model_version=self.channels.model_version(),
             rollouts=[],
@@ -491,12 +369,12 @@ class AsyncRolloutLoop:
             value("rollout/score_block_s", time.monotonic() - pending.completed_at)
         )
 
-    def _skip_too_long(self, pending: _PendingGroup, error: PromptTooLongError) -> None:
+    def _skip_too_long(self, pending: PendingGroup, error: PromptTooLongError) -> None:
         """A prompt the server rejects as too long: skip its group (consumed, as a filtered
         prompt), count it (``rollout/prompt_too_long_count``) and log its row; raise when
         every prompt of an epoch, or ``TOO_LONG_IN_A_ROW`` in a row, were rejected."""
         self._too_long_in_a_row += 1
-        limit = min(self._dataset_size() or TOO_LONG_IN_A_ROW, TOO_LONG_IN_A_ROW)
+        limit = min(self.prompt_rows.size or TOO_LONG_IN_A_ROW, TOO_LONG_IN_A_ROW)
         if self._too_long_in_a_row >= limit:
             raise PromptTooLongError(
                 f"the last {self._too_long_in_a_row} prompts were all rejected as too long; "
@@ -516,7 +394,7 @@ class AsyncRolloutLoop:
         return pacing.rollouts_to_admit(in_flight, self._load_cap, limit) > 0
 
     async def _one_rollout(
-        self, pending: _PendingGroup
+        self, pending: PendingGroup
     ) -> tuple[Rollout, tuple[type, float] | None]:
         async with self._slots:
             while not self._admits(self._in_flight):
@@ -524,11 +402,13 @@ class AsyncRolloutLoop:
             self._in_flight += 1
         start = time.monotonic()
         try:
-            prompt, tools, environment = await self._prepare(pending)
+            prompt, tools, environment = await self.tool_loop.open_environment(
+                pending.prompt, pending.row, pending.row_index, self.tools
+            )
             rollout = await self.generate_one(prompt, tools, pending.group_id)
-            env_reward = await self._environment_reward(environment)
+            env_reward = await self.tool_loop.environment_reward(environment)
             if environment is not None:
-                self._env_pool[self._env_name(pending.row)].append(environment)
+                self.tool_loop.release_environment(pending.row, environment)
         finally:
             async with self._slots:
                 self._in_flight -= 1
@@ -537,100 +417,19 @@ class AsyncRolloutLoop:
         self._pending_obs.append(value("rollout/duration_s", time.monotonic() - start))
         return rollout, env_reward
 
-    async def _prepare(
-        self, pending: _PendingGroup
-    ) -> tuple[list[dict[str, Any]], list[Callable[..., Any]], object | None]:
-        prompt = [dict(m) for m in pending.prompt]
-        tools = list(self.tools)
-        if self.environment_factory is None:
-            return prompt, tools, None
-        name = self._env_name(pending.row)
-        pool = self._env_pool[name]
-        if pool:
-            environment = pool.pop()
-        else:
-            with self._doing(f"environment factory {name!r}"):
-                environment = await anyio.to_thread.run_sync(
-                    self._factory(name), limiter=self._tool_limiter
-                )
-        kwargs = {k: v for k, v in pending.row.items() if k not in ("prompt", "environment")}
-        start = time.monotonic()
-        with self._doing(f"{type(environment).__name__}.reset"):
-            text = await anyio.to_thread.run_sync(
-                functools.partial(environment.reset, **kwargs), limiter=self._tool_limiter
-            )
-        self._pending_obs.append(value("env/reset_s", time.monotonic() - start))
-        if isinstance(text, str):
-            if prompt and prompt[-1].get("role") == "user":
-                prompt[-1]["content"] = f"{prompt[-1].get('content') or ''}{text}"
-            else:
-                prompt.append({"role": "user", "content": text})
-        elif text is not None:
-            raise TypeError(
-                f"{type(environment).__name__}.reset must return a str or None, "
-                f"got {type(text).__name__}"
-            )
-        if not prompt:
-            raise ValueError(
-                f"row {pending.row_index} has no 'prompt' and {type(environment).__name__}.reset "
-                "returned None; return the prompt from reset() or add a prompt column"
-            )
-        tools += list(environment_tools(environment).values())
-        return prompt, tools, environment
-
-    async def _environment_reward(self, environment: object | None) -> tuple[type, float] | None:
-        get_reward = getattr(environment, "get_reward", None)
-        if get_reward is None:
-            return None
-        start = time.monotonic()
-        with self._doing(f"{type(environment).__name__}.get_reward"):
-            if _is_async(get_reward):
-                reward = await get_reward()
-            else:
-                reward = await anyio.to_thread.run_sync(get_reward, limiter=self._tool_limiter)
-        self._pending_obs.append(value("env/reward_s", time.monotonic() - start))
-        if reward is None:
-            return None
-        return type(environment), float(reward)
-
-    async def _call_tool(
-        self, call: ToolCall, tools: Mapping[str, Callable[..., Any]]
-    ) -> tuple[str, int]:
-        if call.error is not None:
-            return f"Error: {call.error}", 1
-        tool = tools.get(call.name)
-        if tool is None:
-            self._pending_obs.append(value("tools/unknown_name_count", 1))
-            return f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", 1
-        start = time.monotonic()
-        failed = 0
-        try:
-            if _is_async(tool):
-                result = await tool(**call.arguments)
-            else:
-                result = await anyio.to_thread.run_sync(
-                    functools.partial(tool, **call.arguments), limiter=self._tool_limiter
-                )
-            answer = result if isinstance(result, str) else str(result)
-        except Exception as error:  # a tool's failure is the model's feedback, not a crash
-            failed = 1
-            answer = f"Error: {type(error).__name__}: {error}"
-        latency = time.monotonic() - start
-        self._pending_obs += [
-            value("tools/latency_s", latency),
-            value(f"tools/{call.name}/latency_s", latency),
-            value(f"tools/{call.name}/call_count", 1),
-            value(f"tools/{call.name}/failure_count", failed),
-        ]
-        return answer, failed
-
     # ----------------------------------------------------------------- scoring
 
     async def _score_forever(self, receive: Any) -> None:
         async with receive:
             async for pending in receive:
                 started = time.monotonic()
-                outcome = await self._score(pending)
+                columns = await reward_columns(pending, self.reward_funcs, self._doing)
+                outcome = scored_outcome(
+                    pending, columns, self.compute_advantages,
+                    eos_token_ids=self.eos_token_ids,
+                    has_tools=bool(self.tools) or self.environment_factory is not None,
+                    log_completions=self.config.log_completions,
+                )  # fmt: skip
                 done = time.monotonic()
                 self._ledger = pacing.group_finished(self._ledger, outcome.forwarded_tokens)
                 self.channels.publish(attrs.evolve(outcome, observations=(
@@ -641,98 +440,6 @@ class AsyncRolloutLoop:
                 )))  # fmt: skip
                 # after the publish: the trainer waits for a group counted here to arrive
                 self.channels.report_in_flight(self._ledger.groups_in_flight)
-
-    @staticmethod
-    def _reward_kwargs(pending: _PendingGroup) -> dict[str, list[Any]]:
-        """The row's columns but ``prompt``, one value per rollout, as reward keywords."""
-        return {k: [v] * len(pending.rollouts) for k, v in pending.row.items() if k != "prompt"}
-
-    async def _reward_columns(self, pending: _PendingGroup) -> dict[str, list[float | None]]:
-        g = len(pending.rollouts)
-        kwargs = self._reward_kwargs(pending)
-        inputs = dict(
-            prompts=[pending.prompt] * g,
-            completions=[r.completion for r in pending.rollouts],
-            completion_ids=[list(r.completion_ids) for r in pending.rollouts],
-            **kwargs,
-        )
-        columns: dict[str, list[float | None]] = {}
-
-        async def call(fn: Callable[..., Any]) -> None:
-            name = callable_name(fn)
-            try:
-                with self._doing(
-                    f"reward function {name!r}", (pending.group_id, pending.row_index)
-                ):
-                    if _is_async(fn):
-                        result = await fn(**inputs)
-                    else:
-                        result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
-            except Exception as error:
-                raise RuntimeError(
-                    f"reward function {name!r} raised {type(error).__name__}: {error}"
-                ) from error
-            columns[name] = check_reward_values(name, result, g)
-
-        async with anyio.create_task_group() as tg:
-            for fn in self.reward_funcs:
-                tg.start_soon(call, fn)
-        env_rewards = pending.env_rewards
-        for env_type in {e[0] for e in env_rewards if e is not None}:
-            columns[env_type.__name__] = [
-                e[1] if e is not None and e[0] is env_type else None for e in env_rewards
-            ]
-        return {name: columns[name] for name in sorted(columns)}
-
-    async def _score(self, pending: _PendingGroup) -> GroupOutcome:
-        g = len(pending.rollouts)
-        columns = await self._reward_columns(pending)
-        rollout_rewards = [r.reward for r in pending.rollouts]
-        rewards = sum_rewards([*columns.values(), rollout_rewards], g)
-        reconciled = [reconcile_turns(r.turns) for r in pending.rollouts]
-        group = RolloutGroup(
-            prompts=[pending.prompt] * g,
-            reward_kwargs=self._reward_kwargs(pending),
-            completions=[r.completion for r in pending.rollouts],
-            completions_ids=[r.completion_ids for r in pending.rollouts],
-            completions_sequences=[r.sequences for r in reconciled],
-            tool_call_counts=[r.tool_call_count for r in pending.rollouts],
-            tool_failure_counts=[r.tool_failure_count for r in pending.rollouts],
-            model_version=pending.model_version,
-            group_id=pending.group_id,
-            row_index=pending.row_index,
-            env_rewards=pending.env_rewards,
-            rollout_rewards=rollout_rewards,
-            queued_at=pending.completed_at,
-            rewards=rewards,
-        )
-        score = score_group(rewards, lambda _: self.compute_advantages(group))
-        now = time.monotonic()
-        samples = group_samples(
-            [r.sequences for r in reconciled], score, [r.rollout_id for r in pending.rollouts],
-            model_version=pending.model_version, group_id=pending.group_id,
-            row_index=pending.row_index, prompt_position=pending.position, queued_at=now,
-        )  # fmt: skip
-        facts = GroupFacts(
-            rollouts=pending.rollouts,
-            reconciled=reconciled,
-            score=score,
-            reward_columns=columns,
-            eos_token_ids=self.eos_token_ids,
-            has_tools=bool(self.tools) or self.environment_factory is not None,
-            loop_exhausted=[bool(r.completion and r.completion[-1].get("tool_calls"))
-                            for r in pending.rollouts],
-        )  # fmt: skip
-        texts = ()
-        if self.config.log_completions:
-            prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
-            texts = tuple(
-                (prompt, "\n".join(str(m.get("content") or "") for m in r.completion),
-                 float(reward))
-                for r, reward in zip(pending.rollouts, rewards, strict=True)
-            )  # fmt: skip
-        return GroupOutcome(pending.position, pending.row_index, samples,
-                            tuple(group_observations(facts)), texts)  # fmt: skip
 
     # ----------------------------------------------------------------- load and liveness
 
@@ -766,6 +473,10 @@ class AsyncRolloutLoop:
             yield
         finally:
             del self._activities[key]
+
+    def _observe(self, *observations: Observation) -> None:
+        """Keep metrics for the next :class:`LoopReport`."""
+        self._pending_obs.extend(observations)
 
     def describe_activity(self) -> str:
         """One line: rollouts in flight and the longest-running calls (reward functions,
@@ -819,57 +530,3 @@ class AsyncRolloutLoop:
             last_regenerated = self.client.regenerated_count
             obs, self._pending_obs = obs + self._pending_obs, []
             self.channels.publish(LoopReport(tuple(obs)))
-
-    # ----------------------------------------------------------------- dataset rows
-
-    def _dataset_size(self) -> int | None:
-        if self.dataset is None:
-            return None
-        return len(self.dataset)
-
-    def _row_at(self, position: int, size: int | None) -> tuple[int, int]:
-        if size is None:
-            return 0, position
-        return cursor.row_at(position, size, self.config.prompt_order_seed)
-
-    def _row(self, row_index: int) -> dict[str, Any]:
-        if self.dataset is None:
-            return {}
-        return dict(self.dataset[row_index])
-
-    def _prompt_of(self, row: Mapping[str, Any], row_index: int) -> list[dict[str, Any]]:
-        prompt = row.get("prompt")
-        if prompt is None:
-            if self.environment_factory is None:
-                raise ValueError(
-                    f"dataset row {row_index} has no 'prompt' column; prompts "
-                    "must be conversational (a list of role/content messages)"
-                )
-            return []
-        check_conversational(prompt, row_index)
-        return [dict(m) for m in prompt]
-
-    def _env_name(self, row: Mapping[str, Any]) -> str:
-        if not isinstance(self.environment_factory, Mapping):
-            return ""
-        name = row.get("environment")
-        if name not in self.environment_factory:
-            raise ValueError(
-                f"dataset row's 'environment' is {name!r}; it must name one of "
-                f"{sorted(self.environment_factory)}"
-            )
-        return str(name)
-
-    def _factory(self, name: str) -> Callable[[], object]:
-        factory = self.environment_factory
-        if isinstance(factory, Mapping):
-            return factory[name]
-        assert factory is not None
-        return factory
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        for token in (self.tokenizer.eos_token, getattr(self.tokenizer, "pad_token", None)):
-            if token:
-                text = text.replace(token, "")
-        return text

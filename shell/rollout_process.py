@@ -38,8 +38,10 @@ import structlog
 from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, LoopReport, callable_name
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout_messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.server_watch import RolloutGate, SharedTrust
+from asyncgrpo.shell.tool_loop import callable_name
 
 _CONTEXT = mp.get_context("spawn")
 log = structlog.get_logger("asyncgrpo.rollout_process")
@@ -118,7 +120,8 @@ class _Shared:
 
 @attrs.frozen
 class _ProcessChannels:
-    """The loop's :class:`~asyncgrpo.shell.rollout_loop.Channels` across the process boundary."""
+    """The loop's :class:`~asyncgrpo.shell.rollout_messages.Channels` across the process
+    boundary."""
 
     shared: _Shared
 

@@ -70,7 +70,9 @@ from asyncgrpo.shell.metrics_log import (
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome, check_conversational
+from asyncgrpo.shell.prompt_rows import check_conversational
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout_messages import GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
 from asyncgrpo.shell.server_watch import wait_for_server
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything

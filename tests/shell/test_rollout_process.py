@@ -16,7 +16,8 @@ from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout_messages import GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess, RolloutWorkerError
 
 PROMPTS = [{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(4)]

@@ -20,7 +20,7 @@ from asyncgrpo.adapters.models import tiny_config
 from asyncgrpo.core import cursor, metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import GroupOutcome
+from asyncgrpo.shell.rollout_messages import GroupOutcome
 from asyncgrpo.shell.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.trainer import _Run
 

@@ -7,7 +7,7 @@ import time
 import anyio
 import attrs
 
-from asyncgrpo.shell.rollout_loop import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout_messages import GroupOutcome, LoopReport
 
 
 @attrs.define

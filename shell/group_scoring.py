@@ -1,0 +1,160 @@
+"""Scoring a finished group in the rollout process: the reward functions called, the rewards
+summed, the advantages computed, the samples built and the group's metrics gathered.
+
+The reward functions of a group run concurrently (synchronous ones in threads); a raising
+function fails the run with its name, and its values are checked by
+:func:`asyncgrpo.core.scoring.check_reward_values`. The environments' ``get_reward`` values
+are a column per environment type. The samples are built by
+:func:`asyncgrpo.core.scoring.group_samples`, as the simulator builds them.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import anyio
+import attrs
+import numpy as np
+
+from asyncgrpo.core.advantages import score_group, sum_rewards
+from asyncgrpo.core.reconcile import reconcile_turns
+from asyncgrpo.core.records import Rollout, RolloutGroup
+from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
+from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.shell.rollout_messages import GroupOutcome
+from asyncgrpo.shell.tool_loop import callable_name, is_async
+
+RewardColumns = dict[str, list[float | None]]
+
+
+@attrs.define
+class PendingGroup:
+    """A group between dispatch and scoring: where it came from, and its rollouts (with each
+    rollout's environment reward, or None) once they are done."""
+
+    position: int
+    row_index: int
+    row: Mapping[str, Any]
+    prompt: list[dict[str, Any]]
+    group_id: int
+    model_version: int
+    rollouts: list[Rollout]
+    env_rewards: list[tuple[type, float] | None]
+    completed_at: float = 0.0
+
+
+def reward_kwargs(pending: PendingGroup) -> dict[str, list[Any]]:
+    """The row's columns but ``prompt``, one value per rollout, as reward keywords."""
+    return {k: [v] * len(pending.rollouts) for k, v in pending.row.items() if k != "prompt"}
+
+
+async def reward_columns(
+    pending: PendingGroup,
+    reward_funcs: Sequence[Callable[..., Any]],
+    doing: Callable[[str, tuple[int, int]], AbstractContextManager[None]],
+) -> RewardColumns:
+    """One checked column of rewards per reward function and per environment type, by name
+    (sorted), each with one value (or None) per rollout.
+
+    Raises:
+        RuntimeError: a reward function raised (names it; the cause is chained).
+        ValueError: a reward function returned a wrong number of values, NaN or a non-number.
+    """
+    g = len(pending.rollouts)
+    kwargs = reward_kwargs(pending)
+    inputs = dict(
+        prompts=[pending.prompt] * g,
+        completions=[r.completion for r in pending.rollouts],
+        completion_ids=[list(r.completion_ids) for r in pending.rollouts],
+        **kwargs,
+    )
+    columns: RewardColumns = {}
+
+    async def call(fn: Callable[..., Any]) -> None:
+        name = callable_name(fn)
+        try:
+            with doing(f"reward function {name!r}", (pending.group_id, pending.row_index)):
+                if is_async(fn):
+                    result = await fn(**inputs)
+                else:
+                    result = await anyio.to_thread.run_sync(functools.partial(fn, **inputs))
+        except Exception as error:
+            raise RuntimeError(
+                f"reward function {name!r} raised {type(error).__name__}: {error}"
+            ) from error
+        columns[name] = check_reward_values(name, result, g)
+
+    async with anyio.create_task_group() as tg:
+        for fn in reward_funcs:
+            tg.start_soon(call, fn)
+    env_rewards = pending.env_rewards
+    for env_type in {e[0] for e in env_rewards if e is not None}:
+        columns[env_type.__name__] = [
+            e[1] if e is not None and e[0] is env_type else None for e in env_rewards
+        ]
+    return {name: columns[name] for name in sorted(columns)}
+
+
+def scored_outcome(
+    pending: PendingGroup,
+    columns: RewardColumns,
+    compute_advantages: Callable[[RolloutGroup], np.ndarray],
+    *,
+    eos_token_ids: frozenset[int],
+    has_tools: bool,
+    log_completions: bool,
+) -> GroupOutcome:
+    """The group's outcome for the trainer: rewards summed over ``columns`` and the rollouts'
+    own, advantages by ``compute_advantages`` (the loop's hook), samples (none for a group
+    without signal), the group's metrics and, with ``log_completions``, its texts."""
+    g = len(pending.rollouts)
+    rollout_rewards = [r.reward for r in pending.rollouts]
+    rewards = sum_rewards([*columns.values(), rollout_rewards], g)
+    reconciled = [reconcile_turns(r.turns) for r in pending.rollouts]
+    group = RolloutGroup(
+        prompts=[pending.prompt] * g,
+        reward_kwargs=reward_kwargs(pending),
+        completions=[r.completion for r in pending.rollouts],
+        completions_ids=[r.completion_ids for r in pending.rollouts],
+        completions_sequences=[r.sequences for r in reconciled],
+        tool_call_counts=[r.tool_call_count for r in pending.rollouts],
+        tool_failure_counts=[r.tool_failure_count for r in pending.rollouts],
+        model_version=pending.model_version,
+        group_id=pending.group_id,
+        row_index=pending.row_index,
+        env_rewards=pending.env_rewards,
+        rollout_rewards=rollout_rewards,
+        queued_at=pending.completed_at,
+        rewards=rewards,
+    )
+    score = score_group(rewards, lambda _: compute_advantages(group))
+    now = time.monotonic()
+    samples = group_samples(
+        [r.sequences for r in reconciled], score, [r.rollout_id for r in pending.rollouts],
+        model_version=pending.model_version, group_id=pending.group_id,
+        row_index=pending.row_index, prompt_position=pending.position, queued_at=now,
+    )  # fmt: skip
+    facts = GroupFacts(
+        rollouts=pending.rollouts,
+        reconciled=reconciled,
+        score=score,
+        reward_columns=columns,
+        eos_token_ids=eos_token_ids,
+        has_tools=has_tools,
+        loop_exhausted=[bool(r.completion and r.completion[-1].get("tool_calls"))
+                        for r in pending.rollouts],
+    )  # fmt: skip
+    texts = ()
+    if log_completions:
+        prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
+        texts = tuple(
+            (prompt, "\n".join(str(m.get("content") or "") for m in r.completion),
+             float(reward))
+            for r, reward in zip(pending.rollouts, rewards, strict=True)
+        )  # fmt: skip
+    return GroupOutcome(pending.position, pending.row_index, samples,
+                        tuple(group_observations(facts)), texts)  # fmt: skip

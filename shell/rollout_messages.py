@@ -1,0 +1,58 @@
+"""What the rollout loop and the trainer tell each other.
+
+The loop publishes a :class:`GroupOutcome` per prompt position (a scored group, or nothing for
+a filtered or skipped prompt) and a :class:`LoopReport` every few seconds; it reads the policy
+version, the pacing figures and the stop request through :class:`Channels`. In production
+the channels cross the process boundary (:mod:`asyncgrpo.shell.rollout_process`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from asyncgrpo.core.metrics import Observation
+from asyncgrpo.core.records import TrainingSample
+
+
+@attrs.frozen
+class GroupOutcome:
+    """A group's result for the trainer: its samples (none if filtered or dropped) and, with
+    ``log_completions``, its ``(prompt, completion, reward)`` texts."""
+
+    position: int
+    row_index: int
+    samples: tuple[TrainingSample, ...]
+    observations: tuple[Observation, ...]
+    completions: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def forwarded_tokens(self) -> int:
+        return sum(len(s.sequence) for s in self.samples)
+
+
+@attrs.frozen
+class LoopReport:
+    """Loop-level observations (load, throughput, tools), sent every few seconds."""
+
+    observations: tuple[Observation, ...]
+
+
+class Channels(Protocol):
+    """How the loop talks to the trainer (a process boundary in production)."""
+
+    def publish(self, message: GroupOutcome | LoopReport) -> None: ...
+
+    def model_version(self) -> int: ...
+
+    def tokens_per_step(self) -> float | None: ...
+
+    def tokens_taken(self) -> int: ...
+
+    def report_in_flight(self, groups: int) -> None: ...
+
+    def beat(self, activity: str = "") -> None:
+        """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
+
+    def stop_requested(self) -> bool: ...
