@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Callable
 
 import anyio
 import structlog
@@ -28,6 +27,7 @@ from asyncgrpo.core.server_outage import OutageClock, ServerTrust
 log = structlog.get_logger("asyncgrpo.server_watch")
 _CONTEXT = mp.get_context("spawn")
 POLL_S = 0.2  # how often the rollout process looks whether the trainer pushed
+GATE_LOG_EVERY_S = 30.0
 
 
 class ServerGone(VLLMError):
@@ -82,14 +82,12 @@ class RolloutGate:
         trust: the counters shared with the trainer.
         timeout_s: ``vllm_server_timeout``; the gate gives up ``2 x timeout_s`` after the outage
             began (the trainer gives up after ``timeout_s`` and stops this process first).
-        doing: records what the loop waits for, for the heartbeat's activity report.
     """
 
-    def __init__(self, trust: SharedTrust, timeout_s: float,
-                 doing: Callable[[str], object] | None = None) -> None:  # fmt: skip
+    def __init__(self, trust: SharedTrust, timeout_s: float) -> None:
         self.trust = trust
         self.timeout_s = timeout_s
-        self.doing = doing
+        self._logged_at = 0.0  # one line per 30 s for all the requests that wait
 
     async def enter(self) -> int:
         trust = self.trust.read()
@@ -98,14 +96,15 @@ class RolloutGate:
         clock = OutageClock(down_since=self.trust.down_since())
         while not server_outage.weights_known(trust := self.trust.read()):
             decision = server_outage.next_wait(clock, time.time(), 2 * self.timeout_s,
-                                               log_every_s=30.0, first_backoff_s=POLL_S,
+                                               first_backoff_s=POLL_S,
                                                max_backoff_s=POLL_S)  # fmt: skip
             if decision.give_up:
                 raise ServerGone(
                     f"the trainer did not push its weights to the vLLM server within "
                     f"{decision.waited_s:.0f} s of the outage (2 x vllm_server_timeout)"
                 )
-            if decision.log and decision.waited_s > 0:
+            if decision.waited_s > 0 and time.time() - self._logged_at >= GATE_LOG_EVERY_S:
+                self._logged_at = time.time()
                 log.warning("rollouts wait for the vLLM server and the trainer's weights",
                             down_s=round(decision.waited_s))  # fmt: skip
             clock = decision.clock
