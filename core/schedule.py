@@ -32,3 +32,17 @@ def due(strategy: str, step: int, every: int, epochs_before: float, epochs_after
     if strategy == "no":
         return False
     raise ValueError(f"unknown interval strategy {strategy!r}; use one of {STRATEGIES}")
+
+
+def interval_steps(setting: float, max_steps: int) -> int:
+    """``logging_steps``/``save_steps``: a count, or a fraction of ``max_steps`` when < 1.
+
+    Example:
+        >>> interval_steps(50, max_steps=0), interval_steps(0.25, max_steps=10)
+        (50, 3)
+    """
+    if 0 < setting < 1:
+        if max_steps <= 0:
+            raise ValueError("a fractional logging_steps/save_steps needs max_steps > 0")
+        return max(1, math.ceil(setting * max_steps))
+    return int(setting)

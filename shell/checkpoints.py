@@ -4,13 +4,16 @@ A checkpoint is written into ``checkpoint-<step>.partial/`` and renamed to
 ``checkpoint-<step>/`` only once every file is in place, so a run killed while saving, or a disk
 that fills up, never leaves a checkpoint that looks complete. A checkpoint is complete when it
 holds ``rollout_state.json`` (written last; checkpoints of older versions were written in place,
-so the file is checked, not only the name). Resuming takes the newest complete checkpoint and
-names the ones it skipped; a failed write says whether the disk was full.
+so the file is checked, not only the name): the prompt cursor, policy version and step of the
+rollout side, beside what the learner writes (:mod:`asyncgrpo.shell.learner_checkpoint`).
+Resuming takes the newest complete checkpoint and names the ones it skipped; a failed write
+says whether the disk was full.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import attrs
 import structlog
+
+from asyncgrpo.core.cursor import PromptCursor
 
 log = structlog.get_logger("asyncgrpo.checkpoints")
 
@@ -96,6 +101,18 @@ def find_for_resume(output_dir: str | Path) -> Path:
             f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint{incomplete}"
         )
     return found.checkpoint
+
+
+def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: int) -> None:
+    """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last)."""
+    state = {"cursor": cursor.to_json(), "version": version, "step": step}
+    (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
+
+
+def read_rollout_cursor(path: Path) -> PromptCursor:
+    """The prompt cursor a checkpoint saved (:func:`write_rollout_state`)."""
+    state = json.loads((path / ROLLOUT_STATE).read_text())
+    return PromptCursor.from_json(state["cursor"])
 
 
 def _free_bytes(path: Path) -> int:

@@ -1,162 +1,46 @@
 """``AsyncGRPOTrainer``: the rollout process streams scored samples, the learner trains on them.
 
-One step of :meth:`AsyncGRPOTrainer.train`, on rank 0:
-
-1. take the rollout process's messages: groups (their samples enter the step queue,
-   :mod:`asyncgrpo.core.step_queue`, the prompt cursor records their outcome) and loop reports
-   (metrics) until the queue is ready; the wait is ``perf/rollout_wait_s``. The queue drops
-   samples more than ``max_staleness`` versions old (``sample/dropped_stale_count``) or longer
-   than ``token_budget`` (``batch/dropped_oversize_count``) and keeps the next step planned;
-   the rollout process learns which tokens are done with (trained or dropped) for its pacing;
-2. take the planned step;
-3. pack each row, scatter rows to the processes, run :meth:`Learner.train_step`;
-4. every ``weight_sync_steps`` steps, push the weights to the vLLM server;
-5. log a window every ``logging_steps`` steps, checkpoint every ``save_steps``.
-
-Other ranks receive their rows from rank 0 and take part in the collective step, sync and
-checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epochs`` passes over
-the prompts were consumed, counted in distinct prompts.
+The constructor follows TRL's AsyncGRPOTrainer: it checks its arguments
+(:mod:`asyncgrpo.shell.trainer_inputs`), loads the model and tokenizer, and
+:meth:`AsyncGRPOTrainer.train` opens the learner and runs the step loop
+(:class:`~asyncgrpo.shell.training_run.TrainingRun`). Saving, the hub and the rest of
+transformers' ``Trainer`` API are in :mod:`asyncgrpo.shell.trainer_api`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import attrs
-import structlog
-import torch.distributed as dist
-from tqdm import tqdm
 from transformers import (
     AutoTokenizer,
     PreTrainedModel,
-    TrainerControl,
 )
 from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import cursor, metrics, schedule, server_outage, step_queue, step_time
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.planner import batch_metrics
-from asyncgrpo.core.rollout_metrics import sample_observations
-from asyncgrpo.core.weight_parity import STALENESS0_GAP
 from asyncgrpo.shell import checkpoints, hub
 from asyncgrpo.shell.callbacks import Callbacks
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server, release_process
-from asyncgrpo.shell.flops_meter import FlopsMeter
-from asyncgrpo.shell.foreign_weights import ParityGuard
+from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server
 from asyncgrpo.shell.interrupts import (
     TrainingInterrupted,
-    interrupts_deferred,
     signal_name,
     signals_interrupt,
     signum_of,
 )
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.metrics_log import (
-    MetricsFile,
-    Reporters,
-    drop_rows_after,
-    write_completions,
-)
-from asyncgrpo.shell.prompt_rows import check_conversational
 from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
-from asyncgrpo.shell.server_watch import wait_for_server
 from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
-from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
+from asyncgrpo.shell.trainer_inputs import check_dataset, reject_reward_models
+from asyncgrpo.shell.training_run import TrainingRun, TrainOutput
 
 if TYPE_CHECKING:
     from asyncgrpo.core.cpu_plan import CpuPlan
-
-log = structlog.get_logger("asyncgrpo.trainer")
-RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
-
-
-@attrs.frozen
-class TrainOutput:
-    """What :meth:`AsyncGRPOTrainer.train` returns (as transformers' TrainOutput)."""
-
-    global_step: int
-    training_loss: float
-    metrics: dict[str, float]
-
-
-def _reject_reward_models(reward_funcs: Sequence[Any]) -> None:
-    for fn in reward_funcs:
-        if isinstance(fn, (str, PreTrainedModel)) or not callable(fn):
-            raise TypeError(
-                f"reward_funcs entry {fn!r} is not a Python callable; reward models given as a "
-                "model id or PreTrainedModel are not supported: wrap the model in a picklable "
-                "reward function (see docs/rollouts.md)"
-            )
-
-
-def _check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConfig) -> None:
-    if dataset is None:
-        if environment_factory is None:
-            raise ValueError("train_dataset is required unless environment_factory is given")
-        if config.max_steps <= 0:
-            raise ValueError(
-                "without a train_dataset the environment owns the data: set max_steps to "
-                "define the length of training"
-            )
-        if "epoch" in (config.save_strategy, config.logging_strategy):
-            raise ValueError(
-                "save_strategy/logging_strategy='epoch' counts passes over the train_dataset; "
-                "without one use 'steps'"
-            )
-        return
-    if len(dataset) == 0:
-        raise ValueError(
-            "train_dataset is empty (0 rows); give at least one prompt row (or, with an "
-            "environment_factory that makes its own prompts, train_dataset=None and max_steps)"
-        )
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:
-        columns = list(dataset[0])
-    if "prompt" not in (columns or []) and environment_factory is None:
-        raise ValueError(
-            f"train_dataset has no 'prompt' column (columns: {columns}); prompts must be "
-            "conversational lists of {'role', 'content'} messages"
-        )
-    if "prompt" in columns:
-        _check_prompts_conversational(dataset)
-    if isinstance(environment_factory, Mapping) and "environment" not in (columns or []):
-        raise ValueError(
-            "environment_factory is a dict, so every row needs an 'environment' "
-            "column naming its environment"
-        )
-
-
-def _check_prompts_conversational(dataset: Any, rows: int = 8) -> None:
-    """The first ``rows`` prompts are lists of messages (the rest is checked as they are
-    used); the message shows the column's schema when the dataset has one."""
-    for index in range(min(rows, len(dataset))):
-        prompt = dataset[index].get("prompt")
-        if prompt is None:
-            continue  # an environment's reset() makes it
-        try:
-            check_conversational(prompt, index)
-        except ValueError as error:
-            features = getattr(dataset, "features", None)
-            schema = f" (the column's schema: {features['prompt']})" if features else ""
-            raise ValueError(
-                f"train_dataset: {error}{schema}. Write each prompt as "
-                '[{"role": "user", "content": "..."}]'
-            ) from None
 
 
 class AsyncGRPOTrainer(TrainerAPI):
@@ -196,12 +80,12 @@ class AsyncGRPOTrainer(TrainerAPI):
             if reward_funcs is None
             else (list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs])
         )
-        _reject_reward_models(funcs)
+        reject_reward_models(funcs)
         if not funcs and environment_factory is None:
             raise ValueError(
                 "give reward_funcs, or an environment_factory whose environments define get_reward"
             )
-        _check_dataset(train_dataset, environment_factory, self.args)
+        check_dataset(train_dataset, environment_factory, self.args)
         self.reward_funcs = funcs
         self.train_dataset = train_dataset
         self.tools = list(tools or [])
@@ -223,7 +107,7 @@ class AsyncGRPOTrainer(TrainerAPI):
         self.output_dir = Path(self.args.output_dir)
         self._callbacks = Callbacks(list(callbacks or []), self.args, self.model,
                                     self.processing_class)  # fmt: skip
-        self._run: _Run | None = None
+        self._run: TrainingRun | None = None
         self._final: FinalModel | None = None
         if self.args.push_to_hub:
             hub.resolve_token(self.args)  # fail at the door, not at the first save
@@ -259,7 +143,7 @@ class AsyncGRPOTrainer(TrainerAPI):
             Learner(self.model, self.args, peft_config=self.peft_config,
                     optimizers=self.optimizers) as learner,
         ):  # fmt: skip
-            run = _Run(self, learner, checkpoint)
+            run = TrainingRun(self, learner, checkpoint)
             self._run = run
             try:
                 run.start()
@@ -303,452 +187,3 @@ class AsyncGRPOTrainer(TrainerAPI):
                 )
             return path
         return checkpoints.find_for_resume(self.output_dir)
-
-
-def _steps(setting: float, max_steps: int) -> int:
-    """``logging_steps``/``save_steps``: a count, or a fraction of ``max_steps`` when < 1."""
-    if 0 < setting < 1:
-        if max_steps <= 0:
-            raise ValueError("a fractional logging_steps/save_steps needs max_steps > 0")
-        return max(1, math.ceil(setting * max_steps))
-    return int(setting)
-
-
-class _Run:
-    """The state of one ``train()`` call (the shell's side; every decision is the core's)."""
-
-    def __init__(self, trainer: AsyncGRPOTrainer, learner: Learner, checkpoint: Path | None):
-        self.trainer = trainer
-        self.args = trainer.args
-        self.learner = learner
-        self.callbacks = trainer._callbacks
-        self.rank0 = learner.rank == 0
-        self.output_dir = trainer.output_dir
-        self.cursor = cursor.PromptCursor()
-        self.version = 0
-        self.queue: step_queue.StepQueue | None = None
-        self.completions: list[tuple[str, str, float]] = []
-        self.window = metrics.MetricWindow()
-        self.forwarded_total = 0
-        self.last_loss = math.nan
-        self.dataset_size = None if trainer.train_dataset is None else len(trainer.train_dataset)
-        self.logging_every = max(1, _steps(self.args.logging_steps, self.args.max_steps))
-        self.save_every = _steps(self.args.save_steps, self.args.max_steps)
-        if checkpoint is not None:
-            learner.load_checkpoint(checkpoint)
-            state = json.loads((checkpoint / checkpoints.ROLLOUT_STATE).read_text())
-            self.cursor = cursor.PromptCursor.from_json(state["cursor"])
-        self.process: RolloutProcess | None = None
-        self.weights: WeightSync | None = None
-        self.metrics_file: MetricsFile | None = None
-        self.reporters: Reporters | None = None
-        self.bar: tqdm | None = None
-        self.flops: FlopsMeter | None = None
-        self.step_flops = self.waited_s = 0.0
-        self.parity: ParityGuard | None = None
-
-    def start(self) -> None:
-        """Connect to the server, push the trainer's weights, start the rollout process; what
-        this opens, :meth:`close` closes, also when it fails half way."""
-        self.weights = open_weight_sync(self.learner, self.args, self.trainer.model_name,
-                                        self.output_dir)  # fmt: skip
-        self.weights.start()
-        self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
-        if self.rank0:
-            self.max_model_len = anyio.run(self._max_model_len)
-            self.token_budget = self.args.token_budget or self.max_model_len
-            self.queue = self._new_queue()
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            checkpoints.remove_partials(self.output_dir)
-            if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
-                drop_rows_after(self.output_dir, self.learner.step)
-            self.metrics_file = MetricsFile(self.output_dir)
-            self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
-                                       self.args.to_dict(), project=self.args.project)  # fmt: skip
-        # The server may hold other weights than the trainer's (a resumed run, a server left
-        # over from an earlier run): push the trainer's so staleness 0 means equal policies.
-        self._sync_weights()
-        if self.rank0:
-            self.flops = FlopsMeter(self.trainer.model.config, self.learner.device,
-                                    self.learner.bf16)  # fmt: skip
-            log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
-                     source=self.flops.peak_source)  # fmt: skip
-            self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout)
-            self.process.start()
-            release_process(self.process.pid, self.trainer.cpu_plan)
-            self.process.set_model_version(self.version)
-            self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
-                            initial=self.learner.step, desc="train", unit="step",
-                            disable=bool(self.args.disable_tqdm))  # fmt: skip
-
-    def _new_queue(self) -> step_queue.StepQueue:
-        return step_queue.StepQueue(step_queue.QueueSettings(
-            self.token_budget, self.learner.world_size, self.args.gradient_accumulation_steps,
-            self.args.max_staleness))  # fmt: skip
-
-    def _client(self) -> VLLMClient:
-        return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
-                          timeout_s=self.args.vllm_server_timeout)  # fmt: skip
-
-    async def _max_model_len(self) -> int:
-        async with self._client() as client:
-            return await client.max_model_len()
-
-    def _loop_spec(self) -> LoopSpec:
-        t = self.trainer
-        return LoopSpec(
-            loop_cls=t.loop_cls,
-            config=self.args,
-            model_name=t.model_name,
-            dataset=t.train_dataset,
-            reward_funcs=tuple(t.reward_funcs),
-            processing_class=t.processing_class,
-            max_model_len=self.max_model_len,
-            token_budget=self.token_budget,
-            rows_per_step=self.args.gradient_accumulation_steps * self.learner.world_size,
-            tools=tuple(t.tools),
-            environment_factory=t.environment_factory,
-            start_cursor=self.cursor,
-            lora_name=self.weights.lora_name if self.weights is not None else None,
-        )
-
-    # ----------------------------------------------------------------- the loop
-
-    def loop(self) -> TrainOutput:
-        """Train step by step. A step's time runs from the end of the previous step's weight
-        sync to the end of its own, so the previous step's logging and checkpoint are in it
-        (``perf/logging_s``, ``perf/checkpoint_s``) and the ``perf/*`` parts add up to
-        ``perf/step_s`` (docs/metrics.md)."""
-        summary: dict[str, float] = {}
-        step_start, after_step = time.monotonic(), (0.0, 0.0)
-        epochs_before = self._epochs()
-        while True:
-            rows = self._next_rows()
-            if rows is None:
-                break
-            self.callbacks.step_begin()
-            out = self.learner.train_step(rows)
-            if self.parity is not None:
-                self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
-            self.last_loss = out.metrics.get("loss", math.nan)
-            self.window = metrics.merge(self.window, out.window)
-            sync_start = time.monotonic()
-            if self.learner.step % self.args.weight_sync_steps == 0:
-                self._sync_weights()
-            step_end = time.monotonic()
-            self._observe(metrics.value("perf/weight_sync_s", step_end - sync_start),
-                          metrics.value("perf/logging_s", after_step[0]),
-                          metrics.value("perf/checkpoint_s", after_step[1]),
-                          metrics.value("perf/step_s", step_end - step_start),
-                          *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
-            if self.rank0 and self.bar is not None:
-                self.bar.update(1)
-            epochs_after = self._epochs()
-            save = schedule.due(self.args.save_strategy.value, self.learner.step,
-                                self.save_every, epochs_before, epochs_after)  # fmt: skip
-            control = self._agree(self.callbacks.step_end(
-                self.learner.step, epochs_after, self._log_due(epochs_before, epochs_after), save
-            ))  # fmt: skip
-            if control.should_log:
-                summary = self._log_window()
-            logged = time.monotonic()
-            if control.should_save:
-                self._save_checkpoint()
-                self.trainer._after_save(self.learner.step, self.rank0)
-                self.callbacks.save()
-            step_start = step_end  # the next step holds this one's logging and checkpoint
-            after_step = (logged - step_end, time.monotonic() - logged)
-            if control.should_training_stop:
-                break
-            epochs_before = epochs_after
-        if len(self.window):
-            summary = self._log_window()
-        with interrupts_deferred():
-            self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
-        return TrainOutput(self.learner.step, self.last_loss, summary)
-
-    def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
-        """``perf/fwd_bwd_mfu`` of this step: its rows' model FLOPs (all processes) over
-        fwd+bwd seconds x one process's peak x processes."""
-        if self.flops is None or not fwd_bwd_s or not self.step_flops:
-            return ()
-        capacity = fwd_bwd_s * self.flops.peak_flops * self.learner.world_size
-        return (metrics.ratio("perf/fwd_bwd_mfu", self.step_flops, capacity),)
-
-    def _agree(self, control: TrainerControl) -> TrainerControl:
-        """Rank 0's ``should_log``/``should_save``/``should_training_stop`` on every rank."""
-        if self.learner.world_size > 1:
-            flags = [(control.should_log, control.should_save, control.should_training_stop)]
-            dist.broadcast_object_list(flags, src=0)
-            control.should_log, control.should_save, control.should_training_stop = flags[0]
-        return control
-
-    def _epochs(self) -> float:
-        """Passes over the prompts consumed so far (0 without a dataset)."""
-        if not self.dataset_size:
-            return 0.0
-        return cursor.epochs_consumed(self.cursor, self.dataset_size)
-
-    def _log_due(self, epochs_before: float, epochs_after: float) -> bool:
-        step = self.learner.step
-        first = self.args.logging_first_step and step == 1
-        return first or schedule.due(self.args.logging_strategy.value, step, self.logging_every,
-                                     epochs_before, epochs_after)  # fmt: skip
-
-    def _observe(self, *observations: metrics.Observation) -> None:
-        self.window = metrics.record(self.window, observations)
-
-    def _finished(self) -> bool:
-        if self.args.max_steps > 0:
-            return self.learner.step >= self.args.max_steps
-        if self.dataset_size is None:
-            return False
-        consumed = cursor.epochs_consumed(self.cursor, self.dataset_size)
-        return consumed >= self.args.num_train_epochs
-
-    def _next_rows(self) -> list[Any] | None:
-        """This process's rows of the next step, or None when training is over (collective).
-        While the server's weights are unknown (it went away), every process first takes part
-        in pushing them again."""
-        while True:
-            payload: list[Any] = [None]
-            if self.rank0 and not self._finished():
-                payload = [self._plan_next_step()]
-            send_start = time.monotonic()
-            if self.learner.world_size > 1:
-                dist.broadcast_object_list(payload, src=0)
-            if not isinstance(payload[0], str):
-                break
-            self._resync()
-        step = payload[0]
-        if step is not None:
-            self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
-        return None if step is None else [mb[self.learner.rank] for mb in step]
-
-    def _plan_next_step(self) -> list[list[Any]] | str:
-        """Wait until the step queue is ready, take its step and pack the rows (rank 0);
-        :data:`RESYNC` instead when the server went away and the weights must be pushed."""
-        assert self.process is not None and self.queue is not None
-        waited_from, self.waited_s = time.monotonic(), 0.0
-        self._apply(step_queue.advance(self.queue, self.learner.step))
-        self._drain(wait_s=0.0)
-        while not step_queue.ready(self.queue, self.process.groups_in_flight()):
-            if not server_outage.weights_known(self.process.trust.read()):
-                return RESYNC
-            self._drain(wait_s=0.2)
-        step = step_queue.take_step(self.queue)
-        self.queue = step.queue
-        pack_start = time.monotonic()
-        self._observe(metrics.value("perf/rollout_wait_s", self.waited_s),
-                      metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
-                      metrics.value("rollout/queue_size", len(self.queue.buffer)),
-                      metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
-        rows = [[pack_row(list(row)) if row else None for row in mb]
-                for mb in step.micro_batches]  # fmt: skip
-        self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
-        self.process.samples_taken(step.released_tokens)
-        assert step.queue.tokens_per_step is not None
-        self.process.step_consumed(step.queue.tokens_per_step)
-        placed = step.samples
-        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
-        self._observe(
-            *sample_observations(placed, self.learner.step, time.monotonic()),
-            *(metrics.value(k, v) for k, v in batch_metrics(rows, self.token_budget).items()
-              if k != "batch/dropped_oversize_count"),
-        )  # fmt: skip
-        if self.flops is not None:
-            self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
-        self._observe(metrics.value("perf/pack_s", time.monotonic() - pack_start))
-        return rows
-
-    def _drain(self, wait_s: float) -> None:
-        assert self.process is not None and self.queue is not None
-        asked = time.monotonic()
-        message = self.process.get(wait_s)
-        self.waited_s += time.monotonic() - asked
-        while message is not None:
-            if isinstance(message, GroupOutcome):
-                self.cursor = cursor.group_outcome(self.cursor, message.position,
-                                                   len(message.samples))  # fmt: skip
-                self.completions.extend(message.completions)
-                self._apply(step_queue.arrive(self.queue, message.samples, self.learner.step))
-            self._observe(*message.observations)
-            message = self.process.get(0.0)
-
-    def _apply(self, decided: step_queue.Arrival) -> None:
-        """Act on the queue's decisions: dropped samples are consumed prompts, counted in the
-        metrics and released to the rollout process's pacing."""
-        assert self.process is not None
-        self.queue = decided.queue
-        dropped = (*decided.stale, *decided.oversize)
-        if not dropped:
-            return
-        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
-        self.process.samples_taken(decided.released_tokens)
-        if decided.stale:
-            self._observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
-        if decided.oversize:
-            self._observe(metrics.value("batch/dropped_oversize_count", len(decided.oversize)))
-            log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
-                        token_budget=self.token_budget,
-                        longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
-            if self.queue.budget_too_small:
-                raise ValueError(
-                    f"token_budget={self.token_budget} is too small: the last "
-                    f"{self.queue.oversize_in_a_row} samples were all longer (the longest "
-                    f"{max(len(s.sequence) for s in decided.oversize)} tokens), so no step "
-                    "can be filled; raise token_budget to at least the prompt length plus "
-                    "max_completion_length"
-                )
-
-    # ----------------------------------------------------------------- weights and logs
-
-    def _sync_weights(self) -> None:
-        """Push the current policy to the server (collective; rank 0 talks to the server).
-
-        Mid-run, a push that fails is taken as the server going away: it is recorded, and the
-        next step waits for the server and pushes again (:meth:`_resync`) before any sample is
-        trusted; a server that is there and still refuses fails the resync."""
-        assert self.weights is not None
-        start = time.monotonic()
-        if self.learner.world_size > 1:
-            dist.barrier()
-        try:
-            with interrupts_deferred():  # the server takes part in a transfer: never cut it
-                timings = self.weights.sync(self.learner.step, time.monotonic() - start)
-        except Exception as error:
-            if self.process is None:
-                raise  # at start: the server must be there
-            self.process.trust.outage(f"{type(error).__name__}: {error}", "trainer weight sync")
-            return
-        self._synced(timings)
-
-    def _resync(self, attempts: int = 3) -> None:
-        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage), then
-        every process reconnects and pushes the current weights; the outages seen before the
-        push are then covered (collective). A push that fails while the server answers is
-        retried ``attempts`` times, then raised."""
-        assert self.weights is not None
-        for attempt in range(1, attempts + 1):
-            covering = self._wait_for_server() if self.rank0 else 0
-            error: Exception | None = None
-            try:
-                self.weights.reconnect()
-                with interrupts_deferred():
-                    timings = self.weights.sync(self.learner.step)
-            except Exception as failed:
-                error = failed
-            failure = [None if error is None else f"{type(error).__name__}: {error}"]
-            if self.learner.world_size > 1:
-                dist.broadcast_object_list(failure, src=0)
-            if failure[0] is None:
-                self._synced(timings)
-                self._resynced(covering)
-                return
-            if attempt == attempts:
-                raise error or RuntimeError(f"weight push after an outage failed: {failure[0]}")
-            if self.rank0:
-                assert self.process is not None
-                self.process.trust.outage(failure[0], "resync")
-
-    def _wait_for_server(self) -> int:
-        """Rank 0: wait until the server answers; the outages it has seen by then."""
-        assert self.process is not None
-        trust = self.process.trust
-        covering = trust.read().outages
-
-        async def wait() -> float:
-            async with self._client() as client:
-                return await wait_for_server(client, trust.down_since(),
-                                             self.args.vllm_server_timeout)  # fmt: skip
-
-        down_s = anyio.run(wait)
-        log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
-                 step=self.learner.step)  # fmt: skip
-        return covering
-
-    def _resynced(self, covering: int) -> None:
-        if not self.rank0:
-            return
-        assert self.process is not None
-        self.process.trust.pushed(covering)
-        self.process.restart_wait_clock()
-        self._observe(metrics.value("rollout/vllm_outage_count", 1))
-
-    def _synced(self, timings: SyncTimings | None) -> None:
-        if not self.rank0 or timings is None:
-            return
-        self.version = self.learner.step
-        if self.process is not None:
-            self.process.set_model_version(self.version)
-        self._observe(
-            metrics.value("perf/weight_sync_server_s", timings.total_s),
-            metrics.value("perf/weight_sync_pause_s", timings.pause_s),
-            metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
-            metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
-        )
-
-    def _log_window(self) -> dict[str, float]:
-        summary = metrics.summarize(self.window)
-        self.window = metrics.MetricWindow()
-        if self.dataset_size:
-            summary["epoch"] = cursor.epochs_consumed(self.cursor, self.dataset_size)
-        summary["num_tokens"] = float(self.forwarded_total)
-        step_s = summary.get("perf/step_s")
-        trained = summary.get("batch/trained_tokens_per_step")
-        forwarded = summary.get("batch/forwarded_tokens_per_step")
-        if step_s and trained is not None and forwarded is not None:
-            summary["perf/wall_clock_trained_tokens_per_s"] = trained / step_s
-            summary["perf/wall_clock_forwarded_tokens_per_s"] = forwarded / step_s
-        unaccounted = step_time.unaccounted_s(summary)
-        if unaccounted is not None:
-            summary["perf/unaccounted_s"] = unaccounted
-        fwd_bwd = summary.get("perf/fwd_bwd_s")
-        if fwd_bwd and forwarded is not None:
-            summary["perf/fwd_bwd_forwarded_tokens_per_s"] = forwarded / fwd_bwd
-        if self.rank0 and self.metrics_file is not None:
-            self.metrics_file.write(self.learner.step, summary)
-            if self.reporters is not None:
-                self.reporters.log(self.learner.step, summary)
-            log.info("step", step=self.learner.step,
-                     reward=_rounded(summary.get("reward")),
-                     loss=_rounded(summary.get("loss")),
-                     staleness_max=summary.get("sample/staleness_max"),
-                     logp_diff_max=_rounded(summary.get(
-                         "sampling/sampling_logp_difference/max"), 6))  # fmt: skip
-            if self.bar is not None:
-                self.bar.set_postfix(reward=_rounded(summary.get("reward")))
-            if self.completions:
-                write_completions(self.output_dir, self.learner.step, self.completions,
-                                  self.args.num_completions_to_print)  # fmt: skip
-        self.completions = []
-        self.callbacks.log(summary)
-        return summary
-
-    def _save_checkpoint(self) -> None:
-        with interrupts_deferred():  # a checkpoint is written whole or not at all
-            checkpoints.save(self.output_dir, self.learner.step, self._write_checkpoint,
-                             rank0=self.rank0, keep=self.args.save_total_limit)  # fmt: skip
-
-    def _write_checkpoint(self, path: Path) -> None:
-        self.learner.save_checkpoint(path)
-        if self.rank0:
-            state = {"cursor": self.cursor.to_json(), "version": self.version,
-                     "step": self.learner.step}  # fmt: skip
-            (path / checkpoints.ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-        if self.weights is not None:
-            self.weights.close()
-        if self.bar is not None:
-            self.bar.close()
-        if self.metrics_file is not None:
-            self.metrics_file.close()
-        if self.reporters is not None:
-            self.reporters.close()
-
-
-def _rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)

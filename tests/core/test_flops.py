@@ -13,7 +13,7 @@ from asyncgrpo.core.flops import (
     train_flops,
 )
 from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.step_time import STEP_PARTS, unaccounted_s
+from asyncgrpo.core.step_time import STEP_PARTS, unaccounted_s, window_rates
 
 shapes = st.builds(ModelShape, st.integers(1, 10**9), st.integers(1, 64), st.integers(1, 64),
                    st.integers(1, 256), st.integers(1, 8192), st.integers(1, 200_000))  # fmt: skip
@@ -55,3 +55,28 @@ def test_unaccounted_is_the_step_minus_its_parts(parts, extra) -> None:
     summary["perf/step_s"] = sum(parts) + extra
     assert np.isclose(unaccounted_s(summary), extra, atol=1e-9)
     assert unaccounted_s({"perf/fwd_s": 1.0}) is None
+
+
+optional_seconds = st.one_of(st.none(), st.floats(0.01, 100))
+optional_tokens = st.one_of(st.none(), st.floats(0, 1e6))
+
+
+@given(optional_seconds, optional_seconds, optional_tokens, optional_tokens)
+def test_window_rates_are_tokens_over_seconds_present_only_with_their_inputs(
+    step_s, fwd_bwd_s, trained, forwarded
+) -> None:
+    given_values = {"perf/step_s": step_s, "perf/fwd_bwd_s": fwd_bwd_s,
+                    "batch/trained_tokens_per_step": trained,
+                    "batch/forwarded_tokens_per_step": forwarded}  # fmt: skip
+    summary = {k: v for k, v in given_values.items() if v is not None}
+    rates = window_rates(summary)
+    if step_s is not None and trained is not None and forwarded is not None:
+        assert rates["perf/wall_clock_trained_tokens_per_s"] == trained / step_s
+        assert rates["perf/wall_clock_forwarded_tokens_per_s"] == forwarded / step_s
+    else:
+        assert "perf/wall_clock_trained_tokens_per_s" not in rates
+    assert ("perf/unaccounted_s" in rates) == (step_s is not None)
+    if fwd_bwd_s is not None and forwarded is not None:
+        assert rates["perf/fwd_bwd_forwarded_tokens_per_s"] == forwarded / fwd_bwd_s
+    else:
+        assert "perf/fwd_bwd_forwarded_tokens_per_s" not in rates

@@ -21,8 +21,9 @@ from asyncgrpo.core import cursor, metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout_messages import GroupOutcome
+from asyncgrpo.shell.server_watch import SharedTrust
 from asyncgrpo.shell.simulate import SimulationConfig, _Pipeline, _take_step
-from asyncgrpo.shell.trainer import _Run
+from asyncgrpo.shell.training_run import TrainingRun
 
 
 class FakeRolloutProcess:
@@ -33,6 +34,7 @@ class FakeRolloutProcess:
         self.ticks = [list(t) for t in ticks]
         self.taken = 0
         self.step_sizes: list[float] = []
+        self.trust = SharedTrust()  # the server never goes away here
 
     def get(self, wait_s: float) -> GroupOutcome | None:
         if not self.ticks:
@@ -77,7 +79,7 @@ def streams(draw):
     return ticks
 
 
-def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> _Run:
+def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> TrainingRun:
     args = AsyncGRPOConfig(output_dir=str(tmp), max_staleness=max_staleness, token_budget=budget,
                            gradient_accumulation_steps=rows, disable_tqdm=True)  # fmt: skip
     model = SimpleNamespace(config=tiny_config("qwen3", vocab_size=64))
@@ -85,7 +87,7 @@ def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> _Run:
                               _callbacks=None)  # fmt: skip
     learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
                               bf16=False)  # fmt: skip
-    run = _Run(trainer, learner, None)
+    run = TrainingRun(trainer, learner, None)
     run.token_budget = budget
     run.queue = run._new_queue()
     return run

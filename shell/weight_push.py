@@ -1,0 +1,130 @@
+"""The step loop's weight pushes: after a step, and again after the vLLM server went away.
+
+:class:`WeightPushing` is the part of :class:`~asyncgrpo.shell.training_run.TrainingRun` that
+pushes the policy through the run's :class:`~asyncgrpo.shell.weight_sync.WeightSync` (the run
+inherits it). A push that fails mid-run is taken as the server going away: it is recorded in
+the rollout process's trust record (:mod:`asyncgrpo.shell.server_watch`), and the next step
+waits for the server and pushes again before any sample is trusted. Every push is collective
+over the trainer's processes; rank 0 talks to the server and records the timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+import structlog
+import torch.distributed as dist
+
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.weight_transfer import SyncTimings
+from asyncgrpo.core import metrics
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.interrupts import interrupts_deferred
+from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.rollout_process import RolloutProcess
+from asyncgrpo.shell.server_watch import wait_for_server
+from asyncgrpo.shell.weight_sync import WeightSync
+
+log = structlog.get_logger("asyncgrpo.trainer")
+
+
+class WeightPushing:
+    """Weight pushes of a run: needs ``weights``, ``learner``, ``args``, ``process`` (None until
+    the rollout process starts), ``rank0``, ``version``, ``_client()`` and ``_observe()`` on
+    the instance."""
+
+    weights: WeightSync | None
+    learner: Learner
+    args: AsyncGRPOConfig
+    process: RolloutProcess | None
+    rank0: bool
+    version: int
+    _client: Callable[[], VLLMClient]
+    _observe: Callable[..., None]
+
+    def _sync_weights(self) -> None:
+        """Push the current policy to the server (collective; rank 0 talks to the server).
+
+        Mid-run, a push that fails is taken as the server going away: it is recorded, and the
+        next step waits for the server and pushes again (:meth:`_resync`) before any sample is
+        trusted; a server that is there and still refuses fails the resync."""
+        assert self.weights is not None
+        start = time.monotonic()
+        if self.learner.world_size > 1:
+            dist.barrier()
+        try:
+            with interrupts_deferred():  # the server takes part in a transfer: never cut it
+                timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+        except Exception as error:
+            if self.process is None:
+                raise  # at start: the server must be there
+            self.process.trust.outage(f"{type(error).__name__}: {error}", "trainer weight sync")
+            return
+        self._synced(timings)
+
+    def _resync(self, attempts: int = 3) -> None:
+        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage), then
+        every process reconnects and pushes the current weights; the outages seen before the
+        push are then covered (collective). A push that fails while the server answers is
+        retried ``attempts`` times, then raised."""
+        assert self.weights is not None
+        for attempt in range(1, attempts + 1):
+            covering = self._wait_for_server() if self.rank0 else 0
+            error: Exception | None = None
+            try:
+                self.weights.reconnect()
+                with interrupts_deferred():
+                    timings = self.weights.sync(self.learner.step)
+            except Exception as failed:
+                error = failed
+            failure = [None if error is None else f"{type(error).__name__}: {error}"]
+            if self.learner.world_size > 1:
+                dist.broadcast_object_list(failure, src=0)
+            if failure[0] is None:
+                self._synced(timings)
+                self._resynced(covering)
+                return
+            if attempt == attempts:
+                raise error or RuntimeError(f"weight push after an outage failed: {failure[0]}")
+            if self.rank0:
+                assert self.process is not None
+                self.process.trust.outage(failure[0], "resync")
+
+    def _wait_for_server(self) -> int:
+        """Rank 0: wait until the server answers; the outages it has seen by then."""
+        assert self.process is not None
+        trust = self.process.trust
+        covering = trust.read().outages
+
+        async def wait() -> float:
+            async with self._client() as client:
+                return await wait_for_server(client, trust.down_since(),
+                                             self.args.vllm_server_timeout)  # fmt: skip
+
+        down_s = anyio.run(wait)
+        log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
+                 step=self.learner.step)  # fmt: skip
+        return covering
+
+    def _resynced(self, covering: int) -> None:
+        if not self.rank0:
+            return
+        assert self.process is not None
+        self.process.trust.pushed(covering)
+        self.process.restart_wait_clock()
+        self._observe(metrics.value("rollout/vllm_outage_count", 1))
+
+    def _synced(self, timings: SyncTimings | None) -> None:
+        if not self.rank0 or timings is None:
+            return
+        self.version = self.learner.step
+        if self.process is not None:
+            self.process.set_model_version(self.version)
+        self._observe(
+            metrics.value("perf/weight_sync_server_s", timings.total_s),
+            metrics.value("perf/weight_sync_pause_s", timings.pause_s),
+            metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
+            metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
+        )
