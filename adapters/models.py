@@ -27,10 +27,12 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen3Config,
 )
+from transformers.core_model_loading import revert_weight_conversion
 
+from asyncgrpo.adapters.hybrid_models import servable_qwen3_next_config
 from asyncgrpo.adapters.vision_language import freeze_outside_text_model, is_vision_language
 
-Architecture = Literal["qwen3", "llama"]
+Architecture = Literal["qwen3", "llama", "qwen3_next"]
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -170,14 +172,15 @@ def build_tiny_model(
     seed: int = 0,
     **config_kwargs: Any,
 ) -> PreTrainedModel:
-    """A randomly initialised tiny causal LM (fp32) whose vocabulary matches ``tokenizer``."""
-    config = tiny_config(
-        architecture,
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **config_kwargs,
-    )
+    """A randomly initialised tiny causal LM (fp32) whose vocabulary matches ``tokenizer``;
+    ``"qwen3_next"`` is the hybrid of
+    :func:`~asyncgrpo.adapters.hybrid_models.servable_qwen3_next_config` (serve it in bf16)."""
+    tokens = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if architecture == "qwen3_next":
+        config = servable_qwen3_next_config(len(tokenizer), bos_token_id=None, **tokens,
+                                            **config_kwargs)  # fmt: skip
+    else:
+        config = tiny_config(architecture, vocab_size=len(tokenizer), **tokens, **config_kwargs)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -251,3 +254,13 @@ def save_weights_as_model(
     fresh.load_state_dict(dict(weights), strict=True, assign=True)
     fresh.generation_config = base.generation_config
     fresh.save_pretrained(str(path))
+
+
+def checkpoint_named(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``weights`` (under ``model``'s own state-dict names) under the names and layout of its
+    checkpoint: what ``save_pretrained`` writes and vLLM's loaders expect. transformers 5
+    converts some checkpoint tensors on load, e.g. a MoE layer's per-expert
+    ``experts.N.gate_proj`` / ``up_proj`` into one ``experts.gate_up_proj``; vLLM ignores the
+    converted names, so weight sync must send these. Works tensor by tensor and on meta
+    tensors (for the MoE conversions transformers ships)."""
+    return revert_weight_conversion(model, dict(weights))

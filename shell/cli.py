@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-staleness", type=int, default=None,
         help="versions a sample may lag the policy (default: the demo's 1; TRL's default is 4)",
     )  # fmt: skip
+    demo.add_argument(
+        "--model-family", choices=("qwen3", "qwen3-next"), default="qwen3",
+        help="tiny model to train: qwen3 (default) or qwen3-next (a gated DeltaNet hybrid with "
+             "experts, served in bf16)",
+    )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     return parser
@@ -77,7 +82,9 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     from asyncgrpo.shell.demo import run_demo
 
     overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
-    result = run_demo(args.output_dir, max_steps=args.max_steps, overrides=overrides)
+    result = run_demo(
+        args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family
+    )
     path = plot_run(args.output_dir)
     print(
         f"demo finished {result.global_step} steps; metrics in "

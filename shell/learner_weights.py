@@ -21,7 +21,7 @@ from peft import PeftModel
 from torch import Tensor, nn
 
 from asyncgrpo.adapters.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
-from asyncgrpo.adapters.models import save_weights_as_model
+from asyncgrpo.adapters.models import checkpoint_named, save_weights_as_model
 from asyncgrpo.adapters.peft_models import adapter_state_dict, merged_state_dict
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 
@@ -62,18 +62,33 @@ class LearnerWeights:
 
     def synced_state_dict(self) -> dict[str, Tensor]:
         """:meth:`full_state_dict` without the weights that never change (a vision-language
-        model's frozen vision tower): what weight sync sends. Collective, like it."""
+        model's frozen vision tower), under the checkpoint's names (:func:`checkpoint_named`):
+        what weight sync sends. Collective, like it."""
         prefixes = frozen_prefixes(self.model)
-        return {k: v for k, v in self.full_state_dict().items() if is_synced_weight(k, prefixes)}
+        return {
+            converted_name: converted
+            for name, tensor in self.full_state_dict().items()
+            if is_synced_weight(name, prefixes)
+            for converted_name, converted in self._checkpoint_named({name: tensor}).items()
+        }
+
+    def _checkpoint_named(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        return checkpoint_named(
+            self.model.get_base_model() if self.is_peft else self.model, weights
+        )
 
     def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
         without gathering anything (the same keys, dtypes and order as
-        :meth:`full_state_dict`). Local: any process may call it alone."""
+        :meth:`synced_state_dict`). Local: any process may call it alone."""
         shapes = meta_state_dict(self.model, self._is_synced)
         if self.is_peft:
             shapes = merged_state_dict(self.model, shapes)
-        return [(name, self._exported(t).dtype, tuple(t.shape)) for name, t in shapes.items()]
+        return [
+            (converted_name, self._exported(converted).dtype, tuple(converted.shape))
+            for name, tensor in shapes.items()
+            for converted_name, converted in self._checkpoint_named({name: tensor}).items()
+        ]
 
     def iter_weights(self) -> Iterator[tuple[str, Tensor]]:
         """The unsharded weights one tensor at a time, on the learner's device, in
@@ -85,11 +100,11 @@ class LearnerWeights:
         rank 0 yields them.
         """
         if self.is_peft:
-            for name, tensor in self.full_state_dict().items():
+            for name, tensor in self.synced_state_dict().items():
                 yield name, tensor.to(self.device)
             return
         for name, full in iter_full_tensors(self.model, self._is_synced):
-            yield name, self._exported(full)
+            yield from self._checkpoint_named({name: self._exported(full)}).items()
 
     def _is_synced(self, name: str) -> bool:
         return is_synced_weight(name, frozen_prefixes(self.model))
