@@ -8,9 +8,13 @@ by side, alternating, and the figure is trained tokens per second of forward and
 
 The default model is a tiny Qwen3 with hidden 256 and 4 layers (random weights, fp32), larger
 than the test model (hidden 128, 2 layers) so that the decoder rather than per-call overhead
-dominates; ``--hidden 128 --layers 2`` runs the test model.
+dominates; ``--hidden 128 --layers 2`` runs the test model. ``--model-family qwen3-next``
+runs a tiny Qwen3-Next hybrid instead (alternating gated DeltaNet and gated attention layers,
+routed experts; the tree-aware DeltaNet forward of :mod:`asyncgrpo.adapters.gated_delta_net`),
+where the FLOP estimate, written for plain decoders, is left out.
 
     .venv/bin/python benchmarks/tree_packing.py
+    .venv/bin/python benchmarks/tree_packing.py --model-family qwen3-next
 """
 
 from __future__ import annotations
@@ -121,10 +125,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model-family", choices=("qwen3", "qwen3-next"), default="qwen3")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    architecture = "qwen3_next" if args.model_family == "qwen3-next" else "qwen3"
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny_model(tmp, hidden_size=args.hidden, num_layers=args.layers)
+        path = save_tiny_model(tmp, architecture, hidden_size=args.hidden, num_layers=args.layers)
         model = load_causal_lm(path)
     samples = make_group(model.config.vocab_size)
     rows = {"tree": pack_row(samples), "padding-free": padding_free_row(samples)}
@@ -134,7 +140,7 @@ def main() -> None:
     trained = len(rows["tree"].target_ids)
     ratio = batch_metrics([[rows["tree"]]], rows["tree"].num_tokens)["batch/packing_ratio"]
     print(
-        f"model hidden {args.hidden}, {args.layers} layers; {len(samples)} samples, "
+        f"{args.model_family} hidden {args.hidden}, {args.layers} layers; {len(samples)} samples, "
         f"{trained} trained tokens; threads {args.threads}, {args.repeats} repeats"
     )
     for name, row in rows.items():
@@ -143,6 +149,10 @@ def main() -> None:
             f"{medians[name] * 1e3:7.1f} ms, {trained / medians[name]:8.0f} trained tokens/s"
         )
     speedup = medians["padding-free"] / medians["tree"]
+    if architecture == "qwen3_next":
+        print(f"packing_ratio {ratio:.2f}, speedup {speedup:.2f} ({speedup / ratio:.2f} x "
+              "packing_ratio)")  # fmt: skip
+        return
     ideal = forward_macs(rows["padding-free"], model.config) / forward_macs(
         rows["tree"], model.config
     )
