@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
 import attrs
 import httpx
 
+from asyncgrpo.adapters import vllm_tokens
+from asyncgrpo.core.candidate_sets import CandidateSetSupport
 from asyncgrpo.core.pacing import ServerLoad
 from asyncgrpo.core.server_outage import Failure, classify_failure
 
@@ -118,12 +120,15 @@ class Generation:
             token id; ``None`` when none were requested.
         finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``; an ``"abort"``ed
             (partial) completion is retried by :meth:`VLLMClient.generate`, never returned.
+        sampling_masks: per token, the candidate ids the sampler drew from under top-k /
+            top-p (:mod:`~asyncgrpo.adapters.vllm_tokens`); ``None`` when not requested.
     """
 
     output_ids: tuple[int, ...]
     output_log_probs: tuple[float, ...]
     top_logprobs: tuple[dict[int, float], ...] | None
     finish_reason: str | None
+    sampling_masks: tuple[tuple[int, ...], ...] | None = None
 
 
 @attrs.frozen
@@ -371,9 +376,21 @@ class VLLMClient:
         params: SamplingParams,
         seed: int,
         model: str | None = None,
+        candidate_sets_logprobs: int | None = None,
     ) -> Generation:
         """Sample one completion of ``prompt_ids`` (from ``model``, e.g. a LoRA adapter's
-        name, instead of the client's model when given)."""
+        name, instead of the client's model when given).
+
+        With ``candidate_sets_logprobs`` (the plan's ``logprobs_to_request``) the request goes
+        to the token endpoint and the generation carries each token's candidate set."""
+        if candidate_sets_logprobs is not None:
+            body = vllm_tokens.token_request(
+                list(prompt_ids), params, seed, model or self.model, candidate_sets_logprobs
+            )
+            return await self._generate_until_not_aborted(
+                vllm_tokens.TOKEN_ENDPOINT, body,
+                lambda reply: vllm_tokens.parse_token_reply(reply, params.num_sampler_logprobs),
+            )  # fmt: skip
         body = {
             "model": model or self.model,
             "prompt": list(prompt_ids),
@@ -393,21 +410,32 @@ class VLLMClient:
             "skip_special_tokens": False,
             "stream": False,
         }
+        return await self._generate_until_not_aborted(
+            "/v1/completions", body, lambda reply: self._one_choice(reply, params)
+        )
+
+    @staticmethod
+    def _one_choice(reply: Any, params: SamplingParams) -> Generation:
+        choices = reply.get("choices") or []
+        if len(choices) != 1:
+            raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
+        return parse_generation(choices[0], params.num_sampler_logprobs)
+
+    async def _generate_until_not_aborted(
+        self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
+    ) -> Generation:
         attempt = 0
         while attempt <= self.max_retries:
             started = await self.gate.enter() if self.gate is not None else 0
             try:
-                response = await self._request("POST", "/v1/completions", json=body)
+                response = await self._request("POST", path, json=body)
             except ServerUnreachable as error:
                 assert self.gate is not None  # only a gated client raises it
                 await self.gate.unreachable(error)
                 self.regenerated_count += 1  # the server went away while it ran: send again
                 continue
             self._raise_for_client_error(response, "generation")
-            choices = response.json().get("choices") or []
-            if len(choices) != 1:
-                raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
-            generation = parse_generation(choices[0], params.num_sampler_logprobs)
+            generation = parse(response.json())
             if self.gate is not None and not self.gate.trusted(started):
                 self.regenerated_count += 1  # sampled across an outage: unknown weights
                 continue
@@ -474,6 +502,13 @@ class VLLMClient:
         if not isinstance(config, dict):
             raise VLLMError(f"/server_info: vllm_config is not an object: {str(config)[:200]}")
         return config
+
+    async def candidate_set_support(self) -> CandidateSetSupport:
+        """Whether the server records sampling masks (``/server_info``) and serves the token
+        endpoint (an empty request to it: 403 when ``--enable-scale-out`` is off)."""
+        config = await self.server_config()
+        probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+        return vllm_tokens.candidate_set_support(config, probe.status_code)
 
     async def weight_transfer(self) -> ServerTransfer | None:
         """The server's weight-transfer engine and workers, or ``None`` when it has no

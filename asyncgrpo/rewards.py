@@ -7,6 +7,7 @@ dataset's columns) and returns one float, or ``None`` for a completion it cannot
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,9 @@ def accuracy_reward(
 
     Parsing and comparison use ``math-verify`` (``pip install asyncgrpo[math]``). A solution
     that cannot be parsed gives ``None``: the completion is left unscored instead of being
-    punished for a bad reference.
+    punished for a bad reference. math-verify's 5 s timeouts use ``signal.alarm``, which works
+    only in a main thread; the rollout worker calls synchronous reward functions in a thread
+    pool, where they run without a timeout.
     """
     try:
         from math_verify import LatexExtractionConfig, parse, verify
@@ -43,12 +46,14 @@ def accuracy_reward(
         raise ImportError(
             "accuracy_reward needs math-verify: pip install 'asyncgrpo[math]'"
         ) from error
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     rewards: list[float | None] = []
     for completion, reference in zip(completions, solution, strict=True):
-        gold = parse(reference, extraction_mode="first_match")
+        gold = parse(reference, extraction_mode="first_match", parsing_timeout=timeout)
         if not gold:
             rewards.append(None)
             continue
-        answer = parse(_last_content(completion), extraction_config=[LatexExtractionConfig()])
-        rewards.append(float(verify(gold, answer)))
+        answer = parse(_last_content(completion), extraction_config=[LatexExtractionConfig()],
+                       parsing_timeout=timeout)  # fmt: skip
+        rewards.append(float(verify(gold, answer, timeout_seconds=timeout)))
     return rewards

@@ -26,7 +26,7 @@ from asyncgrpo.core.records import Rollout, RolloutGroup
 from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
 from asyncgrpo.core.scoring import check_reward_values, group_samples
 from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.tool_loop import callable_name, is_async
+from asyncgrpo.shell.tool_loop import is_async, reward_names
 
 RewardColumns = dict[str, list[float | None]]
 
@@ -74,8 +74,7 @@ async def reward_columns(
     )
     columns: RewardColumns = {}
 
-    async def call(fn: Callable[..., Any]) -> None:
-        name = callable_name(fn)
+    async def call(fn: Callable[..., Any], name: str) -> None:
         try:
             with doing(f"reward function {name!r}", (pending.group_id, pending.row_index)):
                 if is_async(fn):
@@ -89,8 +88,8 @@ async def reward_columns(
         columns[name] = check_reward_values(name, result, g)
 
     async with anyio.create_task_group() as tg:
-        for fn in reward_funcs:
-            tg.start_soon(call, fn)
+        for fn, name in zip(reward_funcs, reward_names(reward_funcs), strict=True):
+            tg.start_soon(call, fn, name)
     env_rewards = pending.env_rewards
     for env_type in {e[0] for e in env_rewards if e is not None}:
         columns[env_type.__name__] = [

@@ -54,6 +54,7 @@ from asyncgrpo.adapters.weight_transfer import adapter_name
 from asyncgrpo.core import cursor, pacing
 from asyncgrpo.core.activity import Activity, describe_activities
 from asyncgrpo.core.advantages import standardize_rewards
+from asyncgrpo.core.candidate_sets import plan_candidate_sets
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -161,6 +162,7 @@ class AsyncRolloutLoop:
             num_sampler_logprobs=config.num_sampler_logprobs if config.score_centering else 0,
         )
         self.client: VLLMClient | None = None
+        self._candidate_logprobs: int | None = None  # set at start: see _plan_candidate_sets
         self._ledger = pacing.GenerationLedger()
         self._taken_seen = 0
         self._load_cap = pacing.LoadCap(cap=config.max_concurrent_rollouts)
@@ -209,12 +211,16 @@ class AsyncRolloutLoop:
             raise RuntimeError("generate_one_turn called before the loop started")
         seed = self._next_seed()
         adapter = adapter_name(self.lora_prefix, _GROUP_VERSION.get()) if self.lora_prefix else None
-        gen = await self.client.generate(prompt_ids, self.sampling, seed, model=adapter)
+        gen = await self.client.generate(
+            prompt_ids, self.sampling, seed, model=adapter,
+            candidate_sets_logprobs=self._candidate_logprobs,
+        )  # fmt: skip
         self._generated_tokens += len(gen.output_ids)
         return TurnRecord(
             prompt_ids=prompt_ids,
             output_ids=gen.output_ids,
             output_log_probs=gen.output_log_probs,
+            output_sampling_mask=gen.sampling_masks,
             output_sampler_logprobs=gen.top_logprobs,
         )
 
@@ -250,7 +256,7 @@ class AsyncRolloutLoop:
         )
         try:
             await self._start_load_cap()
-            self._warn_if_candidate_sets_are_missing()
+            await self._plan_candidate_sets()
             await self.setup()
             send, receive = anyio.create_memory_object_stream[PendingGroup](
                 self.score_queue_maxsize
@@ -452,15 +458,16 @@ class AsyncRolloutLoop:
             self.config.max_concurrent_rollouts,
         )
 
-    def _warn_if_candidate_sets_are_missing(self) -> None:
-        if self.config.top_k > 0 or self.config.top_p < 1.0:
-            warnings.warn(
-                "top_k/top_p is set but this server does not return the sampler's candidate "
-                "sets (vLLM >= 0.28 with --return-sampling-mask --enable-scale-out on the V2 "
-                "model runner); the trainer normalises over the full vocabulary, so importance "
-                "ratios are biased",
-                stacklevel=2,
-            )
+    async def _plan_candidate_sets(self) -> None:
+        """Read from the server whether it can return candidate sets; warn once if top-k/top-p
+        needs them and it cannot (:func:`~asyncgrpo.core.candidate_sets.plan_candidate_sets`)."""
+        assert self.client is not None
+        support = await self.client.candidate_set_support()
+        plan = plan_candidate_sets(support, self.config.top_k, self.config.top_p,
+                                   self.sampling.num_sampler_logprobs)  # fmt: skip
+        if plan.warning is not None:
+            warnings.warn(plan.warning, stacklevel=2)
+        self._candidate_logprobs = plan.logprobs_to_request if plan.request_sets else None
 
     @contextlib.contextmanager
     def _doing(self, what: str, group: tuple[int, int] | None = None) -> Iterator[None]:

@@ -49,6 +49,23 @@ def callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def reward_names(funcs: Sequence[Callable[..., Any]]) -> list[str]:
+    """One distinct name per reward function: two of one name (two partials of a function)
+    become ``name`` and ``name_2``, so neither's rewards replace the other's.
+
+    Example:
+        >>> reward_names([len, functools.partial(len), max])
+        ['len', 'len_2', 'max']
+    """
+    names: list[str] = []
+    for fn in funcs:
+        name, n = callable_name(fn), 1
+        while (name if n == 1 else f"{name}_{n}") in names:
+            n += 1
+        names.append(name if n == 1 else f"{name}_{n}")
+    return names
+
+
 def is_async(fn: Callable[..., Any]) -> bool:
     """Whether calling ``fn`` (a function, a partial, or an instance with ``__call__``) returns
     a coroutine."""

