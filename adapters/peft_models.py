@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 
@@ -30,6 +31,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from torch import Tensor
 from transformers import PreTrainedModel
+
+from asyncgrpo.adapters.vision_language import frozen_prefixes
 
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _LM_HEAD_ERROR = (
@@ -69,14 +72,18 @@ def wrap_with_lora(model: PreTrainedModel, peft_config: PeftConfig) -> PeftModel
 
     Only the adapters require grad afterwards. The check after wrapping catches what the config
     alone cannot show: a regular expression in ``target_modules`` that matches the output layer,
-    or LoRA on a layer type other than ``nn.Linear``.
+    or LoRA on a layer type other than ``nn.Linear``. On a vision-language model the frozen
+    vision tower gets no adapters: with ``exclude_modules`` unset it is excluded here.
 
     Raises:
-        ValueError: see :func:`check_peft_config`; or an adapter on the output layer or on a
-            non-linear layer.
+        ValueError: see :func:`check_peft_config`; or an adapter on the output layer, on a
+            non-linear layer, or in the vision tower.
     """
     output_layer = _output_layer_name(model)
     check_peft_config(peft_config, output_layer.rsplit(".", 1)[-1])
+    frozen = frozen_prefixes(model)
+    if frozen and not peft_config.exclude_modules:
+        peft_config = dataclasses.replace(peft_config, exclude_modules=_under(frozen))
     peft_model = get_peft_model(model, peft_config)
     head = peft_model.get_base_model().get_output_embeddings()
     if isinstance(head, BaseTunerLayer | ModulesToSaveWrapper):
@@ -87,7 +94,26 @@ def wrap_with_lora(model: PreTrainedModel, peft_config: PeftConfig) -> PeftModel
                 f"LoRA on {name} ({type(module).__name__}) is not supported; only linear layers "
                 "can carry adapters: narrow LoraConfig.target_modules"
             )
+        base_name = name.removeprefix("base_model.model.")
+        if isinstance(module, LoraLayer) and base_name.startswith(frozen):
+            raise ValueError(
+                f"LoRA on {base_name}: the vision tower stays frozen and the server keeps the "
+                "checkpoint's weights for it; leave it out of LoraConfig.target_modules, or "
+                "leave LoraConfig.exclude_modules unset and it is excluded for you"
+            )
     return peft_model
+
+
+def _under(prefixes: tuple[str, ...]) -> str:
+    """A regular expression (for ``LoraConfig.exclude_modules``) matching every module under
+    ``prefixes``.
+
+    Example:
+        >>> import re
+        >>> bool(re.fullmatch(_under(("model.visual.",)), "model.visual.blocks.0.attn.qkv"))
+        True
+    """
+    return "(?:" + "|".join(re.escape(prefix) + ".*" for prefix in prefixes) + ")"
 
 
 def merged_state_dict(model: PeftModel, full_state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:

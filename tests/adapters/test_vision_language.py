@@ -4,9 +4,12 @@ prompt carrying an image is refused."""
 
 import pytest
 import torch
+from peft import LoraConfig
+from peft.tuners.lora import LoraLayer
 
 from asyncgrpo.adapters.chat import render_prompt
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
+from asyncgrpo.adapters.peft_models import wrap_with_lora
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.optimization import build_optimizer
@@ -52,3 +55,21 @@ def test_weight_sync_sends_the_text_weights_under_the_checkpoint_names(tiny_vl) 
 def test_a_prompt_with_an_image_is_refused(message) -> None:
     with pytest.raises(ValueError, match="image or a video: training on images is not"):
         render_prompt(build_tokenizer(), [message], None, None)
+
+
+def test_lora_stays_off_the_vision_tower(tiny_vl) -> None:
+    """``target_modules="all-linear"`` reaches the tower's linear layers too; they get no
+    adapter, so nothing the server keeps frozen is trained or synced."""
+    model = wrap_with_lora(load_causal_lm(tiny_vl), LoraConfig(r=4, target_modules="all-linear"))
+    adapted = [name for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+    assert any(".language_model." in name for name in adapted)
+    assert not [name for name in adapted if ".visual." in name]
+    assert not [n for n, p in model.named_parameters() if p.requires_grad and ".visual." in n]
+
+
+def test_lora_asked_for_in_the_vision_tower_is_refused(tiny_vl) -> None:
+    """The negative control: with ``exclude_modules`` set by the user nothing is excluded for
+    them, and an adapter that lands in the tower is refused naming it."""
+    config = LoraConfig(r=4, target_modules="all-linear", exclude_modules=["lm_head"])
+    with pytest.raises(ValueError, match=r"LoRA on model\.visual\..*vision tower"):
+        wrap_with_lora(load_causal_lm(tiny_vl), config)
