@@ -19,10 +19,11 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from asyncgrpo.adapters.vllm_replies import Generation, VLLMError
 from asyncgrpo.core.candidate_sets import CandidateSetSupport
 
 if TYPE_CHECKING:
-    from asyncgrpo.adapters.vllm_client import Generation, SamplingParams
+    from asyncgrpo.adapters.vllm_client import SamplingParams
 
 TOKEN_ENDPOINT = "/inference/v1/generate"
 # vLLM's placeholder for a sampled token that has no entry in the engine's log-prob map.
@@ -91,8 +92,6 @@ def parse_token_reply(payload: Any, num_sampler_logprobs: int) -> Generation:
     """
     import pydantic
     from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTokensResponse
-
-    from asyncgrpo.adapters.vllm_client import Generation, VLLMError
 
     try:
         reply = GenerateTokensResponse.model_validate(payload)

@@ -27,7 +27,8 @@ import anyio
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm_replies import ServerTransfer, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
 from asyncgrpo.core import weight_sync
 

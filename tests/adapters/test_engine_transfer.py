@@ -22,7 +22,8 @@ from asyncgrpo.adapters.gloo_transfer import (
     padded_nbytes,
     unpack,
 )
-from asyncgrpo.adapters.vllm_client import ServerTransfer, VLLMClient, server_transfer
+from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm_replies import ServerTransfer, server_transfer
 from asyncgrpo.adapters.vllm_server import free_port
 
 from .test_weight_transfer import server_logprob_gap

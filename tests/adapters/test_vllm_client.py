@@ -10,8 +10,8 @@ from asyncgrpo.adapters.vllm_client import (
     SamplingParams,
     VLLMClient,
     VLLMError,
-    parse_metrics,
 )
+from asyncgrpo.adapters.vllm_replies import parse_metrics
 
 
 def run(coro_fn, *args):

@@ -1,0 +1,183 @@
+"""Reading a vLLM server's replies: a ``/v1/completions`` choice, the Prometheus text of
+``/metrics`` and the weight-transfer part of ``/server_info``.
+
+Each parser checks what it reads and raises :class:`VLLMError` naming what is missing or
+malformed (a reply without token ids means the server cannot return them; a log-prob key not
+of the form ``token_id:N`` means the request did not ask for ids), so a bad reply fails where
+it enters instead of training on wrong numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from asyncgrpo.core.pacing import ServerLoad
+
+
+class VLLMError(RuntimeError):
+    """The server answered with an error, or could not be reached after retries."""
+
+
+@attrs.frozen
+class Generation:
+    """One sampled completion.
+
+    Attributes:
+        output_ids: the sampled token ids.
+        output_log_probs: the sampler's log-prob (processed: after temperature, top-k/top-p)
+            of each sampled token.
+        top_logprobs: per token, the sampler's top ``num_sampler_logprobs`` log-probs keyed by
+            token id; ``None`` when none were requested.
+        finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``; an ``"abort"``ed
+            (partial) completion is retried by the client, never returned.
+        sampling_masks: per token, the candidate ids the sampler drew from under top-k /
+            top-p (:mod:`~asyncgrpo.adapters.vllm_tokens`); ``None`` when not requested.
+    """
+
+    output_ids: tuple[int, ...]
+    output_log_probs: tuple[float, ...]
+    top_logprobs: tuple[dict[int, float], ...] | None
+    finish_reason: str | None
+    sampling_masks: tuple[tuple[int, ...], ...] | None = None
+
+
+@attrs.frozen
+class ServerMetrics:
+    """One /metrics scrape, summed over engines (KV usage: max over engines)."""
+
+    load: ServerLoad
+    preemptions: int
+    kv_cache_tokens: int | None
+
+
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)$"
+)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _token_id(key: str) -> int:
+    match = _TOKEN_ID.match(key)
+    if match is None:
+        raise VLLMError(
+            f"server returned log-prob key {key!r}, expected 'token_id:N'; the request must "
+            "set return_tokens_as_token_ids"
+        )
+    return int(match.group(1))
+
+
+def _top_k(table: Mapping[str, float], k: int) -> dict[int, float]:
+    """The ``k`` most likely entries (vLLM adds the sampled token when it is not among them)."""
+    entries = sorted(((float(v), _token_id(key)) for key, v in table.items()), reverse=True)
+    return {token: logprob for logprob, token in entries[:k]}
+
+
+def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Generation:
+    """Read one ``/v1/completions`` choice; a malformed reply raises naming what is missing."""
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise VLLMError("server reply has no token_ids; the server must support return_token_ids")
+    logprobs = choice.get("logprobs") or {}
+    sampled = logprobs.get("token_logprobs")
+    if sampled is None or len(sampled) != len(token_ids):
+        raise VLLMError(
+            f"server reply has {0 if sampled is None else len(sampled)} log-probs for "
+            f"{len(token_ids)} tokens"
+        )
+    values = tuple(float(v) for v in sampled)
+    if any(not math.isfinite(v) for v in values):
+        raise VLLMError("server returned a non-finite log-prob for a sampled token")
+    top = None
+    if num_sampler_logprobs > 0:
+        tables = logprobs.get("top_logprobs") or []
+        if len(tables) != len(token_ids):
+            raise VLLMError(
+                f"server reply has {len(tables)} top log-prob tables for {len(token_ids)} tokens"
+            )
+        top = tuple(_top_k(table or {}, num_sampler_logprobs) for table in tables)
+    return Generation(
+        output_ids=tuple(int(t) for t in token_ids),
+        output_log_probs=values,
+        top_logprobs=top,
+        finish_reason=choice.get("finish_reason"),
+    )
+
+
+def parse_metrics(text: str) -> ServerMetrics:
+    """Parse vLLM's Prometheus text: KV usage (max over engines), running / waiting requests
+    and preemptions (summed over engines), and the KV-cache size in tokens."""
+    usage: list[float] = []
+    running = waiting = preemptions = 0.0
+    kv_tokens: list[int] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, value = match.group("name"), float(match.group("value"))
+        if name == "vllm:kv_cache_usage_perc":
+            usage.append(value)
+        elif name == "vllm:num_requests_running":
+            running += value
+        elif name == "vllm:num_requests_waiting":
+            waiting += value
+        elif name == "vllm:num_preemptions_total":
+            preemptions += value
+        elif name == "vllm:cache_config_info":
+            labels = dict(_LABEL.findall(match.group("labels") or ""))
+            size = labels.get("kv_cache_size_tokens")
+            if size is not None and size.isdigit():
+                kv_tokens.append(int(size))
+            elif (
+                labels.get("num_gpu_blocks", "").isdigit()
+                and labels.get("block_size", "").isdigit()
+            ):
+                kv_tokens.append(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+    return ServerMetrics(
+        load=ServerLoad(max(usage, default=0.0), int(running), int(waiting)),
+        preemptions=int(preemptions),
+        kv_cache_tokens=sum(kv_tokens) if kv_tokens else None,
+    )
+
+
+@attrs.frozen
+class ServerTransfer:
+    """What a server offers for weight transfer, from its ``/server_info``.
+
+    Attributes:
+        backend: the ``--weight-transfer-config`` backend, ``None`` when it has none.
+        workers: its model workers (tensor x pipeline x data parallel): the ranks that join the
+            trainer's group.
+    """
+
+    backend: str | None
+    workers: int
+
+
+def server_transfer(vllm_config: Mapping[str, Any]) -> ServerTransfer:
+    """Read :class:`ServerTransfer` from ``/server_info?config_format=json``'s ``vllm_config``.
+
+    Example:
+        >>> server_transfer({"weight_transfer_config": {"backend": "nccl"},
+        ...                  "parallel_config": {"tensor_parallel_size": 2,
+        ...                                      "pipeline_parallel_size": 1,
+        ...                                      "data_parallel_size": 2}})
+        ServerTransfer(backend='nccl', workers=4)
+    """
+    config = vllm_config.get("weight_transfer_config") or {}
+    parallel = vllm_config.get("parallel_config") or {}
+    try:
+        workers = 1
+        for size in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            workers *= int(parallel.get(size, 1))
+    except (TypeError, ValueError) as error:
+        raise VLLMError(f"/server_info: unreadable parallel_config {parallel!r}") from error
+    backend = config.get("backend") if isinstance(config, Mapping) else None
+    return ServerTransfer(backend=backend, workers=workers)
