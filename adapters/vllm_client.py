@@ -109,6 +109,24 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def request_fields(self, seed: int) -> dict[str, Any]:
+        """The sampling fields of one request, every one explicit, the same for
+        ``/v1/completions`` and the token endpoint (one completion, no penalties beyond
+        ``repetition_penalty``, no special tokens skipped)."""
+        return {
+            "n": 1,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "seed": int(seed),
+            "skip_special_tokens": False,
+        }
+
 
 def _too_long(detail: str) -> bool:
     return (
@@ -236,20 +254,10 @@ class VLLMClient:
         body = {
             "model": model or self.model,
             "prompt": list(prompt_ids),
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "n": 1,
-            "seed": int(seed),
+            **params.request_fields(seed),
             "logprobs": max(params.num_sampler_logprobs, 0),
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False,
             "stream": False,
         }
         return await self._generate_until_not_aborted(

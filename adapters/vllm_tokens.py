@@ -66,20 +66,7 @@ def token_request(
         "token_ids": list(prompt_ids),
         "output_mode": "tokens",
         "stream": False,
-        "sampling_params": {
-            "n": 1,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "seed": int(seed),
-            "logprobs": logprobs,
-            "skip_special_tokens": False,
-        },
+        "sampling_params": {**params.request_fields(seed), "logprobs": logprobs},
     }
 
 
