@@ -36,7 +36,8 @@ from asyncgrpo.adapters.gated_delta_net import (
     conv_kernel_size,
     recurrent_tensors,
 )
-from asyncgrpo.core.losses import SamplerTopK, TokenLogProbs, token_log_probs
+from asyncgrpo.core.loss_inputs import SamplerTopK
+from asyncgrpo.core.losses import TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing import PackedRow
 
 DEFAULT_CHUNK_SIZE = 1024

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.attention import Backend
 from asyncgrpo.adapters.packed_forward import packed_log_probs
-from asyncgrpo.core.losses import SamplerTopK
+from asyncgrpo.core.loss_inputs import SamplerTopK
 from asyncgrpo.core.packing import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 

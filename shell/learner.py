@@ -60,14 +60,9 @@ from asyncgrpo.adapters.packed_policy import (
 )
 from asyncgrpo.adapters.peft_models import wrap_with_lora
 from asyncgrpo.adapters.process_group import default_device, init_distributed
-from asyncgrpo.core.losses import (
-    LossConfig,
-    SamplerTopK,
-    clipped_surrogate,
-    loss_metrics,
-    normalize_loss,
-    score_centered_surrogate,
-)
+from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.loss_metrics import loss_metrics
+from asyncgrpo.core.losses import clipped_surrogate, normalize_loss, score_centered_surrogate
 from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
 from asyncgrpo.core.packing import PackedRow
 from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
@@ -85,7 +80,7 @@ class StepOutput:
 
     Attributes:
         metrics: one value per name (``summarize(window)``): the loss metrics of
-            :func:`~asyncgrpo.core.losses.loss_metrics` (means over the step's trained tokens
+            :func:`~asyncgrpo.core.loss_metrics.loss_metrics` (means over the step's trained tokens
             on all processes, extremes for ``_min``/``_max``), ``loss`` (the step's objective,
             summed over processes and micro-batches), ``grad_norm`` (before clipping),
             ``learning_rate`` (of this step), ``aux_loss`` (MoE only; unscaled, mean over

@@ -13,7 +13,7 @@ from packing_strategies import make_sample, sample_sets
 from asyncgrpo.adapters.attention import default_backend, enable_tree_attention
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
-from asyncgrpo.core.losses import SamplerTopK
+from asyncgrpo.core.loss_inputs import SamplerTopK
 from asyncgrpo.core.packing import pack_row
 
 ROW = pack_row(

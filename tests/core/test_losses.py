@@ -11,15 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from asyncgrpo.core.losses import (
-    LossConfig,
-    SamplerTopK,
-    clipped_surrogate,
-    loss_metrics,
-    normalize_loss,
-    policy_loss,
-    token_log_probs,
-)
+from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.loss_metrics import loss_metrics
+from asyncgrpo.core.losses import clipped_surrogate, normalize_loss, policy_loss, token_log_probs
 from asyncgrpo.core.metrics import MetricWindow, record, summarize, value
 
 LOSSES = settings(deadline=None, max_examples=60)

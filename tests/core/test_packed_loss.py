@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packing_strategies import sample_sets
 
-from asyncgrpo.core.losses import LossConfig, SamplerTopK, policy_loss
+from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.losses import policy_loss
 from asyncgrpo.core.packing import PackedRow, pack_row
 
 VOCAB, DIM, MAX_POS = 6, 8, 32
