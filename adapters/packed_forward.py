@@ -22,14 +22,9 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from asyncgrpo.adapters.attention import (
-    LAYOUT_KWARG,
-    TREE_ATTENTION,
-    Backend,
-    ModelAttention,
-    TreeLayout,
-    tree_layout,
-)
+from asyncgrpo.adapters.attention import LAYOUT_KWARG, TREE_ATTENTION, tree_layout
+from asyncgrpo.adapters.attention_backends import ModelAttention
+from asyncgrpo.adapters.attention_layout import Backend, TreeLayout
 from asyncgrpo.adapters.gated_delta_net import (
     RECURRENT_LAYOUT_KWARG,
     RecurrentTensors,
@@ -73,8 +68,8 @@ def row_tensors(
 ) -> RowTensors:
     """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend``
     (default: by device and, on CPU, by the row's cost in a model of ``shape``; see
-    :func:`~asyncgrpo.adapters.attention.default_backend`) and, when ``conv_kernel`` is given
-    (a gated DeltaNet model), the recurrent index tables."""
+    :func:`~asyncgrpo.adapters.attention_backends.default_backend`) and, when ``conv_kernel``
+    is given (a gated DeltaNet model), the recurrent index tables."""
 
     def long(array) -> Tensor:
         return torch.tensor(array, dtype=torch.long, device=device)

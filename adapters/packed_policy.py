@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from asyncgrpo.adapters.attention import Backend
+from asyncgrpo.adapters.attention_layout import Backend
 from asyncgrpo.adapters.packed_forward import packed_log_probs
 from asyncgrpo.core.loss_inputs import SamplerTopK
 from asyncgrpo.core.packing import PackedRow, pack_row

@@ -1,6 +1,6 @@
 """Which CPU tree-attention backend is cheaper for a packed row: a cost model measured here.
 
-Two exact backends compute tree attention on CPU (``asyncgrpo.adapters.attention``):
+Two exact backends compute tree attention on CPU (``asyncgrpo.adapters.attention_backends``):
 
 * ``"dense"``: one SDPA call over all ``T`` rows with a boolean ``[T, T]`` mask, built once per
   forward; its work grows with ``T²`` whatever the row's shape;

@@ -41,7 +41,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, set_seed
 
-from asyncgrpo.adapters.attention import Backend, enable_tree_attention
+from asyncgrpo.adapters.attention import enable_tree_attention
+from asyncgrpo.adapters.attention_layout import Backend
 from asyncgrpo.adapters.fsdp import (
     clip_gradients,
     mixed_precision,

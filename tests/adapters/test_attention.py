@@ -10,14 +10,16 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from asyncgrpo.adapters.attention import (
     TREE_ATTENTION,
-    BackendUnavailableError,
-    check_backend,
-    default_backend,
     enable_tree_attention,
     tree_attention_forward,
     tree_layout,
-    tree_mask_mod,
 )
+from asyncgrpo.adapters.attention_backends import (
+    BackendUnavailableError,
+    check_backend,
+    default_backend,
+)
+from asyncgrpo.adapters.attention_layout import tree_mask_mod
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.core.attention_choice import cheaper_backend
 from asyncgrpo.core.flops import query_key_pairs

@@ -10,7 +10,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.adapters.attention import default_backend, enable_tree_attention
+from asyncgrpo.adapters.attention import enable_tree_attention
+from asyncgrpo.adapters.attention_backends import default_backend
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
 from asyncgrpo.core.loss_inputs import SamplerTopK
