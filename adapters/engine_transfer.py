@@ -58,6 +58,10 @@ class WeightStream(WeightSource):
     """A :class:`WeightSource` over two callables: ``metadata`` lists ``(name, dtype, shape)``
     without gathering; ``weights`` yields ``(name, tensor)`` in the same order, and is a
     collective every trainer rank runs (see :meth:`asyncgrpo.shell.learner.Learner.iter_weights`).
+
+    Each iteration is one round of that collective. The stream keeps the round it handed out,
+    so a sender that fails half way can still run the gathers the other ranks are in
+    (:meth:`finish_round`).
     """
 
     def __init__(
@@ -67,12 +71,27 @@ class WeightStream(WeightSource):
     ) -> None:
         self._metadata = metadata
         self._weights = weights
+        self._round: Iterator[tuple[str, torch.Tensor]] | None = None
 
     def metadata(self) -> list[ParamMeta]:
         return [ParamMeta(name, dtype, tuple(shape)) for name, dtype, shape in self._metadata()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self._weights())
+        self._round = iter(self._weights())
+        return self._round
+
+    def new_round(self) -> None:
+        """Forget the last round: the next :meth:`finish_round` runs a whole one unless this
+        push iterates the stream first."""
+        self._round = None
+
+    def finish_round(self) -> None:
+        """Run to its end the round this push began (a whole round if it began none), so that
+        this rank takes part in every collective gather of it, as the other ranks do."""
+        if self._round is None:
+            self._round = iter(self._weights())
+        for _ in self._round:
+            pass
 
 
 class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
@@ -107,7 +126,7 @@ class EngineSync:
         base_url: str,
         client: Callable[[], VLLMClient],
         backend: str,
-        source: WeightSource,
+        source: WeightStream,
         *,
         workers: int,
         rank: int,
@@ -115,6 +134,7 @@ class EngineSync:
     ) -> None:
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
         self.sender = rank == 0
+        self.source = source
         self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s)
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self._wire, source=source
@@ -129,18 +149,35 @@ class EngineSync:
             self._client = client()
 
     def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:
-        """Push the source's current weights (collective; rank 0 gets the timings)."""
+        """Push the source's current weights (collective; rank 0 gets the timings).
+
+        When rank 0's side fails (the server died: the pause, the stream or the resume fails),
+        rank 0 first runs the gathers of the round the other ranks are still in, then raises:
+        every rank leaves the push after the same collectives."""
         if not self.sender:
             self.engine.send_weights()
             return None
+        self.source.new_round()
+        try:
+            return self._send(barrier_s)
+        except Exception:
+            self.source.finish_round()
+            raise
+
+    def _send(self, barrier_s: float) -> SyncTimings:
         start = time.monotonic()
         self._portal.call(self._client.pause)
         paused = time.monotonic()
         try:
             self.engine.send_weights()
             self._portal.call(self._client.reset_prefix_cache)
-        finally:
-            self._portal.call(self._client.resume)
+        except BaseException as failed:  # resume the server all the same, keep this cause
+            try:
+                self._portal.call(self._client.resume)
+            except Exception as also:
+                failed.add_note(f"resuming the server failed too: {type(also).__name__}: {also}")
+            raise
+        self._portal.call(self._client.resume)
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
 

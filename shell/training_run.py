@@ -129,7 +129,7 @@ class TrainingRun(WeightPushing):
                                        self.args.to_dict(), project=self.args.project)  # fmt: skip
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
-        self._sync_weights()
+        self._sync_weights(at_start=True)
         if self.rank0:
             self.flops = FlopsMeter(self.trainer.model.config, self.learner.device,
                                     self.learner.bf16)  # fmt: skip

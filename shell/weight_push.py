@@ -24,7 +24,7 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.interrupts import interrupts_deferred
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout_process import RolloutProcess
-from asyncgrpo.shell.server_watch import wait_for_server
+from asyncgrpo.shell.server_watch import ServerGone, wait_for_server
 from asyncgrpo.shell.weight_sync import WeightSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
@@ -44,53 +44,94 @@ class WeightPushing:
     _client: Callable[[], VLLMClient]
     _observe: Callable[..., None]
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self, at_start: bool = False) -> None:
         """Push the current policy to the server (collective; rank 0 talks to the server).
 
-        Mid-run, a push that fails is taken as the server going away: it is recorded, and the
-        next step waits for the server and pushes again (:meth:`_resync`) before any sample is
-        trusted; a server that is there and still refuses fails the resync."""
+        Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a push that failed
+        is taken as the server going away: it is recorded, and the next step waits for the
+        server and pushes again (:meth:`_resync`) before any sample is trusted; a server that
+        is there and still refuses fails the resync. ``at_start`` (the server must be there),
+        it fails the run on every process."""
         assert self.weights is not None
         start = time.monotonic()
         if self.learner.world_size > 1:
             dist.barrier()
+        timings, error = None, None
         try:
             with interrupts_deferred():  # the server takes part in a transfer: never cut it
                 timings = self.weights.sync(self.learner.step, time.monotonic() - start)
-        except Exception as error:
-            if self.process is None:
-                raise  # at start: the server must be there
-            self.process.trust.outage(f"{type(error).__name__}: {error}", "trainer weight sync")
+        except Exception as failed:
+            error = failed
+        failure = self._agreed(error)
+        if failure is None:
+            self._synced(timings)
             return
-        self._synced(timings)
+        if at_start:
+            raise error or RuntimeError(f"the weight push failed on another process: {failure}")
+        if self.rank0:
+            assert self.process is not None
+            self.process.trust.outage(failure, "trainer weight sync")
 
     def _resync(self, attempts: int = 3) -> None:
-        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage), then
-        every process reconnects and pushes the current weights; the outages seen before the
-        push are then covered (collective). A push that fails while the server answers is
-        retried ``attempts`` times, then raised."""
+        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage; every
+        process raises :class:`ServerGone` when it stays away), then every process reconnects
+        and pushes the current weights, each stage's outcome agreed by all; the outages seen
+        before the push are then covered (collective). A push that fails while the server
+        answers is retried ``attempts`` times, then raised."""
         assert self.weights is not None
         for attempt in range(1, attempts + 1):
-            covering = self._wait_for_server() if self.rank0 else 0
-            error: Exception | None = None
+            covering = self._wait_everywhere()
+            timings, error = None, None
             try:
                 self.weights.reconnect()
-                with interrupts_deferred():
-                    timings = self.weights.sync(self.learner.step)
             except Exception as failed:
                 error = failed
-            failure = [None if error is None else f"{type(error).__name__}: {error}"]
-            if self.learner.world_size > 1:
-                dist.broadcast_object_list(failure, src=0)
-            if failure[0] is None:
+            failure = self._agreed(error)
+            if failure is None:
+                try:
+                    with interrupts_deferred():
+                        timings = self.weights.sync(self.learner.step)
+                except Exception as failed:
+                    error = failed
+                failure = self._agreed(error)
+            if failure is None:
                 self._synced(timings)
                 self._resynced(covering)
                 return
             if attempt == attempts:
-                raise error or RuntimeError(f"weight push after an outage failed: {failure[0]}")
+                raise error or RuntimeError(f"weight push after an outage failed: {failure}")
             if self.rank0:
                 assert self.process is not None
-                self.process.trust.outage(failure[0], "resync")
+                self.process.trust.outage(failure, "resync")
+
+    def _agreed(self, error: Exception | None) -> str | None:
+        """The outcome of a collective stage on every process: ``None`` when it succeeded on
+        all, else the first failure (``"<Type>: <message>"``, rank 0's first)."""
+        failure = None if error is None else f"{type(error).__name__}: {error}"
+        if self.learner.world_size == 1:
+            return failure
+        failures: list[str | None] = [None] * self.learner.world_size
+        dist.all_gather_object(failures, failure)
+        return next((f if rank == 0 else f"rank {rank}: {f}" for rank, f in enumerate(failures)
+                     if f is not None), None)  # fmt: skip
+
+    def _wait_everywhere(self) -> int:
+        """Rank 0 waits for the server (:meth:`_wait_for_server`); every process then raises
+        :class:`ServerGone` if it stayed away. The outages covered (rank 0; 0 elsewhere)."""
+        covering, gone = 0, None
+        if self.rank0:
+            try:
+                covering = self._wait_for_server()
+            except ServerGone as error:
+                gone = error
+        if self.learner.world_size > 1:
+            verdict = [None if gone is None else str(gone)]
+            dist.broadcast_object_list(verdict, src=0)
+            if verdict[0] is not None and gone is None:
+                raise ServerGone(verdict[0])
+        if gone is not None:
+            raise gone
+        return covering
 
     def _wait_for_server(self) -> int:
         """Rank 0: wait until the server answers; the outages it has seen by then."""

@@ -188,6 +188,31 @@ def test_the_nccl_handshake_is_built_for_vllms_trainer_engine() -> None:
         _init_info("ipc", "127.0.0.1", world_size=2, rank=0, timeout_s=60)
 
 
+@given(st.integers(0, 6), st.booleans())
+def test_a_failed_push_finishes_the_round_it_began(taken: int, began: bool) -> None:
+    """Each tensor of a round stands for one collective gather: after a sender fails having
+    taken ``taken`` tensors (or before iterating at all), :meth:`WeightStream.finish_round`
+    runs exactly the gathers the round had left, so every rank ran a whole round; after a
+    round that ended, it runs none."""
+    gathered: list[int] = []
+
+    def weights():
+        for index in range(6):
+            gathered.append(index)
+            yield f"w{index}", torch.zeros(1)
+
+    stream = WeightStream(lambda: [(f"w{i}", torch.float32, (1,)) for i in range(6)], weights)
+    stream.new_round()
+    if began:
+        round_ = iter(stream)
+        for _ in zip(range(taken), round_, strict=False):
+            pass
+    stream.finish_round()
+    assert gathered == list(range(6))
+    stream.finish_round()
+    assert gathered == list(range(6))
+
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool]
 
 
