@@ -5,7 +5,8 @@ pushes the policy through the run's :class:`~asyncgrpo.shell.weight_sync.WeightS
 inherits it). A push that fails mid-run is taken as the server going away: it is recorded in
 the rollout process's trust record (:mod:`asyncgrpo.shell.server_watch`), and the next step
 waits for the server and pushes again before any sample is trusted. Every push is collective
-over the trainer's processes; rank 0 talks to the server and records the timings.
+over the trainer's processes; rank 0 talks to the server and records the timings, and every
+process learns each stage's outcome, so that all of them go on, push again or fail together.
 """
 
 from __future__ import annotations
