@@ -61,7 +61,8 @@ def make_row(rank: int, samples: int, top_logprobs: int, top_k: int) -> Any:
             sets.append(ids)
         sequence = TrainingSequence(tokens, mask, logprobs, sets, tables)
         built.append(TrainingSample(sequence, 1.0, 0, index // 8, 0, 0, f"{rank}-{index}"))
-    return pack_row(built)
+    row = pack_row(built)
+    return row.without_sample_tables() if hasattr(row, "without_sample_tables") else row
 
 
 def send(mode: str, step: list[list[Any]] | None, rank: int, world: int) -> list[Any]:

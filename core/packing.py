@@ -114,6 +114,18 @@ class PackedRow:
     sampler_top_logprobs: TopLogprobs | None = attrs.field(eq=False)
     samples: tuple[TrainingSample, ...] = attrs.field(eq=False)
 
+    def without_sample_tables(self) -> PackedRow:
+        """The row with its samples' own per-position sampler tables left out: the trained-token
+        arrays already hold what the learner reads, and a row sent to a process carries them
+        once (the samples keep their tokens and provenance)."""
+        samples = tuple(
+            attrs.evolve(
+                s, sequence=attrs.evolve(s.sequence, sampling_masks=None, sampler_top_logprobs=None)
+            )
+            for s in self.samples
+        )
+        return attrs.evolve(self, samples=samples)
+
     @property
     def num_tokens(self) -> int:
         """Forwarded tokens ``T``."""

@@ -322,7 +322,7 @@ class TrainingRun(WeightPushing):
                       metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
                       metrics.value("rollout/queue_size", len(self.queue.buffer)),
                       metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
-        rows = [[pack_row(list(row)) if row else None for row in mb]
+        rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
         self.process.samples_taken(step.released_tokens)
