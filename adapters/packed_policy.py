@@ -30,6 +30,7 @@ from asyncgrpo.adapters.packed_forward import packed_log_probs
 from asyncgrpo.core.loss_inputs import SamplerTopK
 from asyncgrpo.core.packing import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.sampler_tables import TopLogprobs
 
 
 class PackedPolicy(nn.Module):
@@ -144,23 +145,26 @@ class RouterAuxLoss:
 def sampler_topk(row: PackedRow, k: int, device: torch.device) -> SamplerTopK:
     """The sampler's ``k`` most probable tokens at each trained token of ``row``.
 
-    Each position's table is cut to its ``k`` largest log-probs and padded with
-    ``valid=False`` entries: ids long [N, k], logp float [N, k] (nats), valid bool [N, k].
+    The row's tables (already most probable first) are cut to their first ``k`` entries and
+    padded with ``valid=False`` entries: ids long [N, k], logp float [N, k] (nats), valid
+    bool [N, k].
 
     Raises:
         ValueError: a trained token has no table (score centering needs them all).
     """
     n = len(row.target_ids)
-    tables = row.sampler_top_logprobs or (None,) * n
+    top = row.sampler_top_logprobs
+    if top is None:
+        top = TopLogprobs.missing(n)
+    missing = np.flatnonzero(top.counts < 0)
+    if len(missing):
+        raise ValueError(_missing_topk_message(row, int(missing[0])))
+    width = min(k, top.ids.shape[1])
     ids = np.zeros((n, k), np.int64)
     logp = np.zeros((n, k), np.float32)
-    valid = np.zeros((n, k), bool)
-    for i, table in enumerate(tables):
-        if table is None:
-            raise ValueError(_missing_topk_message(row, i))
-        best = sorted(table.items(), key=lambda item: (-item[1], item[0]))[:k]
-        for j, (token, token_logp) in enumerate(best):
-            ids[i, j], logp[i, j], valid[i, j] = token, token_logp, True
+    valid = np.arange(k) < np.minimum(top.counts, k)[:, None]
+    ids[:, :width], logp[:, :width] = top.ids[:, :width], top.logprobs[:, :width]
+    ids[~valid], logp[~valid] = 0, 0.0
     return SamplerTopK(
         torch.from_numpy(ids).to(device),
         torch.from_numpy(logp).to(device),
@@ -186,11 +190,13 @@ def _missing_topk_message(row: PackedRow, token: int) -> str:
 def candidate_mask(row: PackedRow, vocab_size: int, device: torch.device) -> Tensor | None:
     """bool [N, V]: the sampler's candidate set at each trained token (all True where a token
     has none), or None when no sample of ``row`` carries candidate sets. Memory: N x V bytes."""
-    if row.candidate_sets is None:
+    sets = row.candidate_sets
+    if sets is None:
         return None
     mask = np.zeros((len(row.target_ids), vocab_size), bool)
-    for i, candidates in enumerate(row.candidate_sets):
-        mask[i, list(candidates) if candidates is not None else slice(None)] = True
+    mask[sets.counts < 0] = True
+    positions, entries = np.nonzero(sets.valid())
+    mask[positions, sets.ids[positions, entries]] = True
     return torch.from_numpy(mask).to(device)
 
 

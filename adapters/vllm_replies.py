@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from asyncgrpo.core.pacing import ServerLoad
+from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 
 class VLLMError(RuntimeError):
@@ -31,19 +32,21 @@ class Generation:
         output_ids: the sampled token ids.
         output_log_probs: the sampler's log-prob (processed: after temperature, top-k/top-p)
             of each sampled token.
-        top_logprobs: per token, the sampler's top ``num_sampler_logprobs`` log-probs keyed by
-            token id; ``None`` when none were requested.
+        top_logprobs: per token, the sampler's top ``num_sampler_logprobs`` log-probs as dense
+            arrays (ids int64 [T, K], log-probs float32 [T, K], most probable first; see
+            :mod:`asyncgrpo.core.sampler_tables`); ``None`` when none were requested.
         finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``; an ``"abort"``ed
             (partial) completion is retried by the client, never returned.
         sampling_masks: per token, the candidate ids the sampler drew from under top-k /
-            top-p (:mod:`~asyncgrpo.adapters.vllm_tokens`); ``None`` when not requested.
+            top-p (:mod:`~asyncgrpo.adapters.vllm_tokens`), as dense arrays (ids int64 [T, K],
+            counts int64 [T]); ``None`` when not requested.
     """
 
     output_ids: tuple[int, ...]
     output_log_probs: tuple[float, ...]
-    top_logprobs: tuple[dict[int, float], ...] | None
+    top_logprobs: TopLogprobs | None
     finish_reason: str | None
-    sampling_masks: tuple[tuple[int, ...], ...] | None = None
+    sampling_masks: CandidateSets | None = None
 
 
 @attrs.frozen
@@ -72,10 +75,10 @@ def _token_id(key: str) -> int:
     return int(match.group(1))
 
 
-def _top_k(table: Mapping[str, float], k: int) -> dict[int, float]:
-    """The ``k`` most likely entries (vLLM adds the sampled token when it is not among them)."""
-    entries = sorted(((float(v), _token_id(key)) for key, v in table.items()), reverse=True)
-    return {token: logprob for logprob, token in entries[:k]}
+def _entries(table: Mapping[str, float]) -> list[tuple[int, float]]:
+    """One position's ``(token id, log-prob)`` entries (vLLM adds the sampled token when it is
+    not among the most probable)."""
+    return [(_token_id(key), float(v)) for key, v in table.items()]
 
 
 def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Generation:
@@ -100,7 +103,7 @@ def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Ge
             raise VLLMError(
                 f"server reply has {len(tables)} top log-prob tables for {len(token_ids)} tokens"
             )
-        top = tuple(_top_k(table or {}, num_sampler_logprobs) for table in tables)
+        top = TopLogprobs.from_entries([_entries(t or {}) for t in tables], num_sampler_logprobs)
     return Generation(
         output_ids=tuple(int(t) for t in token_ids),
         output_log_probs=values,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncgrpo.adapters.vllm_replies import Generation, VLLMError
 from asyncgrpo.core.candidate_sets import CandidateSetSupport
+from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.vllm_client import SamplingParams
@@ -112,17 +113,14 @@ def parse_token_reply(payload: Any, num_sampler_logprobs: int) -> Generation:
             raise VLLMError(f"{TOKEN_ENDPOINT}: non-finite log-prob at position {position}")
     top = None
     if num_sampler_logprobs > 0:
-        top = tuple(
-            {
-                e.token_id: e.logprob
-                for e in sorted(entry.top_logprobs, key=lambda e: -e.logprob)[:num_sampler_logprobs]
-            }
-            for entry in content
+        top = TopLogprobs.from_entries(
+            [[(e.token_id, e.logprob) for e in entry.top_logprobs] for entry in content],
+            num_sampler_logprobs,
         )
     return Generation(
         output_ids=tuple(ids),
         output_log_probs=tuple(float(e.logprob) for e in content),
         top_logprobs=top,
         finish_reason=choice.finish_reason,
-        sampling_masks=tuple(tuple(m) for m in masks),
+        sampling_masks=CandidateSets.from_sets(masks),
     )

@@ -25,12 +25,14 @@ prediction indices and attention sets; the learner's tests check the numbers).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 _ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
 
@@ -82,10 +84,13 @@ class PackedRow:
         sampler_logprobs: float64 [N], the sampler's log-prob of the token.
         advantages: float64 [N], its sample's advantage.
         sample_index: int64 [N], index of its sample in ``samples``.
-        candidate_sets: per trained token, the sampler's candidate ids under top-k/top-p, or
-            ``None`` when no sample carries them (full vocabulary).
-        sampler_top_logprobs: per trained token, the sampler's top log-probs keyed by id, or
-            ``None`` when no sample carries them.
+        candidate_sets: [N] candidate sets (ids int64 [N, K], counts int64 [N], see
+            :mod:`asyncgrpo.core.sampler_tables`), the sampler's candidate ids under
+            top-k/top-p at each trained token; ``None`` when no sample carries them (full
+            vocabulary).
+        sampler_top_logprobs: [N] tables (ids int64 [N, K], log-probs float32 [N, K], counts
+            int64 [N]), the sampler's top log-probs at each trained token, most probable
+            first; ``None`` when no sample carries them.
 
     samples: the samples in this row, in the order given.
     """
@@ -105,9 +110,21 @@ class PackedRow:
     sampler_logprobs: np.ndarray = attrs.field(eq=_ARRAY_EQ)
     advantages: np.ndarray = attrs.field(eq=_ARRAY_EQ)
     sample_index: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    candidate_sets: tuple[tuple[int, ...] | None, ...] | None
-    sampler_top_logprobs: tuple[Mapping[int, float] | None, ...] | None = attrs.field(eq=False)
+    candidate_sets: CandidateSets | None
+    sampler_top_logprobs: TopLogprobs | None = attrs.field(eq=False)
     samples: tuple[TrainingSample, ...] = attrs.field(eq=False)
+
+    def without_sample_tables(self) -> PackedRow:
+        """The row with its samples' own per-position sampler tables left out: the trained-token
+        arrays already hold what the learner reads, and a row sent to a process carries them
+        once (the samples keep their tokens and provenance)."""
+        samples = tuple(
+            attrs.evolve(
+                s, sequence=attrs.evolve(s.sequence, sampling_masks=None, sampler_top_logprobs=None)
+            )
+            for s in self.samples
+        )
+        return attrs.evolve(self, samples=samples)
 
     @property
     def num_tokens(self) -> int:
@@ -185,15 +202,19 @@ def _trained_columns(
     }
 
 
-def _per_token(samples: Sequence[TrainingSample], field: str) -> tuple[object | None, ...] | None:
+def _per_token(
+    samples: Sequence[TrainingSample], field: str, kind: type[CandidateSets] | type[TopLogprobs]
+) -> Any:
+    """The ``field`` tables of the trained tokens, sample by sample (none where a sample has
+    none), or None when no sample has them."""
     if all(getattr(s.sequence, field) is None for s in samples):
         return None
-    values: list[object | None] = []
+    parts = []
     for sample in samples:
         column = getattr(sample.sequence, field)
-        for position in np.flatnonzero(sample.sequence.trained_mask):
-            values.append(None if column is None else column[position])
-    return tuple(values)
+        positions = np.flatnonzero(sample.sequence.trained_mask)
+        parts.append(kind.missing(len(positions)) if column is None else column.take(positions))
+    return kind.concatenate(parts)
 
 
 def pack_row(samples: Sequence[TrainingSample]) -> PackedRow:
@@ -256,7 +277,7 @@ def pack_row(samples: Sequence[TrainingSample]) -> PackedRow:
         cu_seqlens_q=_ro(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
         cu_seqlens_k=_ro(np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32)),
         **{k: _ro(v) for k, v in _trained_columns(samples, paths).items()},
-        candidate_sets=_per_token(samples, "sampling_masks"),
-        sampler_top_logprobs=_per_token(samples, "sampler_top_logprobs"),
+        candidate_sets=_per_token(samples, "sampling_masks", CandidateSets),
+        sampler_top_logprobs=_per_token(samples, "sampler_top_logprobs", TopLogprobs),
         samples=tuple(samples),
     )

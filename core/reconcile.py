@@ -29,12 +29,13 @@ Example (turn 2 re-renders the held ``5`` as ``6``, so it forks):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
 
 from asyncgrpo.core.records import TrainingSequence, TurnRecord
+from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 
 @attrs.frozen
@@ -62,8 +63,8 @@ class _Builder:
         self.ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
-        self.sampling: list[tuple[int, ...] | None] = []
-        self.top: list[Mapping[int, float] | None] = []
+        self.sampling: list[CandidateSets] = []
+        self.top: list[TopLogprobs] = []
         self.has_sampling = False
         self.has_top = False
 
@@ -71,22 +72,23 @@ class _Builder:
         self.ids.extend(ids)
         self.mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
-        self.sampling.extend([None] * len(ids))
-        self.top.extend([None] * len(ids))
+        self.sampling.append(CandidateSets.missing(len(ids)))
+        self.top.append(TopLogprobs.missing(len(ids)))
 
     def add_output(self, turn: TurnRecord) -> None:
+        n = len(turn.output_ids)
         mask = turn.trained_mask()
-        logprobs = turn.output_log_probs or (0.0,) * len(turn.output_ids)
-        sampling = turn.output_sampling_mask or (None,) * len(turn.output_ids)
-        top = turn.output_sampler_logprobs or (None,) * len(turn.output_ids)
-        for keep, logprob, candidates, table in zip(mask, logprobs, sampling, top, strict=True):
+        logprobs = turn.output_log_probs or (0.0,) * n
+        for keep, logprob in zip(mask, logprobs, strict=True):
             self.mask.append(keep)
             self.logprobs.append(logprob if keep else 0.0)
-            self.sampling.append(candidates if keep else None)
-            self.top.append(table if keep else None)
+        keep = np.array(mask, dtype=np.int8)
+        sampling, top = turn.output_sampling_mask, turn.output_sampler_logprobs
+        self.sampling.append(CandidateSets.missing(n) if sampling is None else sampling.drop(keep))
+        self.top.append(TopLogprobs.missing(n) if top is None else top.drop(keep))
         self.ids.extend(turn.output_ids)
-        self.has_sampling |= turn.output_sampling_mask is not None
-        self.has_top |= turn.output_sampler_logprobs is not None
+        self.has_sampling |= sampling is not None
+        self.has_top |= top is not None
 
     def build(self) -> TrainingSequence | None:
         if not any(self.mask):
@@ -95,8 +97,8 @@ class _Builder:
             input_ids=np.array(self.ids, dtype=np.int64),
             trained_mask=np.array(self.mask, dtype=np.int8),
             sampler_logprobs=np.array(self.logprobs, dtype=np.float64),
-            sampling_masks=tuple(self.sampling) if self.has_sampling else None,
-            sampler_top_logprobs=tuple(self.top) if self.has_top else None,
+            sampling_masks=CandidateSets.concatenate(self.sampling) if self.has_sampling else None,
+            sampler_top_logprobs=TopLogprobs.concatenate(self.top) if self.has_top else None,
         )
 
 

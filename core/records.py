@@ -2,7 +2,9 @@
 
 The user-facing records keep TRL's AsyncGRPOTrainer names and field names: :class:`TurnRecord`
 (one sampling request), :class:`Rollout` (one whole conversation) and :class:`RolloutGroup` (the
-``num_generations`` rollouts of one prompt, scored together). Their token fields are tuples.
+``num_generations`` rollouts of one prompt, scored together). Their token fields are tuples; the
+sampler's per-token tables (candidate sets, top log-probs) are the dense arrays of
+:mod:`asyncgrpo.core.sampler_tables`.
 
 The learner-facing records are the project's own: :class:`TrainingSequence` (one reconciled
 sequence of a rollout, see :mod:`asyncgrpo.core.reconcile`) and :class:`TrainingSample` (a
@@ -24,7 +26,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from asyncgrpo.core.frozen import FrozenMap
+from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 
 def _fail(record: str, field: str, problem: str) -> ValueError:
@@ -43,16 +45,16 @@ def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def _sampling_masks(values: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...] | None:
-    return None if values is None else tuple(_int_tuple(v) for v in values)
+def _sampling_masks(values: Sequence[Sequence[int] | None] | None) -> CandidateSets | None:
+    if values is None or isinstance(values, CandidateSets):
+        return values
+    return CandidateSets.from_sets(values)
 
 
-def _top_logprobs(
-    values: Sequence[Mapping[int, float]] | None,
-) -> tuple[Mapping[int, float], ...] | None:
-    if values is None:
-        return None
-    return tuple(FrozenMap({int(k): float(v) for k, v in d.items()}) for d in values)
+def _top_logprobs(values: Sequence[Mapping[int, float] | None] | None) -> TopLogprobs | None:
+    if values is None or isinstance(values, TopLogprobs):
+        return values
+    return TopLogprobs.from_tables(values)
 
 
 def _check_binary(record: str, field: str, values: Sequence[int]) -> None:
@@ -66,16 +68,17 @@ def _check_same_length(record: str, field: str, values: Sequence[Any] | None, n:
         raise _fail(record, field, f"has {len(values)} entries but output_ids has {n}")
 
 
-def _check_top_logprobs(record: str, field: str, values: Sequence[Mapping[int, float]]) -> None:
-    for position, table in enumerate(values):
-        for token, logprob in table.items():
-            if math.isnan(logprob) or logprob > 0.0:
-                raise _fail(
-                    record,
-                    field,
-                    f"position {position} token {token} has log-prob {logprob}; "
-                    "log-probs must be <= 0 (use -inf for probability zero)",
-                )
+def _check_top_logprobs(record: str, field: str, top: TopLogprobs) -> None:
+    bad = np.argwhere(top.valid() & ~(top.logprobs <= 0.0))
+    if len(bad):
+        position, entry = (int(i) for i in bad[0])
+        raise _fail(
+            record,
+            field,
+            f"position {position} token {int(top.ids[position, entry])} has log-prob "
+            f"{float(top.logprobs[position, entry])}; log-probs must be <= 0 (use -inf for "
+            "probability zero)",
+        )
 
 
 @attrs.frozen
@@ -90,9 +93,13 @@ class TurnRecord:
         output_mask: one 0/1 per output token, 1 = trained, 0 = kept as context only. ``None``
             trains every output token.
         output_sampling_mask: per output token, the candidate token ids the sampler could pick
-            under top-k/top-p truncation. ``None`` means the full vocabulary.
+            under top-k/top-p truncation. ``None`` means the full vocabulary. Given as
+            ``list[list[int]]`` or :class:`~asyncgrpo.core.sampler_tables.CandidateSets`; kept
+            as the latter (indexing it gives one position's ids).
         output_sampler_logprobs: per output token, the sampler's top log-probs keyed by token id
-            (used by score centering).
+            (used by score centering). Given as ``list[dict[int, float]]`` or
+            :class:`~asyncgrpo.core.sampler_tables.TopLogprobs`; kept as the latter (float32,
+            sorted; indexing it gives one position's dict).
 
     Example:
         >>> turn = TurnRecord(prompt_ids=[1, 2], output_ids=[7, 8], output_log_probs=[-0.5, -1.0])
@@ -104,10 +111,10 @@ class TurnRecord:
     output_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
     output_log_probs: tuple[float, ...] = attrs.field(default=(), converter=_float_tuple)
     output_mask: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_int_tuple)
-    output_sampling_mask: tuple[tuple[int, ...], ...] | None = attrs.field(
+    output_sampling_mask: CandidateSets | None = attrs.field(
         default=None, converter=_sampling_masks
     )
-    output_sampler_logprobs: tuple[Mapping[int, float], ...] | None = attrs.field(
+    output_sampler_logprobs: TopLogprobs | None = attrs.field(
         default=None, converter=_top_logprobs, eq=False
     )
 
@@ -138,15 +145,15 @@ class TurnRecord:
                     "and <= 0",
                 )
         if self.output_sampling_mask is not None:
-            for position, (token, candidates) in enumerate(
-                zip(self.output_ids, self.output_sampling_mask, strict=True)
-            ):
-                if token not in candidates:
-                    raise _fail(
-                        name,
-                        "output_sampling_mask",
-                        f"position {position}: sampled token {token} is not in its candidate set",
-                    )
+            outside = np.flatnonzero(~self.output_sampling_mask.contains(np.array(self.output_ids)))
+            if len(outside):
+                position = int(outside[0])
+                raise _fail(
+                    name,
+                    "output_sampling_mask",
+                    f"position {position}: sampled token {self.output_ids[position]} is not in "
+                    "its candidate set",
+                )
         if self.output_sampler_logprobs is not None:
             _check_top_logprobs(name, "output_sampler_logprobs", self.output_sampler_logprobs)
 
@@ -235,18 +242,20 @@ class TrainingSequence:
         trained_mask: int8 [T], 1 where the token is trained (its log-prob enters the loss).
         sampler_logprobs: float64 [T], the sampler's log-prob (nats) at trained positions;
             0.0 at untrained positions.
-        sampling_masks: per position, the sampler's candidate ids at trained positions under
-            top-k/top-p (``None`` elsewhere); ``None`` for the whole field = full vocabulary.
-        sampler_top_logprobs: per position, the sampler's top log-probs at trained positions
-            (``None`` elsewhere); ``None`` for the whole field when not requested.
+        sampling_masks: [T] candidate sets, the sampler's candidate ids at trained positions
+            under top-k/top-p (no set, i.e. the full vocabulary, elsewhere); ``None`` for the
+            whole field = full vocabulary everywhere. Per-position id lists are accepted.
+        sampler_top_logprobs: [T] tables, the sampler's top log-probs at trained positions
+            (no table elsewhere); ``None`` for the whole field when not requested.
+            Per-position dicts are accepted.
     """
 
     input_ids: np.ndarray = attrs.field(converter=_int_array, eq=_ARRAY_EQ)
     trained_mask: np.ndarray = attrs.field(converter=_mask_array, eq=_ARRAY_EQ)
     sampler_logprobs: np.ndarray = attrs.field(converter=_f64_array, eq=_ARRAY_EQ)
-    sampling_masks: tuple[tuple[int, ...] | None, ...] | None = None
-    sampler_top_logprobs: tuple[Mapping[int, float] | None, ...] | None = attrs.field(
-        default=None, eq=False
+    sampling_masks: CandidateSets | None = attrs.field(default=None, converter=_sampling_masks)
+    sampler_top_logprobs: TopLogprobs | None = attrs.field(
+        default=None, converter=_top_logprobs, eq=False
     )
 
     def __attrs_post_init__(self) -> None:

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
+STEP = "step"  # rank 0 to every rank: a step follows; each rank's rows come by scatter
 
 
 @attrs.frozen
@@ -270,22 +271,38 @@ class TrainingRun(WeightPushing):
 
     def _next_rows(self) -> list[Any] | None:
         """This process's rows of the next step, or None when training is over (collective).
-        While the server's weights are unknown (it went away), every process first takes part
-        in pushing them again."""
+
+        Rank 0 first broadcasts what comes next (:data:`STEP`, :data:`RESYNC` or None), then
+        scatters the step so that each process receives only its own rows. While the
+        server's weights are unknown (it went away), every process first takes part in
+        pushing them again."""
         while True:
-            payload: list[Any] = [None]
+            step: list[list[Any]] | str | None = None
             if self.rank0 and not self._finished():
-                payload = [self._plan_next_step()]
+                step = self._plan_next_step()
             send_start = time.monotonic()
+            control = [STEP if isinstance(step, list) else step]
             if self.learner.world_size > 1:
-                dist.broadcast_object_list(payload, src=0)
-            if not isinstance(payload[0], str):
+                dist.broadcast_object_list(control, src=0)
+            if control[0] != RESYNC:
                 break
             self._resync()
-        step = payload[0]
-        if step is not None:
-            self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
-        return None if step is None else [mb[self.learner.rank] for mb in step]
+        if control[0] is None:
+            return None
+        rows = self._scatter(step if isinstance(step, list) else None)
+        self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
+        return rows
+
+    def _scatter(self, step: list[list[Any]] | None) -> list[Any]:
+        """Rank ``r``'s row of every micro-batch of ``step`` (given on rank 0 only)."""
+        world = self.learner.world_size
+        if world == 1:
+            assert step is not None
+            return [mb[0] for mb in step]
+        per_rank = None if step is None else [[mb[r] for mb in step] for r in range(world)]
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, per_rank, src=0)
+        return received[0]
 
     def _plan_next_step(self) -> list[list[Any]] | str:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0);
@@ -305,7 +322,7 @@ class TrainingRun(WeightPushing):
                       metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
                       metrics.value("rollout/queue_size", len(self.queue.buffer)),
                       metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
-        rows = [[pack_row(list(row)) if row else None for row in mb]
+        rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
         self.process.samples_taken(step.released_tokens)

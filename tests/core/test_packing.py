@@ -1,5 +1,7 @@
+import attrs
 import numpy as np
 from hypothesis import given
+from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
 from asyncgrpo.core.packing import pack_row, shared_positions
@@ -96,3 +98,38 @@ def test_identical_samples_share_every_row() -> None:
 def test_shared_positions_rule() -> None:
     assert shared_positions(np.array([1, 2, 3]), np.array([1, 2])) == 1
     assert shared_positions(np.array([5]), np.array([6])) == 0
+
+
+@given(sample_sets(), st.data())
+def test_each_trained_token_carries_its_samples_tables_also_when_sent(samples, data) -> None:
+    """Some samples carry top log-probs and candidate sets (one table per position, ids drawn
+    from the position), others none; the row holds each trained token's own, in sample order,
+    and still does once the samples' own copies are left out for sending."""
+    with_tables = []
+    for sample in samples:
+        if data.draw(st.booleans()):
+            tables = [{int(t): -0.5 * p} for p, t in enumerate(sample.sequence.input_ids)]
+            sets = [[int(t), 99] for t in sample.sequence.input_ids]
+            sequence = attrs.evolve(
+                sample.sequence, sampler_top_logprobs=tables, sampling_masks=sets
+            )
+            sample = attrs.evolve(sample, sequence=sequence)
+        with_tables.append(sample)
+    samples = with_tables
+    row = pack_row(samples)
+    want_top, want_sets = [], []
+    for sample in samples:
+        top, sets = sample.sequence.sampler_top_logprobs, sample.sequence.sampling_masks
+        for position in np.flatnonzero(sample.sequence.trained_mask):
+            want_top.append(None if top is None else top[position])
+            want_sets.append(None if sets is None else sets[position])
+    if all(t is None for t in want_top):
+        assert row.sampler_top_logprobs is None and row.candidate_sets is None
+    else:
+        assert row.sampler_top_logprobs.to_tables() == tuple(want_top)
+        assert row.candidate_sets.to_sets() == tuple(want_sets)
+    sent = row.without_sample_tables()
+    assert all(s.sequence.sampler_top_logprobs is None for s in sent.samples)
+    assert all(s.sequence.sampling_masks is None for s in sent.samples)
+    assert sent == row and sent.sampler_top_logprobs == row.sampler_top_logprobs
+    assert [s.rollout_id for s in sent.samples] == [s.rollout_id for s in samples]
