@@ -123,7 +123,7 @@ def test_each_trained_token_carries_its_samples_tables_also_when_sent(samples, d
         for position in np.flatnonzero(sample.sequence.trained_mask):
             want_top.append(None if top is None else top[position])
             want_sets.append(None if sets is None else sets[position])
-    if all(t is None for t in want_top):
+    if all(s.sequence.sampler_top_logprobs is None for s in samples):
         assert row.sampler_top_logprobs is None and row.candidate_sets is None
     else:
         assert row.sampler_top_logprobs.to_tables() == tuple(want_top)
