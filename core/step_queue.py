@@ -18,7 +18,8 @@ grows with the samples that step takes, not with the buffer. The plan always equ
 moment its group finishes until the queue *releases* them (trained or dropped): queued,
 buffered and in flight together stay within ``max(max_staleness, 1) x tokens_per_step``. The
 queue owns ``tokens_per_step``: the unpacked tokens a full step holds, measured on each step (a
-step that did not fill up is scaled to full rows); the allowance uses ``STEP_MARGIN`` of the
+step that did not fill up counts as holding as many more samples of its mean size as would
+fit whole into its rows' room left); the allowance uses ``STEP_MARGIN`` of the
 smallest of the last ``RECENT_STEPS``, so that what the generator may hold fits the next steps
 despite the packing's variation from step to step. A step is taken when the plan is full, or
 when the generator can add no group (nothing in flight, and the buffer plus the largest group
@@ -31,6 +32,7 @@ arrivals in and act on the decisions that come out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -255,12 +257,20 @@ def take_step(queue: StepQueue) -> TakenStep:
     )
     forwarded = sum(row.tokens for mb in plan.micro_batches for row in mb)
     unpacked = _tokens(queue.buffer[: plan.placed])
-    if plan.full:
-        measured = float(unpacked)
-    else:
-        capacity = queue.settings.token_budget * queue.settings.rows_per_step
-        measured = unpacked * capacity / forwarded
+    measured = float(unpacked) if plan.full else _full_size(plan, unpacked, forwarded)
     recent = (*queue.recent_steps, measured)[-RECENT_STEPS:]
     rest = _replanned(queue, queue.buffer[plan.placed :], queue.buffered_tokens - unpacked)
     rest = attrs.evolve(rest, tokens_per_step=STEP_MARGIN * min(recent), recent_steps=recent)
     return TakenStep(rest, micro_batches, forwarded, plan.full)
+
+
+def _full_size(plan: PlanState, unpacked: int, forwarded: int) -> float:
+    """Unpacked tokens a step that did not fill up would have held full: its samples and as
+    many more of their mean forwarded size as fit whole into the room left (each open row's
+    free tokens and the micro-batches not opened yet; a closed micro-batch takes no more)."""
+    mean = forwarded / plan.placed
+    budget = plan.token_budget
+    unopened = plan.gradient_accumulation_steps - len(plan.closed) - 1
+    more = sum(math.floor((budget - row.tokens) / mean) for row in plan.rows)
+    more += unopened * plan.num_processes * math.floor(budget / mean)
+    return unpacked * (plan.placed + more) / plan.placed

@@ -88,6 +88,9 @@ class PrintChannels:
     def tokens_taken(self):
         return self.taken
 
+    def steps_taken(self):
+        return 0
+
     def report_in_flight(self, groups):
         pass
 

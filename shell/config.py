@@ -265,6 +265,13 @@ class AsyncGRPOConfig(TrainingArguments):
             )
         if self.max_staleness < 0:
             raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
+        if self.max_staleness < self.weight_sync_steps - 1:
+            raise ValueError(
+                f"AsyncGRPOConfig.max_staleness={self.max_staleness} is below "
+                f"weight_sync_steps - 1 = {self.weight_sync_steps - 1}: the last steps before a "
+                "weight sync would train only samples more than max_staleness behind, so no "
+                "sample could be trained; raise max_staleness or lower weight_sync_steps"
+            )
         check_backend(self.weight_transfer_backend)
         if self.foreign_weights_steps < 0:
             raise ValueError(

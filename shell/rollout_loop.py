@@ -321,7 +321,9 @@ class AsyncRolloutLoop:
                 self.channels.tokens_per_step(), self.config.max_staleness,
                 self.token_budget, self.rows_per_step,
             )  # fmt: skip
-            if pacing.may_start_group(self._ledger, allowance):
+            behind = self.channels.steps_taken() - self.channels.model_version()
+            if pacing.may_start_group(self._ledger, allowance, behind=behind,
+                                      max_staleness=self.config.max_staleness):  # fmt: skip
                 break
             waited_from = waited_from or time.monotonic()
             await anyio.sleep(0.02)

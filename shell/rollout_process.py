@@ -111,6 +111,7 @@ class _Shared:
         self.version = _CONTEXT.Value("q", 0)
         self.step_tokens = _CONTEXT.Value("d", -1.0)
         self.taken = _CONTEXT.Value("q", 0)
+        self.steps_taken = _CONTEXT.Value("q", 0)
         self.in_flight = _CONTEXT.Value("q", 0)
         self.heartbeat = _CONTEXT.Value("d", time.time())
         self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES)
@@ -137,6 +138,9 @@ class _ProcessChannels:
 
     def tokens_taken(self) -> int:
         return int(self.shared.taken.value)
+
+    def steps_taken(self) -> int:
+        return int(self.shared.steps_taken.value)
 
     def report_in_flight(self, groups: int) -> None:
         self.shared.in_flight.value = groups
@@ -263,6 +267,14 @@ class RolloutProcess:
         """Report the step size the staleness allowance is measured in: the unpacked tokens a
         full step holds (:attr:`asyncgrpo.core.step_queue.StepQueue.tokens_per_step`)."""
         self._shared.step_tokens.value = float(tokens)
+
+    def set_steps_taken(self, steps: int) -> None:
+        """Report the steps the trainer has taken out of its queue, the one it trains now
+        included (call before releasing that step's tokens with :meth:`samples_taken`).
+        Groups started while the server's policy is more than ``max_staleness`` behind it could
+        only be dropped as stale, so the loop starts none
+        (:func:`asyncgrpo.core.pacing.may_start_group`)."""
+        self._shared.steps_taken.value = steps
 
     def samples_taken(self, tokens: int) -> None:
         """Report tokens of samples the trainer is done with (trained, or dropped as stale or

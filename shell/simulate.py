@@ -146,16 +146,19 @@ class _Pipeline:
         self.window = metrics.record(self.window, observations)
 
 
-def _start_groups(state: _Pipeline) -> None:
+def _start_groups(state: _Pipeline, training: bool) -> None:
     """Start every group that rollout slots and the staleness allowance admit; a group that
-    waited on the allowance with slots free records that wait as ``rollout/backpressure_s``."""
+    waited on the allowance with slots free records that wait as ``rollout/backpressure_s``.
+    While a step trains (``training``) the trainer has taken one step more than the policy
+    new groups get (the weights reach the generator when the step ends)."""
     c = state.config
     allowance = state.steps.allowance
     while True:
         slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
         if slots < c.num_generations:
             return
-        if not pacing.may_start_group(state.ledger, allowance):
+        if not pacing.may_start_group(state.ledger, allowance, behind=int(training),
+                                      max_staleness=c.max_staleness):  # fmt: skip
             if state.blocked_since is None and state.ledger.groups_completed > 0:
                 state.blocked_since = state.clock
             return
@@ -302,7 +305,7 @@ def simulate(
     bar = tqdm(total=config.max_steps, desc="simulate", unit="step", disable=not progress)
     with MetricsFile(output_dir) as metrics_file:
         while state.version < config.max_steps:
-            _start_groups(state)
+            _start_groups(state, training=step_ends_at is not None)
             _generate(state)
             if step_ends_at is None:
                 batch = _take_step(state)

@@ -140,6 +140,7 @@ class TrainingRun(WeightPushing):
             self.process.start()
             release_process(self.process.pid, self.trainer.cpu_plan)
             self.process.set_model_version(self.version)
+            self.process.set_steps_taken(self.learner.step)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
                             initial=self.learner.step, desc="train", unit="step",
                             disable=bool(self.args.disable_tqdm))  # fmt: skip
@@ -325,6 +326,7 @@ class TrainingRun(WeightPushing):
         rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
+        self.process.set_steps_taken(self.learner.step + 1)
         self.process.samples_taken(step.released_tokens)
         assert step.queue.tokens_per_step is not None
         self.process.step_consumed(step.queue.tokens_per_step)

@@ -1,3 +1,5 @@
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -49,14 +51,37 @@ def test_token_allowance_is_at_least_one_step(tokens, max_s, budget, rows) -> No
 
 def test_one_group_at_a_time_until_the_first_completes() -> None:
     ledger = GenerationLedger()
-    assert may_start_group(ledger, allowance=1.0)
+    assert may_start_group(ledger, allowance=1.0, behind=0, max_staleness=0)
     ledger = group_started(ledger)
-    assert not may_start_group(ledger, allowance=1e12)
+    assert not may_start_group(ledger, allowance=1e12, behind=0, max_staleness=0)
     ledger = group_finished(ledger, forwarded_tokens=100)
     assert ledger.tokens_per_group == 100 and ledger.queued_tokens == 100
-    assert may_start_group(ledger, allowance=500)
+    assert may_start_group(ledger, allowance=500, behind=0, max_staleness=0)
     with pytest.raises(ValueError, match="no group in flight"):
         group_finished(GenerationLedger(), 1)
+
+
+@given(
+    st.builds(
+        GenerationLedger,
+        st.integers(0, 10**5),
+        st.integers(0, 8),
+        st.integers(0, 50),
+        st.floats(0, 10**4),
+    ),
+    st.floats(0, 10**6),
+    st.integers(0, 6),
+    st.integers(0, 5),
+)
+def test_no_group_starts_whose_samples_can_only_go_stale(ledger, allowance, behind, max_s):
+    """A group started ``behind`` steps after the server's policy is trained at least that
+    many versions later: beyond ``max_staleness`` it never starts; within, the policy's lag
+    changes nothing."""
+    decided = may_start_group(ledger, allowance, behind=behind, max_staleness=max_s)
+    if behind > max_s:
+        assert not decided
+    else:
+        assert decided == may_start_group(ledger, allowance, behind=0, max_staleness=max_s)
 
 
 @st.composite
@@ -91,8 +116,10 @@ def test_pipeline_makes_progress_and_respects_the_allowance(case) -> None:
     for _ in range(3000):
         allowance = token_allowance(tokens_per_step, max_staleness, case["budget"], case["rows"])
         starving = not training_left and not queue and not in_flight
-        assert not starving or may_start_group(ledger, allowance), "pacing blocks a starved trainer"
-        while len(in_flight) < 16 and may_start_group(ledger, allowance):
+        behind = int(training_left > 0)  # the weights reach the worker when the step ends
+        admits = functools.partial(may_start_group, behind=behind, max_staleness=max_staleness)
+        assert not starving or admits(ledger, allowance), "pacing blocks a starved trainer"
+        while len(in_flight) < 16 and admits(ledger, allowance):
             if ledger.groups_completed and (ledger.queued_tokens or ledger.groups_in_flight):
                 assert ledger.queued_tokens + ledger.in_flight_tokens() <= allowance
             ledger = group_started(ledger)

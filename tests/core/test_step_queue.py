@@ -10,6 +10,7 @@ from asyncgrpo.core import pacing
 from asyncgrpo.core.planner import plan_step
 from asyncgrpo.core.step_queue import (
     OVERSIZE_IN_A_ROW_LIMIT,
+    STEP_MARGIN,
     QueueSettings,
     StepQueue,
     advance,
@@ -139,56 +140,145 @@ def test_a_budget_no_sample_fits_is_decided_after_a_run_of_oversize_samples() ->
     assert arrive(queue, long[-1:], 0).queue.budget_too_small
 
 
+@given(queue_settings, st.integers(1, 40), st.data())
+def test_a_step_that_did_not_fill_up_measures_the_full_step_of_its_samples(config, length, data):
+    """Samples of one length sharing nothing: a step that took some of them counts as the full
+    step of such samples would (each row holds ``token_budget // length``), not as rows filled
+    to the last token, which samples that do not tile a row never reach."""
+    length = min(length, config.token_budget)
+
+    def sample(n: int):
+        return make_sample([n + 1000 * k for k in range(length)], [0] + [1] * (length - 1), n,
+                           rollout=str(n))  # fmt: skip
+
+    full = plan_step([sample(n) for n in range(1_000)], config.token_budget,
+                     config.num_processes, config.gradient_accumulation_steps)  # fmt: skip
+    count = data.draw(st.integers(1, len(full.placed)))
+    queue = arrive(StepQueue(config), [sample(n) for n in range(count)], 0).queue
+    step = take_step(queue)
+    assert step.full == (count > len(full.placed))
+    measured = step.queue.tokens_per_step / STEP_MARGIN
+    assert measured == pytest.approx(len(full.placed) * length)
+
+
 @st.composite
-def pipelines(draw):
+def pipelines(draw, max_staleness: int | None = None, uniform: bool = False):
+    """Settings, group shapes and a random interleaving of the two sides' actions. With
+    ``uniform`` every group has the same shape and fits one row (a steady state)."""
     config = draw(queue_settings.filter(lambda c: c.token_budget >= 12))
-    sizes = draw(st.lists(st.integers(0, 6), min_size=1, max_size=40))  # samples per group
-    lengths = draw(st.lists(st.integers(2, 12), min_size=1, max_size=40))
-    choices = draw(st.lists(st.sampled_from(["start", "finish", "train"]), max_size=300))
+    if max_staleness is not None:
+        config = attrs.evolve(config, max_staleness=max_staleness)
+    if uniform:
+        length = draw(st.integers(2, 12))
+        sizes = [draw(st.integers(1, config.token_budget // length))]
+        lengths = [length]
+    else:
+        sizes = draw(st.lists(st.integers(0, 6), min_size=1, max_size=40))
+        lengths = draw(st.lists(st.integers(2, 12), min_size=1, max_size=40))
+    actions = ["start", "finish", "train", "publish"]
+    choices = draw(st.lists(st.sampled_from(actions), min_size=50, max_size=400))
     return config, sizes, lengths, choices
+
+
+@attrs.define
+class _Sides:
+    """Generation (the pacing ledger) and the trainer's queue. The trainer takes a step
+    (``steps`` counts them), and only after training it publishes the weights: new groups
+    get ``version`` and the queue moves to it. As the trainer does, it publishes before it
+    takes the next step."""
+
+    config: QueueSettings
+    sizes: list
+    lengths: list
+    ledger: pacing.GenerationLedger = attrs.field(factory=pacing.GenerationLedger)
+    queue: StepQueue = None
+    in_flight: list = attrs.field(factory=list)
+    version: int = 0
+    steps: int = 0
+    started: int = 0
+    stale: list = attrs.field(factory=list)
+    distinct: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        self.queue = StepQueue(self.config)
+
+    def may_start(self) -> bool:
+        return pacing.may_start_group(self.ledger, self.queue.allowance,
+                                      behind=self.steps - self.version,
+                                      max_staleness=self.config.max_staleness)  # fmt: skip
+
+    def group(self) -> list:
+        """The next group. Its samples share one prompt token; with ``distinct`` nothing else
+        is shared (every step packs alike), else prompts and completions collide."""
+        n, size = self.started, self.sizes[self.started % len(self.sizes)]
+        length = self.lengths[n % len(self.lengths)]
+        members = []
+        for m in range(size):
+            completion = range(100 * (m + 1), 100 * (m + 1) + length - 1) if self.distinct \
+                else range(1, length)  # fmt: skip
+            prompt = 1000 + n if self.distinct else n % 7
+            sample = make_sample([prompt, *completion], [0] + [1] * (length - 1), n,
+                                 rollout=f"{n}-{m}")  # fmt: skip
+            members.append(attrs.evolve(sample, model_version=self.version))
+        return members
+
+    def act(self, choice: str) -> None:
+        if choice == "start" and self.may_start():
+            outstanding = self.ledger.queued_tokens + self.ledger.in_flight_tokens()
+            if self.ledger.groups_completed and outstanding:
+                assert outstanding + self.ledger.tokens_per_group <= self.queue.allowance
+            self.ledger = pacing.group_started(self.ledger)
+            self.in_flight.append(self.group())
+            self.started += 1
+        elif choice == "finish" and self.in_flight:
+            samples = self.in_flight.pop(0)
+            self.ledger = pacing.group_finished(self.ledger, sum(len(s.sequence) for s in samples))
+            self.apply(arrive(self.queue, samples, self.version))
+        elif (choice == "train" and self.steps == self.version
+              and ready(self.queue, len(self.in_flight))):  # fmt: skip
+            step = take_step(self.queue)
+            self.queue, self.steps = step.queue, self.steps + 1
+            self.ledger = pacing.samples_taken(self.ledger, step.released_tokens)
+        elif choice == "publish" and self.steps > self.version:
+            self.version = self.steps
+            self.apply(advance(self.queue, self.version))
+
+    def apply(self, decided) -> None:
+        self.queue = decided.queue
+        self.stale += decided.stale
+        self.ledger = pacing.samples_taken(self.ledger, decided.released_tokens)
 
 
 @settings(max_examples=150)
 @given(pipelines())
 def test_generator_and_queue_never_wait_on_each_other_and_stay_within_the_allowance(case):
-    """Generation (the pacing ledger) and the trainer's queue, interleaved at random: the
-    ledger's outstanding tokens equal what the queue holds once nothing is in transit, an
-    admitted group keeps the expected total within the allowance, and whenever nothing is in
-    flight and no group may start, the queue is ready to take a step (no deadlock)."""
+    """Generation and the trainer's queue, interleaved at random: the ledger's outstanding
+    tokens equal what the queue holds once nothing is in transit, an admitted group keeps the
+    expected total within the allowance, and whenever nothing is in flight, the weights are
+    published and no group may start, the queue is ready to take a step (no deadlock)."""
     config, sizes, lengths, choices = case
-    ledger, queue = pacing.GenerationLedger(), StepQueue(config)
-    in_flight, version, started = [], 0, 0
-
-    def group(n: int) -> list:
-        size, length = sizes[n % len(sizes)], lengths[n % len(lengths)]
-        return [attrs.evolve(make_sample([n % 7, *range(1, length)], [0] + [1] * (length - 1), n,
-                                         rollout=f"{n}-{m}"), model_version=version)
-                for m in range(size)]  # fmt: skip
-
+    sides = _Sides(config, sizes, lengths)
     for choice in [*choices, *["finish"] * 50]:
-        allowance = queue.allowance
-        if choice == "start" and pacing.may_start_group(ledger, allowance):
-            outstanding = ledger.queued_tokens + ledger.in_flight_tokens()
-            if ledger.groups_completed and outstanding:
-                assert outstanding + ledger.tokens_per_group <= allowance
-            ledger = pacing.group_started(ledger)
-            in_flight.append(group(started))
-            started += 1
-        elif choice == "finish" and in_flight:
-            samples = in_flight.pop(0)
-            ledger = pacing.group_finished(ledger, sum(len(s.sequence) for s in samples))
-            decided = arrive(queue, samples, version)
-            queue = decided.queue
-            ledger = pacing.samples_taken(ledger, decided.released_tokens)
-        elif choice == "train" and ready(queue, len(in_flight)):
-            step = take_step(queue)
-            queue = step.queue
-            ledger = pacing.samples_taken(ledger, step.released_tokens)
-            version += 1
-            moved = advance(queue, version)
-            queue = moved.queue
-            ledger = pacing.samples_taken(ledger, moved.released_tokens)
-        if not in_flight:
-            assert ledger.queued_tokens == queue.buffered_tokens
-            if not pacing.may_start_group(ledger, queue.allowance):
-                assert ready(queue, 0)
+        sides.act(choice)
+        if not sides.in_flight:
+            assert sides.ledger.queued_tokens == sides.queue.buffered_tokens
+            if sides.steps == sides.version and not sides.may_start():
+                assert ready(sides.queue, 0)
+
+
+@settings(max_examples=150)
+@given(pipelines(max_staleness=0, uniform=True))
+def test_at_staleness_0_no_sample_is_dropped_stale_in_steady_state(case):
+    """``max_staleness=0``, every group the same shape (fitting one row, sharing only its
+    prompt), the two sides interleaved at random: while a step trains and until its weights
+    are published no group starts, and once the step size is measured (after the first step,
+    whose size is a guess) no more is generated than the next step takes, so no sample is
+    dropped as stale."""
+    config, sizes, lengths, choices = case
+    sides = _Sides(config, sizes, lengths, distinct=True)
+    for choice in [*choices, *["finish"] * 50]:
+        first_step = sides.steps <= 1
+        dropped = len(sides.stale)
+        sides.act(choice)
+        if not first_step:
+            assert len(sides.stale) == dropped, f"stale at step {sides.steps}: {sides.stale}"

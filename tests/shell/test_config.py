@@ -71,6 +71,7 @@ def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
         ({"report_to": "mlflow"}, "report_to names unknown trackers"),
         ({"lr_scheduler_type": "cosine"}, "set max_steps explicitly"),
         ({"remove_unused_columns": True}, "every column goes to the reward functions"),
+        ({"max_staleness": 1, "weight_sync_steps": 3}, "max_staleness=1 is below weight_sync"),
     ],
 )
 def test_fields_the_trainer_cannot_honour_fail_with_the_reason(values, message) -> None:

@@ -47,6 +47,9 @@ class FakeRolloutProcess:
     def samples_taken(self, tokens: int) -> None:
         self.taken += tokens
 
+    def set_steps_taken(self, steps: int) -> None:
+        self.steps = steps
+
     def step_consumed(self, tokens: float) -> None:
         self.step_sizes.append(tokens)
 
@@ -145,11 +148,12 @@ def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) 
         run._plan_next_step()
 
 
-@pytest.mark.parametrize("max_staleness", [1, 4])
+@pytest.mark.parametrize("max_staleness", [0, 1, 4])
 def test_the_simulator_drops_few_stale_samples_when_generation_keeps_up(tmp_path, max_staleness):
     """Generation 3x faster than training: the allowance counts what the trainer holds, so
     few samples wait long enough to go stale (before the queue counted them, 23% of the
-    trained samples at max_staleness 1 and three times as many as were trained at 4)."""
+    trained samples at max_staleness 1 and three times as many as were trained at 4; at 0,
+    before no group started while a step trained, about half of all samples)."""
     from asyncgrpo.shell.simulate import simulate
 
     config = SimulationConfig(max_steps=30, max_staleness=max_staleness, logging_steps=5,

@@ -45,6 +45,9 @@ class LocalChannels:
     def tokens_taken(self) -> int:
         return self.taken
 
+    def steps_taken(self) -> int:
+        return self.version  # each step's weights are published as it is taken
+
     def report_in_flight(self, groups: int) -> None:
         self.in_flight = groups
 
