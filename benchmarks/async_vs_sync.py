@@ -51,6 +51,7 @@ from typing import Any
 
 import attrs
 import httpx
+from transformers import TrainerCallback
 
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
@@ -83,6 +84,19 @@ class VariedTrainer(AsyncGRPOTrainer):
     loop_cls = VariedLengthLoop
 
 
+class StopAtThreshold(TrainerCallback):
+    """Ends a run after the first logged step whose reward reaches the threshold: once the
+    reward saturates, groups have no reward spread, are dropped, and a step can wait minutes
+    for one with spread, which says nothing about overlap."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if (logs or {}).get("reward", 0.0) >= self.threshold:
+            control.should_training_stop = True
+
+
 def task_dir(args: argparse.Namespace) -> Path:
     """The task's directory: one per task and model size."""
     size = "" if (args.hidden_size, args.num_layers) == (128, 2) else \
@@ -99,8 +113,9 @@ def run_one(args: argparse.Namespace) -> None:
         overrides |= {"max_completion_length": max(LENGTHS), "token_budget": 1024}
     config = dataclasses.replace(config, **overrides)
     cls = VariedTrainer if args.task == "varied" else AsyncGRPOTrainer
+    stop = StopAtThreshold(args.threshold)
     cls(model=args.model, reward_funcs=digit_fraction_reward, args=config,
-        train_dataset=demo_dataset()).train()  # fmt: skip
+        train_dataset=demo_dataset(), callbacks=[stop]).train()  # fmt: skip
 
 
 class IdlePoller:
@@ -184,6 +199,7 @@ def run_settings(args: argparse.Namespace, out: Path) -> None:
                 command = [sys.executable, __file__, "--one", "--task", args.task,
                            "--staleness", str(staleness), "--seed", str(seed),
                            "--max-steps", str(args.max_steps), "--run-dir", str(run_dir),
+                           "--threshold", str(args.threshold),
                            "--base-url", server.base_url, "--model", str(model),
                            "--output-dir", str(out)]  # fmt: skip
                 with IdlePoller(server.base_url) as poller:
