@@ -15,7 +15,11 @@ a request that finds the server unreachable
 (:func:`~asyncgrpo.core.server_outage.classify_failure`) is handed to the gate, which waits
 until the server is back *and* holds the trainer's weights again, and is then re-issued; a
 generation that finished across an outage is re-issued too (``regenerated_count``), since its
-tokens may come from a restarted server's checkpoint instead of the trainer's policy.
+tokens may come from a restarted server's checkpoint instead of the trainer's policy. A server
+that restarted while no request was in flight fails nothing; the client reads the server's
+identity (:meth:`VLLMClient.server_identity`) after every finished generation, before the gate
+may trust it, and on every ``/metrics`` scrape, and hands it to the gate
+(:func:`~asyncgrpo.core.server_outage.identity_seen`): a new identity is an outage too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import attrs
 import httpx
 
 from asyncgrpo.adapters import vllm_tokens
+from asyncgrpo.adapters.vllm_identity import IDENTITY_QUERY, FreshIdentity
 from asyncgrpo.adapters.vllm_replies import (
     Generation,
     ServerMetrics,
@@ -61,6 +66,9 @@ class ServerGate(Protocol):
 
     def trusted(self, started: int) -> bool:
         """Whether a request started at mark ``started`` and finished now can be used."""
+
+    def identity_seen(self, identity: float | None) -> None:
+        """Record the server's identity read now (a new one means it restarted)."""
 
 
 _DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -168,6 +176,8 @@ class VLLMClient:
         self.gate = gate
         self.retry_count = 0
         self.regenerated_count = 0
+        self.identity_offered = True  # False once a reading found no identity: stop reading
+        self.fresh_identity = FreshIdentity(self.server_identity)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
@@ -286,7 +296,7 @@ class VLLMClient:
                 continue
             self._raise_for_client_error(response, "generation")
             generation = parse(response.json())
-            if self.gate is not None and not self.gate.trusted(started):
+            if self.gate is not None and not await self._trusted_now(started):
                 self.regenerated_count += 1  # sampled across an outage: unknown weights
                 continue
             if generation.finish_reason != "abort":
@@ -300,6 +310,33 @@ class VLLMClient:
             "trained"
         )
 
+    async def _trusted_now(self, started: int) -> bool:
+        """Gated: whether a generation started at mark ``started`` and finished before this
+        call may be used, after a reading of the server's identity begun after it finished."""
+        assert self.gate is not None
+        if self.identity_offered:
+            try:
+                identity = await self.fresh_identity.after_now()
+            except ServerUnreachable as error:
+                await self.gate.unreachable(error)
+                return False
+            self.gate.identity_seen(identity)
+        return self.gate.trusted(started)
+
+    async def server_identity(self) -> float | None:
+        """The server's identity (:mod:`~asyncgrpo.adapters.vllm_identity`), which changes
+        when it restarts; ``None`` when the server has no ``/metrics`` or does not export it
+        (then ``identity_offered`` turns false). Raises :class:`ServerUnreachable` on a gated
+        client whose server is gone."""
+        response = await self._request("GET", "/metrics", params=IDENTITY_QUERY)
+        if response.status_code == 404:
+            self.identity_offered = False
+            return None
+        self._raise_for_client_error(response, "/metrics")
+        identity = parse_metrics(response.text).identity
+        self.identity_offered = identity is not None
+        return identity
+
     async def max_model_len(self) -> int:
         """The served model's ``max_model_len`` from ``/v1/models``."""
         response = await self._request("GET", "/v1/models")
@@ -312,7 +349,8 @@ class VLLMClient:
 
     async def metrics(self) -> ServerMetrics | None:
         """One /metrics scrape, or ``None`` when the server has no /metrics endpoint; a gated
-        client waits out an outage (see :class:`ServerGate`) and scrapes again."""
+        client waits out an outage (see :class:`ServerGate`) and scrapes again, and hands the
+        server's identity to the gate."""
         while True:
             try:
                 response = await self._request("GET", "/metrics")
@@ -323,7 +361,10 @@ class VLLMClient:
         if response.status_code == 404:
             return None
         self._raise_for_client_error(response, "/metrics")
-        return parse_metrics(response.text)
+        snapshot = parse_metrics(response.text)
+        if self.gate is not None:
+            self.gate.identity_seen(snapshot.identity)
+        return snapshot
 
     async def healthy(self, timeout_s: float = 5.0) -> bool:
         """Whether the server answers ``/health`` with 200 and serves the client's model now

@@ -51,11 +51,18 @@ class Generation:
 
 @attrs.frozen
 class ServerMetrics:
-    """One /metrics scrape, summed over engines (KV usage: max over engines)."""
+    """One /metrics scrape, summed over engines (KV usage: max over engines).
+
+    ``identity``: the API server process's start time (``process_start_time_seconds``,
+    seconds since the epoch), a value that changes when the server restarts; ``None`` when
+    the server does not export it (several API server processes share one Prometheus
+    multiprocess registry, which leaves out the ``process_*`` metrics).
+    """
 
     load: ServerLoad
     preemptions: int
     kv_cache_tokens: int | None
+    identity: float | None = None
 
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -114,7 +121,9 @@ def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Ge
 
 def parse_metrics(text: str) -> ServerMetrics:
     """Parse vLLM's Prometheus text: KV usage (max over engines), running / waiting requests
-    and preemptions (summed over engines), and the KV-cache size in tokens."""
+    and preemptions (summed over engines), the KV-cache size in tokens, and the API server's
+    start time (its identity)."""
+    identity: float | None = None
     usage: list[float] = []
     running = waiting = preemptions = 0.0
     kv_tokens: list[int] = []
@@ -133,6 +142,8 @@ def parse_metrics(text: str) -> ServerMetrics:
             waiting += value
         elif name == "vllm:num_preemptions_total":
             preemptions += value
+        elif name == "process_start_time_seconds":
+            identity = value
         elif name == "vllm:cache_config_info":
             labels = dict(_LABEL.findall(match.group("labels") or ""))
             size = labels.get("kv_cache_size_tokens")
@@ -147,6 +158,7 @@ def parse_metrics(text: str) -> ServerMetrics:
         load=ServerLoad(max(usage, default=0.0), int(running), int(waiting)),
         preemptions=int(preemptions),
         kv_cache_tokens=sum(kv_tokens) if kv_tokens else None,
+        identity=identity,
     )
 
 

@@ -16,6 +16,12 @@ Three questions, each one function:
    sent; a request is trusted only when no outage was seen between its start and its end
    (:func:`request_trusted`), else it is re-issued, so nothing generated under unknown weights
    (a restarted server serves the checkpoint it loaded, not the trainer's policy) is trained.
+4. **Did the server restart unseen?** A restart faster than the next request fails nothing.
+   :func:`identity_seen` compares the server's identity (a per-boot value: the API server's
+   process start time) read by a probe with the identity of the server the trainer last
+   pushed to: a different one is an outage like any other. The rollout process probes after
+   every finished request (before trusting it) and on every ``/metrics`` poll, the trainer
+   before every push; :func:`push_landed` says whether one server took a whole push.
 
 Example:
     >>> trust = ServerTrust()
@@ -26,6 +32,11 @@ Example:
     >>> trust = weights_pushed(trust, covering=trust.outages)  # the trainer pushed again
     >>> weights_known(trust), request_trusted(trust, trust.outages)
     (True, True)
+    >>> trust = weights_pushed(trust, covering=trust.outages, identity=1700000000.25)
+    >>> started = trust.outages                 # a request starts; the server restarts unseen
+    >>> trust = identity_seen(trust, 1700000042.5)   # the probe after it finished
+    >>> weights_known(trust), request_trusted(trust, started)
+    (False, False)
 """
 
 from __future__ import annotations
@@ -143,10 +154,14 @@ class ServerTrust:
         outages: outages seen so far (a failed request, a failed probe, a restart).
         trusted: the last outage the trainer's weights were pushed after (``outages`` when
             none is pending).
+        identity: the identity of the server the trainer's weights were last pushed to
+            (its API server's start time, seconds since the epoch); ``None`` when unknown
+            (no push yet, or a server that does not tell it).
     """
 
     outages: int = 0
     trusted: int = 0
+    identity: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.trusted <= self.outages:
@@ -176,7 +191,30 @@ def request_trusted(trust: ServerTrust, started_in: int) -> bool:
     return started_in == trust.outages and weights_known(trust)
 
 
-def weights_pushed(trust: ServerTrust, covering: int) -> ServerTrust:
+def weights_pushed(trust: ServerTrust, covering: int, identity: float | None = None) -> ServerTrust:
     """The trainer pushed its weights to a server that answered, having read ``covering``
-    outages before it started the push: those are covered (a later one is still pending)."""
-    return attrs.evolve(trust, trusted=max(trust.trusted, min(covering, trust.outages)))
+    outages before it started the push: those are covered (a later one is still pending).
+    ``identity``: the pushed-to server's identity (:func:`push_landed` held), remembered for
+    :func:`identity_seen`; ``None`` keeps the one known."""
+    return attrs.evolve(
+        trust,
+        trusted=max(trust.trusted, min(covering, trust.outages)),
+        identity=trust.identity if identity is None else identity,
+    )
+
+
+def identity_seen(trust: ServerTrust, identity: float | None) -> ServerTrust:
+    """A probe read the server's identity: if it is not the identity of the server the
+    trainer's weights were pushed to, the server restarted since (whether or not a request
+    failed), and that is an outage (:func:`outage_seen`). An unknown identity on either side
+    says nothing."""
+    if identity is None or trust.identity is None or identity == trust.identity:
+        return trust
+    return outage_seen(trust)
+
+
+def push_landed(before: float | None, after: float | None) -> bool:
+    """The server's identity read just before and just after a push agree: one server took
+    the whole push (no restart in between). Two unknowns agree (a server that does not tell
+    its identity: only failed requests can say it went away)."""
+    return before == after

@@ -105,7 +105,7 @@ class LoopSpec:
 class _Shared:
     """The shared values between trainer and child."""
 
-    def __init__(self) -> None:
+    def __init__(self, trust: SharedTrust | None) -> None:
         self.messages: mp.Queue = _CONTEXT.Queue()
         self.errors: mp.Queue = _CONTEXT.Queue()
         self.version = _CONTEXT.Value("q", 0)
@@ -116,7 +116,7 @@ class _Shared:
         self.heartbeat = _CONTEXT.Value("d", time.time())
         self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES)
         self.stop = _CONTEXT.Event()
-        self.trust = SharedTrust()
+        self.trust = trust or SharedTrust()
 
 
 @attrs.frozen
@@ -223,13 +223,17 @@ class RolloutProcess:
                 ...
         finally:
             process.stop()
+
+    ``trust``: the server outage record shared with the trainer (the run's, which its first
+    weight push already wrote to); a fresh one when not given.
     """
 
-    def __init__(self, spec: LoopSpec, timeout_s: float = 300.0) -> None:
+    def __init__(self, spec: LoopSpec, timeout_s: float = 300.0,
+                 trust: SharedTrust | None = None) -> None:  # fmt: skip
         spec.check()
         self.spec = spec
         self.timeout_s = timeout_s
-        self._shared = _Shared()
+        self._shared = _Shared(trust)
         self._process: Any = None
         self._waiting_since: float | None = None  # the trainer waits and no sample came
         self._last_get = -math.inf

@@ -5,8 +5,9 @@ The decisions are :mod:`asyncgrpo.core.server_outage`'s; this module holds the s
 counters (:class:`SharedTrust`, in shared memory across the process boundary) and the waits:
 
 - the rollout process (:class:`RolloutGate`, a :class:`~asyncgrpo.adapters.vllm_client.ServerGate`)
-  records an outage when a request finds the server gone, sends nothing while the trainer's
-  weights are not known to be on the server, and has requests that crossed an outage re-issued;
+  records an outage when a request finds the server gone or the server's identity changed (a
+  restart no request saw), sends nothing while the trainer's weights are not known to be on
+  the server, and has requests that crossed an outage re-issued;
 - the trainer (:func:`wait_for_server`) waits for the server to answer and serve the model, up
   to ``vllm_server_timeout`` from the first failure, logging while it waits, then pushes its
   current weights and marks the outages seen before the push as covered.
@@ -14,6 +15,7 @@ counters (:class:`SharedTrust`, in shared memory across the process boundary) an
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import time
 
@@ -40,11 +42,23 @@ class SharedTrust:
 
     def __init__(self) -> None:
         self._counts = _CONTEXT.Array("q", 2)  # outages, trusted
+        self._identity = _CONTEXT.Value("d", math.nan, lock=False)  # NaN: unknown
         self._down_since = _CONTEXT.Value("d", 0.0, lock=False)
 
     def read(self) -> ServerTrust:
         with self._counts.get_lock():
-            return ServerTrust(int(self._counts[0]), int(self._counts[1]))
+            return self._read()
+
+    def _read(self) -> ServerTrust:
+        identity = float(self._identity.value)
+        return ServerTrust(int(self._counts[0]), int(self._counts[1]),
+                           None if math.isnan(identity) else identity)  # fmt: skip
+
+    def _write(self, before: ServerTrust, after: ServerTrust) -> None:
+        self._counts[0], self._counts[1] = after.outages, after.trusted
+        self._identity.value = math.nan if after.identity is None else after.identity
+        if after.outages != before.outages:
+            self._down_since.value = time.time()
 
     def down_since(self) -> float:
         """When the pending outage was first seen (meaningless while none is pending)."""
@@ -53,23 +67,35 @@ class SharedTrust:
     def outage(self, cause: str, where: str) -> ServerTrust:
         """Record that the server went away; log it when this starts a new outage."""
         with self._counts.get_lock():
-            before = ServerTrust(int(self._counts[0]), int(self._counts[1]))
+            before = self._read()
             after = server_outage.outage_seen(before)
-            if after != before:
-                self._counts[0] = after.outages
-                self._down_since.value = time.time()
+            self._write(before, after)
         if after != before:
             log.warning("vLLM server unreachable; waiting for it, then the trainer pushes its "
                         "weights and what was in flight is generated again", seen_by=where,
                         cause=cause[:300])  # fmt: skip
         return after
 
-    def pushed(self, covering: int) -> ServerTrust:
-        """The trainer's weights reached the server after ``covering`` outages were seen."""
+    def identity_seen(self, identity: float | None, where: str) -> ServerTrust:
+        """Record the server's identity read now; a new one is a restart (an outage)."""
         with self._counts.get_lock():
-            before = ServerTrust(int(self._counts[0]), int(self._counts[1]))
-            after = server_outage.weights_pushed(before, covering)
-            self._counts[1] = after.trusted
+            before = self._read()
+            after = server_outage.identity_seen(before, identity)
+            self._write(before, after)
+        if after != before:
+            log.warning("vLLM server restarted (its identity changed, no request failed); the "
+                        "trainer pushes its weights and what was in flight is generated again",
+                        seen_by=where, identity=identity,
+                        pushed_to=before.identity)  # fmt: skip
+        return after
+
+    def pushed(self, covering: int, identity: float | None = None) -> ServerTrust:
+        """The trainer's weights reached the server (of ``identity``) after ``covering``
+        outages were seen."""
+        with self._counts.get_lock():
+            before = self._read()
+            after = server_outage.weights_pushed(before, covering, identity)
+            self._write(before, after)
         return after
 
 
@@ -88,6 +114,7 @@ class RolloutGate:
         self.trust = trust
         self.timeout_s = timeout_s
         self._logged_at = 0.0  # one line per 30 s for all the requests that wait
+        self._warned_no_identity = False
 
     async def enter(self) -> int:
         trust = self.trust.read()
@@ -117,6 +144,16 @@ class RolloutGate:
 
     def trusted(self, started: int) -> bool:
         return server_outage.request_trusted(self.trust.read(), started)
+
+    def identity_seen(self, identity: float | None) -> None:
+        if identity is None and not self._warned_no_identity:
+            self._warned_no_identity = True
+            log.warning(
+                "the vLLM server does not tell its identity (no process_start_time_seconds in "
+                "/metrics: several API servers?); a restart that no request sees is caught only "
+                "as foreign weights"
+            )
+        self.trust.identity_seen(identity, "rollout process")
 
 
 async def wait_for_server(client: VLLMClient, down_since: float, timeout_s: float,

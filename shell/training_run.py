@@ -56,6 +56,7 @@ from asyncgrpo.shell.metrics_log import (
 )
 from asyncgrpo.shell.rollout_messages import GroupOutcome
 from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
+from asyncgrpo.shell.server_watch import SharedTrust
 from asyncgrpo.shell.weight_push import WeightPushing
 from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
 
@@ -102,6 +103,8 @@ class TrainingRun(WeightPushing):
             learner.load_checkpoint(checkpoint)
             self.cursor = checkpoints.read_rollout_cursor(checkpoint)
         self.process: RolloutProcess | None = None
+        # rank 0: outages of the server and whom the weights were pushed to, from the first push
+        self.trust = SharedTrust() if self.rank0 else None
         self.weights: WeightSync | None = None
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
@@ -136,7 +139,8 @@ class TrainingRun(WeightPushing):
                                     self.learner.bf16)  # fmt: skip
             log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
                      source=self.flops.peak_source)  # fmt: skip
-            self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout)
+            self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout,
+                                          self.trust)  # fmt: skip
             self.process.start()
             release_process(self.process.pid, self.trainer.cpu_plan)
             self.process.set_model_version(self.version)

@@ -3,42 +3,49 @@
 :class:`WeightPushing` is the part of :class:`~asyncgrpo.shell.training_run.TrainingRun` that
 pushes the policy through the run's :class:`~asyncgrpo.shell.weight_sync.WeightSync` (the run
 inherits it). A push that fails mid-run is taken as the server going away: it is recorded in
-the rollout process's trust record (:mod:`asyncgrpo.shell.server_watch`), and the next step
-waits for the server and pushes again before any sample is trusted. Every push is collective
-over the trainer's processes; rank 0 talks to the server and records the timings, and every
-process learns each stage's outcome, so that all of them go on, push again or fail together.
+the run's trust record shared with the rollout process (:mod:`asyncgrpo.shell.server_watch`),
+and the next step waits for the server and pushes again before any sample is trusted. Before
+every push rank 0 reads the server's identity: a server that restarted since the last push
+(however fast, whether or not a request failed) is an outage too, and the push goes through
+the same resync; after the push it reads the identity again, so a restart during the push is
+not taken for a landed push. Every push is collective over the trainer's processes; rank 0
+talks to the server and records the timings, and every process learns each stage's outcome,
+so that all of them go on, push again or fail together.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import metrics
+from asyncgrpo.core import metrics, server_outage
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.interrupts import interrupts_deferred
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout_process import RolloutProcess
-from asyncgrpo.shell.server_watch import ServerGone, wait_for_server
+from asyncgrpo.shell.server_watch import ServerGone, SharedTrust, wait_for_server
 from asyncgrpo.shell.weight_sync import WeightSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
+_RESTARTED = "restarted"  # rank 0 to every rank: the server restarted since the last push
 
 
 class WeightPushing:
-    """Weight pushes of a run: needs ``weights``, ``learner``, ``args``, ``process`` (None until
-    the rollout process starts), ``rank0``, ``version``, ``_client()`` and ``_observe()`` on
-    the instance."""
+    """Weight pushes of a run: needs ``weights``, ``learner``, ``args``, ``trust`` (rank 0),
+    ``process`` (None until the rollout process starts), ``rank0``, ``version``, ``_client()``
+    and ``_observe()`` on the instance."""
 
     weights: WeightSync | None
     learner: Learner
     args: AsyncGRPOConfig
+    trust: SharedTrust | None
     process: RolloutProcess | None
     rank0: bool
     version: int
@@ -48,19 +55,27 @@ class WeightPushing:
     def _sync_weights(self, at_start: bool = False) -> None:
         """Push the current policy to the server (collective; rank 0 talks to the server).
 
-        Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a push that failed
-        is taken as the server going away: it is recorded, and the next step waits for the
-        server and pushes again (:meth:`_resync`) before any sample is trusted; a server that
-        is there and still refuses fails the resync. ``at_start`` (the server must be there),
-        it fails the run on every process."""
+        Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a server that
+        restarted since the last push (rank 0 reads its identity first, and every process
+        learns it), or a push that failed, is taken as the server going away: it is recorded,
+        and the next step waits for the server and pushes again (:meth:`_resync`) before any
+        sample is trusted; a server that is there and still refuses fails the resync.
+        ``at_start`` (the server must be there), it fails the run on every process."""
         assert self.weights is not None
         start = time.monotonic()
+        before: list[Any] = [None]  # rank 0: the server's identity, or _RESTARTED
+        if self.rank0:
+            before = [self._identity_before_push(at_start)]
         if self.learner.world_size > 1:
-            dist.barrier()
+            dist.broadcast_object_list(before, src=0)  # every process pushes, or none
+        if before[0] == _RESTARTED:
+            return
         timings, error = None, None
         try:
             with interrupts_deferred():  # the server takes part in a transfer: never cut it
                 timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+            if self.rank0:
+                self._landed(before[0], at_start)
         except Exception as failed:
             error = failed
         failure = self._agreed(error)
@@ -70,20 +85,60 @@ class WeightPushing:
         if at_start:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
         if self.rank0:
-            assert self.process is not None
-            self.process.trust.outage(failure, "trainer weight sync")
+            self._outage(failure, "trainer weight sync")
+
+    def _identity_before_push(self, at_start: bool) -> Any:
+        """Rank 0: the server's identity, recorded against the last push's; :data:`_RESTARTED`
+        when an outage is pending (seen now or before). Never raises: at start a server that
+        does not answer is left to the push to report."""
+        assert self.trust is not None
+        try:
+            identity = self._read_identity()
+        except Exception as error:
+            if at_start:
+                return None
+            self._outage(f"{type(error).__name__}: {error}", "trainer before a weight push")
+            return _RESTARTED
+        if at_start:  # the run's first push: nothing to compare with yet
+            return identity
+        trust = self.trust.identity_seen(identity, "trainer before a weight push")
+        return identity if server_outage.weights_known(trust) else _RESTARTED
+
+    def _landed(self, before: float | None, at_start: bool) -> None:
+        """Rank 0: raise unless the server's identity after a push is the one read before it
+        (a restart during the push); at start the run's trust learns it."""
+        assert self.trust is not None
+        after = self._read_identity()
+        if not server_outage.push_landed(before, after):
+            raise VLLMError("the vLLM server restarted during the weight push")
+        if at_start:
+            self.trust.pushed(0, after)
+
+    def _read_identity(self) -> float | None:
+        async def read() -> float | None:
+            async with self._client() as client:
+                return await client.server_identity()
+
+        return anyio.run(read)
+
+    def _outage(self, cause: str, where: str) -> None:
+        assert self.trust is not None
+        self.trust.outage(cause, where)
 
     def _resync(self, attempts: int = 3) -> None:
         """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage; every
         process raises :class:`ServerGone` when it stays away), then every process reconnects
         and pushes the current weights, each stage's outcome agreed by all; the outages seen
-        before the push are then covered (collective). A push that fails while the server
-        answers is retried ``attempts`` times, then raised."""
+        before the push are then covered (collective), and the server's identity, read before
+        and after the push, is the one later readings compare with. A push that fails while
+        the server answers (or a server that restarted again during it) is retried
+        ``attempts`` times, then raised."""
         assert self.weights is not None
         for attempt in range(1, attempts + 1):
             covering = self._wait_everywhere()
-            timings, error = None, None
+            timings, error, before, identity = None, None, None, None
             try:
+                before = self._read_identity() if self.rank0 else None
                 self.weights.reconnect()
             except Exception as failed:
                 error = failed
@@ -92,18 +147,21 @@ class WeightPushing:
                 try:
                     with interrupts_deferred():
                         timings = self.weights.sync(self.learner.step)
+                    if self.rank0:
+                        identity = self._read_identity()
+                        if not server_outage.push_landed(before, identity):
+                            raise VLLMError("the vLLM server restarted during the weight push")
                 except Exception as failed:
                     error = failed
                 failure = self._agreed(error)
             if failure is None:
                 self._synced(timings)
-                self._resynced(covering)
+                self._resynced(covering, identity)
                 return
             if attempt == attempts:
                 raise error or RuntimeError(f"weight push after an outage failed: {failure}")
             if self.rank0:
-                assert self.process is not None
-                self.process.trust.outage(failure, "resync")
+                self._outage(failure, "resync")
 
     def _agreed(self, error: Exception | None) -> str | None:
         """The outcome of a collective stage on every process: ``None`` when it succeeded on
@@ -135,9 +193,9 @@ class WeightPushing:
         return covering
 
     def _wait_for_server(self) -> int:
-        """Rank 0: wait until the server answers; the outages it has seen by then."""
-        assert self.process is not None
-        trust = self.process.trust
+        """Rank 0: wait until the server answers; the outages seen before the wait."""
+        assert self.trust is not None
+        trust = self.trust
         covering = trust.read().outages
 
         async def wait() -> float:
@@ -150,11 +208,11 @@ class WeightPushing:
                  step=self.learner.step)  # fmt: skip
         return covering
 
-    def _resynced(self, covering: int) -> None:
+    def _resynced(self, covering: int, identity: float | None) -> None:
         if not self.rank0:
             return
-        assert self.process is not None
-        self.process.trust.pushed(covering)
+        assert self.process is not None and self.trust is not None
+        self.trust.pushed(covering, identity)
         self.process.restart_wait_clock()
         self._observe(metrics.value("rollout/vllm_outage_count", 1))
 

