@@ -445,9 +445,11 @@ class VLLMClient:
         result = await self._post("/collective_rpc", json=payload)
         return list((result or {}).get("results", []))
 
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Register a LoRA adapter (needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
-        await self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+    async def load_lora_adapter(self, name: str, path: str, in_place: bool = False) -> None:
+        """Register a LoRA adapter (needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``);
+        ``in_place`` replaces one loaded under ``name`` (else the server refuses the name)."""
+        body = {"lora_name": name, "lora_path": path, "load_inplace": in_place}
+        await self._post("/v1/load_lora_adapter", json=body)
 
     async def unload_lora_adapter(self, name: str) -> None:
         await self._post("/v1/unload_lora_adapter", json={"lora_name": name})

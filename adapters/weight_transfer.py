@@ -86,7 +86,8 @@ class AdapterSync:
     Each version is written to ``<directory>/v<version>`` and registered as
     ``<prefix>-v<version>``; the newest ``keep`` versions stay loaded (``max_staleness + 1``), so
     a rollout started under an older policy finishes under it. The next version is loaded
-    before the oldest is released and its directory deleted.
+    before the oldest is released and its directory deleted. A server that restarted has none
+    of them: :meth:`restore` loads the kept versions again from their directories.
     """
 
     def __init__(self, directory: str | Path, prefix: str, keep: int) -> None:
@@ -105,15 +106,25 @@ class AdapterSync:
         return adapter_name(self.prefix, version)
 
     async def sync(self, client: VLLMClient, version: int, barrier_s: float = 0.0) -> SyncTimings:
-        """Register the adapter already written at :meth:`path` and release old versions."""
+        """Register the adapter already written at :meth:`path` and release old versions; a
+        version loaded before (pushed again after an outage) is loaded in place."""
         start = time.monotonic()
-        await client.load_lora_adapter(self.name(version), str(self.path(version)))
-        self.loaded.append(version)
+        again = version in self.loaded
+        await client.load_lora_adapter(self.name(version), str(self.path(version)), again)
+        if not again:
+            self.loaded.append(version)
         while len(self.loaded) > self.keep:
             old = self.loaded.pop(0)
             await client.unload_lora_adapter(self.name(old))
             shutil.rmtree(self.path(old), ignore_errors=True)
         return SyncTimings(pause_s=0.0, barrier_s=barrier_s, transfer_s=time.monotonic() - start)
+
+    async def restore(self, client: VLLMClient) -> None:
+        """After the server went away and came back (it may have restarted with no adapter):
+        load every kept version again, in place, so rollouts that started under an older
+        policy are generated again under that same policy."""
+        for version in self.loaded:
+            await client.load_lora_adapter(self.name(version), str(self.path(version)), True)
 
 
 def adapter_name(prefix: str, version: int) -> str:

@@ -201,7 +201,17 @@ class AdapterWeights:
         return self.merged.sync(version, barrier_s)
 
     def reconnect(self) -> None:
+        """Open the merged path again and (rank 0) load the kept adapter versions again: a
+        restarted server has none, and rollouts name the version they started under."""
         self.merged.reconnect()
+        if not self.adapter_mode or self.learner.rank != 0:
+            return
+
+        async def restore() -> None:
+            async with self.client() as client:
+                await self.adapters.restore(client)
+
+        anyio.run(restore)
 
     def close(self) -> None:
         self.merged.close()

@@ -95,6 +95,43 @@ def own_server(tiny_qwen3, tmp_path):
     server.stop()
 
 
+@pytest.fixture
+def own_lora_server(tiny_qwen3, tmp_path):
+    """A server this test may kill, serving LoRA adapters loaded at run time."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      enable_lora=True, max_lora_rank=8, max_loras=4)  # fmt: skip
+    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_lora_run_survives_a_server_restart_with_its_adapters(own_lora_server, tiny_qwen3,
+                                                                tmp_path) -> None:  # fmt: skip
+    """A PEFT run syncing LoRA adapters (max_staleness 1: two versions served): the restarted
+    server gets every kept adapter version again, so rollouts started under an older version
+    are generated again under it, and the trainer's current one; training goes on at parity."""
+    from peft import LoraConfig
+
+    crash = CrashServerAfterFirstStep(own_lora_server)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    run = trainer(own_lora_server, tiny_qwen3, tmp_path, crash, lora, max_staleness=1)
+    try:
+        run.train()
+    finally:
+        crash.release()
+    assert not crash.restart_error, crash.restart_error
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r.get("rollout/vllm_outage_count", 0) for r in rows) >= 1
+    gaps = [r["sampling/staleness0_logp_difference/mean"] for r in rows
+            if "sampling/staleness0_logp_difference/mean" in r]  # fmt: skip
+    assert gaps and max(gaps) < 1e-4, rows
+    kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
+    assert kept == ["v3", "v4"]  # adapters all the way, never merged weights
+    assert not (tmp_path / "run" / ".vllm_weights").exists()
+
+
 def test_a_server_restart_mid_run_is_survived_with_parity(own_server, tiny_qwen3, tmp_path):
     crash = CrashServerAfterFirstStep(own_server)
     run = trainer(own_server, tiny_qwen3, tmp_path, crash)
