@@ -87,6 +87,18 @@ def served(vllm_server, tiny_qwen3, tmp_path_factory):
     anyio.run(restore)
 
 
+@pytest.fixture
+def own_server(tiny_qwen3, tmp_path):
+    """A server the test may kill and restart: the tiny model in fp32 with the gloo engine (so
+    a trainer syncs in memory and must join a restarted server's group anew)."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
+    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def replying_qwen3(tiny_qwen3, tmp_path_factory) -> Path:
     """The tiny Qwen3 fine-tuned to answer with a few fixed replies (``$4$``, tool calls...),

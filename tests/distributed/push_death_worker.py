@@ -15,11 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from tiny_run import tiny_run
 
-from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.engine_transfer import ResumingWeightSyncClient, WeightStream
-from asyncgrpo.shell.demo import digit_fraction_reward
 
 KILLED_TIMEOUT_S = 120.0
 PUSH_THAT_DIES = 2  # the first push (before step 1) must find the server; the next one dies
@@ -82,28 +80,8 @@ def main() -> None:
     signals, rank = Path(signal_dir), int(os.environ["RANK"])
     if rank == 0:
         KILL_POINTS[kill_point](signals)
-    prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
-    trainer = AsyncGRPOTrainer(
-        model=model,
-        reward_funcs=digit_fraction_reward,
-        train_dataset=Dataset.from_dict({"prompt": prompts}),
-        args=AsyncGRPOConfig(
-            output_dir=output_dir,
-            max_steps=3,
-            max_staleness=0,
-            learning_rate=1e-3,
-            num_generations=4,
-            max_completion_length=12,
-            token_budget=128,
-            gradient_checkpointing=False,
-            num_sampler_logprobs=4,
-            save_steps=1000,
-            vllm_server_base_url=base_url,
-            vllm_server_timeout=float(server_timeout),
-            weight_transfer_backend="asyncgrpo_gloo",
-            disable_tqdm=True,
-        ),
-    )
+    trainer = tiny_run(model, base_url, output_dir, save_steps=1000,
+                       vllm_server_timeout=float(server_timeout))  # fmt: skip
     outcome = signals / f"outcome-{rank}"
     try:
         trainer.train()

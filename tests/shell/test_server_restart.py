@@ -84,18 +84,6 @@ class CrashServerAfterFirstStep(TrainerCallback):
 
 
 @pytest.fixture
-def own_server(tiny_qwen3, tmp_path):
-    """A server this test may kill: the tiny model in fp32 with the gloo engine (so the trainer
-    syncs in memory and must join the restarted server's group anew)."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def own_lora_server(tiny_qwen3, tmp_path):
     """A server this test may kill, serving LoRA adapters loaded at run time."""
     spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
