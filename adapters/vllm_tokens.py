@@ -24,7 +24,7 @@ from asyncgrpo.core.candidate_sets import CandidateSetSupport
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 if TYPE_CHECKING:
-    from asyncgrpo.adapters.vllm_client import SamplingParams
+    from asyncgrpo.adapters.sampling_params import SamplingParams
 
 TOKEN_ENDPOINT = "/inference/v1/generate"
 # vLLM's placeholder for a sampled token that has no entry in the engine's log-prob map.

@@ -22,7 +22,8 @@ from pathlib import Path
 import anyio
 
 from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 
 

@@ -44,9 +44,9 @@ import attrs
 import numpy as np
 import structlog
 
+from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
-    SamplingParams,
     ServerGate,
     VLLMClient,
 )

@@ -11,7 +11,8 @@ import torch
 
 from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm, save_tiny_model
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.shell.config import AsyncGRPOConfig

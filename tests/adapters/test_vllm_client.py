@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
-    SamplingParams,
     VLLMClient,
     VLLMError,
 )

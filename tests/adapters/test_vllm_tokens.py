@@ -24,7 +24,8 @@ from vllm.entrypoints.scale_out.token_in_token_out.serving import ServingTokens
 from vllm.logprobs import Logprob
 
 from asyncgrpo.adapters import vllm_tokens
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient, VLLMError
+from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm_tokens import TOKEN_ENDPOINT, parse_token_reply, token_request
 from asyncgrpo.core.candidate_sets import CandidateSetSupport
 from asyncgrpo.core.records import TurnRecord

@@ -7,7 +7,8 @@ import anyio
 import torch
 from transformers import AutoModelForCausalLM
 
-from asyncgrpo.adapters.vllm_client import SamplingParams, VLLMClient
+from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.weight_transfer import DiskReload
 
 PROMPT = [1, 5, 9, 14, 3]
