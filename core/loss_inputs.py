@@ -103,7 +103,14 @@ _KIND_FIX = {
 
 def check_kind(name: str, tensor: Tensor, kind: str) -> None:
     """Raise ``TypeError`` unless ``tensor`` is a tensor of ``kind`` ("float", "long" or
-    "bool"); the message names ``name`` and the conversion that fixes it."""
+    "bool"); the message names ``name`` and the conversion that fixes it.
+
+    Example:
+        >>> check_kind("completion_ids", torch.tensor([3, 5]), "long")
+        >>> check_kind("completion_ids", torch.tensor([3.0, 5.0]), "long")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: completion_ids has dtype torch.float32; ... convert it with .long()
+    """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     ok = {

@@ -85,9 +85,9 @@ class TopLogprobs:
         counts: int64 [T], valid entries of each row; -1 where the position has no table.
 
     Example:
-        >>> top = TopLogprobs.from_tables([{7: -2.0, 5: -0.1}, None])
+        >>> top = TopLogprobs.from_tables([{7: -2.0, 5: -0.5}, None])
         >>> top.ids.tolist(), top.counts.tolist(), top[0], top[1]
-        ([[5, 7], [0, 0]], [2, -1], {5: -0.1, 7: -2.0}, None)
+        ([[5, 7], [0, 0]], [2, -1], {5: -0.5, 7: -2.0}, None)
     """
 
     ids: np.ndarray = attrs.field(converter=_ids, eq=_ARRAY_EQ)
