@@ -16,6 +16,11 @@ One step, on rank 0:
 Other ranks receive their rows from rank 0 and take part in the collective step, sync and
 checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epochs`` passes over
 the prompts were consumed, counted in distinct prompts.
+
+The module is the loop above and nothing else, about 440 lines: its decisions live in core
+(step queue, cursor, schedule, metrics) and its other jobs in their own modules (weight pushes
+in :mod:`~asyncgrpo.shell.weight_push`, the learner, checkpoints, the rollout process); what
+is left is the order in which one step calls them, read best in one place.
 """
 
 from __future__ import annotations
