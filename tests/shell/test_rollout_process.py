@@ -149,13 +149,21 @@ def blocking_reward(completion_ids, **kwargs):
 
 
 def test_a_blocked_reward_function_is_named_when_no_sample_comes(vllm_server, tiny_qwen3) -> None:
+    """The worker timeout is armed only once the reward function is seen blocked, so a server
+    slow to generate the first group (a loaded machine) cannot trip it first."""
     process = RolloutProcess(
-        spec_for(vllm_server, tiny_qwen3, reward_funcs=(blocking_reward,)), timeout_s=10
+        spec_for(vllm_server, tiny_qwen3, reward_funcs=(blocking_reward,)), timeout_s=3600
     ).start()
-    started = time.monotonic()
     try:
+        deadline = time.monotonic() + 180
+        while "blocking_reward" not in process.activity():
+            assert time.monotonic() < deadline, f"reward never called: {process.activity()}"
+            process.get(wait_s=0.5)
+        process.timeout_s = 10.0
+        process.restart_wait_clock()
+        deadline = time.monotonic() + 120
         with capture_logs() as logs, pytest.raises(RolloutWorkerError) as raised:
-            while time.monotonic() - started < 180:
+            while time.monotonic() < deadline:
                 process.get(wait_s=0.5)
         message = str(raised.value)
         assert "no sample reached the trainer" in message, message
