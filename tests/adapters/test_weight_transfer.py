@@ -59,12 +59,10 @@ def token_log_probs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
 async def stream_with_sync_once_it_starts(
     client: VLLMClient, body: dict, sync: DiskReload, state_dict
 ) -> tuple[list[int], list[float], str]:
-    """Stream one completion and pause the server as soon as the reply's headers arrive, then
-    push ``state_dict`` and read the whole completion. The pause follows the request through
-    the API server's event loop to the engine, so the engine stops the request a step or a few
-    after it started, whatever the API server's lag in handing out tokens (waiting for the
-    first tokens would add that lag). Returns the token ids, their sampler log-probs and the
-    finish reason."""
+    """Stream one completion, pause the server and push ``state_dict`` as soon as the reply's
+    headers arrive, then read the completion whole (here the request stops after its first
+    token, loaded or not). Returns the token ids, their sampler log-probs and the finish
+    reason."""
     ids: list[int] = []
     log_probs: list[float] = []
     finish_reason = ""
@@ -108,12 +106,12 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
                 await sync.sync(old.state_dict())
                 return await stream_with_sync_once_it_starts(client, body, sync, new.state_dict())
 
-    # Waiting for the first tokens before pausing raced the API server: on 2 cores loaded by
-    # another test run it handed them out only after the engine had generated all 1,000 (three
-    # trials of three, twice in CI). Pausing on the reply's headers leaves the request 1 token
-    # here, loaded or not. If the pause ever overtakes the request (no old token) or the request
-    # outruns it (no new token), the trial says nothing and is repeated with another seed; a
-    # server that ignored the new weights fails every trial.
+    # Under two CI runs side by side every token of the request can still carry the old
+    # policy's log-prob, in every trial: 3 runs of 6 did so (syncing after the first tokens, or
+    # on the headers, or with 64 requests beside it). Whether the API server's lag lets the
+    # request end before the pause lands or the reload serves stale weights is not settled. A
+    # trial with no old token or no new token says nothing and is repeated with another seed;
+    # a server that ignored the new weights fails every trial.
     for seed in range(3, 3 + TRIALS):
         ids, sampler_lp, finish_reason = anyio.run(trial, seed)
         served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
