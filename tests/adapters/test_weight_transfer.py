@@ -98,8 +98,9 @@ async def stream_with_sync_at_a_held_token(
     at a time (every 0.5 s) until the pause has landed, since the engine takes the pause
     only between tokens. At least 2 tokens are therefore sampled by the old weights, and at
     most one more per 0.5 s the API server takes to deliver the pause (under 1,000 within the
-    caller's deadline). Returns the token ids,
-    their sampler log-probs and the finish reason."""
+    caller's deadline). The gate opens before the sync, so that the rest can be read, and
+    again on any failure. Returns the token ids, their sampler log-probs and the finish
+    reason."""
     ids: list[int] = []
     log_probs: list[float] = []
     finish_reason = ""
