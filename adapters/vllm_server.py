@@ -8,8 +8,9 @@ config must not override the trainer's sampling parameters), ``--max-logprobs`` 
 centering, and ``VLLM_SERVER_DEV_MODE=1`` for the pause / resume / reload endpoints.
 
 The server runs in its own process group, so stopping it also stops its engine process, on
-exit and on error alike; it receives ``SIGTERM`` when the process that started it exits, even by
-``SIGKILL`` (:mod:`~asyncgrpo.adapters.parent_death`), and then shuts its engine down.
+exit and on error alike. A supervisor (:mod:`~asyncgrpo.adapters.parent_death`) stops it when the
+process that started it exits, even by ``SIGKILL``: ``SIGTERM``, then ``SIGKILL`` to the group
+after ``SHUTDOWN_GRACE_S`` (vLLM's graceful shutdown can hang).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
+SHUTDOWN_GRACE_S = 10.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -205,7 +207,7 @@ class VLLMServer:
         check_served_dtype(self.spec, on_cpu=not torch.cuda.is_available())
         self._log = self.log_path.open("wb")
         self._process = subprocess.Popen(
-            command_dying_with_caller(signal.SIGTERM, self.spec.command(self.port)),
+            command_dying_with_caller(self.spec.command(self.port), SHUTDOWN_GRACE_S),
             env=self.spec.environment(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
