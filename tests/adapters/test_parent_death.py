@@ -8,7 +8,6 @@ only after that file exists. Every wait is bounded; what is left is killed in ``
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+from processes import alive
 
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 
@@ -48,15 +48,6 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.1)
 
 
-def running(processes: list[psutil.Process]) -> list[psutil.Process]:
-    left = []
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(process)
-    return left
-
-
 def start_trainer(tmp_path: Path, grace_s: float):
     """The trainer, and the supervisor with the program and its grandchild once ready."""
     ready = tmp_path / "ready"
@@ -76,10 +67,10 @@ def test_sigkill_of_the_caller_ends_a_program_that_ignores_sigterm(tmp_path) -> 
         assert len({os.getpgid(p.pid) for p in group}) == 1  # one process group
         trainer.kill()
         trainer.wait(timeout=WAIT_S)
-        wait_until(lambda: not running(group), "the supervised processes outlived the caller")
+        wait_until(lambda: not alive(group), "the supervised processes outlived the caller")
     finally:
         trainer.kill()
-        for process in running(group):
+        for process in alive(group):
             process.kill()
 
 
@@ -88,11 +79,11 @@ def test_sigterm_to_the_group_ends_a_program_that_ignores_it(tmp_path) -> None:
     trainer, group = start_trainer(tmp_path, grace_s=1.0)
     try:
         os.killpg(group[0].pid, signal.SIGTERM)
-        wait_until(lambda: not running(group), "SIGTERM to the group did not end it")
+        wait_until(lambda: not alive(group), "SIGTERM to the group did not end it")
         assert trainer.poll() is None  # the caller is not in the group
     finally:
         trainer.kill()
-        for process in running(group):
+        for process in alive(group):
             process.kill()
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import psutil
+from processes import alive
 
 FIRST_STEP_TIMEOUT_S = 600  # a server start and one step, on a loaded 2-core machine
 CHILDREN_EXIT_TIMEOUT_S = 60
@@ -38,16 +39,6 @@ def wait_for(condition, process: subprocess.Popen, log: Path, timeout_s: float) 
         assert process.poll() is None, f"the run exited early:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"not within {timeout_s} s:\n{log.read_text()[-3000:]}"
         time.sleep(0.2)
-
-
-def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """Those of ``processes`` still running (a zombie has exited)."""
-    left = []
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(process)
-    return left
 
 
 def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str]:
