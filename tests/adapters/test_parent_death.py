@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
-from processes import alive
+from processes import alive, kill_all
 
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 
@@ -70,8 +70,7 @@ def test_sigkill_of_the_caller_ends_a_program_that_ignores_sigterm(tmp_path) -> 
         wait_until(lambda: not alive(group), "the supervised processes outlived the caller")
     finally:
         trainer.kill()
-        for process in alive(group):
-            process.kill()
+        kill_all(group)
 
 
 def test_sigterm_to_the_group_ends_a_program_that_ignores_it(tmp_path) -> None:
@@ -83,8 +82,7 @@ def test_sigterm_to_the_group_ends_a_program_that_ignores_it(tmp_path) -> None:
         assert trainer.poll() is None  # the caller is not in the group
     finally:
         trainer.kill()
-        for process in alive(group):
-            process.kill()
+        kill_all(group)
 
 
 def test_the_programs_exit_status_passes_through() -> None:

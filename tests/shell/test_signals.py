@@ -8,7 +8,6 @@ first step is logged (never after a sleep), bounds every wait and kills what is 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,7 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
-from processes import alive
+from processes import alive, kill_all
 
 FIRST_STEP_TIMEOUT_S = 600  # a server start and one step, on a loaded 2-core machine
 CHILDREN_EXIT_TIMEOUT_S = 60
@@ -46,12 +45,6 @@ def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str
     while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.2)
     return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive(processes)]
-
-
-def kill_all(processes: list[psutil.Process]) -> None:
-    for process in alive(processes):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
 
 
 def run_demo_until_first_step(tmp_path: Path):
