@@ -57,7 +57,7 @@ def address_towards(url: str) -> str:
 class WeightStream(WeightSource):
     """A :class:`WeightSource` over two callables: ``metadata`` lists ``(name, dtype, shape)``
     without gathering; ``weights`` yields ``(name, tensor)`` in the same order, and is a
-    collective every trainer rank runs (see :meth:`asyncgrpo.shell.learner.Learner.iter_weights`).
+    collective every trainer rank runs (see ``Learner.iter_weights``).
 
     Each iteration is one round of that collective. The stream keeps the round it handed out,
     so a sender that fails half way can still run the gathers the other ranks are in

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
     from asyncgrpo.shell.config import AsyncGRPOConfig
-    from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-    from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+    from asyncgrpo.shell.rollout import AsyncRolloutLoop
+    from asyncgrpo.shell.run import AsyncGRPOTrainer
 
 _HOMES = {
     "AsyncGRPOConfig": "asyncgrpo.shell.config",
-    "AsyncGRPOTrainer": "asyncgrpo.shell.trainer",
-    "AsyncRolloutLoop": "asyncgrpo.shell.rollout_loop",
+    "AsyncGRPOTrainer": "asyncgrpo.shell.run",
+    "AsyncRolloutLoop": "asyncgrpo.shell.rollout",
     "Rollout": "asyncgrpo.core.records",
     "RolloutGroup": "asyncgrpo.core.records",
     "TrainingSample": "asyncgrpo.core.records",

@@ -57,11 +57,10 @@ from transformers import TrainerCallback
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.core.records import TurnRecord
-from asyncgrpo.shell.cpu_sharing import server_cpus_for
-from asyncgrpo.shell.demo import demo_config, demo_dataset, digit_fraction_reward
-from asyncgrpo.shell.metrics_log import read_metrics
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+from asyncgrpo.shell.commands.demo import demo_config, demo_dataset, digit_fraction_reward
+from asyncgrpo.shell.rollout import AsyncRolloutLoop
+from asyncgrpo.shell.run import AsyncGRPOTrainer, read_metrics
+from asyncgrpo.shell.servers import server_cpus_for
 
 LENGTHS = (4, 8, 16, 32, 64, 128)
 DEMO_LEARNING_RATE = demo_config(".", 1, "http://127.0.0.1").learning_rate

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.adapters.vllm_server import ServerSpec
-from asyncgrpo.shell.demo import run_demo
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.commands.demo import run_demo
+from asyncgrpo.shell.run import read_metrics
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "off": {"cpu_sharing": "off"},

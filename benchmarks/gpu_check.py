@@ -44,8 +44,8 @@ from asyncgrpo.adapters.packed_forward import packed_log_probs
 from asyncgrpo.core.packing import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.flops_meter import FlopsMeter
 from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.run.flops import FlopsMeter
 
 FP32_TOL = 1e-3  # max |packed - unpacked| log-prob, nats
 BF16_TOL = 0.25  # max, nats; the mean must stay under BF16_TOL / 10

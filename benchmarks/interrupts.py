@@ -42,7 +42,7 @@ def write_settings(out: Path, model: Path, backend: str) -> Path:
     settings.write_text(f"""
 model = "{model}"
 dataset = "{prompts}"
-reward_funcs = ["asyncgrpo.shell.demo:digit_fraction_reward"]
+reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
 
 [asyncgrpo]
 max_steps = 100000
@@ -65,7 +65,7 @@ def one_trial(
     log = run_dir.with_suffix(".log")
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "asyncgrpo.shell.cli", "train", "--config", str(settings),
+            [sys.executable, "-m", "asyncgrpo", "train", "--config", str(settings),
              "--vllm-url", base_url, "--output-dir", str(run_dir)],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

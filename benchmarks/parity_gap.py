@@ -27,8 +27,8 @@ from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.core.weight_parity import STALENESS0_GAP, parity_limit
-from asyncgrpo.shell.demo import digit_fraction_reward
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.run import read_metrics
 
 
 class ForeignPusher(TrainerCallback):

@@ -1,7 +1,7 @@
 """A finished group's reward values checked, and its training samples built.
 
-Both the rollout loop (:mod:`asyncgrpo.shell.rollout_loop`) and the simulator
-(:mod:`asyncgrpo.shell.simulate`) score a group with these functions, so what the simulator
+Both the rollout loop (:mod:`asyncgrpo.shell.rollout.loop`) and the simulator
+(:mod:`asyncgrpo.shell.commands.simulate`) score a group with these functions, so what the simulator
 predicts is built the same way as what the trainer receives.
 """
 

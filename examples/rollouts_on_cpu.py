@@ -16,7 +16,7 @@ from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.core.metrics import MetricWindow, record, summarize
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
 
 
 def digit_reward(completions, **kwargs):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.run import read_metrics
 
 DOC_QUICK_START = """\
 # train_async_grpo.py

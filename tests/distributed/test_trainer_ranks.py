@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.run import read_metrics
 
 WORKER = Path(__file__).with_name("trainer_worker.py")
 

@@ -5,7 +5,7 @@ tests/distributed/push_death_worker.py)."""
 from datasets import Dataset
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.shell.demo import digit_fraction_reward
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
 
 
 def tiny_run(model: str, base_url: str, output_dir: str, **overrides) -> AsyncGRPOTrainer:

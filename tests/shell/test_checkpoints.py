@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncgrpo.shell import checkpoints
-from asyncgrpo.shell.checkpoints import CheckpointError
-from asyncgrpo.shell.metrics_log import drop_rows_after
+from asyncgrpo.shell.run import checkpoints
+from asyncgrpo.shell.run.checkpoints import CheckpointError
+from asyncgrpo.shell.run.metrics_log import drop_rows_after
 
 
 def write_complete(path: Path) -> None:

@@ -13,11 +13,12 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from asyncgrpo.shell import config_docs, config_rules
-from asyncgrpo.shell.cli import main
+from asyncgrpo.shell.commands import main
+from asyncgrpo.shell.commands.train import TrainCommandError, build_config, parse_train_args
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.optimization import build_optimizer, build_scheduler
-from asyncgrpo.shell.train_command import TrainCommandError, build_config, parse_train_args
+from asyncgrpo.shell.config import docs as config_docs
+from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.learner.optimization import build_optimizer, build_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def test_every_training_arguments_field_is_used_rejected_or_script_only() -> Non
 
 def test_the_configuration_reference_is_generated_from_the_declarations() -> None:
     assert (ROOT / "docs" / "configuration.md").read_text() == config_docs.render(), (
-        "regenerate: python -m asyncgrpo.shell.config_docs docs/configuration.md"
+        "regenerate: python -m asyncgrpo.shell.config.docs docs/configuration.md"
     )
 
 

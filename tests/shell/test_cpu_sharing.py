@@ -12,12 +12,12 @@ import pytest
 from asyncgrpo.adapters.vllm_server import ServerSpec
 from asyncgrpo.core.cpu_plan import plan_cpus
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import server_cpus_for, server_on_host
+from asyncgrpo.shell.servers.cpu_sharing import server_cpus_for, server_on_host
 
 CHILD = """
 import json, os, sys, torch
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import share_cpus_with_server
+from asyncgrpo.shell.servers.cpu_sharing import share_cpus_with_server
 config = AsyncGRPOConfig(vllm_server_base_url=sys.argv[1], cpu_sharing=sys.argv[2])
 plan = share_cpus_with_server(config, torch.device("cpu"))
 print(json.dumps({"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),

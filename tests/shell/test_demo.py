@@ -7,8 +7,8 @@ import pytest
 
 from asyncgrpo.core.cpu_plan import plan_cpus
 from asyncgrpo.core.step_time import STEP_PARTS
-from asyncgrpo.shell.cli import main
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.commands import main
+from asyncgrpo.shell.run import read_metrics
 
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:

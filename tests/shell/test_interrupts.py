@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from asyncgrpo.shell.interrupts import (
+from asyncgrpo.shell.run.interrupts import (
     Interrupted,
     TrainingInterrupted,
     interrupts_deferred,

@@ -16,8 +16,8 @@ from asyncgrpo.adapters.vllm_client import PromptTooLongError
 from asyncgrpo.core.cursor import PromptCursor, request_seed
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import _ROLLOUT, AsyncRolloutLoop
-from asyncgrpo.shell.tool_loop import reward_names
+from asyncgrpo.shell.rollout.loop import _ROLLOUT, AsyncRolloutLoop
+from asyncgrpo.shell.rollout.tools import reward_names
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
 

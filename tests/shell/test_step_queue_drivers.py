@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from asyncgrpo.adapters.models import tiny_config
 from asyncgrpo.core import cursor, metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.shell.commands.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.server_watch import SharedTrust
-from asyncgrpo.shell.simulate import SimulationConfig, _Pipeline, _take_step
-from asyncgrpo.shell.training_run import TrainingRun
+from asyncgrpo.shell.rollout import GroupOutcome
+from asyncgrpo.shell.run.training_run import TrainingRun
+from asyncgrpo.shell.servers import SharedTrust
 
 
 class FakeRolloutProcess:
@@ -154,7 +154,7 @@ def test_the_simulator_drops_few_stale_samples_when_generation_keeps_up(tmp_path
     few samples wait long enough to go stale (before the queue counted them, 23% of the
     trained samples at max_staleness 1 and three times as many as were trained at 4; at 0,
     before no group started while a step trained, about half of all samples)."""
-    from asyncgrpo.shell.simulate import simulate
+    from asyncgrpo.shell.commands.simulate import simulate
 
     config = SimulationConfig(max_steps=30, max_staleness=max_staleness, logging_steps=5,
                               generation_tokens_per_s=20_000.0)  # fmt: skip

@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
 from asyncgrpo.adapters.vllm_client import VLLMError
 from asyncgrpo.adapters.vllm_server import free_port
-from asyncgrpo.shell.demo import digit_fraction_reward
-from asyncgrpo.shell.metrics_log import read_metrics
-from asyncgrpo.shell.rollout_process import RolloutWorkerError
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.rollout import RolloutWorkerError
+from asyncgrpo.shell.run import read_metrics
 
 
 def dataset(n: int = 8) -> Dataset:

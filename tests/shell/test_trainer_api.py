@@ -14,9 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm_server import free_port
-from asyncgrpo.shell import hub
-from asyncgrpo.shell.demo import digit_fraction_reward
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.run import hub, read_metrics
 
 
 def dataset(n: int = 8) -> Dataset:

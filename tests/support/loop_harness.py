@@ -7,7 +7,7 @@ import time
 import anyio
 import attrs
 
-from asyncgrpo.shell.rollout_messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout import GroupOutcome, LoopReport
 
 
 @attrs.define

@@ -9,8 +9,8 @@ The pieces live where their seams are: the process group in
 :mod:`asyncgrpo.adapters.process_group`; FSDP2 sharding, precision, and gradients summed (not
 averaged) over processes in :mod:`asyncgrpo.adapters.fsdp`; the packed forward and the MoE
 auxiliary loss in :mod:`asyncgrpo.adapters.packed_policy`; optimizer and schedule in
-:mod:`asyncgrpo.shell.optimization`; the checkpoint files in
-:mod:`asyncgrpo.shell.learner_checkpoint`. LoRA adapters are initialised under
+:mod:`asyncgrpo.shell.learner.optimization`; the checkpoint files in
+:mod:`asyncgrpo.shell.learner.checkpoint`. LoRA adapters are initialised under
 ``config.seed``, so every process starts from identical weights.
 
 **Empty rows.** ``None`` in ``micro_batches`` means this process has no samples in that
@@ -68,9 +68,9 @@ from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, sum
 from asyncgrpo.core.packing import PackedRow
 from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.learner_checkpoint import load_learner, save_learner
-from asyncgrpo.shell.learner_weights import LearnerWeights
-from asyncgrpo.shell.optimization import optimizers_for, parameter_names
+from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
+from asyncgrpo.shell.learner.export import LearnerWeights
+from asyncgrpo.shell.learner.optimization import optimizers_for, parameter_names
 
 # --- step results --------------------------------------------------------------------------
 
@@ -338,7 +338,7 @@ class Learner(LearnerWeights):
     def save_checkpoint(self, path: str | Path) -> None:
         """Save everything a resume needs under ``path`` (collective): the sharded model and
         optimizer, the step and schedule, every process's RNG states
-        (:mod:`asyncgrpo.shell.learner_checkpoint` has the layout)."""
+        (:mod:`asyncgrpo.shell.learner.checkpoint` has the layout)."""
         save_learner(path, self.model, self.optimizer, self.scheduler, self.step, self.rank)
 
     def load_checkpoint(self, path: str | Path) -> None:

@@ -8,7 +8,7 @@ the top level or in an ``asyncgrpo`` table; flags override it::
 
     model = "runs/demo/initial-model"
     dataset = "prompts.jsonl"
-    reward_funcs = ["asyncgrpo.shell.demo:digit_fraction_reward"]
+    reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
 
     [asyncgrpo]
     max_steps = 20
@@ -28,9 +28,8 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from asyncgrpo.shell import config_rules
-from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
-from asyncgrpo.shell.config_files import read_config
+from asyncgrpo.shell.config import AsyncGRPOConfig, field_names, read_config
+from asyncgrpo.shell.config import rules as config_rules
 
 SCRIPT_KEYS = ("model", "dataset", "reward_funcs")
 """Top-level keys of a config file that are not config fields."""
@@ -138,9 +137,9 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
             raise TrainCommandError(
                 f"{script.config}: {stray[0]!r} is neither an AsyncGRPOConfig field nor one of "
                 f"{', '.join(SCRIPT_KEYS)}"
-                + config_rules.closest(stray[0], [*SCRIPT_KEYS, *field_names()])
+                + config_rules.closest(stray[0], [*SCRIPT_KEYS, *field_names(AsyncGRPOConfig)])
             )
-    values.update({k: v for k, v in given.items() if k in set(field_names())})
+    values.update({k: v for k, v in given.items() if k in set(field_names(AsyncGRPOConfig))})
     model = script.model or extra.get("model")
     dataset = script.dataset or extra.get("dataset")
     rewards = script.reward or extra.get("reward_funcs") or []
@@ -186,8 +185,8 @@ def build_config(settings: TrainSettings, base_url: str | None = None) -> AsyncG
 def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-    from asyncgrpo.shell.cpu_sharing import server_cpus_for
-    from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+    from asyncgrpo.shell.run import AsyncGRPOTrainer
+    from asyncgrpo.shell.servers import server_cpus_for
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts

@@ -14,7 +14,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.shell import config_rules
+from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.config.rules import field_names
 
 TABLE = "asyncgrpo"
 
@@ -45,8 +46,6 @@ def read_config(path: str | Path, cls: type) -> tuple[dict[str, Any], dict[str, 
         ValueError: a key in the ``asyncgrpo`` table that is not a field of ``cls`` (naming
             the closest field), or a field given both at the top level and in the table.
     """
-    from asyncgrpo.shell.config import field_names
-
     data = load_mapping(path)
     table = data.pop(TABLE, {})
     if not isinstance(table, dict):

@@ -31,7 +31,7 @@ from asyncgrpo.core import advantages, cursor, metrics, pacing, step_queue
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import TrainingSample, TurnRecord
 from asyncgrpo.core.scoring import check_reward_values, group_samples
-from asyncgrpo.shell.metrics_log import MetricsFile
+from asyncgrpo.shell.run import MetricsFile
 
 log = structlog.get_logger("asyncgrpo.simulate")
 

@@ -1,4 +1,4 @@
-"""One ``train()`` call of :class:`~asyncgrpo.shell.trainer.AsyncGRPOTrainer`: the step loop.
+"""One ``train()`` call of :class:`~asyncgrpo.shell.run.trainer.AsyncGRPOTrainer`: the step loop.
 
 One step, on rank 0:
 
@@ -19,7 +19,7 @@ the prompts were consumed, counted in distinct prompts.
 
 The module is the loop above and nothing else, about 440 lines: its decisions live in core
 (step queue, cursor, schedule, metrics) and its other jobs in their own modules (weight pushes
-in :mod:`~asyncgrpo.shell.weight_push`, the learner, checkpoints, the rollout process); what
+in :mod:`~asyncgrpo.shell.run.weight_push`, the learner, checkpoints, the rollout process); what
 is left is the order in which one step calls them, read best in one place.
 """
 
@@ -45,28 +45,25 @@ from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.core.weight_parity import STALENESS0_GAP
-from asyncgrpo.shell import checkpoints
-from asyncgrpo.shell.cpu_sharing import release_process
-from asyncgrpo.shell.flops_meter import FlopsMeter
-from asyncgrpo.shell.foreign_weights import ParityGuard
-from asyncgrpo.shell.interrupts import (
+from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.rollout import GroupOutcome, LoopSpec, RolloutProcess
+from asyncgrpo.shell.run import checkpoints
+from asyncgrpo.shell.run.flops import FlopsMeter
+from asyncgrpo.shell.run.interrupts import (
     interrupts_deferred,
 )
-from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.metrics_log import (
+from asyncgrpo.shell.run.metrics_log import (
     MetricsFile,
     Reporters,
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.rollout_process import LoopSpec, RolloutProcess
-from asyncgrpo.shell.server_watch import SharedTrust
-from asyncgrpo.shell.weight_push import WeightPushing
-from asyncgrpo.shell.weight_sync import WeightSync, open_weight_sync
+from asyncgrpo.shell.run.weight_push import WeightPushing
+from asyncgrpo.shell.servers import SharedTrust, release_process
+from asyncgrpo.shell.weights import ParityGuard, WeightSync, open_weight_sync
 
 if TYPE_CHECKING:
-    from asyncgrpo.shell.trainer import AsyncGRPOTrainer
+    from asyncgrpo.shell.run.trainer import AsyncGRPOTrainer
 
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first

@@ -23,8 +23,8 @@ from datasets import Dataset
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import server_cpus_for
-from asyncgrpo.shell.trainer import AsyncGRPOTrainer, TrainOutput
+from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
+from asyncgrpo.shell.servers import server_cpus_for
 
 QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
              "What is your favourite number?", "Pick a number.", "Reply with digits.",

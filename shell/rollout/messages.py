@@ -3,7 +3,7 @@
 The loop publishes a :class:`GroupOutcome` per prompt position (a scored group, or nothing for
 a filtered or skipped prompt) and a :class:`LoopReport` every few seconds; it reads the policy
 version, the pacing figures and the stop request through :class:`Channels`. In production
-the channels cross the process boundary (:mod:`asyncgrpo.shell.rollout_process`).
+the channels cross the process boundary (:mod:`asyncgrpo.shell.rollout.process`).
 """
 
 from __future__ import annotations

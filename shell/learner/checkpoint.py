@@ -1,6 +1,6 @@
 """What one learner writes into a checkpoint directory, and reads back to resume.
 
-Under the directory :mod:`asyncgrpo.shell.checkpoints` hands out:
+Under the directory :mod:`asyncgrpo.shell.run.checkpoints` hands out:
 
 - ``dcp/``: model and optimizer states, sharded, with torch.distributed.checkpoint (so the
   number of processes may differ on resume);

@@ -2,7 +2,7 @@
 ``environment_factory``.
 
 :meth:`ToolLoop.converse` is what :meth:`AsyncRolloutLoop.generate_one
-<asyncgrpo.shell.rollout_loop.AsyncRolloutLoop.generate_one>` does by default: each turn renders
+<asyncgrpo.shell.rollout.loop.AsyncRolloutLoop.generate_one>` does by default: each turn renders
 the whole conversation with the chat template, samples a reply (the loop's
 ``generate_one_turn``), and runs the reply's tool calls in the model's order; it stops at a
 reply without tool calls or after ``max_tool_calling_iterations`` tool rounds. A tool's failure

@@ -275,3 +275,8 @@ def closest(name: str, known: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the known name closest to a misspelt one, else ``""``."""
     match = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def field_names(cls: type) -> list[str]:
+    """The init fields of a config class (``AsyncGRPOConfig`` or a subclass)."""
+    return [f.name for f in dataclasses.fields(cls) if f.init]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from asyncgrpo.shell.metrics_log import read_metrics
+from asyncgrpo.shell.run import read_metrics
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward", "reward_kept", "reward_dropped")),

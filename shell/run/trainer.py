@@ -1,10 +1,10 @@
 """``AsyncGRPOTrainer``: the rollout process streams scored samples, the learner trains on them.
 
 The constructor follows TRL's AsyncGRPOTrainer: it checks its arguments
-(:mod:`asyncgrpo.shell.trainer_inputs`), loads the model and tokenizer, and
+(:mod:`asyncgrpo.shell.run.inputs`), loads the model and tokenizer, and
 :meth:`AsyncGRPOTrainer.train` opens the learner and runs the step loop
-(:class:`~asyncgrpo.shell.training_run.TrainingRun`). Saving, the hub and the rest of
-transformers' ``Trainer`` API are in :mod:`asyncgrpo.shell.trainer_api`.
+(:class:`~asyncgrpo.shell.run.training_run.TrainingRun`). Saving, the hub and the rest of
+transformers' ``Trainer`` API are in :mod:`asyncgrpo.shell.run.trainer_api`.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ from transformers.utils import logging as transformers_logging
 from asyncgrpo.adapters.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
-from asyncgrpo.shell import checkpoints, hub
-from asyncgrpo.shell.callbacks import Callbacks
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.cpu_sharing import cpus_shared_with_server
-from asyncgrpo.shell.interrupts import (
+from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.rollout import AsyncRolloutLoop
+from asyncgrpo.shell.run import checkpoints, hub
+from asyncgrpo.shell.run.callbacks import Callbacks
+from asyncgrpo.shell.run.inputs import check_dataset, reject_reward_models
+from asyncgrpo.shell.run.interrupts import (
     TrainingInterrupted,
     signal_name,
     signals_interrupt,
     signum_of,
 )
-from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.trainer_api import FinalModel, TrainerAPI, seed_everything
-from asyncgrpo.shell.trainer_inputs import check_dataset, reject_reward_models
-from asyncgrpo.shell.training_run import TrainingRun, TrainOutput
+from asyncgrpo.shell.run.trainer_api import FinalModel, TrainerAPI, seed_everything
+from asyncgrpo.shell.run.training_run import TrainingRun, TrainOutput
+from asyncgrpo.shell.servers import cpus_shared_with_server
 
 if TYPE_CHECKING:
     from asyncgrpo.core.cpu_plan import CpuPlan

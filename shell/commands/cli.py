@@ -8,15 +8,15 @@ from collections.abc import Sequence
 
 import attrs
 
-from asyncgrpo.shell.interrupts import (
+from asyncgrpo.shell.commands.plot import plot_run
+from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.run import (
     TrainingInterrupted,
+    configure_logging,
     signal_name,
     signals_interrupt,
     signum_of,
 )
-from asyncgrpo.shell.metrics_log import configure_logging
-from asyncgrpo.shell.plots import plot_run
-from asyncgrpo.shell.simulate import SimulationConfig, simulate
 
 
 def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.command == "train":
-        from asyncgrpo.shell.train_command import TrainCommandError, run_train
+        from asyncgrpo.shell.commands.train import TrainCommandError, run_train
 
         try:
             result = run_train(rest)
@@ -79,7 +79,7 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
             return 2
         print(f"trained {result.global_step} steps")
         return 0
-    from asyncgrpo.shell.demo import run_demo
+    from asyncgrpo.shell.commands.demo import run_demo
 
     overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
     result = run_demo(

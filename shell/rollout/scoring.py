@@ -25,8 +25,8 @@ from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import Rollout, RolloutGroup
 from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
 from asyncgrpo.core.scoring import check_reward_values, group_samples
-from asyncgrpo.shell.rollout_messages import GroupOutcome
-from asyncgrpo.shell.tool_loop import is_async, reward_names
+from asyncgrpo.shell.rollout.messages import GroupOutcome
+from asyncgrpo.shell.rollout.tools import is_async, reward_names
 
 RewardColumns = dict[str, list[float | None]]
 

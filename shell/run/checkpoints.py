@@ -5,7 +5,7 @@ A checkpoint is written into ``checkpoint-<step>.partial/`` and renamed to
 that fills up, never leaves a checkpoint that looks complete. A checkpoint is complete when it
 holds ``rollout_state.json`` (written last; checkpoints of older versions were written in place,
 so the file is checked, not only the name): the prompt cursor, policy version and step of the
-rollout side, beside what the learner writes (:mod:`asyncgrpo.shell.learner_checkpoint`).
+rollout side, beside what the learner writes (:mod:`asyncgrpo.shell.learner.checkpoint`).
 Resuming takes the newest complete checkpoint and names the ones it skipped; a failed write
 says whether the disk was full.
 """

@@ -1,7 +1,7 @@
 """``AsyncRolloutLoop``: generates and scores rollouts, one anyio event loop.
 
-It runs inside the rollout process (:mod:`asyncgrpo.shell.rollout_process`) and talks to the
-trainer only through :class:`~asyncgrpo.shell.rollout_messages.Channels`. For every prompt
+It runs inside the rollout process (:mod:`asyncgrpo.shell.rollout.process`) and talks to the
+trainer only through :class:`~asyncgrpo.shell.rollout.messages.Channels`. For every prompt
 position (:mod:`asyncgrpo.core.cursor`) it asks ``filter_prompt``, waits for the staleness
 allowance (:mod:`asyncgrpo.core.pacing`), runs ``num_generations`` rollouts (each holding one
 slot under the vLLM load cap), and hands the finished group to the scoring task, which sums the
@@ -19,10 +19,10 @@ documentation):
 ``setup()``, ``close()``                   when the loop starts and stops
 ==============================  =======================================================
 
-Its parts live beside it: the tool loop and environments (:mod:`asyncgrpo.shell.tool_loop`),
-group scoring (:mod:`asyncgrpo.shell.group_scoring`), dataset rows
-(:mod:`asyncgrpo.shell.prompt_rows`) and the messages to the trainer
-(:mod:`asyncgrpo.shell.rollout_messages`). What stays here, about 500 lines, is one event
+Its parts live beside it: the tool loop and environments (:mod:`asyncgrpo.shell.rollout.tools`),
+group scoring (:mod:`asyncgrpo.shell.rollout.scoring`), dataset rows
+(:mod:`asyncgrpo.shell.rollout.prompts`) and the messages to the trainer
+(:mod:`asyncgrpo.shell.rollout.messages`). What stays here, about 500 lines, is one event
 loop's shared state: the hooks, dispatch under pacing and the load cap, the server poller and
 the heartbeat all read and update the same counters (rollouts in flight, the generation
 ledger, generated tokens, calls in flight); split further, that state would be passed between
@@ -58,10 +58,10 @@ from asyncgrpo.core.candidate_sets import plan_candidate_sets
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.group_scoring import PendingGroup, reward_columns, scored_outcome
-from asyncgrpo.shell.prompt_rows import PromptRows
-from asyncgrpo.shell.rollout_messages import Channels, GroupOutcome, LoopReport
-from asyncgrpo.shell.tool_loop import ToolLoop
+from asyncgrpo.shell.rollout.messages import Channels, GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.prompts import PromptRows
+from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
+from asyncgrpo.shell.rollout.tools import ToolLoop
 
 log = structlog.get_logger("asyncgrpo.rollout")
 
@@ -239,7 +239,7 @@ class AsyncRolloutLoop:
 
         Each turn renders the whole conversation, samples a reply, and runs the reply's tool
         calls in the model's order; it stops at a reply without tool calls or after
-        ``max_tool_calling_iterations`` tool rounds (:class:`~asyncgrpo.shell.tool_loop.ToolLoop`).
+        ``max_tool_calling_iterations`` tool rounds (:class:`~.tools.ToolLoop`).
         """
         return await self.tool_loop.converse(prompt, tools, self.generate_one_turn)
 

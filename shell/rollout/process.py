@@ -38,10 +38,10 @@ import structlog
 from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout_loop import AsyncRolloutLoop
-from asyncgrpo.shell.rollout_messages import GroupOutcome, LoopReport
-from asyncgrpo.shell.server_watch import RolloutGate, SharedTrust
-from asyncgrpo.shell.tool_loop import callable_name
+from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.tools import callable_name
+from asyncgrpo.shell.servers import RolloutGate, SharedTrust
 
 _CONTEXT = mp.get_context("spawn")
 log = structlog.get_logger("asyncgrpo.rollout_process")
@@ -121,7 +121,7 @@ class _Shared:
 
 @attrs.frozen
 class _ProcessChannels:
-    """The loop's :class:`~asyncgrpo.shell.rollout_messages.Channels` across the process
+    """The loop's :class:`~asyncgrpo.shell.rollout.messages.Channels` across the process
     boundary."""
 
     shared: _Shared
@@ -257,7 +257,7 @@ class RolloutProcess:
     @property
     def trust(self) -> SharedTrust:
         """Outages of the vLLM server seen by either side, and those the trainer's weights were
-        pushed after (:mod:`asyncgrpo.shell.server_watch`)."""
+        pushed after (:mod:`asyncgrpo.shell.servers.outages`)."""
         return self._shared.trust
 
     def restart_wait_clock(self) -> None:

@@ -2,9 +2,9 @@
 subclass as in TRL, with the field names and defaults of TRL's ``AsyncGRPOConfig``.
 
 Every ``TrainingArguments`` field is accepted with transformers' meaning; one the trainer
-cannot honour fails at construction with the reason (see :mod:`asyncgrpo.shell.config_rules`).
+cannot honour fails at construction with the reason (see :mod:`asyncgrpo.shell.config.rules`).
 Each field's default and help text are declared once, here or in ``TrainingArguments``;
-``docs/configuration.md`` is generated from them (:mod:`asyncgrpo.shell.config_docs`).
+``docs/configuration.md`` is generated from them (:mod:`asyncgrpo.shell.config.docs`).
 
 A subclass adds its own fields (the curriculum example of TRL's AsyncGRPOTrainer
 documentation)::
@@ -19,7 +19,6 @@ Python, a config file (:meth:`AsyncGRPOConfig.from_file`) or command-line flags.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,7 +32,9 @@ from transformers.trainer_utils import SchedulerType
 
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
-from asyncgrpo.shell import config_rules
+from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.config.files import read_config
+from asyncgrpo.shell.config.rules import field_names
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
 
@@ -331,9 +332,7 @@ class AsyncGRPOConfig(TrainingArguments):
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> AsyncGRPOConfig:
         """Read the fields from a TOML, YAML or JSON file (top level or an ``asyncgrpo``
-        table; see :func:`asyncgrpo.shell.config_files.read_config`); ``overrides`` win."""
-        from asyncgrpo.shell.config_files import read_config
-
+        table; see :func:`asyncgrpo.shell.config.files.read_config`); ``overrides`` win."""
         values, extra = read_config(path, cls)
         if extra:
             raise ValueError(
@@ -343,11 +342,6 @@ class AsyncGRPOConfig(TrainingArguments):
         return cls(**{**values, **overrides})
 
     from_toml = from_file
-
-
-def field_names(cls: type = AsyncGRPOConfig) -> list[str]:
-    """The init fields of a config class."""
-    return [f.name for f in dataclasses.fields(cls) if f.init]
 
 
 def _trackers(report_to: str | list[str] | None) -> list[str]:

@@ -2,7 +2,7 @@
 ``train(trial=...)``, ``save_model`` and ``push_to_hub``.
 
 A mixin: the trainer holds ``args``, ``model``, ``processing_class``, ``model_name``,
-``output_dir``, ``_callbacks`` (:class:`~asyncgrpo.shell.callbacks.Callbacks`), ``_run`` (the
+``output_dir``, ``_callbacks`` (:class:`~asyncgrpo.shell.run.callbacks.Callbacks`), ``_run`` (the
 running ``train()`` call, or None) and ``_final`` (where the trained policy is after it).
 """
 
@@ -17,8 +17,9 @@ import attrs
 from transformers import TrainerCallback, TrainerState, enable_full_determinism, set_seed
 from transformers.trainer_callback import CallbackHandler
 
-from asyncgrpo.shell import checkpoints, config_rules, hub
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
+from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.run import checkpoints, hub
 
 _FIXED_AT_CONSTRUCTION = ("model_init_kwargs", "dtype", "trust_remote_code")
 """Config fields used when the trainer is built (loading the model), not by train()."""

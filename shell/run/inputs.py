@@ -11,7 +11,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.prompt_rows import check_conversational
+from asyncgrpo.shell.rollout import check_conversational
 
 
 def reject_reward_models(reward_funcs: Sequence[Any]) -> None:

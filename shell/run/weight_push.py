@@ -1,9 +1,9 @@
 """The step loop's weight pushes: after a step, and again after the vLLM server went away.
 
-:class:`WeightPushing` is the part of :class:`~asyncgrpo.shell.training_run.TrainingRun` that
-pushes the policy through the run's :class:`~asyncgrpo.shell.weight_sync.WeightSync` (the run
+:class:`WeightPushing` is the part of :class:`~asyncgrpo.shell.run.training_run.TrainingRun` that
+pushes the policy through the run's :class:`~asyncgrpo.shell.weights.paths.WeightSync` (the run
 inherits it). A push that fails mid-run is taken as the server going away: it is recorded in
-the run's trust record shared with the rollout process (:mod:`asyncgrpo.shell.server_watch`),
+the run's trust record shared with the rollout process (:mod:`asyncgrpo.shell.servers.outages`),
 and the next step waits for the server and pushes again before any sample is trusted. Before
 every push rank 0 reads the server's identity: a server that restarted since the last push
 (however fast, whether or not a request failed) is an outage too, and the push goes through
@@ -27,11 +27,11 @@ from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import SyncTimings
 from asyncgrpo.core import metrics, server_outage
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.interrupts import interrupts_deferred
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout_process import RolloutProcess
-from asyncgrpo.shell.server_watch import ServerGone, SharedTrust, wait_for_server
-from asyncgrpo.shell.weight_sync import WeightSync
+from asyncgrpo.shell.rollout import RolloutProcess
+from asyncgrpo.shell.run.interrupts import interrupts_deferred
+from asyncgrpo.shell.servers import ServerGone, SharedTrust, wait_for_server
+from asyncgrpo.shell.weights import WeightSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
 _RESTARTED = "restarted"  # rank 0 to every rank: the server restarted since the last push

@@ -1,0 +1,15 @@
+"""The run's configuration: :class:`AsyncGRPOConfig` (TRL's field names and defaults), the rules
+for every inherited ``TrainingArguments`` field (:mod:`.rules`), config files (:mod:`.files`)
+and the generated reference docs/configuration.md (:mod:`.docs`).
+
+The lowest wing: it imports no other wing.
+"""
+
+from __future__ import annotations
+
+from asyncgrpo.shell.config import rules
+from asyncgrpo.shell.config.fields import AsyncGRPOConfig
+from asyncgrpo.shell.config.files import read_config
+from asyncgrpo.shell.config.rules import field_names
+
+__all__ = ["AsyncGRPOConfig", "field_names", "read_config", "rules"]

@@ -1,0 +1,10 @@
+"""The learner: the trained model, its optimizer and FSDP2 sharding on one process
+(:mod:`.learner`), the packed forward and loss of a step, weight export (:mod:`.export`), the
+optimizer and schedule (:mod:`.optimization`) and the learner's checkpoint (:mod:`.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from asyncgrpo.shell.learner.learner import Learner, StepOutput
+
+__all__ = ["Learner", "StepOutput"]

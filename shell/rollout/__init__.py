@@ -1,0 +1,21 @@
+"""The rollout process: the rollout loop (:mod:`.loop`), tools and environments
+(:mod:`.tools`), group scoring (:mod:`.scoring`), prompt rows (:mod:`.prompts`), the messages to
+the trainer (:mod:`.messages`) and the spawned process that runs the loop (:mod:`.process`).
+"""
+
+from __future__ import annotations
+
+from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.process import LoopSpec, RolloutProcess, RolloutWorkerError
+from asyncgrpo.shell.rollout.prompts import check_conversational
+
+__all__ = [
+    "AsyncRolloutLoop",
+    "GroupOutcome",
+    "LoopReport",
+    "LoopSpec",
+    "RolloutProcess",
+    "RolloutWorkerError",
+    "check_conversational",
+]

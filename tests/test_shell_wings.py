@@ -1,0 +1,195 @@
+"""The shell's wings (ARCHITECTURE.md, "The shell's wings"): one subpackage per subsystem,
+importing each other one way, through each wing's public names only; no import loops.
+
+Every import counts, also those inside functions and under ``TYPE_CHECKING``: a loop that only
+type checkers see is still two modules that cannot be read apart.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL = ROOT / "shell"
+WINGS = ("config", "servers", "learner", "weights", "rollout", "run", "commands")
+"""Lowest first: a wing imports only wings before it in this order."""
+MAX_LEVELS = 6
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SHELL).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("asyncgrpo.shell", *parts))
+
+
+def module_path(name: str) -> Path | None:
+    parts = name.split(".")[2:]
+    for candidate in (SHELL.joinpath(*parts).with_suffix(".py"),
+                      SHELL.joinpath(*parts, "__init__.py")):  # fmt: skip
+        if parts and candidate.exists():
+            return candidate
+    return None
+
+
+def wing_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["asyncgrpo", "shell"] else None
+
+
+def public_names(wing: str) -> set[str]:
+    """The names a wing's ``__init__`` lists in ``__all__``."""
+    tree = ast.parse((SHELL / wing / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def shell_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of every import of a shell module in ``path`` (names empty for
+    ``import x.y``)."""
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.startswith("asyncgrpo.shell")]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: from the module's package, one level up per extra dot
+                package = module_name(path).split(".")
+                if path.name != "__init__.py":
+                    package = package[:-1]
+                package = package[: len(package) - node.level + 1]
+                module = ".".join([*package, module] if module else package)
+            if module.startswith("asyncgrpo.shell"):
+                found.append((module, [a.name for a in node.names]))
+    return found
+
+
+def wing_violations(path: Path) -> list[str]:
+    """What a module of a wing imports against the rules."""
+    own = wing_of(module_name(path))
+    bad: list[str] = []
+    for module, names in shell_imports(path):
+        target = wing_of(module)
+        if target is None or target == own:
+            continue
+        if own is None or target not in WINGS or WINGS.index(target) > WINGS.index(own):
+            bad.append(f"{module}: {own} may not import {target} (order {WINGS})")
+        elif module != f"asyncgrpo.shell.{target}" or not names:
+            bad.append(f"{module}: import from the wing itself, asyncgrpo.shell.{target}")
+        else:
+            private = sorted(set(names) - public_names(target))
+            if private:
+                bad.append(f"{module}: {private} are not in asyncgrpo.shell.{target}.__all__")
+    return bad
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Shell module -> the shell modules it imports (a name that is a submodule counts as the
+    submodule, not the package's ``__init__``)."""
+    graph: dict[str, set[str]] = {}
+    for path in SHELL.rglob("*.py"):
+        edges: set[str] = set()
+        for module, names in shell_imports(path):
+            submodules = [f"{module}.{n}" for n in names if module_path(f"{module}.{n}")]
+            if submodules and len(submodules) == len(names):
+                edges.update(submodules)
+            elif module_path(module):
+                edges.add(module)
+        graph[module_name(path)] = edges - {module_name(path)}
+    return graph
+
+
+def find_loop(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (loop := visit(nxt)):
+                return loop
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (loop := visit(node)):
+            return loop
+    return None
+
+
+def levels(graph: dict[str, set[str]], wing: str) -> int:
+    """The longest chain of imports between modules of one wing (a lone module is 1)."""
+    inside = {m for m in graph if wing_of(m) == wing}
+    depth: dict[str, int] = {}
+
+    def of(node: str) -> int:
+        if node not in depth:
+            depth[node] = 0  # a loop (its own test) must not recurse forever
+            depth[node] = 1 + max((of(n) for n in graph[node] if n in inside), default=0)
+        return depth[node]
+
+    return max((of(m) for m in inside), default=0)
+
+
+SHELL_FILES = sorted(SHELL.rglob("*.py"))
+
+
+def test_every_shell_module_lives_in_a_wing() -> None:
+    loose = [p.name for p in SHELL.glob("*.py") if p.name != "__init__.py"]
+    assert not loose, f"modules outside a wing: {loose}"
+    assert {p.name for p in SHELL.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(WINGS)
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: str(p.relative_to(SHELL)))
+def test_wings_import_one_way_through_public_names(path: Path) -> None:
+    assert not wing_violations(path), f"{path.relative_to(ROOT)}: {wing_violations(path)}"
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_a_wing_is_at_most_six_import_levels_deep(wing: str) -> None:
+    assert levels(import_graph(), wing) <= MAX_LEVELS
+
+
+def test_the_wing_checker_catches_violations(tmp_path: Path) -> None:
+    assert find_loop({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_loop({"a": {"b"}, "b": set()}) is None
+    upward = SHELL / "learner" / "_probe_upward.py"
+    private = SHELL / "run" / "_probe_private.py"
+    try:
+        upward.write_text("from asyncgrpo.shell.run import AsyncGRPOTrainer\n")
+        private.write_text("from asyncgrpo.shell.learner.learner import _MicroBatch\n")
+        assert wing_violations(upward) and "may not import" in wing_violations(upward)[0]
+        assert wing_violations(private) and "from the wing itself" in wing_violations(private)[0]
+        private.write_text("from asyncgrpo.shell.learner import _MicroBatch\n")
+        assert "__all__" in wing_violations(private)[0]
+    finally:
+        upward.unlink(missing_ok=True)
+        private.unlink(missing_ok=True)
+
+
+def test_pyproject_lists_every_package() -> None:
+    """A package missing from pyproject's list is left out of a non-editable install."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    homes = {"asyncgrpo": ROOT / "asyncgrpo", "asyncgrpo.core": ROOT / "core",
+             "asyncgrpo.adapters": ROOT / "adapters", "asyncgrpo.shell": SHELL}  # fmt: skip
+    found = set()
+    for name, folder in homes.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed
