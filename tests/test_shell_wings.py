@@ -156,6 +156,11 @@ def test_wings_import_one_way_through_public_names(path: Path) -> None:
     assert not wing_violations(path), f"{path.relative_to(ROOT)}: {wing_violations(path)}"
 
 
+def test_the_shell_has_no_import_loops() -> None:
+    loop = find_loop(import_graph())
+    assert loop is None, " -> ".join(loop or [])
+
+
 @pytest.mark.parametrize("wing", WINGS)
 def test_a_wing_is_at_most_six_import_levels_deep(wing: str) -> None:
     assert levels(import_graph(), wing) <= MAX_LEVELS

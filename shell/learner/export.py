@@ -1,9 +1,9 @@
 """The learner's weights read back whole: for weight sync, ``save_pretrained`` and the final
 model.
 
-:class:`LearnerWeights` is the part of :class:`~asyncgrpo.shell.learner.Learner` that exports
-its FSDP2-sharded model (the learner inherits it): every export is a collective over the
-trainer's processes, and rank 0 gets the weights, in :attr:`LearnerWeights.export_dtype`
+:class:`WeightExport` reads a learner's FSDP2-sharded model back whole (the learner holds one
+as ``learner.export``): every export is a collective over the trainer's processes, and rank 0
+gets the weights, in :attr:`WeightExport.export_dtype`
 (bf16 under bf16 training, as TRL's AsyncGRPOTrainer documentation says). With PEFT the
 exported weights are the merged ones under the base model's keys, unless the adapters alone are
 asked for.
@@ -26,14 +26,21 @@ from asyncgrpo.adapters.peft_models import adapter_state_dict, merged_state_dict
 from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
 
 
-class LearnerWeights:
-    """Weight export of a learner: needs ``model`` (sharded), ``rank``, ``device`` and
-    ``bf16`` on the instance."""
+class WeightExport:
+    """The weights of a learner's sharded ``model``, read back whole.
 
-    model: nn.Module
-    rank: int
-    device: torch.device
-    bf16: bool
+    Args:
+        model: the FSDP2-sharded model (a ``PeftModel`` with LoRA).
+        rank: this process's rank; rank 0 receives what is gathered.
+        device: the learner's device (where :meth:`iter_weights` yields).
+        bf16: bf16 mixed-precision training: exports are in bf16.
+    """
+
+    def __init__(self, model: nn.Module, rank: int, device: torch.device, bf16: bool) -> None:
+        self.model = model
+        self.rank = rank
+        self.device = device
+        self.bf16 = bf16
 
     @property
     def is_peft(self) -> bool:

@@ -20,8 +20,9 @@ it adds 0 to every gradient, 0 trained tokens to the global count and no metrics
 
 **Precision.** ``bf16`` (default: on with CUDA, off on CPU) trains in FSDP2 mixed precision
 with fp32 master weights (see :mod:`asyncgrpo.adapters.fsdp`). Exported weights
-(:meth:`Learner.full_state_dict`, :meth:`Learner.save_pretrained`) are in bf16 then, as TRL's
-AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master weights.
+(``learner.export``, a :class:`~asyncgrpo.shell.learner.export.WeightExport`) are in bf16
+then, as TRL's AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master
+weights.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from asyncgrpo.core.packing import PackedRow
 from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
-from asyncgrpo.shell.learner.export import LearnerWeights
+from asyncgrpo.shell.learner.export import WeightExport
 from asyncgrpo.shell.learner.optimization import optimizers_for, parameter_names
 
 # --- step results --------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class _MicroBatch:
 # --- the learner ---------------------------------------------------------------------------
 
 
-class Learner(LearnerWeights):
+class Learner:
     """The trained model and its optimizer on one process (see the module docstring).
 
     Args:
@@ -167,7 +168,13 @@ class Learner(LearnerWeights):
         self.optimizer, self.scheduler = optimizers_for(self.model, config, optimizers, names)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._dummy = dummy_row(self.vocab_size)
+        self.export = WeightExport(self.model, self.rank, self.device, self.bf16)
         self.step = 0
+
+    @property
+    def is_peft(self) -> bool:
+        """LoRA adapters are trained (the model is a ``PeftModel``)."""
+        return self.export.is_peft
 
     def _prepare(self, model: PreTrainedModel, peft_config: PeftConfig | None) -> nn.Module:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""

@@ -22,11 +22,9 @@ documentation):
 Its parts live beside it: the tool loop and environments (:mod:`asyncgrpo.shell.rollout.tools`),
 group scoring (:mod:`asyncgrpo.shell.rollout.scoring`), dataset rows
 (:mod:`asyncgrpo.shell.rollout.prompts`) and the messages to the trainer
-(:mod:`asyncgrpo.shell.rollout.messages`). What stays here, about 500 lines, is one event
-loop's shared state: the hooks, dispatch under pacing and the load cap, the server poller and
-the heartbeat all read and update the same counters (rollouts in flight, the generation
-ledger, generated tokens, calls in flight); split further, that state would be passed between
-modules instead of read in one place.
+(:mod:`asyncgrpo.shell.rollout.messages`). Here: the hooks, dispatch under pacing and the
+load cap, the server poller and the heartbeat, over one event loop's counters (rollouts in
+flight, the generation ledger, generated tokens, calls in flight).
 """
 
 from __future__ import annotations

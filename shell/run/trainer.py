@@ -3,12 +3,15 @@
 The constructor follows TRL's AsyncGRPOTrainer: it checks its arguments
 (:mod:`asyncgrpo.shell.run.inputs`), loads the model and tokenizer, and
 :meth:`AsyncGRPOTrainer.train` opens the learner and runs the step loop
-(:class:`~asyncgrpo.shell.run.training_run.TrainingRun`). Saving, the hub and the rest of
-transformers' ``Trainer`` API are in :mod:`asyncgrpo.shell.run.trainer_api`.
+(:class:`~asyncgrpo.shell.run.training_run.TrainingRun`). The trainer holds its callbacks
+(:class:`~asyncgrpo.shell.run.callbacks.Callbacks`) and a
+:class:`~asyncgrpo.shell.run.publishing.Publisher` for ``save_model`` and ``push_to_hub``, as
+transformers' ``Trainer`` offers them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,13 +20,19 @@ from typing import TYPE_CHECKING, Any
 from transformers import (
     AutoTokenizer,
     PreTrainedModel,
+    TrainerCallback,
+    TrainerState,
+    enable_full_determinism,
+    set_seed,
 )
+from transformers.trainer_callback import CallbackHandler
 from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
-from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
+from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import AsyncRolloutLoop
 from asyncgrpo.shell.run import checkpoints, hub
@@ -35,15 +44,28 @@ from asyncgrpo.shell.run.interrupts import (
     signals_interrupt,
     signum_of,
 )
-from asyncgrpo.shell.run.trainer_api import FinalModel, TrainerAPI, seed_everything
-from asyncgrpo.shell.run.training_run import TrainingRun, TrainOutput
+from asyncgrpo.shell.run.publishing import FinalModel, Publisher
+from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun, TrainOutput
 from asyncgrpo.shell.servers import cpus_shared_with_server
 
 if TYPE_CHECKING:
     from asyncgrpo.core.cpu_plan import CpuPlan
 
 
-class AsyncGRPOTrainer(TrainerAPI):
+_FIXED_AT_CONSTRUCTION = ("model_init_kwargs", "dtype", "trust_remote_code")
+"""Config fields used when the trainer is built (loading the model), not by train()."""
+
+
+def seed_everything(config: AsyncGRPOConfig) -> None:
+    """Seed python, numpy and torch as transformers' Trainer does: fully deterministic
+    algorithms under ``full_determinism``."""
+    if config.full_determinism:
+        enable_full_determinism(config.seed)
+    else:
+        set_seed(config.seed)
+
+
+class AsyncGRPOTrainer:
     """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
 
     The constructor follows TRL's ``AsyncGRPOTrainer``. Set ``loop_cls`` on a
@@ -107,8 +129,8 @@ class AsyncGRPOTrainer(TrainerAPI):
         self.output_dir = Path(self.args.output_dir)
         self._callbacks = Callbacks(list(callbacks or []), self.args, self.model,
                                     self.processing_class)  # fmt: skip
-        self._run: TrainingRun | None = None
-        self._final: FinalModel | None = None
+        self._publisher = Publisher(self.args, self.model, self.processing_class,
+                                    self.model_name)  # fmt: skip
         if self.args.push_to_hub:
             hub.resolve_token(self.args)  # fail at the door, not at the first save
         self._callbacks.init_end()
@@ -143,8 +165,8 @@ class AsyncGRPOTrainer(TrainerAPI):
             Learner(self.model, self.args, peft_config=self.peft_config,
                     optimizers=self.optimizers) as learner,
         ):  # fmt: skip
-            run = TrainingRun(self, learner, checkpoint)
-            self._run = run
+            run = TrainingRun(self._run_inputs(), learner, checkpoint)
+            self._publisher.learner = learner
             try:
                 run.start()
                 self._callbacks.train_begin(
@@ -154,16 +176,91 @@ class AsyncGRPOTrainer(TrainerAPI):
                     local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                 )  # fmt: skip
                 output = run.loop()
-                adapter = learner.adapter_state_dict() if learner.is_peft else None
-                self._final = FinalModel(run.output_dir, learner.rank, adapter,
-                                          learner.model if learner.is_peft else None)  # fmt: skip
+                self._publisher.final = FinalModel.of(learner, run.output_dir)
                 self._callbacks.train_end()
                 return output
             except KeyboardInterrupt as error:
                 raise self._interrupted(signum_of(error), learner.step) from None
             finally:
-                self._run = None
+                self._publisher.learner = None
                 run.close()
+
+    def _run_inputs(self) -> RunInputs:
+        return RunInputs(
+            args=self.args,
+            model_name=self.model_name,
+            model_config=self.model.config,
+            processing_class=self.processing_class,
+            dataset=self.train_dataset,
+            reward_funcs=tuple(self.reward_funcs),
+            tools=tuple(self.tools),
+            environment_factory=self.environment_factory,
+            loop_cls=self.loop_cls,
+            callbacks=self._callbacks,
+            after_checkpoint=self._publisher.after_checkpoint,
+            cpu_plan=self.cpu_plan,
+        )
+
+    # ----------------------------------------------------------------- transformers' Trainer API
+
+    @property
+    def callback_handler(self) -> CallbackHandler:
+        """transformers' ``CallbackHandler`` holding the callbacks."""
+        return self._callbacks.handler
+
+    @property
+    def state(self) -> TrainerState:
+        """The ``TrainerState`` the callbacks see (``global_step``, ``log_history``, ...)."""
+        return self._callbacks.state
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self._callbacks.handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> Any:
+        return self._callbacks.handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        self._callbacks.handler.remove_callback(callback)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the policy so ``from_pretrained`` loads it, with the tokenizer; rank 0 writes
+        (:meth:`Publisher.save_model <asyncgrpo.shell.run.publishing.Publisher.save_model>`).
+        Before ``train()`` it is the model as given; inside ``train()`` (a callback) the
+        current policy (collective: every rank calls it); after ``train()`` the trained
+        policy."""
+        self._publisher.save_model(output_dir)
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save the model to ``output_dir`` and upload it to ``hub_model_id``
+        (:meth:`Publisher.push_to_hub <asyncgrpo.shell.run.publishing.Publisher.push_to_hub>`);
+        ``kwargs`` go to the model card."""
+        return self._publisher.push_to_hub(commit_message, blocking, token, revision, **kwargs)
+
+    def _apply_trial(self, trial: Mapping[str, Any] | Any) -> None:
+        params = dict(trial) if isinstance(trial, Mapping) else dict(trial.params)
+        known = field_names(type(self.args))
+        for name in params:
+            if name not in known:
+                raise ValueError(f"trial sets {name!r}, which is not an AsyncGRPOConfig field"
+                                 + config_rules.closest(name, known))  # fmt: skip
+            if name in _FIXED_AT_CONSTRUCTION:
+                raise ValueError(
+                    f"trial sets {name!r}, which takes effect when the trainer is built (the "
+                    "model is loaded): build a trainer per value"
+                )
+        self.args = dataclasses.replace(self.args, **params)
+        self.output_dir = Path(self.args.output_dir)
+        self._callbacks.args = self.args
+        self._publisher.args = self.args
+        self._callbacks.state.trial_params = params
+        seed_everything(self.args)
 
     def _interrupted(self, signum: int, step: int) -> TrainingInterrupted:
         of = f" of {self.args.max_steps}" if self.args.max_steps > 0 else ""

@@ -1,4 +1,4 @@
-"""One ``train()`` call of :class:`~asyncgrpo.shell.run.trainer.AsyncGRPOTrainer`: the step loop.
+"""One ``train()`` call of :class:`~asyncgrpo.shell.run.AsyncGRPOTrainer`: the step loop.
 
 One step, on rank 0:
 
@@ -17,16 +17,17 @@ Other ranks receive their rows from rank 0 and take part in the collective step,
 checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epochs`` passes over
 the prompts were consumed, counted in distinct prompts.
 
-The module is the loop above and nothing else, about 440 lines: its decisions live in core
-(step queue, cursor, schedule, metrics) and its other jobs in their own modules (weight pushes
-in :mod:`~asyncgrpo.shell.run.weight_push`, the learner, checkpoints, the rollout process); what
-is left is the order in which one step calls them, read best in one place.
+Its decisions live in core (step queue, cursor, schedule, metrics) and its other jobs in the
+objects it holds: the :class:`~asyncgrpo.shell.learner.Learner`, the
+:class:`~asyncgrpo.shell.weights.WeightPusher`, the
+:class:`~asyncgrpo.shell.rollout.RolloutProcess` and the run's checkpoints and logs.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +47,9 @@ from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
 from asyncgrpo.core.weight_parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout import GroupOutcome, LoopSpec, RolloutProcess
+from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome, LoopSpec, RolloutProcess
 from asyncgrpo.shell.run import checkpoints
+from asyncgrpo.shell.run.callbacks import Callbacks
 from asyncgrpo.shell.run.flops import FlopsMeter
 from asyncgrpo.shell.run.interrupts import (
     interrupts_deferred,
@@ -58,12 +60,18 @@ from asyncgrpo.shell.run.metrics_log import (
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.run.weight_push import WeightPushing
 from asyncgrpo.shell.servers import SharedTrust, release_process
-from asyncgrpo.shell.weights import ParityGuard, WeightSync, open_weight_sync
+from asyncgrpo.shell.weights import (
+    ParityGuard,
+    Pushed,
+    WeightPusher,
+    WeightSync,
+    open_weight_sync,
+)
 
 if TYPE_CHECKING:
-    from asyncgrpo.shell.run.trainer import AsyncGRPOTrainer
+    from asyncgrpo.core.cpu_plan import CpuPlan
+    from asyncgrpo.shell.config import AsyncGRPOConfig
 
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
@@ -79,16 +87,40 @@ class TrainOutput:
     metrics: dict[str, float]
 
 
-class TrainingRun(WeightPushing):
+@attrs.frozen
+class RunInputs:
+    """What a run needs of its trainer: the config, the model's name and config, and the user's
+    rollout code and data (all pickled into the rollout process).
+
+    Attributes:
+        after_checkpoint: called with ``(step, rank0)`` after each checkpoint (hub pushes).
+        cpu_plan: the cores the trainer and a local server share, or None.
+    """
+
+    args: AsyncGRPOConfig
+    model_name: str
+    model_config: Any
+    processing_class: Any
+    dataset: Any
+    reward_funcs: tuple[Callable[..., Any], ...]
+    tools: tuple[Callable[..., Any], ...]
+    environment_factory: Any
+    loop_cls: type[AsyncRolloutLoop]
+    callbacks: Callbacks
+    after_checkpoint: Callable[[int, bool], None]
+    cpu_plan: CpuPlan | None = None
+
+
+class TrainingRun:
     """The state of one ``train()`` call (the shell's side; every decision is the core's)."""
 
-    def __init__(self, trainer: AsyncGRPOTrainer, learner: Learner, checkpoint: Path | None):
-        self.trainer = trainer
-        self.args = trainer.args
+    def __init__(self, inputs: RunInputs, learner: Learner, checkpoint: Path | None):
+        self.inputs = inputs
+        self.args = inputs.args
         self.learner = learner
-        self.callbacks = trainer._callbacks
+        self.callbacks = inputs.callbacks
         self.rank0 = learner.rank == 0
-        self.output_dir = trainer.output_dir
+        self.output_dir = Path(self.args.output_dir)
         self.cursor = cursor.PromptCursor()
         self.version = 0
         self.queue: step_queue.StepQueue | None = None
@@ -96,7 +128,7 @@ class TrainingRun(WeightPushing):
         self.window = metrics.MetricWindow()
         self.forwarded_total = 0
         self.last_loss = math.nan
-        self.dataset_size = None if trainer.train_dataset is None else len(trainer.train_dataset)
+        self.dataset_size = None if inputs.dataset is None else len(inputs.dataset)
         self.logging_every = max(
             1, schedule.interval_steps(self.args.logging_steps, self.args.max_steps)
         )
@@ -108,6 +140,7 @@ class TrainingRun(WeightPushing):
         # rank 0: outages of the server and whom the weights were pushed to, from the first push
         self.trust = SharedTrust() if self.rank0 else None
         self.weights: WeightSync | None = None
+        self.pusher: WeightPusher | None = None
         self.metrics_file: MetricsFile | None = None
         self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
@@ -118,9 +151,12 @@ class TrainingRun(WeightPushing):
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
         this opens, :meth:`close` closes, also when it fails half way."""
-        self.weights = open_weight_sync(self.learner, self.args, self.trainer.model_name,
+        self.weights = open_weight_sync(self.learner, self.args, self.inputs.model_name,
                                         self.output_dir)  # fmt: skip
         self.weights.start()
+        self.pusher = WeightPusher(self.weights, self.learner, self.trust, self._client,
+                                   self.args.vllm_server_timeout,
+                                   uninterruptible=interrupts_deferred)  # fmt: skip
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
@@ -135,16 +171,16 @@ class TrainingRun(WeightPushing):
                                        self.args.to_dict(), project=self.args.project)  # fmt: skip
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
-        self._sync_weights(at_start=True)
+        self._push(at_start=True)
         if self.rank0:
-            self.flops = FlopsMeter(self.trainer.model.config, self.learner.device,
+            self.flops = FlopsMeter(self.inputs.model_config, self.learner.device,
                                     self.learner.bf16)  # fmt: skip
             log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
                      source=self.flops.peak_source)  # fmt: skip
             self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout,
                                           self.trust)  # fmt: skip
             self.process.start()
-            release_process(self.process.pid, self.trainer.cpu_plan)
+            release_process(self.process.pid, self.inputs.cpu_plan)
             self.process.set_model_version(self.version)
             self.process.set_steps_taken(self.learner.step)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
@@ -157,7 +193,7 @@ class TrainingRun(WeightPushing):
             self.args.max_staleness))  # fmt: skip
 
     def _client(self) -> VLLMClient:
-        return VLLMClient(self.args.vllm_server_base_url, self.trainer.model_name,
+        return VLLMClient(self.args.vllm_server_base_url, self.inputs.model_name,
                           timeout_s=self.args.vllm_server_timeout)  # fmt: skip
 
     async def _max_model_len(self) -> int:
@@ -165,19 +201,19 @@ class TrainingRun(WeightPushing):
             return await client.max_model_len()
 
     def _loop_spec(self) -> LoopSpec:
-        t = self.trainer
+        given = self.inputs
         return LoopSpec(
-            loop_cls=t.loop_cls,
+            loop_cls=given.loop_cls,
             config=self.args,
-            model_name=t.model_name,
-            dataset=t.train_dataset,
-            reward_funcs=tuple(t.reward_funcs),
-            processing_class=t.processing_class,
+            model_name=given.model_name,
+            dataset=given.dataset,
+            reward_funcs=given.reward_funcs,
+            processing_class=given.processing_class,
             max_model_len=self.max_model_len,
             token_budget=self.token_budget,
             rows_per_step=self.args.gradient_accumulation_steps * self.learner.world_size,
-            tools=tuple(t.tools),
-            environment_factory=t.environment_factory,
+            tools=given.tools,
+            environment_factory=given.environment_factory,
             start_cursor=self.cursor,
             lora_name=self.weights.lora_name if self.weights is not None else None,
         )
@@ -204,7 +240,7 @@ class TrainingRun(WeightPushing):
             self.window = metrics.merge(self.window, out.window)
             sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
-                self._sync_weights()
+                self._push()
             step_end = time.monotonic()
             self._observe(metrics.value("perf/weight_sync_s", step_end - sync_start),
                           metrics.value("perf/logging_s", after_step[0]),
@@ -224,7 +260,7 @@ class TrainingRun(WeightPushing):
             logged = time.monotonic()
             if control.should_save:
                 self._save_checkpoint()
-                self.trainer._after_save(self.learner.step, self.rank0)
+                self.inputs.after_checkpoint(self.learner.step, self.rank0)
                 self.callbacks.save()
             step_start = step_end  # the next step holds this one's logging and checkpoint
             after_step = (logged - step_end, time.monotonic() - logged)
@@ -234,7 +270,7 @@ class TrainingRun(WeightPushing):
         if len(self.window):
             summary = self._log_window()
         with interrupts_deferred():
-            self.learner.save_pretrained(self.output_dir, self.trainer.processing_class)
+            self.learner.export.save_pretrained(self.output_dir, self.inputs.processing_class)
         return TrainOutput(self.learner.step, self.last_loss, summary)
 
     def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
@@ -293,7 +329,8 @@ class TrainingRun(WeightPushing):
                 dist.broadcast_object_list(control, src=0)
             if control[0] != RESYNC:
                 break
-            self._resync()
+            assert self.pusher is not None
+            self._landed(self.pusher.resync())
         if control[0] is None:
             return None
         rows = self._scatter(step if isinstance(step, list) else None)
@@ -389,6 +426,36 @@ class TrainingRun(WeightPushing):
                 )
 
     # ----------------------------------------------------------------- weights and logs
+
+    def _push(self, at_start: bool = False) -> None:
+        """Push the current policy (collective); what landed goes to the rollout process."""
+        assert self.pusher is not None
+        pushed = self.pusher.push(at_start=at_start)
+        if pushed is not None:
+            self._landed(pushed)
+
+    def _landed(self, pushed: Pushed) -> None:
+        """Rank 0: the server holds ``pushed.version``; tell the rollout process and record the
+        push's timings (and the outage a resync ended)."""
+        if not self.rank0:
+            return
+        self.version = pushed.version
+        if self.process is not None:
+            self.process.set_model_version(self.version)
+            if pushed.resynced:
+                self.process.restart_wait_clock()
+        if pushed.resynced:
+            assert self.trust is not None
+            self.trust.pushed(pushed.covering, pushed.identity)  # rollouts go on from here
+            self._observe(metrics.value("rollout/vllm_outage_count", 1))
+        if pushed.timings is not None:
+            timings = pushed.timings
+            self._observe(
+                metrics.value("perf/weight_sync_server_s", timings.total_s),
+                metrics.value("perf/weight_sync_pause_s", timings.pause_s),
+                metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
+                metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
+            )
 
     def _log_window(self) -> dict[str, float]:
         summary = metrics.summarize(self.window)

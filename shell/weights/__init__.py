@@ -1,11 +1,12 @@
 """How the trainer's weights reach the vLLM server: the sync paths (disk reload, the
-weight-transfer engines, LoRA adapters; :mod:`.paths`) and the check that the server serves
-the trainer's weights (:mod:`.parity`).
+weight-transfer engines, LoRA adapters; :mod:`.paths`), the push (:mod:`.push`) and the check
+that the server serves the trainer's weights (:mod:`.parity`).
 """
 
 from __future__ import annotations
 
 from asyncgrpo.shell.weights.parity import ParityGuard
 from asyncgrpo.shell.weights.paths import WeightSync, open_weight_sync
+from asyncgrpo.shell.weights.push import Pushed, WeightPusher
 
-__all__ = ["ParityGuard", "WeightSync", "open_weight_sync"]
+__all__ = ["ParityGuard", "Pushed", "WeightPusher", "WeightSync", "open_weight_sync"]

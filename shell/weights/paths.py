@@ -83,7 +83,7 @@ class DiskWeights:
         pass
 
     def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
-        state = self.learner.synced_state_dict()  # a collective on every rank
+        state = self.learner.export.synced_state_dict()  # a collective on every rank
         if self.learner.rank != 0:
             return None
 
@@ -117,7 +117,7 @@ class EngineWeights:
     def start(self) -> None:
         from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
 
-        source = WeightStream(self.learner.weight_metadata, self.learner.iter_weights)
+        source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
         self.engine = EngineSync(self.args.vllm_server_base_url, self.client, self.backend,
                                  source, workers=self.server_workers, rank=self.learner.rank,
                                  timeout_s=self.args.vllm_server_timeout)  # fmt: skip
@@ -173,7 +173,7 @@ class AdapterWeights:
         return self.merged.sync(version, barrier_s)
 
     def _adapter_sync(self, version: int, barrier_s: float) -> SyncTimings | None:
-        self.learner.save_pretrained(self.adapters.path(version), adapter_only=True)
+        self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
         if self.learner.rank != 0:
             return None
 

@@ -70,7 +70,7 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_n
 
     async def disk_sync(server: VLLMServer) -> None:
         async with VLLMClient(server.base_url, spec.name, timeout_s=120) as client:
-            await DiskReload(client, tmp_path / "weights").sync(learner.synced_state_dict())
+            await DiskReload(client, tmp_path / "weights").sync(learner.export.synced_state_dict())
 
     with VLLMServer(spec, log_path=tmp_path / "server.log") as server:
         assert anyio.run(gap, server) < STALENESS_0_BOUND
@@ -81,7 +81,7 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_n
 
         perturb(seed=2)
         assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND
-        source = WeightStream(learner.weight_metadata, learner.iter_weights)
+        source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
         engine = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
                             "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
         try:

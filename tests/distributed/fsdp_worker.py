@@ -72,7 +72,7 @@ def main() -> None:
     with Learner(model, config, optimizers=(optimizer, None)) as learner:
         rows = my_rows(args.model, learner.rank, learner.world_size)
         metrics = learner.train_step(rows).metrics
-        weights = learner.full_state_dict()
+        weights = learner.export.full_state_dict()
         if learner.rank == 0:
             torch.save({"weights": weights, "metrics": metrics}, args.out)
         dist.barrier()

@@ -52,7 +52,7 @@ def sequence_logp(model, sample) -> float:
 
 
 def weights_after(learner):
-    return {k: v.clone() for k, v in learner.full_state_dict().items()}
+    return {k: v.clone() for k, v in learner.export.full_state_dict().items()}
 
 
 def config(**overrides) -> AsyncGRPOConfig:
@@ -73,7 +73,7 @@ def test_a_step_raises_positive_and_lowers_negative_advantage_tokens(
     out = learner.train_step([pack_row([good, bad])])
     stock = load_causal_lm(tiny_qwen3)
     before = [sequence_logp(stock, s) for s in (good, bad)]
-    stock.load_state_dict(learner.full_state_dict())
+    stock.load_state_dict(learner.export.full_state_dict())
     after = [sequence_logp(stock, s) for s in (good, bad)]
     assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
     metrics = out.metrics
@@ -138,9 +138,9 @@ def test_save_pretrained_round_trips(tiny_qwen3, tmp_path) -> None:
     (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
     learner = Learner(load_causal_lm(tiny_qwen3), config())
     learner.train_step([pack_row([sample])])
-    learner.save_pretrained(tmp_path, AutoTokenizer.from_pretrained(tiny_qwen3))
+    learner.export.save_pretrained(tmp_path, AutoTokenizer.from_pretrained(tiny_qwen3))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    want = learner.full_state_dict()
+    want = learner.export.full_state_dict()
     assert set(loaded.state_dict()) == set(want)
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in want.items())
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == len(build_tokenizer())
@@ -153,16 +153,16 @@ def test_lora_trains_only_the_adapters_and_merges(tiny_qwen3, tmp_path) -> None:
     trainable = {n for n, p in learner.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
     learner.train_step([pack_row([good, bad])])
-    adapters = learner.adapter_state_dict()
+    adapters = learner.export.adapter_state_dict()
     assert adapters and all(".lora_" in k for k in adapters)
     assert any(v.abs().max() > 0 for k, v in adapters.items() if "lora_B" in k)
     base = load_causal_lm(tiny_qwen3).state_dict()
-    merged = learner.full_state_dict()
+    merged = learner.export.full_state_dict()
     assert set(merged) == set(base)
     changed = {k for k in base if not torch.equal(merged[k], base[k])}
     assert changed and all(k.endswith("proj.weight") for k in changed)
-    learner.save_pretrained(tmp_path / "merged")
-    learner.save_pretrained(tmp_path / "adapter", adapter_only=True)
+    learner.export.save_pretrained(tmp_path / "merged")
+    learner.export.save_pretrained(tmp_path / "adapter", adapter_only=True)
     merged_model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     adapter_model = PeftModel.from_pretrained(load_causal_lm(tiny_qwen3), tmp_path / "adapter")
     for sample in (good, bad):
@@ -253,8 +253,10 @@ def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if peft else None
     learner = Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
     learner.train_step([pack_row([sample])])
-    want = learner.full_state_dict()
-    streamed = list(learner.iter_weights())
+    want = learner.export.full_state_dict()
+    streamed = list(learner.export.iter_weights())
     assert [name for name, _ in streamed] == list(want)
     assert all(torch.equal(tensor, want[name]) for name, tensor in streamed)
-    assert learner.weight_metadata() == [(n, t.dtype, tuple(t.shape)) for n, t in want.items()]
+    assert learner.export.weight_metadata() == [
+        (n, t.dtype, tuple(t.shape)) for n, t in want.items()
+    ]

@@ -28,15 +28,15 @@ def test_a_step_trains_the_text_model_and_syncs_only_it(tiny_vl, tmp_path) -> No
     learner = Learner(model, AsyncGRPOConfig(learning_rate=1e-2, num_sampler_logprobs=4, seed=0))
     learner.train_step([pack_row([sample])])
 
-    full = learner.full_state_dict()
-    synced = learner.synced_state_dict()
+    full = learner.export.full_state_dict()
+    synced = learner.export.synced_state_dict()
     assert set(synced) == {k for k in full if not k.startswith(TOWER)}
     assert any(k.startswith(TOWER) for k in full)
-    assert [name for name, _, _ in learner.weight_metadata()] == list(synced)
-    assert [name for name, _ in learner.iter_weights()] == list(synced)
+    assert [name for name, _, _ in learner.export.weight_metadata()] == list(synced)
+    assert [name for name, _ in learner.export.iter_weights()] == list(synced)
     assert all(torch.equal(full[k], before[k]) for k in full if k.startswith(TOWER))
     assert not torch.equal(full["lm_head.weight"], before["lm_head.weight"])
 
-    learner.save_pretrained(tmp_path)
+    learner.export.save_pretrained(tmp_path)
     loaded = AutoModelForImageTextToText.from_pretrained(tmp_path).state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in full.items())

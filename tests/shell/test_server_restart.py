@@ -187,15 +187,15 @@ def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: 
     """A run whose server restarts unseen after step 1; any step trained at staleness 0 on
     weights that are not the trainer's fails it (``foreign_weights_steps=1``)."""
     restart = RestartUnseenAfterFirstStep(server, tmp_path, without_identity)
-    publish = TrainingRun._synced
+    publish = TrainingRun._landed
 
-    def hold_then_publish(run: TrainingRun, timings) -> None:
+    def hold_then_publish(run: TrainingRun, pushed) -> None:
         if run.learner.step == 1 and run.process is not None and restart.trust is None:
             assert run.trust is not None
             restart.hold(run.trust)
-        publish(run, timings)
+        publish(run, pushed)
 
-    monkeypatch.setattr(TrainingRun, "_synced", hold_then_publish)
+    monkeypatch.setattr(TrainingRun, "_landed", hold_then_publish)
     return trainer(server, model_path, tmp_path, restart, foreign_weights_steps=1), restart
 
 

@@ -21,8 +21,8 @@ from asyncgrpo.core import cursor, metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.commands.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout import GroupOutcome
-from asyncgrpo.shell.run.training_run import TrainingRun
+from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun
 from asyncgrpo.shell.servers import SharedTrust
 
 
@@ -85,12 +85,14 @@ def streams(draw):
 def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> TrainingRun:
     args = AsyncGRPOConfig(output_dir=str(tmp), max_staleness=max_staleness, token_budget=budget,
                            gradient_accumulation_steps=rows, disable_tqdm=True)  # fmt: skip
-    model = SimpleNamespace(config=tiny_config("qwen3", vocab_size=64))
-    trainer = SimpleNamespace(args=args, output_dir=tmp, train_dataset=None, model=model,
-                              _callbacks=None)  # fmt: skip
+    model_config = tiny_config("qwen3", vocab_size=64)
+    inputs = RunInputs(args=args, model_name="tiny", model_config=model_config,
+                       processing_class=None, dataset=None, reward_funcs=(), tools=(),
+                       environment_factory=None, loop_cls=AsyncRolloutLoop, callbacks=None,
+                       after_checkpoint=lambda step, rank0: None)  # fmt: skip
     learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
                               bf16=False)  # fmt: skip
-    run = TrainingRun(trainer, learner, None)
+    run = TrainingRun(inputs, learner, None)
     run.token_budget = budget
     run.queue = run._new_queue()
     return run

@@ -1,9 +1,10 @@
-"""The step loop's weight pushes: after a step, and again after the vLLM server went away.
+"""The run's weight pushes: after a step, and again after the vLLM server went away.
 
-:class:`WeightPushing` is the part of :class:`~asyncgrpo.shell.run.training_run.TrainingRun` that
-pushes the policy through the run's :class:`~asyncgrpo.shell.weights.paths.WeightSync` (the run
-inherits it). A push that fails mid-run is taken as the server going away: it is recorded in
-the run's trust record shared with the rollout process (:mod:`asyncgrpo.shell.servers.outages`),
+:class:`WeightPusher` pushes the policy through the run's
+:class:`~asyncgrpo.shell.weights.paths.WeightSync` and tells the run what landed
+(:class:`Pushed`); the run passes the version on to the rollout process. A push that fails
+mid-run is taken as the server going away: it is recorded in the run's trust record shared with
+the rollout process (:mod:`asyncgrpo.shell.servers.outages`),
 and the next step waits for the server and pushes again before any sample is trusted. Before
 every push rank 0 reads the server's identity: a server that restarted since the last push
 (however fast, whether or not a request failed) is an outage too, and the push goes through
@@ -15,53 +16,92 @@ so that all of them go on, push again or fail together.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 import structlog
 import torch.distributed as dist
 
 from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import metrics, server_outage
-from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.core import server_outage
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout import RolloutProcess
-from asyncgrpo.shell.run.interrupts import interrupts_deferred
 from asyncgrpo.shell.servers import ServerGone, SharedTrust, wait_for_server
-from asyncgrpo.shell.weights import WeightSync
+from asyncgrpo.shell.weights.paths import WeightSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
 _RESTARTED = "restarted"  # rank 0 to every rank: the server restarted since the last push
 
 
-class WeightPushing:
-    """Weight pushes of a run: needs ``weights``, ``learner``, ``args``, ``trust`` (rank 0),
-    ``process`` (None until the rollout process starts), ``rank0``, ``version``, ``_client()``
-    and ``_observe()`` on the instance."""
+@attrs.frozen
+class Pushed:
+    """A push that landed: the policy of ``version`` is on the server.
 
-    weights: WeightSync | None
-    learner: Learner
-    args: AsyncGRPOConfig
-    trust: SharedTrust | None
-    process: RolloutProcess | None
-    rank0: bool
+    Attributes:
+        version: the learner's step whose weights were pushed.
+        timings: the server side's seconds (rank 0; None on other ranks).
+        resynced: the push followed an outage (the server went away or restarted).
+        covering: after a resync, the outages seen before the push (rank 0): once the rollout
+            process knows ``version``, record them covered (``trust.pushed(covering,
+            identity)``) so that rollouts go on.
+        identity: after a resync, the server's identity the push landed on (rank 0).
+    """
+
     version: int
-    _client: Callable[[], VLLMClient]
-    _observe: Callable[..., None]
+    timings: SyncTimings | None
+    resynced: bool = False
+    covering: int = 0
+    identity: float | None = None
 
-    def _sync_weights(self, at_start: bool = False) -> None:
+
+class WeightPusher:
+    """Pushes the learner's weights to the server; every method is collective.
+
+    Args:
+        weights: the run's sync path, started.
+        learner: whose step names the version and whose processes take part.
+        trust: the run's trust record (rank 0; None elsewhere).
+        client: a new client of the server.
+        server_timeout_s: ``vllm_server_timeout``, how long a server that went away may take
+            to come back.
+        uninterruptible: a context in which a signal waits (a transfer the server takes part
+            in must not be cut).
+    """
+
+    def __init__(
+        self,
+        weights: WeightSync,
+        learner: Learner,
+        trust: SharedTrust | None,
+        client: Callable[[], VLLMClient],
+        server_timeout_s: float,
+        uninterruptible: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> None:
+        self.weights = weights
+        self.learner = learner
+        self.trust = trust
+        self.rank0 = learner.rank == 0
+        self._client = client
+        self.server_timeout_s = server_timeout_s
+        self._uninterruptible = uninterruptible
+
+    def push(self, at_start: bool = False) -> Pushed | None:
         """Push the current policy to the server (collective; rank 0 talks to the server).
 
         Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a server that
         restarted since the last push (rank 0 reads its identity first, and every process
         learns it), or a push that failed, is taken as the server going away: it is recorded,
-        and the next step waits for the server and pushes again (:meth:`_resync`) before any
+        and the next step waits for the server and pushes again (:meth:`resync`) before any
         sample is trusted; a server that is there and still refuses fails the resync.
-        ``at_start`` (the server must be there), it fails the run on every process."""
-        assert self.weights is not None
+        ``at_start`` (the server must be there), it fails the run on every process.
+
+        Returns:
+            what landed, or None when the server went away (the next step resyncs).
+        """
         start = time.monotonic()
         before: list[Any] = [None]  # rank 0: the server's identity, or _RESTARTED
         if self.rank0:
@@ -69,10 +109,10 @@ class WeightPushing:
         if self.learner.world_size > 1:
             dist.broadcast_object_list(before, src=0)  # every process pushes, or none
         if before[0] == _RESTARTED:
-            return
+            return None
         timings, error = None, None
         try:
-            with interrupts_deferred():  # the server takes part in a transfer: never cut it
+            with self._uninterruptible():  # the server takes part in a transfer: never cut it
                 timings = self.weights.sync(self.learner.step, time.monotonic() - start)
             if self.rank0:
                 self._landed(before[0], at_start)
@@ -80,12 +120,12 @@ class WeightPushing:
             error = failed
         failure = self._agreed(error)
         if failure is None:
-            self._synced(timings)
-            return
+            return Pushed(self.learner.step, timings)
         if at_start:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
         if self.rank0:
             self._outage(failure, "trainer weight sync")
+        return None
 
     def _identity_before_push(self, at_start: bool) -> Any:
         """Rank 0: the server's identity, recorded against the last push's; :data:`_RESTARTED`
@@ -125,7 +165,7 @@ class WeightPushing:
         assert self.trust is not None
         self.trust.outage(cause, where)
 
-    def _resync(self, attempts: int = 3) -> None:
+    def resync(self, attempts: int = 3) -> Pushed:
         """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage; every
         process raises :class:`ServerGone` when it stays away), then every process reconnects
         and pushes the current weights, each stage's outcome agreed by all; the outages seen
@@ -133,7 +173,6 @@ class WeightPushing:
         and after the push, is the one later readings compare with. A push that fails while
         the server answers (or a server that restarted again during it) is retried
         ``attempts`` times, then raised."""
-        assert self.weights is not None
         for attempt in range(1, attempts + 1):
             covering = self._wait_everywhere()
             timings, error, before, identity = None, None, None, None
@@ -145,7 +184,7 @@ class WeightPushing:
             failure = self._agreed(error)
             if failure is None:
                 try:
-                    with interrupts_deferred():
+                    with self._uninterruptible():
                         timings = self.weights.sync(self.learner.step)
                     if self.rank0:
                         identity = self._read_identity()
@@ -155,9 +194,8 @@ class WeightPushing:
                     error = failed
                 failure = self._agreed(error)
             if failure is None:
-                self._synced(timings)
-                self._resynced(covering, identity)
-                return
+                return Pushed(self.learner.step, timings, resynced=True, covering=covering,
+                              identity=identity)  # fmt: skip
             if attempt == attempts:
                 raise error or RuntimeError(f"weight push after an outage failed: {failure}")
             if self.rank0:
@@ -201,30 +239,9 @@ class WeightPushing:
         async def wait() -> float:
             async with self._client() as client:
                 return await wait_for_server(client, trust.down_since(),
-                                             self.args.vllm_server_timeout)  # fmt: skip
+                                             self.server_timeout_s)  # fmt: skip
 
         down_s = anyio.run(wait)
         log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
                  step=self.learner.step)  # fmt: skip
         return covering
-
-    def _resynced(self, covering: int, identity: float | None) -> None:
-        if not self.rank0:
-            return
-        assert self.process is not None and self.trust is not None
-        self.trust.pushed(covering, identity)
-        self.process.restart_wait_clock()
-        self._observe(metrics.value("rollout/vllm_outage_count", 1))
-
-    def _synced(self, timings: SyncTimings | None) -> None:
-        if not self.rank0 or timings is None:
-            return
-        self.version = self.learner.step
-        if self.process is not None:
-            self.process.set_model_version(self.version)
-        self._observe(
-            metrics.value("perf/weight_sync_server_s", timings.total_s),
-            metrics.value("perf/weight_sync_pause_s", timings.pause_s),
-            metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
-            metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
-        )
