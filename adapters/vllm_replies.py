@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 
 from asyncgrpo.core.pacing import ServerLoad
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
@@ -66,10 +67,6 @@ class ServerMetrics:
 
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)$"
-)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def _token_id(key: str) -> int:
@@ -120,20 +117,30 @@ def parse_generation(choice: Mapping[str, Any], num_sampler_logprobs: int) -> Ge
 
 
 def parse_metrics(text: str) -> ServerMetrics:
-    """Parse vLLM's Prometheus text: KV usage (max over engines), running / waiting requests
-    and preemptions (summed over engines), the KV-cache size in tokens, and the API server's
-    start time (its identity)."""
+    """Parse vLLM's Prometheus text (``prometheus_client``'s parser): KV usage (max over
+    engines), running / waiting requests and preemptions (summed over engines), the KV-cache
+    size in tokens, and the API server's start time (its identity).
+
+    Raises:
+        VLLMError: the text is not Prometheus exposition format.
+
+    Example:
+        >>> m = parse_metrics('vllm:num_requests_running{engine="0"} 3\\n'
+        ...                   'vllm:num_requests_running{engine="1"} 2\\n'
+        ...                   'process_start_time_seconds 1700000000.5\\n')
+        >>> m.load.running, m.identity
+        (5, 1700000000.5)
+    """
     identity: float | None = None
     usage: list[float] = []
     running = waiting = preemptions = 0.0
     kv_tokens: list[int] = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, value = match.group("name"), float(match.group("value"))
+    try:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError as error:
+        raise VLLMError(f"/metrics: not Prometheus text: {error}") from error
+    for sample in samples:
+        name, value = sample.name, float(sample.value)
         if name == "vllm:kv_cache_usage_perc":
             usage.append(value)
         elif name == "vllm:num_requests_running":
@@ -145,21 +152,27 @@ def parse_metrics(text: str) -> ServerMetrics:
         elif name == "process_start_time_seconds":
             identity = value
         elif name == "vllm:cache_config_info":
-            labels = dict(_LABEL.findall(match.group("labels") or ""))
-            size = labels.get("kv_cache_size_tokens")
-            if size is not None and size.isdigit():
-                kv_tokens.append(int(size))
-            elif (
-                labels.get("num_gpu_blocks", "").isdigit()
-                and labels.get("block_size", "").isdigit()
-            ):
-                kv_tokens.append(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+            size = _kv_cache_tokens(sample.labels)
+            if size is not None:
+                kv_tokens.append(size)
     return ServerMetrics(
         load=ServerLoad(max(usage, default=0.0), int(running), int(waiting)),
         preemptions=int(preemptions),
         kv_cache_tokens=sum(kv_tokens) if kv_tokens else None,
         identity=identity,
     )
+
+
+def _kv_cache_tokens(labels: Mapping[str, str]) -> int | None:
+    """The KV cache's size in tokens from ``vllm:cache_config_info``'s labels: the size itself
+    where vLLM gives it, else blocks x block size."""
+    size = labels.get("kv_cache_size_tokens")
+    if size is not None and size.isdigit():
+        return int(size)
+    blocks, block_size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    if blocks.isdigit() and block_size.isdigit():
+        return int(blocks) * int(block_size)
+    return None
 
 
 @attrs.frozen

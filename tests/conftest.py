@@ -10,6 +10,7 @@ from hypothesis import settings
 from replying_model import save_replying_model
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+from asyncgrpo.adapters import vllm_server as server_module
 from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.process_group import init_distributed
@@ -21,6 +22,36 @@ from asyncgrpo.adapters.weight_transfer import DiskReload
 # the neighbours, not the code. Speed is measured by the benchmarks instead.
 settings.register_profile("asyncgrpo", deadline=None)
 settings.load_profile("asyncgrpo")
+
+# Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
+# here; a test that starts a server itself is marked in its module. Every test under
+# tests/distributed/ is `distributed`. The fast tier is `-m "not server and not distributed"`.
+SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_server", "gated_server",
+                   "own_lora_server", "lora_server"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+        if "distributed" in item.path.parts:
+            item.add_marker(pytest.mark.distributed)
+
+
+@pytest.fixture(autouse=True)
+def _servers_only_in_the_server_tier(request, monkeypatch):
+    """A test outside the `server` tier that starts a vLLM server fails, naming the marker, so
+    the fast tier never waits for one."""
+    if request.node.get_closest_marker("server") is not None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"{request.node.nodeid} starts a vLLM server: mark it @pytest.mark.server "
+            "(or use a server fixture) so that the fast tier leaves it out"
+        )
+
+    monkeypatch.setattr(server_module, "command_dying_with_caller", refuse)
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,6 @@ from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.config.files import read_config
 from asyncgrpo.shell.config.rules import field_names
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
-
 
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
@@ -223,9 +221,8 @@ class AsyncGRPOConfig(TrainingArguments):
         self._undo_derived_values()
         config_rules.check_types(self)
         config_rules.reject_unhonoured(self, config_rules.field_defaults(type(self)))
-        report_to = self.report_to
         super().__post_init__()
-        self.report_to = _trackers(report_to)
+        _check_trackers(self.report_to)
         config_rules.check_choices(self)
         self._check_values()
 
@@ -344,17 +341,14 @@ class AsyncGRPOConfig(TrainingArguments):
     from_toml = from_file
 
 
-def _trackers(report_to: str | list[str] | None) -> list[str]:
-    """``report_to`` as tracker names: ``"all"`` is every tracker this project knows (those
-    not installed are skipped with a warning when the run starts), ``"none"`` is none."""
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    if "all" in names:
-        return list(TRACKERS)
-    names = [n for n in names if n != "none"]
-    unknown = sorted(set(names) - set(TRACKERS))
+def _check_trackers(report_to: list[str]) -> None:
+    """``report_to`` (a list once ``TrainingArguments`` read ``"all"``/``"none"``) names
+    integrations transformers reports to."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    unknown = sorted(set(report_to) - set(INTEGRATION_TO_CALLBACK))
     if unknown:
         raise ValueError(
-            f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use "
-            f"{', '.join(TRACKERS)}, all or none"
+            f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use transformers' "
+            f"integrations ({', '.join(sorted(INTEGRATION_TO_CALLBACK))}), all or none"
         )
-    return names

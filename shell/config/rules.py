@@ -54,7 +54,8 @@ USED: dict[str, str] = {
     "log_level": "transformers' logging verbosity on rank 0",
     "log_level_replica": "transformers' logging verbosity on the other ranks",
     "disable_tqdm": "hide the progress bar",
-    "report_to": "tensorboard, wandb, trackio, all or none",
+    "report_to": "transformers' reporting integrations (tensorboard, wandb, trackio, mlflow, ...), "
+    "all or none; each logged window goes to them, under transformers' names (train/<metric>)",
     "run_name": "the run's name in the trackers",
     "project": "the trackio project",
     "save_strategy": "steps, epoch (counted in prompts) or no",

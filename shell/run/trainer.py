@@ -25,6 +25,7 @@ from transformers import (
     enable_full_determinism,
     set_seed,
 )
+from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler
 from transformers.utils import logging as transformers_logging
 
@@ -127,7 +128,8 @@ class AsyncGRPOTrainer:
         if self.processing_class.pad_token is None:
             self.processing_class.pad_token = self.processing_class.eos_token
         self.output_dir = Path(self.args.output_dir)
-        self._callbacks = Callbacks(list(callbacks or []), self.args, self.model,
+        trackers = get_reporting_integration_callbacks(self.args.report_to)  # report_to
+        self._callbacks = Callbacks([*trackers, *(callbacks or [])], self.args, self.model,
                                     self.processing_class)  # fmt: skip
         self._publisher = Publisher(self.args, self.model, self.processing_class,
                                     self.model_name)  # fmt: skip

@@ -56,7 +56,6 @@ from asyncgrpo.shell.run.interrupts import (
 )
 from asyncgrpo.shell.run.metrics_log import (
     MetricsFile,
-    Reporters,
     drop_rows_after,
     write_completions,
 )
@@ -142,7 +141,6 @@ class TrainingRun:
         self.weights: WeightSync | None = None
         self.pusher: WeightPusher | None = None
         self.metrics_file: MetricsFile | None = None
-        self.reporters: Reporters | None = None
         self.bar: tqdm | None = None
         self.flops: FlopsMeter | None = None
         self.step_flops = self.waited_s = 0.0
@@ -167,8 +165,6 @@ class TrainingRun:
             if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
                 drop_rows_after(self.output_dir, self.learner.step)
             self.metrics_file = MetricsFile(self.output_dir)
-            self.reporters = Reporters(self.args.report_to, self.output_dir, self.args.run_name,
-                                       self.args.to_dict(), project=self.args.project)  # fmt: skip
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._push(at_start=True)
@@ -466,8 +462,6 @@ class TrainingRun:
         summary.update(step_time.window_rates(summary))
         if self.rank0 and self.metrics_file is not None:
             self.metrics_file.write(self.learner.step, summary)
-            if self.reporters is not None:
-                self.reporters.log(self.learner.step, summary)
             log.info("step", step=self.learner.step,
                      reward=_rounded(summary.get("reward")),
                      loss=_rounded(summary.get("loss")),
@@ -502,8 +496,6 @@ class TrainingRun:
             self.bar.close()
         if self.metrics_file is not None:
             self.metrics_file.close()
-        if self.reporters is not None:
-            self.reporters.close()
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:

@@ -35,6 +35,7 @@ def test_a_float32_server_of_a_gated_delta_net_hybrid_is_refused(tiny_qwen3_next
         VLLMServer(ServerSpec(model=str(tiny_qwen3_next), dtype="float32")).start()
 
 
+@pytest.mark.server
 def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_next, tmp_path):
     prompt = build_tokenizer().apply_chat_template(
         [{"role": "user", "content": "Write a number."}], add_generation_prompt=True

@@ -56,6 +56,7 @@ def test_server_serves_the_tiny_model(vllm_server, tiny_qwen3) -> None:
     assert models[0]["id"] == str(tiny_qwen3) and models[0]["max_model_len"] == 1024
 
 
+@pytest.mark.server
 def test_server_failure_carries_its_last_log_lines(tmp_path) -> None:
     spec = ServerSpec(model=str(tmp_path / "no-such-model"), startup_timeout_s=120)
     with pytest.raises(ServerStartError, match="exited with code") as info:

@@ -69,7 +69,7 @@ def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
         ({"eval_strategy": "steps"}, "no evaluation loop"),
         ({"save_strategy": "best"}, "save_strategy='best'"),
         ({"deepspeed": "ds.json"}, "DeepSpeed is not supported"),
-        ({"report_to": "mlflow"}, "report_to names unknown trackers"),
+        ({"report_to": "comet"}, "report_to names unknown trackers"),
         ({"lr_scheduler_type": "cosine"}, "set max_steps explicitly"),
         ({"remove_unused_columns": True}, "every column goes to the reward functions"),
         ({"max_staleness": 1, "weight_sync_steps": 3}, "max_staleness=1 is below weight_sync"),

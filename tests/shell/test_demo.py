@@ -10,6 +10,8 @@ from asyncgrpo.core.step_time import STEP_PARTS
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.run import read_metrics
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)

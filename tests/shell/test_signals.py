@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from processes import alive, kill_all
+
+pytestmark = pytest.mark.server
 
 FIRST_STEP_TIMEOUT_S = 600  # a server start and one step, on a loaded 2-core machine
 CHILDREN_EXIT_TIMEOUT_S = 60

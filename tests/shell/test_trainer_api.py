@@ -182,3 +182,12 @@ def test_push_to_hub_without_token_or_network_says_so(tiny_qwen3, tmp_path, monk
                                train_dataset=dataset(), args=config(tmp_path))  # fmt: skip
     with pytest.raises(hub.HubError, match="could not upload .*no network"):
         trainer.push_to_hub(token="hf_test")
+
+
+def test_a_tracker_that_is_not_installed_fails_at_construction(tiny_qwen3, tmp_path) -> None:
+    """report_to names transformers' reporting callbacks; one whose package is missing fails
+    when the trainer is built, saying what to install (wandb is not installed here)."""
+    args = config(tmp_path, report_to="wandb")
+    with pytest.raises(RuntimeError, match="pip install wandb"):
+        AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
+                         train_dataset=dataset(), args=args)  # fmt: skip
