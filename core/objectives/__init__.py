@@ -11,6 +11,12 @@ per-token loss and its metrics, and it declares what the shell must provide
 ======================  ====================================================================
 ``score_centering``     TRL's score centering, the default (``score_centering``)
 ``clipped_surrogate``   TRL's clipped surrogate with masked IS (``clipped_surrogate``)
+``tis_token``           truncated IS, token / sequence / geometric-mean level (``tis``)
+``tis_sequence``
+``tis_geometric``
+``mis_token``           masked IS, token / sequence / geometric-mean level (``mis``)
+``mis_sequence``
+``mis_geometric``
 ======================  ====================================================================
 
 **Adding an objective** is its module (exposing ``OBJECTIVES``, a tuple of objects following the
@@ -40,6 +46,8 @@ from asyncgrpo.core.objectives.base import (
 _MODULES = (
     "score_centering",
     "clipped_surrogate",
+    "tis",
+    "mis",
 )
 """The registry: the modules under ``asyncgrpo.core.objectives`` whose ``OBJECTIVES`` are
 registered, in this order."""

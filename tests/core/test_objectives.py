@@ -229,6 +229,34 @@ def ppo(q: Tensor, advantage: float, settings_: ObjectiveSettings, cmp: Comparis
     return q * advantage
 
 
+def behaviour_ratios(c: Case, logp: Tensor, level: str) -> list[float]:
+    """Each token's ``rho`` at ``level``, by loops: ratio, product or geometric mean of
+    ``pi_prox / mu`` over the token's sample."""
+    proximal = c.proximal(logp)
+    token = [math.exp(proximal[t] - c.sampler_logp[t]) for t in range(c.n)]
+    if level == "token":
+        return token
+    rho = [0.0] * c.n
+    for members in c.samples().values():
+        product = 1.0
+        for t in members:
+            product *= token[t]
+        for t in members:
+            rho[t] = product if level == "sequence" else product ** (1.0 / len(members))
+    return rho
+
+
+def decoupled(c: Case, logp: Tensor, weights: list[float], cmp: Comparisons) -> Brute:
+    """``sum_t w_t * -ppo(q_t)`` with ``q = pi / pi_prox``."""
+    proximal = c.proximal(logp)
+    total: Tensor | float = 0.0
+    for t in range(c.n):
+        if weights[t] > 0:
+            q = torch.exp(logp[t] - proximal[t])
+            total = total - weights[t] * ppo(q, c.advantages[t], c.settings, cmp)
+    return Brute(total, weights)
+
+
 def ref_score_centering(c: Case, logp: Tensor, topk_logp: Tensor | None, cmp: Comparisons):
     s = c.settings
     low, high = s.vllm_importance_sampling_clip_min, s.vllm_importance_sampling_clip_max
@@ -286,6 +314,76 @@ def wrong_clipped_surrogate(c: Case, logp: Tensor, _: Tensor | None, cmp: Compar
     return Brute(total, right.weights)
 
 
+def truncated(level: str, cap: Callable[[ObjectiveSettings], float]) -> Reference:
+    def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+        limit = cap(c.settings)
+        weights = [min(rho, limit) if cmp.le(rho, limit) else limit
+                   for rho in behaviour_ratios(c, logp, level)]  # fmt: skip
+        return decoupled(c, logp, weights, cmp)
+
+    return reference
+
+
+def masked(level: str, bounds: Callable[[ObjectiveSettings], tuple[float, float]]) -> Reference:
+    def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+        low, high = bounds(c.settings)
+        weights = [rho if cmp.inside(rho, low, high) else 0.0
+                   for rho in behaviour_ratios(c, logp, level)]  # fmt: skip
+        return decoupled(c, logp, weights, cmp)
+
+    return reference
+
+
+def wrong_tis_token(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: the truncated weight is not detached (only visible without a proximal
+    policy, where the weight is a function of the current policy)."""
+    right = truncated("token", lambda s: s.tis_token_cap)(c, logp, None, cmp)
+    if c.proximal_logp is not None:
+        return right
+    total = right.total
+    for t in range(c.n):
+        ratio = torch.exp(logp[t] - c.sampler_logp[t])
+        if cmp.lt(ratio.item(), c.settings.tis_token_cap):
+            total = total - (ratio - ratio.detach()) * c.advantages[t]
+    return Brute(total, right.weights)
+
+
+def wrong_tis_sequence(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: the sequence weight computed per token."""
+    return truncated("token", lambda s: s.tis_sequence_cap)(c, logp, None, cmp)
+
+
+def wrong_tis_geometric(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: the product of ratios instead of their geometric mean."""
+    return truncated("sequence", lambda s: s.tis_geometric_cap)(c, logp, None, cmp)
+
+
+def wrong_mis_token(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: ratios above the range truncated instead of dropped."""
+    s = c.settings
+    weights = []
+    for rho in behaviour_ratios(c, logp, "token"):
+        keep = cmp.inside(rho, s.mis_token_clip_min, s.mis_token_clip_max)
+        above = cmp.lt(s.mis_token_clip_max, rho)
+        weights.append(rho if keep else s.mis_token_clip_max if above else 0.0)
+    return decoupled(c, logp, weights, cmp)
+
+
+def wrong_mis_sequence(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: tokens masked one by one instead of whole samples."""
+    return masked("token", lambda s: (s.mis_sequence_clip_min, s.mis_sequence_clip_max))(
+        c, logp, None, cmp
+    )
+
+
+def wrong_mis_geometric(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: one geometric mean over the whole call instead of per sample."""
+    merged = replace(c, sample_index=np.zeros_like(c.sample_index))
+    return masked("geometric", lambda s: (s.mis_geometric_clip_min, s.mis_geometric_clip_max))(
+        merged, logp, None, cmp
+    )
+
+
 @dataclass(frozen=True)
 class Expected:
     """An objective's tests: its brute-force reference, a deliberately wrong variant of it (the
@@ -301,6 +399,30 @@ REFERENCES: dict[str, Expected] = {
         ref_score_centering, wrong_score_centering, frozenset({"sampler_topk"})
     ),
     "clipped_surrogate": Expected(ref_clipped_surrogate, wrong_clipped_surrogate),
+    "tis_token": Expected(truncated("token", lambda s: s.tis_token_cap), wrong_tis_token),
+    "tis_sequence": Expected(
+        truncated("sequence", lambda s: s.tis_sequence_cap),
+        wrong_tis_sequence,
+        frozenset({"whole_samples"}),
+    ),
+    "tis_geometric": Expected(
+        truncated("geometric", lambda s: s.tis_geometric_cap),
+        wrong_tis_geometric,
+        frozenset({"whole_samples"}),
+    ),
+    "mis_token": Expected(
+        masked("token", lambda s: (s.mis_token_clip_min, s.mis_token_clip_max)), wrong_mis_token
+    ),
+    "mis_sequence": Expected(
+        masked("sequence", lambda s: (s.mis_sequence_clip_min, s.mis_sequence_clip_max)),
+        wrong_mis_sequence,
+        frozenset({"whole_samples"}),
+    ),
+    "mis_geometric": Expected(
+        masked("geometric", lambda s: (s.mis_geometric_clip_min, s.mis_geometric_clip_max)),
+        wrong_mis_geometric,
+        frozenset({"whole_samples"}),
+    ),
 }
 """Each registered objective's tests."""
 
