@@ -17,6 +17,8 @@ per-token loss and its metrics, and it declares what the shell must provide
 ``mis_token``           masked IS, token / sequence / geometric-mean level (``mis``)
 ``mis_sequence``
 ``mis_geometric``
+``icepop``              IcePop's two-sided train/infer ratio mask (``icepop``)
+``decoupled_ppo``       AReaL's decoupled PPO with a proximal policy (``decoupled_ppo``)
 ======================  ====================================================================
 
 **Adding an objective** is its module (exposing ``OBJECTIVES``, a tuple of objects following the
@@ -48,6 +50,8 @@ _MODULES = (
     "clipped_surrogate",
     "tis",
     "mis",
+    "icepop",
+    "decoupled_ppo",
 )
 """The registry: the modules under ``asyncgrpo.core.objectives`` whose ``OBJECTIVES`` are
 registered, in this order."""

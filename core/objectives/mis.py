@@ -21,6 +21,9 @@ Shipped by verl (``rollout_correction.rollout_rs`` token/sequence/geometric), sl
 weight 1), TRL's GRPOConfig (``vllm_importance_sampling_mode`` = ``token_mask`` /
 ``sequence_mask``). Names: ``mis_<level>``.
 
+``mis_token`` with the keep range ``[alpha, beta]`` is IcePop
+(:mod:`asyncgrpo.core.objectives.icepop`) in this trainer; the two differ only in their settings.
+
 Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 ``objective/masked_fraction`` (tokens dropped), ``objective/clipped_fraction``,
 ``objective/proximal_gap``.

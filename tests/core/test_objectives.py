@@ -384,6 +384,16 @@ def wrong_mis_geometric(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparison
     )
 
 
+def wrong_icepop(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: one-sided, tokens below alpha are kept."""
+    return masked("token", lambda s: (0.0, s.icepop_beta))(c, logp, None, cmp)
+
+
+def wrong_decoupled_ppo(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+    """Negative control: the behaviour weight truncated at the cap instead of dropped."""
+    return truncated("token", lambda s: s.behav_imp_weight_cap)(c, logp, None, cmp)
+
+
 @dataclass(frozen=True)
 class Expected:
     """An objective's tests: its brute-force reference, a deliberately wrong variant of it (the
@@ -422,6 +432,10 @@ REFERENCES: dict[str, Expected] = {
         masked("geometric", lambda s: (s.mis_geometric_clip_min, s.mis_geometric_clip_max)),
         wrong_mis_geometric,
         frozenset({"whole_samples"}),
+    ),
+    "icepop": Expected(masked("token", lambda s: (s.icepop_alpha, s.icepop_beta)), wrong_icepop),
+    "decoupled_ppo": Expected(
+        masked("token", lambda s: (0.0, s.behav_imp_weight_cap)), wrong_decoupled_ppo
     ),
 }
 """Each registered objective's tests."""
@@ -548,6 +562,22 @@ def test_trl_objectives_equal_the_functions_of_core_losses_exactly(case: Case) -
     clipped = clipped_surrogate(logp, inputs.sampler_logp, inputs.advantages, config)
     assert torch.equal(OBJECTIVES["score_centering"].per_token_loss(inputs, s), centered)
     assert torch.equal(OBJECTIVES["clipped_surrogate"].per_token_loss(inputs, s), clipped)
+
+
+@PROPERTY
+@given(case=cases(proximal=False))
+def test_in_this_trainer_icepop_and_decoupled_ppo_are_token_masked_is(case: Case) -> None:
+    """With one optimizer step per batch (no proximal policy), IcePop is token-level MIS with
+    the range [alpha, beta] and decoupled PPO token-level MIS with [0, cap]."""
+    s = case.settings
+    logp, _ = case.leaves(topk=False)
+    inputs = case.inputs(logp, None)
+    mis = OBJECTIVES["mis_token"]
+    for name, low, high in (("icepop", s.icepop_alpha, s.icepop_beta),
+                            ("decoupled_ppo", 0.0, s.behav_imp_weight_cap)):  # fmt: skip
+        as_mis = attrs.evolve(s, mis_token_clip_min=low, mis_token_clip_max=high)
+        got = OBJECTIVES[name].per_token_loss(inputs, s)
+        assert torch.equal(got, mis.per_token_loss(inputs, as_mis)), name
 
 
 @PROPERTY
