@@ -19,6 +19,8 @@ per-token loss and its metrics, and it declares what the shell must provide
 ``mis_geometric``
 ``icepop``              IcePop's two-sided train/infer ratio mask (``icepop``)
 ``decoupled_ppo``       AReaL's decoupled PPO with a proximal policy (``decoupled_ppo``)
+``m2po``                M2PO's second-moment mask (``m2po``)
+``cispo``               MiniMax-M1's clipped IS weights, gradient on every token (``cispo``)
 ======================  ====================================================================
 
 **Adding an objective** is its module (exposing ``OBJECTIVES``, a tuple of objects following the
@@ -52,6 +54,8 @@ _MODULES = (
     "mis",
     "icepop",
     "decoupled_ppo",
+    "m2po",
+    "cispo",
 )
 """The registry: the modules under ``asyncgrpo.core.objectives`` whose ``OBJECTIVES`` are
 registered, in this order."""

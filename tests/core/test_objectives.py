@@ -394,6 +394,55 @@ def wrong_decoupled_ppo(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparison
     return truncated("token", lambda s: s.behav_imp_weight_cap)(c, logp, None, cmp)
 
 
+def m2po_reference(trust_region_only: bool) -> Reference:
+    def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+        log_ratio = [logp[t].item() - c.sampler_logp[t] for t in range(c.n)]
+        candidates = []
+        for t in range(c.n):
+            a = c.advantages[t]
+            up, down = log_ratio[t] > 0.0, log_ratio[t] < 0.0  # computed as the code does
+            if not trust_region_only or (a > 0 and up) or (a < 0 and down):
+                candidates.append(t)
+        second = {t: log_ratio[t] ** 2 for t in candidates}
+        kept = list(candidates)
+        while kept and cmp.lt(c.settings.m2po_threshold, sum(second[t] for t in kept) / len(kept)):
+            largest = max(kept, key=lambda t: (second[t], -t))
+            kept.remove(largest)
+        masked_out = set(candidates) - set(kept)
+        total: Tensor | float = 0.0
+        weights = []
+        for t in range(c.n):
+            if t in masked_out:
+                weights.append(0.0)
+                continue
+            ratio = torch.exp(logp[t] - c.sampler_logp[t])
+            weights.append(ratio.item())
+            total = total - ratio * c.advantages[t]
+        return Brute(total, weights)
+
+    return reference
+
+
+def cispo_reference(detach: bool) -> Reference:
+    def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
+        low, high = c.settings.cispo_clip_min, c.settings.cispo_clip_max
+        total: Tensor | float = 0.0
+        weights = []
+        for t in range(c.n):
+            ratio = torch.exp(logp[t] - c.sampler_logp[t])
+            if cmp.lt(ratio.item(), low):
+                weight = torch.tensor(low, dtype=F64)
+            elif cmp.lt(high, ratio.item()):
+                weight = torch.tensor(high, dtype=F64)
+            else:
+                weight = ratio.detach() if detach else ratio
+            weights.append(weight.item())
+            total = total - weight * c.advantages[t] * logp[t]
+        return Brute(total, weights)
+
+    return reference
+
+
 @dataclass(frozen=True)
 class Expected:
     """An objective's tests: its brute-force reference, a deliberately wrong variant of it (the
@@ -437,6 +486,12 @@ REFERENCES: dict[str, Expected] = {
     "decoupled_ppo": Expected(
         masked("token", lambda s: (0.0, s.behav_imp_weight_cap)), wrong_decoupled_ppo
     ),
+    "m2po": Expected(
+        m2po_reference(trust_region_only=True),
+        m2po_reference(trust_region_only=False),
+        frozenset({"batch_coupled"}),
+    ),
+    "cispo": Expected(cispo_reference(detach=True), cispo_reference(detach=False)),
 }
 """Each registered objective's tests."""
 
@@ -581,6 +636,19 @@ def test_in_this_trainer_icepop_and_decoupled_ppo_are_token_masked_is(case: Case
 
 
 @PROPERTY
+@given(case=cases(proximal=False))
+def test_in_this_trainer_cispo_without_a_lower_clip_has_the_gradient_of_tis(case: Case) -> None:
+    s = case.settings
+    logp, _ = case.leaves(topk=False)
+    inputs = case.inputs(logp, None)
+    as_cispo = attrs.evolve(s, cispo_clip_min=0.0, cispo_clip_max=s.tis_token_cap)
+    (tis,) = torch.autograd.grad(OBJECTIVES["tis_token"].per_token_loss(inputs, s).sum(), logp)
+    cispo_loss = OBJECTIVES["cispo"].per_token_loss(inputs, as_cispo)
+    (cispo,) = torch.autograd.grad(cispo_loss.sum(), logp)
+    np.testing.assert_allclose(tis.numpy(), cispo.numpy(), rtol=1e-12, atol=1e-15)
+
+
+@PROPERTY
 @given(case=cases(), cuts=st.lists(st.integers(0, 20), max_size=3))
 def test_splitting_a_call_does_not_change_the_per_token_losses(case: Case, cuts) -> None:
     """Objectives that are neither sequence-level nor batch-coupled give the same per-token
@@ -626,6 +694,29 @@ def slice_case(case: Case, a: int, b: int) -> Case:
         **{name: getattr(case, name)[a:b] for name in names},
         proximal_logp=None if case.proximal_logp is None else case.proximal_logp[a:b],
     )
+
+
+@PROPERTY
+@given(case=cases())
+def test_m2po_bounds_the_second_moment_and_masks_no_more_than_needed(case: Case) -> None:
+    from asyncgrpo.core.objectives.m2po import m2po_keep, trust_region_tokens
+
+    logp, _ = case.leaves(topk=False)
+    inputs = case.inputs(logp, None)
+    keep = m2po_keep(inputs, case.settings).numpy()
+    log_ratio = case.logp - case.sampler_logp
+    trust = trust_region_tokens(torch.tensor(log_ratio), inputs.advantages).numpy()
+    assert np.all(keep[~trust]), "only trust-region tokens are masked"
+    second = log_ratio**2
+    tau = case.settings.m2po_threshold
+    kept = second[trust & keep]
+    if kept.size:
+        assert kept.mean() <= tau * (1 + 1e-12)
+    removed = second[trust & ~keep]
+    if removed.size:
+        assert removed.min() >= (kept.max() if kept.size else 0.0)
+        with_one_back = np.append(kept, removed.min())
+        assert with_one_back.mean() > tau * (1 - 1e-12)
 
 
 def test_dropped_tokens_contribute_zero_and_no_nan_even_when_their_ratio_overflows() -> None:
