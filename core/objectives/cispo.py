@@ -74,10 +74,14 @@ class CISPO:
         return self.log_ratio(inputs).clamp(low, high).exp()
 
     def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
-        """float [N]: ``-w A log pi``."""
+        """float [N]: ``-w A log pi``; exactly 0 where ``w`` is 0 (even for a log-prob of -inf)."""
         if inputs.n == 0:
             return empty_loss(inputs)
-        return -self.weight(inputs, settings) * inputs.advantages * inputs.logp
+        weight = self.weight(inputs, settings)
+        kept = weight > 0
+        return torch.where(
+            kept, -weight * inputs.advantages * torch.where(kept, inputs.logp, 0.0), 0.0
+        )
 
     @torch.no_grad()
     def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:

@@ -204,8 +204,9 @@ def trl_loss_config(settings: ObjectiveSettings) -> LossConfig:
 
 
 def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Tensor) -> Tensor:
-    """float [N]: ``weight * ppo_term(logp, proximal, A)``, exactly 0 (with zero gradient) where
-    ``weight`` is 0. ``weight`` is a detached behaviour weight computed from ``pi_prox / mu``.
+    """float [N]: ``weight * ppo_term(logp, proximal, A)``, exactly 0 with zero gradient (never
+    NaN, even for a log-prob of -inf) where ``weight`` is 0. ``weight`` is a detached behaviour
+    weight computed from ``pi_prox / mu``.
 
     This is the decoupled objective of AReaL (and verl's "decoupled" rollout correction): the
     behaviour weight corrects from the sampler to the proximal policy, the PPO term trusts the
@@ -220,8 +221,13 @@ def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Ten
         >>> decoupled_loss(inputs, example_settings(), torch.tensor([0.5, 0.0])).tolist()
         [-1.0, 0.0]
     """
-    term = ppo_term(inputs.logp, inputs.proximal(), inputs.advantages, settings)
-    return torch.where(weight > 0, weight * term, 0.0)
+    kept = weight > 0
+    # zero the log-probs of dropped tokens first: a -inf log-prob there must not leak a NaN
+    # into the gradient through the unselected branch
+    logp = torch.where(kept, inputs.logp, 0.0)
+    anchor = torch.where(kept, inputs.proximal(), 0.0)
+    term = ppo_term(logp, anchor, inputs.advantages, settings)
+    return torch.where(kept, weight * term, 0.0)
 
 
 def decoupled_metrics(
@@ -249,7 +255,8 @@ def decoupled_metrics(
     proximal = inputs.proximal()
     clipped = (weight > 0) & ppo_clipped((logp - proximal).exp(), inputs.advantages, settings)
     names = (IS_WEIGHT_MEAN, IS_WEIGHT_MAX, CLIPPED_FRACTION, PROXIMAL_GAP, *extra)
-    values = [weight.mean(), weight.max(), fraction(clipped), (logp - proximal).abs().mean()]
+    gap = torch.where(logp == proximal, 0.0, (logp - proximal).abs())  # -inf == -inf: no gap
+    values = [weight.mean(), weight.max(), fraction(clipped), gap.mean()]
     return metric_values(names, values + list(extra.values()))
 
 
