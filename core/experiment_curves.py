@@ -275,8 +275,8 @@ def _mean_under(xs: Sequence[float], ys: Sequence[float]) -> float:
     if span <= 0:
         return float(np.mean(ys))
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    area = np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2)
-    return float(area / span)
+    shares = np.diff(x) / span  # each segment's share of the span (no underflow on tiny spans)
+    return float(np.sum(shares * (y[1:] + y[:-1]) / 2))
 
 
 def auc_steps(curve: RunCurve) -> float:
@@ -297,8 +297,8 @@ def auc_time(curve: RunCurve) -> float:
 
     Example:
         >>> auc_time(RunCurve([CurvePoint(1, 0.0, 0.0), CurvePoint(2, 1.0, 1.0),
-        ...                    CurvePoint(3, 3.0, 1.0)]))
-        0.8333333333333334
+        ...                    CurvePoint(3, 4.0, 1.0)]))
+        0.875
     """
     points = _rewarded(curve)
     return _mean_under([p.wall_s for p in points], [p.reward for p in points])
@@ -450,10 +450,11 @@ class Statistic:
 
     @property
     def unit(self) -> str:
-        """``s`` for seconds (``time_to`` and metrics named ``*_s``), else empty."""
+        """``s`` for seconds (``time_to`` and metrics named ``*_s``), ``steps`` for
+        ``steps_to``, else empty."""
         if self.name == "time_to" or (self.is_metric and self.name.endswith("_s")):
             return "s"
-        return ""
+        return "steps" if self.name == "steps_to" else ""
 
     @property
     def text(self) -> str:

@@ -234,7 +234,7 @@ def test_run_statistics():
     assert run_statistic(curve, Statistic("final_reward")) == pytest.approx(2.5 / 3)
     assert run_statistic(curve, Statistic("perf/step_s")) == 1.0
     assert run_statistic(curve, Statistic("collapsed")) == 0.0
-    assert Statistic("perf/step_s").unit == "s" and Statistic("steps_to", 1.0).unit == ""
+    assert Statistic("perf/step_s").unit == "s" and Statistic("steps_to", 1.0).unit == "steps"
     with pytest.raises(ValueError, match="perf/nothing"):
         metric_median(curve, "perf/nothing")
     run = Run({"lr": 0.01, "flag": True}, 3, curve)
