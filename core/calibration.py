@@ -27,8 +27,8 @@ window, each value the mean over the window's steps, as the trainer logs them):
   ``perf/rollout_wait_s``; with overlap it is known only in windows where the trainer waited
   (``rollout_wait_s >= min_wait_frac x step_s``: the generator is the bottleneck, so it was
   busy all the step but the push, ``step_s - weight_sync_s``). A run whose trainer never
-  waits does not identify the generator's throughput (only that it is fast enough): then the
-  fit is None, with the reason.
+  waits, or waits in fewer than half its windows, does not identify the generator's
+  throughput (only that it is fast enough): then the fit is None, with the reason.
 
 Each fitted value comes with its relative residual spread (the RMS of the windows' relative
 deviations from the fit, weighted by their steps), so a poor fit is visible.
@@ -345,24 +345,32 @@ def fit_weight_sync(windows: Sequence[Window], weight_sync_steps: int = 1) -> Ra
 
 
 def fit_generation(
-    windows: Sequence[Window], max_staleness: int, min_wait_frac: float = 0.05
+    windows: Sequence[Window],
+    max_staleness: int,
+    min_wait_frac: float = 0.05,
+    min_bound_share: float = 0.5,
 ) -> RateFit:
     """Completion tokens per second while the generator is busy (see the module's docstring
-    for which windows identify it and how).
+    for which windows identify it and how). With overlap, at least ``min_bound_share`` of the
+    windows must have the trainer waiting: a mostly trainer-bound run waits only now and then
+    (a group finishing late, the start), and those few waits say little about the generator.
 
     Example:
-        >>> ws = [Window(1, 1.0, 0.6, 0.1, 0.0, 900.0, None, 600.0, 0.0, 0.0),
-        ...       Window(1, 1.0, 0.0, 0.1, 0.0, 900.0, None, 600.0, 0.0, 0.0)]
-        >>> fit_generation(ws, max_staleness=2).value  # 600 tokens in 1.0 - 0.1 s
+        >>> waited = Window(1, 1.0, 0.6, 0.1, 0.0, 900.0, None, 600.0, 0.0, 0.0)
+        >>> trained = Window(1, 1.0, 0.0, 0.1, 0.0, 900.0, None, 600.0, 0.0, 0.0)
+        >>> fit_generation([waited, trained], max_staleness=2).value  # 600 tokens in 0.9 s
         666.6666666666666
-        >>> fit_generation(ws[1:], max_staleness=2).value is None
-        True
+        >>> fit_generation([waited, trained, trained], max_staleness=2).note[:37]
+        'the trainer waited in only 1 of 3 win'
+        >>> fit_generation([waited], max_staleness=0).value  # no overlap: 600 tokens in 0.6 s
+        1000.0
     """
-    rows = []
+    rows, counted = [], 0
     for w in windows:
         tokens = w.generated_tokens
         if tokens is None:
             continue
+        counted += 1
         if max_staleness == 0:
             busy = w.wait_s
         elif w.wait_s >= min_wait_frac * w.step_s:
@@ -380,6 +388,13 @@ def fit_generation(
             "high enough; calibrate from a run at max_staleness 0"
         )
         return RateFit(None, math.nan, 0, why)
+    if max_staleness > 0 and len(rows) < min_bound_share * counted:
+        why = (
+            f"the trainer waited in only {len(rows)} of {counted} windows: the run is mostly "
+            "trainer-bound, so the generator's throughput is only known to be high enough; "
+            "calibrate from a run at max_staleness 0"
+        )
+        return RateFit(None, math.nan, len(rows), why)
     tokens, busy, steps = (np.array(column) for column in zip(*rows, strict=True))
     value = float(np.sum(tokens * steps) / np.sum(busy * steps))
     how = f"{WAIT}" if max_staleness == 0 else f"{STEP} - {SYNC} in windows the trainer waited"
@@ -456,6 +471,7 @@ def calibrate(
     weight_sync_steps: int = 1,
     skip_windows: int = 1,
     min_wait_frac: float = 0.05,
+    min_bound_share: float = 0.5,
 ) -> Calibration:
     """Fit the simulator's throughputs from one run's ``metrics.jsonl`` rows (see the module's
     docstring). ``max_staleness`` and ``weight_sync_steps`` are the run's settings.
@@ -473,7 +489,7 @@ def calibrate(
     return Calibration(
         training=fit_training(windows),
         weight_sync=fit_weight_sync(windows, weight_sync_steps),
-        generation=fit_generation(windows, max_staleness, min_wait_frac),
+        generation=fit_generation(windows, max_staleness, min_wait_frac, min_bound_share),
         windows=len(windows),
     )
 

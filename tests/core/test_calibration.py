@@ -121,6 +121,11 @@ def test_with_overlap_the_generator_is_fitted_where_the_trainer_waited(
     assert fit.generation_tokens_per_s is None
     assert "never waited" in fit.generation.note
     assert "generation_tokens_per_s" not in fit.simulator_settings()
+    # about as fast as the trainer: it waits in some windows only, too few to identify it
+    rows = synthetic_rows(seed, tokens_per_s, fixed_s, push_s, tokens_per_s * 1.5, 2)
+    waited = sum(r["perf/rollout_wait_s"] > 0.05 * r["perf/step_s"] for r in rows[1:])
+    fit = calibrate(rows, max_staleness=2)
+    assert (fit.generation_tokens_per_s is None) == (waited < 0.5 * (len(rows) - 1))
 
 
 def test_steps_of_one_size_fit_no_fixed_cost_but_the_same_step_time():
