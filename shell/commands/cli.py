@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--output-dir", required=True, help="where metrics.jsonl is written")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.add_argument(
+        "--calibrate",
+        metavar="RUN",
+        help="fit the simulator's throughputs to this run of a sweep, then score "
+        "its predictions of the --predict runs (the other flags are then unused)",
+    )
+    sim.add_argument("--predict", metavar="RUN", nargs="*", default=[],
+                     help="runs of the same task (other settings) to predict")  # fmt: skip
     _add_simulation_flags(sim)
     commands.add_parser(
         "train",
@@ -153,7 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
-    if args.command == "simulate":
+    if args.command == "simulate" and args.calibrate:
+        from asyncgrpo.shell.commands.calibrate import calibrate_and_predict, report
+        from asyncgrpo.shell.commands.sweep import SweepError
+
+        try:
+            fit, predictions = calibrate_and_predict(args.calibrate, args.predict,
+                                                     args.output_dir)  # fmt: skip
+        except (SweepError, ValueError) as error:
+            print(f"asyncgrpo simulate: {error}", file=sys.stderr)
+            return 2
+        print(report(fit, predictions))
+    elif args.command == "simulate":
         values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
         try:
             config = SimulationConfig(**values)

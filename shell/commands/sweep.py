@@ -252,27 +252,29 @@ def _run_all(sweep: Sweep, model: str, out: Path, todo: list[tuple[PlannedRun, A
     for _ in urls:
         work.put(None)
     errors: list[BaseException] = []
+    done = [threading.Event() for _ in urls]
 
-    def worker(url: str) -> None:
-        while (item := work.get()) is not None and not index.stopping.is_set():
-            run, action = item
-            try:
+    def worker(url: str, finished: threading.Event) -> None:
+        try:
+            while (item := work.get()) is not None and not index.stopping.is_set():
+                run, action = item
                 _run_one(sweep, model, out, run, action, url, index)
-            except BaseException as error:  # a KeyboardInterrupt of the sweep, surfaced below
-                errors.append(error)
-                return
+        except BaseException as error:  # surfaced by the main thread below
+            errors.append(error)
+        finally:
+            finished.set()
 
-    threads = [threading.Thread(target=worker, args=(url,), daemon=True) for url in urls]
-    for thread in threads:
-        thread.start()
+    for url, finished in zip(urls, done, strict=True):
+        threading.Thread(target=worker, args=(url, finished), daemon=True).start()
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.5)  # the main thread stays interruptible (SIGINT, SIGTERM)
+        for finished in done:
+            while not finished.wait(0.5):  # the main thread stays interruptible
+                pass
     except BaseException:
         index.stopping.set()  # the workers stop their runs (interrupted, resumable) and return
-        for thread in threads:
-            thread.join()
+        for finished in done:  # Event.wait, unlike Thread.join, may be interrupted safely
+            while not finished.wait(0.5):
+                pass
         raise
     if errors:
         raise errors[0]
