@@ -251,6 +251,13 @@ class AsyncGRPOConfig(TrainingArguments):
     weight_sync_steps: int = field(
         default=1, metadata=_help("Optimizer steps between weight syncs to the server.")
     )
+    weight_push_overlap: bool = field(
+        default=True,
+        metadata=_help("Not in TRL. Push the weights from a snapshot while the next step trains "
+                       "(the version counts once the push has landed); False: each step waits "
+                       "for its push. A snapshot that does not fit twice into free memory waits "
+                       "either way (logged at start)."),
+    )  # fmt: skip
     weight_transfer_backend: str = field(
         default="auto",
         metadata=_help("How weights reach the server: " + ", ".join(WEIGHT_TRANSFER_BACKENDS)

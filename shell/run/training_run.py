@@ -470,7 +470,10 @@ class TrainingRun:
         snapshot needs and has free; every process follows its choice)."""
         assert self.weights is not None
         choice: list[Any] = [None]
-        if self.rank0:
+        if self.rank0 and not self.args.weight_push_overlap:
+            choice = [weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
+                                           "for the push")]  # fmt: skip
+        elif self.rank0:
             size, where = self.weights.snapshot_size()
             choice = [weight_sync.plan_push(size, free_bytes(where), where)]
             log.info("weight push", overlapped=choice[0].overlapped, reason=choice[0].reason)
