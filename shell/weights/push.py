@@ -110,7 +110,7 @@ class WeightPusher:
         self.server_timeout_s = server_timeout_s
         self._uninterruptible = uninterruptible
         self._queue_lock = threading.Lock()
-        self._waiting: tuple[Snapshot, float | None] | None = None  # the next snapshot to send
+        self._waiting: Snapshot | None = None  # the next snapshot to send
         self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
 
     def push(self, at_start: bool = False) -> Pushed | None:
@@ -155,26 +155,21 @@ class WeightPusher:
     def push_beside(self, on_landed: Callable[[Pushed], None]) -> bool:
         """Push the current policy while training goes on (collective up to the snapshot).
 
-        Every process reads the server's identity (rank 0) and takes a snapshot of the weights
-        together (:meth:`WeightSync.snapshot`); rank 0 hands it to its push thread and returns
-        at once, as the other processes do. Pushes land in order: while one is in flight the
-        newest snapshot waits for it (an older waiting one is replaced, never sent), so the
-        step never waits for the server, at most two snapshots exist, and the server gets the
-        newest weights as soon as it can take them. When a push lands, the thread calls
-        ``on_landed``; the rollout process must learn the version only then, so that
-        staleness counts from the weights the server holds. A push that fails is an outage
-        recorded from when it began (the next step resyncs, pushing the current weights).
+        Every process takes part in a snapshot of the weights (:meth:`WeightSync.snapshot`);
+        rank 0 hands it to its push thread and returns at once, as the other processes do. The
+        thread reads the server's identity first (a server that restarted since the last push
+        is an outage: nothing is sent, and the next step resyncs), sends, and reads it again.
+        Pushes land in order: while one is in flight the newest snapshot waits for it (an older
+        waiting one is replaced, never sent), so the step never waits for the server, at most
+        two snapshots exist, and the server gets the newest weights as soon as it can take
+        them. When a push lands the thread calls ``on_landed``; the rollout process must learn
+        the version only then, so that staleness counts from the weights the server holds. A
+        push that fails is an outage recorded from when it began (the next step resyncs,
+        pushing the current weights).
 
         Returns:
             whether a waiting snapshot was replaced (rank 0).
         """
-        before: list[Any] = [None]  # rank 0: the server's identity, or _RESTARTED
-        if self.rank0:
-            before = [self._identity_before_push(at_start=False)]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(before, src=0)  # every process snapshots, or none
-        if before[0] == _RESTARTED:
-            return False
         with self._uninterruptible():  # the snapshot's gathers are collectives
             snapshot = self.weights.snapshot(self.learner.step)
         if not self.rank0:
@@ -182,7 +177,7 @@ class WeightPusher:
         assert snapshot is not None
         with self._queue_lock:
             replaced = self._waiting is not None
-            self._waiting = (snapshot, before[0])
+            self._waiting = snapshot
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send_waiting, args=(on_landed,),
                                                 name="asyncgrpo-weight-push",
@@ -195,12 +190,15 @@ class WeightPusher:
         that one server took each; report each that landed."""
         while True:
             with self._queue_lock:
-                waiting, self._waiting = self._waiting, None
-                if waiting is None:
+                snapshot, self._waiting = self._waiting, None
+                if snapshot is None:
                     self._sender = None
                     return
-            snapshot, before = waiting
             began, started = time.time(), time.monotonic()
+            before = self._identity_before_push(at_start=False)
+            if before == _RESTARTED:  # recorded as an outage: the resync pushes anew
+                self._stop_sending()
+                return
             try:
                 timings = self.weights.send(snapshot)
                 self._landed(before, at_start=False)
@@ -208,10 +206,13 @@ class WeightPusher:
                 assert self.trust is not None
                 self.trust.outage(f"{type(error).__name__}: {error}", "trainer weight push",
                                   since=began)  # fmt: skip
-                with self._queue_lock:
-                    self._waiting, self._sender = None, None  # the resync pushes anew
+                self._stop_sending()
                 return
             on_landed(Pushed(snapshot.version, timings, push_s=time.monotonic() - started))
+
+    def _stop_sending(self) -> None:
+        with self._queue_lock:
+            self._waiting, self._sender = None, None
 
     def wait_landed(self) -> float:
         """Rank 0: wait until every push handed to the thread has landed or failed; the
