@@ -252,8 +252,48 @@ def test_an_empty_or_plain_text_dataset_fails_at_construction(tiny_qwen3, tmp_pa
     with pytest.raises(ValueError, match="train_dataset is empty"):
         build([])
     plain = Dataset.from_dict({"prompt": ["What is 2 + 2?", "Name a colour."]})
-    with pytest.raises(ValueError, match=r"row 0: 'prompt' must be conversational.*got str: "
-                       r"'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 0, column 'prompt': must be conversational.*got "
+                       r"str: 'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
         build(plain)
-    with pytest.raises(ValueError, match="row 1: 'prompt' must be conversational"):
+    with pytest.raises(ValueError, match="row 1, column 'prompt': must be conversational"):
         build([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": {"text": "hi"}}])
+
+
+def test_every_row_is_checked_at_construction_naming_row_column_and_type(
+    tiny_qwen3, tmp_path
+) -> None:
+    """Rows far past the first few are checked too (a None prompt, an int content, a message
+    that is not a dict, an environment column naming no factory), before any process starts."""
+
+    class NoServer:
+        base_url = "http://127.0.0.1:9"
+
+    good = [{"role": "user", "content": "hi"}]
+
+    def build(train_dataset, environment_factory=None):
+        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
+                                args=config(NoServer, tmp_path), train_dataset=train_dataset,
+                                environment_factory=environment_factory)  # fmt: skip
+
+    none_at_2000 = Dataset.from_dict({"prompt": [good] * 2000 + [None] + [good] * 10})
+    with pytest.raises(ValueError, match=r"row 2000, column 'prompt': got None"):
+        build(none_at_2000)
+    int_content = [{"prompt": good}] * 20 + [{"prompt": [{"role": "user", "content": 7}]}]
+    with pytest.raises(ValueError, match=r"row 20, column 'prompt', message 0: 'content' must "
+                       r"be a string, got int: '7'"):  # fmt: skip
+        build(int_content)
+    with pytest.raises(ValueError, match=r"row 1, column 'prompt', message 1: must be a "
+                       r"\{'role': \.\.\., 'content': \.\.\.\} dict, got str"):  # fmt: skip
+        build([{"prompt": good}, {"prompt": [*good, "and more"]}])
+    with pytest.raises(ValueError, match=r"row 0, column 'prompt', message 0: 'role' must be a "
+                       r"string, got no 'role' key"):  # fmt: skip
+        build([{"prompt": [{"content": "hi"}]}])
+    routed = Dataset.from_dict({"prompt": [good] * 3, "environment": ["game", "game", "chess"]})
+    with pytest.raises(ValueError, match=r"row 2, column 'environment': must name one of "
+                       r"\['game'\].*got str: 'chess'"):  # fmt: skip
+        build(routed, environment_factory={"game": dict})
+    # an environment may make the prompt: no prompt is then fine; a tool-calling assistant
+    # turn may have no content
+    build([{"prompt": None, "environment": "game"}], environment_factory={"game": dict})
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    build([{"prompt": [*good, {"role": "assistant", "content": None, "tool_calls": calls}]}])
