@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 from datasets import Dataset
+from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
@@ -15,6 +16,7 @@ from asyncgrpo.adapters.vllm_server import free_port
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run.checkpoints import CheckpointError
 
 
 def dataset(n: int = 8) -> Dataset:
@@ -115,6 +117,26 @@ def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
     assert steps == sorted(steps) and 1 in steps and set(steps) <= {1, 2, 3, 4}
     assert [r for r in completions if r["step"] <= 2] == kept
     assert not any("old" in r for r in read_metrics(run) + completions)
+
+
+def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_path) -> None:
+    """A corrupt rollout_state.json (one byte ``{``) in the newest checkpoint: resume names it
+    and takes the checkpoint before; named explicitly, it fails naming the file."""
+    server, path = served
+    run = tmp_path / "run"
+    trainer_for(server, path, tmp_path, max_steps=2, save_steps=1).train()
+    (run / "checkpoint-2" / "rollout_state.json").write_text("{")
+    explicit = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
+    with pytest.raises(CheckpointError, match=r"checkpoint-2 does not load: .*checkpoint-2/"
+                       r"rollout_state.json: JSONDecodeError"):  # fmt: skip
+        explicit.train(resume_from_checkpoint=str(run / "checkpoint-2"))
+    resumed = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
+    with capture_logs() as logs:
+        assert resumed.train(resume_from_checkpoint=True).global_step == 3
+    skipped = [e for e in logs if e["event"].startswith("skipped checkpoints")]
+    assert skipped and skipped[0]["resuming_from"].endswith("checkpoint-1"), logs
+    assert "rollout_state.json: JSONDecodeError" in skipped[0]["skipped"][0]
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
 
 
 class CrashingLoop(AsyncRolloutLoop):
