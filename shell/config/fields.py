@@ -188,10 +188,18 @@ class AsyncGRPOConfig(TrainingArguments):
     )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,
-        metadata=_help("Not in TRL. The run fails after this many steps in a row whose "
-                       "staleness-0 sampler/trainer log-prob gap is larger than the dtypes "
-                       "explain (the server serves other weights: another trainer, another "
-                       "model); each such step warns. 0: only warn."),
+        metadata=_help("Not in TRL. The run fails once this many of the last "
+                       "foreign_weights_window checked steps had a staleness-0 sampler/trainer "
+                       "log-prob gap larger than the dtypes explain (the server serves other "
+                       "weights: another trainer, another model); each such step warns. 0: "
+                       "only warn."),
+    )  # fmt: skip
+    foreign_weights_window: int = field(
+        default=6,
+        metadata=_help("Not in TRL. The checked steps (those with staleness-0 samples) "
+                       "foreign_weights_steps counts over; foreign_weights_window = "
+                       "foreign_weights_steps is the older 'in a row' rule. At least "
+                       "foreign_weights_steps."),
     )  # fmt: skip
 
     # CPU sharing (not in TRL; see docs/configuration.md)
@@ -275,6 +283,13 @@ class AsyncGRPOConfig(TrainingArguments):
             raise ValueError(
                 "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
                 f"{self.foreign_weights_steps}"
+            )
+        if self.foreign_weights_window < max(self.foreign_weights_steps, 1):
+            raise ValueError(
+                f"AsyncGRPOConfig.foreign_weights_window={self.foreign_weights_window} must be "
+                f">= foreign_weights_steps={self.foreign_weights_steps} (and >= 1): the run "
+                "fails once foreign_weights_steps of the last foreign_weights_window checked "
+                "steps show foreign weights"
             )
         check_cpu_sharing(self.cpu_sharing, self.server_cpus)
         if self.temperature <= 0:
