@@ -183,8 +183,16 @@ class AsyncGRPOConfig(TrainingArguments):
     )  # fmt: skip
     rollout_worker_timeout: float = field(
         default=300.0,
-        metadata=_help("Seconds without a heartbeat of the rollout process before the run "
-                       "fails."),
+        metadata=_help("Seconds without a heartbeat of the rollout process, or while the "
+                       "trainer waits for samples and the rollout process sends nothing at all "
+                       "(no group, kept or dropped), before the run fails."),
+    )  # fmt: skip
+    rollout_worker_restarts: int = field(
+        default=3,
+        metadata=_help("Not in TRL. Times a rollout process that dies without a traceback (a "
+                       "signal, an out-of-memory kill) is started again from the trainer's "
+                       "prompt cursor (what was in flight is generated again); one more death "
+                       "fails the run. 0: the first death fails it."),
     )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,
@@ -279,6 +287,11 @@ class AsyncGRPOConfig(TrainingArguments):
                 "sample could be trained; raise max_staleness or lower weight_sync_steps"
             )
         check_backend(self.weight_transfer_backend)
+        if self.rollout_worker_restarts < 0:
+            raise ValueError(
+                "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
+                f"{self.rollout_worker_restarts}"
+            )
         if self.foreign_weights_steps < 0:
             raise ValueError(
                 "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import psutil
 import pytest
 from datasets import Dataset
 from structlog.testing import capture_logs
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
 from asyncgrpo.adapters.vllm_client import VLLMError
@@ -153,6 +154,43 @@ def test_a_crashed_rollout_process_raises_a_clear_error(served, tmp_path) -> Non
     trainer = trainer_for(server, path, tmp_path, cls=CrashingTrainer, rollout_worker_timeout=60)
     with pytest.raises(RolloutWorkerError, match="OSError: disk on fire"):
         trainer.train()
+
+
+class KillRolloutProcess(TrainerCallback):
+    """SIGKILL to the run's rollout process (the trainer's spawned child) after the given
+    steps, as an out-of-memory kill would."""
+
+    def __init__(self, at_steps: tuple[int, ...]) -> None:
+        self.at_steps = at_steps
+        self.killed: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step not in self.at_steps:
+            return
+        children = [c for c in psutil.Process().children()
+                    if "spawn_main" in " ".join(c.cmdline())]  # fmt: skip
+        assert len(children) == 1, children
+        children[0].kill()
+        self.killed.append(children[0].pid)
+
+
+def test_a_killed_rollout_process_is_restarted_then_the_run_fails_past_the_limit(
+    served, tmp_path
+) -> None:
+    """rollout_worker_restarts=1: the kill after step 1 restarts the rollout process from the
+    trainer's prompt cursor (counted) and steps 2 and 3 train; the kill after step 3 is one
+    too many: the run fails naming the signal and --resume."""
+    server, path = served
+    killer = KillRolloutProcess(at_steps=(1, 3))
+    trainer = trainer_for(server, path, tmp_path, max_steps=6, rollout_worker_restarts=1)
+    trainer.add_callback(killer)
+    with pytest.raises(RolloutWorkerError, match=r"exited with code -9 \(killed by SIGKILL\).*"
+                       r"after 1 restart\(s\).*asyncgrpo train --resume"):  # fmt: skip
+        trainer.train()
+    assert len(killer.killed) == 2 and killer.killed[0] != killer.killed[1]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r.get("rollout/process_restart_count", 0) for r in rows) == 1, rows
 
 
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path) -> None:
