@@ -30,6 +30,7 @@ from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
+from asyncgrpo.adapters.vllm_auth import API_KEY_ENV
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
@@ -138,6 +139,12 @@ class AsyncGRPOConfig(TrainingArguments):
         metadata=_help("Seconds to wait for the server to be ready, for each request or "
                        "weight sync, and for a server that went away mid-run to come back "
                        "(docs/reliability.md)."),
+    )  # fmt: skip
+    vllm_server_api_key: str | None = field(
+        default=None,
+        metadata=_help("Not in TRL. The vLLM server's API key, sent as 'Authorization: Bearer' "
+                       "with every request; None: VLLM_API_KEY from the environment, if set. "
+                       "Masked in logs and to_dict. See docs/security.md."),
     )  # fmt: skip
 
     # loss
@@ -348,6 +355,27 @@ class AsyncGRPOConfig(TrainingArguments):
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def server_api_key(self) -> str | None:
+        """The key requests to the vLLM server carry: ``vllm_server_api_key``, else
+        ``VLLM_API_KEY`` from the environment, else None."""
+        return self.vllm_server_api_key or os.environ.get(API_KEY_ENV) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``TrainingArguments.to_dict`` (what trackers log) with the API key masked."""
+        values = super().to_dict()
+        if values.get("vllm_server_api_key"):
+            values["vllm_server_api_key"] = "<VLLM_SERVER_API_KEY>"
+        return values
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.vllm_server_api_key:
+            text = text.replace(self.vllm_server_api_key, "<VLLM_SERVER_API_KEY>")
+        return text
+
+    __repr__ = __str__
 
     @property
     def prompt_order_seed(self) -> int:

@@ -43,6 +43,7 @@ import numpy as np
 import structlog
 
 from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
     ServerGate,
@@ -246,13 +247,13 @@ class AsyncRolloutLoop:
 
     async def run(self) -> None:
         """Run until the trainer asks to stop (or a fault raises)."""
-        self.client = VLLMClient(
+        self.client = authorize(VLLMClient(
             self.config.vllm_server_base_url,
             self.model_name,
             timeout_s=self.config.vllm_server_timeout,
             max_connections=self.config.max_concurrent_rollouts,
             gate=self.server_gate,
-        )
+        ), self.config.server_api_key)  # fmt: skip
         try:
             await self._start_load_cap()
             await self._plan_candidate_sets()

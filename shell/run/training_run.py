@@ -40,6 +40,7 @@ from transformers import (
     TrainerControl,
 )
 
+from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.core import cursor, metrics, schedule, server_outage, step_queue, step_time
 from asyncgrpo.core.packing import pack_row
@@ -194,8 +195,9 @@ class TrainingRun:
             self.args.max_staleness))  # fmt: skip
 
     def _client(self) -> VLLMClient:
-        return VLLMClient(self.args.vllm_server_base_url, self.inputs.model_name,
-                          timeout_s=self.args.vllm_server_timeout)  # fmt: skip
+        return authorize(VLLMClient(self.args.vllm_server_base_url, self.inputs.model_name,
+                                    timeout_s=self.args.vllm_server_timeout),
+                         self.args.server_api_key)  # fmt: skip
 
     async def _max_model_len(self) -> int:
         async with self._client() as client:

@@ -27,6 +27,7 @@ import anyio
 import structlog
 import torch.distributed as dist
 
+from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_replies import ServerTransfer, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
@@ -120,7 +121,8 @@ class EngineWeights:
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
         self.engine = EngineSync(self.args.vllm_server_base_url, self.client, self.backend,
                                  source, workers=self.server_workers, rank=self.learner.rank,
-                                 timeout_s=self.args.vllm_server_timeout)  # fmt: skip
+                                 timeout_s=self.args.vllm_server_timeout,
+                                 api_key=self.args.server_api_key)  # fmt: skip
 
     def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
         if self.engine is None:
@@ -223,8 +225,9 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
     error, e.g. a backend the server lacks) and build it, not yet started."""
 
     def client() -> VLLMClient:
-        return VLLMClient(args.vllm_server_base_url, model_name,
-                          timeout_s=args.vllm_server_timeout)  # fmt: skip
+        return authorize(VLLMClient(args.vllm_server_base_url, model_name,
+                                    timeout_s=args.vllm_server_timeout),
+                         args.server_api_key)  # fmt: skip
 
     outcome: list[Any] = [None, None]  # [choice or error, server workers]
     if learner.rank == 0:
