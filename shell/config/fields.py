@@ -32,6 +32,7 @@ from transformers.trainer_utils import SchedulerType
 
 from asyncgrpo.adapters.vllm_auth import API_KEY_ENV
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
+from asyncgrpo.core.weight_parity import FOREIGN_WINDOW
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.config.files import read_config
@@ -209,12 +210,12 @@ class AsyncGRPOConfig(TrainingArguments):
                        "weights: another trainer, another model); each such step warns. 0: "
                        "only warn."),
     )  # fmt: skip
-    foreign_weights_window: int = field(
-        default=6,
+    foreign_weights_window: int | None = field(
+        default=None,
         metadata=_help("Not in TRL. The checked steps (those with staleness-0 samples) "
-                       "foreign_weights_steps counts over; foreign_weights_window = "
-                       "foreign_weights_steps is the older 'in a row' rule. At least "
-                       "foreign_weights_steps."),
+                       "foreign_weights_steps counts over; None: max(6, foreign_weights_steps). "
+                       "foreign_weights_window = foreign_weights_steps is the older 'in a row' "
+                       "rule. At least foreign_weights_steps."),
     )  # fmt: skip
 
     # CPU sharing (not in TRL; see docs/configuration.md)
@@ -304,7 +305,9 @@ class AsyncGRPOConfig(TrainingArguments):
                 "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
                 f"{self.foreign_weights_steps}"
             )
-        if self.foreign_weights_window < max(self.foreign_weights_steps, 1):
+        if self.foreign_weights_window is not None and self.foreign_weights_window < max(
+            self.foreign_weights_steps, 1
+        ):
             raise ValueError(
                 f"AsyncGRPOConfig.foreign_weights_window={self.foreign_weights_window} must be "
                 f">= foreign_weights_steps={self.foreign_weights_steps} (and >= 1): the run "
@@ -355,6 +358,14 @@ class AsyncGRPOConfig(TrainingArguments):
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def foreign_weights_checked_steps(self) -> int:
+        """The window of the foreign-weights rule: ``foreign_weights_window``, else
+        ``max(6, foreign_weights_steps)``."""
+        if self.foreign_weights_window is not None:
+            return self.foreign_weights_window
+        return max(FOREIGN_WINDOW, self.foreign_weights_steps)
 
     @property
     def server_api_key(self) -> str | None:

@@ -68,7 +68,7 @@ class ParityGuard:
         if learner.world_size > 1:
             dist.broadcast_object_list(limit, src=0)
         return cls(float(limit[0]), args.foreign_weights_steps, args.vllm_server_base_url,
-                   learner.rank == 0, args.foreign_weights_window)  # fmt: skip
+                   learner.rank == 0, args.foreign_weights_checked_steps)  # fmt: skip
 
     def check(self, gap: float | None, step: int) -> None:
         """Count one step's gap (``None``/NaN: the step had no staleness-0 tokens)."""
