@@ -73,13 +73,25 @@ class WeightStream(WeightSource):
         self._metadata = metadata
         self._weights = weights
         self._round: Iterator[tuple[str, torch.Tensor]] | None = None
+        self._replay: list[tuple[str, torch.Tensor]] | None = None
 
     def metadata(self) -> list[ParamMeta]:
+        if self._replay is not None:  # from the snapshot itself: the model is not touched
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._replay]
         return [ParamMeta(name, dtype, tuple(shape)) for name, dtype, shape in self._metadata()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._replay is not None:
+            replay, self._replay = self._replay, None
+            return iter(replay)
         self._round = iter(self._weights())
         return self._round
+
+    def replay(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """The next round yields ``weights`` (a snapshot taken earlier) instead of gathering,
+        and the metadata comes from them: only the sender iterates it, no other rank takes
+        part, and the model is not read (the trainer may be training it meanwhile)."""
+        self._replay = weights
 
     def new_round(self) -> None:
         """Forget the last round: the next :meth:`finish_round` runs a whole one unless this
@@ -178,6 +190,14 @@ class EngineSync:
         except Exception:
             self.source.finish_round()
             raise
+
+    def send_snapshot(self, weights: list[tuple[str, torch.Tensor]]) -> SyncTimings:
+        """Rank 0: push a snapshot of the weights taken earlier (the other ranks took part in
+        its gathers then); may run on another thread than the trainer's."""
+        if not self.sender:
+            raise RuntimeError("EngineSync.send_snapshot runs on the sending rank (rank 0)")
+        self.source.replay(weights)
+        return self._send(0.0)
 
     def _send(self, barrier_s: float) -> SyncTimings:
         start = time.monotonic()

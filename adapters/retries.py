@@ -52,10 +52,13 @@ class RetryPolicy:
 
 
 class RetryCounter:
-    """Counts the retries of the calls it watches, and logs them (throttled)."""
+    """Counts the retries of the calls it watches, and logs them (at most every
+    ``policy.log_every_s``) as ``message`` with ``fields``, the try, the seconds since the first
+    try and the cause."""
 
-    def __init__(self, what: str, policy: RetryPolicy) -> None:
-        self.what = what
+    def __init__(self, message: str, policy: RetryPolicy, **fields: Any) -> None:
+        self.message = message
+        self.fields = fields
         self.policy = policy
         self.count = 0
         self._logged_at = -float("inf")
@@ -67,7 +70,7 @@ class RetryCounter:
             return
         self._logged_at = now
         error = state.outcome.exception() if state.outcome is not None else None
-        log.warning(f"retrying {self.what}", attempt=state.attempt_number,
+        log.warning(self.message, **self.fields, attempt=state.attempt_number,
                     waited_s=round(state.seconds_since_start or 0.0, 1),
                     gives_up_after_s=self.policy.deadline_s,
                     cause=f"{type(error).__name__}: {error}"[:300])  # fmt: skip
@@ -91,14 +94,31 @@ def retrying(
             with attempt:
                 reply = await client.get("/health")
     """
+    return tenacity.AsyncRetrying(sleep=anyio.sleep, **_arguments(policy, retry_on, counter))
+
+
+def retrying_blocking(
+    policy: RetryPolicy,
+    retry_on: Callable[[BaseException], bool],
+    counter: RetryCounter | None = None,
+) -> tenacity.Retrying:
+    """:func:`retrying` for blocking code (``for attempt in retrying_blocking(...)``). Several
+    processes that retry a collective call in step must stop on attempts, not on time: give
+    them ``deadline_s=math.inf`` (their clocks differ)."""
+    return tenacity.Retrying(**_arguments(policy, retry_on, counter))
+
+
+def _arguments(policy: RetryPolicy, retry_on: Callable[[BaseException], bool],
+               counter: RetryCounter | None) -> dict[str, Any]:  # fmt: skip
     stop: Any = tenacity.stop_before_delay(policy.deadline_s)
     if policy.max_attempts is not None:
         stop = stop | tenacity.stop_after_attempt(policy.max_attempts)
-    return tenacity.AsyncRetrying(
-        stop=stop,
-        wait=tenacity.wait_exponential(multiplier=policy.first_backoff_s, max=policy.max_backoff_s),
-        retry=tenacity.retry_if_exception(retry_on),
-        before_sleep=counter,
-        sleep=anyio.sleep,
-        reraise=True,
-    )
+    return {
+        "stop": stop,
+        "wait": tenacity.wait_exponential(
+            multiplier=policy.first_backoff_s, max=policy.max_backoff_s
+        ),
+        "retry": tenacity.retry_if_exception(retry_on),
+        "before_sleep": counter,
+        "reraise": True,
+    }

@@ -13,8 +13,9 @@ metrics):
 - ``--middleware asyncgrpo.adapters.vllm_auth.DevRoutesAuth`` does the same without the plugin,
   with the key in ``VLLM_API_KEY`` (servers asyncgrpo starts get a random one per run).
 
-The trainer's side: :func:`authorize` makes a :class:`~asyncgrpo.adapters.vllm_client.VLLMClient`
-send ``Authorization: Bearer <key>``; :func:`bearer` is that header for other clients.
+The trainer's side: :func:`bearer` is the ``Authorization: Bearer <key>`` header its clients
+send (``VLLMClient(headers=...)``, made in one place: ``asyncgrpo.shell.servers.ServerSettings``;
+the weight-transfer client of :mod:`asyncgrpo.adapters.engine_transfer`).
 """
 
 from __future__ import annotations
@@ -45,17 +46,6 @@ def bearer(api_key: str | None) -> dict[str, str]:
         ({'Authorization': 'Bearer k'}, {})
     """
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def authorize(client: Any, api_key: str | None) -> Any:
-    """Make ``client`` (a :class:`~asyncgrpo.adapters.vllm_client.VLLMClient`) send
-    ``api_key`` with every request; returns it. A no-op without a key.
-
-    Until ``VLLMClient`` takes the key itself, this sets the header on its ``httpx`` client.
-    """
-    if api_key:
-        client._http.headers.update(bearer(api_key))
-    return client
 
 
 def is_public(path: str) -> bool:

@@ -5,10 +5,24 @@ token ids, ``return_token_ids`` returns the sampled ids, ``logprobs=K`` the samp
 log-prob and the sampler's top ``K`` keyed by id (``return_tokens_as_token_ids``). Every
 sampling parameter is sent explicitly, with a seed unique to the request.
 
-Faults: a timeout, a dropped connection or a 5xx is retried with exponential backoff and
-counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when retries run out the
-last cause is raised. A 4xx is the caller's mistake and raises at once; a prompt the server
-rejects as too long raises :class:`PromptTooLongError`, which says which limit to raise.
+Faults: a timeout, a dropped connection or a 5xx is retried by the one retry policy
+(:mod:`asyncgrpo.adapters.retries`: backoff, at most ``max_retries`` retries, all tries within
+``timeout_s``) and counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when the
+tries run out the last cause is raised. A 4xx is the caller's mistake and raises at once; a
+prompt the server rejects as too long raises :class:`PromptTooLongError`, which says which limit
+to raise.
+
+Idle connections: vLLM's API server closes a kept-alive connection after 5 s idle
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client lets its own idle connections go sooner
+(:data:`KEEPALIVE_EXPIRY_S`), and a request whose connection the server dropped as it went out
+is sent once more on a new connection before the drop counts as anything
+(``dropped_connection_count``): a healthy server is never taken for a lost one.
+
+A server that stops answering (frozen, overloaded to a standstill) is named within seconds: a
+call that has had no answer for ``stall_s`` probes ``/health`` on a connection of its own; while
+the server does not answer that either, the client logs ``the vLLM server at URL has not
+answered for N s`` every 10 s, and once it has been silent for ``timeout_s`` the call raises
+:class:`ServerNotAnswering`, naming the server, the setting and how to resume.
 
 A client given a :class:`ServerGate` (the rollout loop's) survives a server that goes away:
 a request that finds the server unreachable
@@ -24,13 +38,16 @@ may trust it, and on every ``/metrics`` scrape, and hands it to the gate
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
 import httpx
+import structlog
 
 from asyncgrpo.adapters import vllm_tokens
+from asyncgrpo.adapters.retries import RetryCounter, RetryPolicy, retrying
 from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_identity import IDENTITY_QUERY, FreshIdentity
 from asyncgrpo.adapters.vllm_replies import (
@@ -52,6 +69,35 @@ class PromptTooLongError(VLLMError):
 
 class ServerUnreachable(VLLMError):
     """The server could not be reached or dropped the connection (it may be restarting)."""
+
+
+class ServerNotAnswering(VLLMError):
+    """The server took connections but answered nothing, not even ``/health``, for
+    ``vllm_server_timeout`` seconds (a frozen or wedged server)."""
+
+
+class _ServerFailed(VLLMError):
+    """A 5xx answer (retried as a failure of the try)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Aborted(VLLMError):
+    """The server returned an aborted (partial) completion."""
+
+
+def _is_aborted(error: BaseException) -> bool:
+    return isinstance(error, _Aborted)
+
+
+log = structlog.get_logger("asyncgrpo.vllm_client")
+KEEPALIVE_EXPIRY_S = 2.0
+"""Seconds the client keeps an idle connection: below vLLM's 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``),
+so that the client lets a connection go before the server closes it."""
+SILENCE_LOG_EVERY_S = 10.0
+PROBE_TIMEOUT_S = 5.0
 
 
 class ServerGate(Protocol):
@@ -83,6 +129,8 @@ def failure_of(error: BaseException | None, status: int | None = None) -> Failur
         >>> failure_of(httpx.ReadTimeout("slow")).value
         'timeout'
     """
+    if isinstance(error, _ServerFailed):
+        status = error.status
     return classify_failure(
         connect_failed=isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)),
         dropped=isinstance(error, _DROPPED),
@@ -105,13 +153,17 @@ class VLLMClient:
     Args:
         base_url: e.g. ``http://127.0.0.1:8000``.
         model: the served model name.
-        timeout_s: per-request timeout (the config's ``vllm_server_timeout``).
+        timeout_s: the config's ``vllm_server_timeout``: one call's tries together, and the
+            longest the server may stay silent.
         max_retries: retries of a timed-out, dropped or 5xx request before raising.
         backoff_s: first backoff; doubles per retry, capped at 30 s.
         max_connections: connection pool size (about ``max_concurrent_rollouts``).
         gate: hands requests that find the server gone to a :class:`ServerGate` instead of
             retrying them, and re-issues generations that crossed an outage; ``None``: plain
             retries, then the last cause is raised.
+        stall_s: the config's ``vllm_server_stall_timeout``: a call unanswered this long probes
+            whether the server still answers.
+        headers: sent with every request (e.g. ``Authorization`` for a server's API key).
     """
 
     def __init__(
@@ -123,23 +175,45 @@ class VLLMClient:
         backoff_s: float = 0.5,
         max_connections: int = 512,
         gate: ServerGate | None = None,
+        stall_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
         self.gate = gate
-        self.retry_count = 0
+        self.timeout_s = timeout_s
+        self.stall_s = stall_s
+        self.policy = RetryPolicy(deadline_s=timeout_s, max_attempts=max_retries + 1,
+                                  first_backoff_s=backoff_s)  # fmt: skip
+        self._retries = RetryCounter("retrying a request to the vLLM server", self.policy,
+                                     url=self.base_url)  # fmt: skip
         self.regenerated_count = 0
+        self.dropped_connection_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
         self.fresh_identity = FreshIdentity(self.server_identity)
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+        self._headers = dict(headers or {})
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
+            timeout=self._timeout,
+            headers=self._headers,
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
         )
+        self._last_answer = time.monotonic()  # of any request or probe
+        self._probe_lock = anyio.Lock()
+        self._probed_at = -float("inf")
+        self._probe_answered = True
+        self._silence_logged_at = -float("inf")
+
+    @property
+    def retry_count(self) -> int:
+        """Retries so far (of requests and of aborted generations)."""
+        return self._retries.count
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -151,33 +225,115 @@ class VLLMClient:
         await self.aclose()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        delay = self.backoff_s
-        for attempt in range(self.max_retries + 1):
+        """One call under the retry policy: a 2xx-4xx response, or the last failure raised (a
+        gated client raises :class:`ServerUnreachable` at once when the server is gone)."""
+        try:
+            async for attempt in retrying(self.policy, self._retryable, self._retries):
+                with attempt:
+                    return await self._send(method, path, **kwargs)
+        except (httpx.TimeoutException, httpx.TransportError, _ServerFailed) as error:
+            where = f"{method} {self.base_url}{path}"
+            cause = f"{type(error).__name__}: {error}"
+            if self.gate is not None and failure_of(error) is Failure.UNREACHABLE:
+                raise ServerUnreachable(f"{where}: {cause}") from error
+            raise VLLMError(f"{where} failed after {self.max_retries} retries: {cause}") from error
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _retryable(self, error: BaseException) -> bool:
+        if not isinstance(error, (httpx.TimeoutException, httpx.TransportError, _ServerFailed)):
+            return False
+        return self.gate is None or failure_of(error) is not Failure.UNREACHABLE
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One try: a response below 500, else :class:`_ServerFailed`. A connection the server
+        dropped as the request went out (it closed it for idleness) is tried once more on a new
+        connection, before the drop counts as a failure."""
+        what = f"{method} {path}"
+        try:
+            response = await self._watched(lambda: self._http.request(method, path, **kwargs),
+                                           what)  # fmt: skip
+        except _DROPPED:
+            self.dropped_connection_count += 1
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout,
+                                         headers=self._headers) as fresh:  # fmt: skip
+                response = await self._watched(lambda: fresh.request(method, path, **kwargs),
+                                               what)  # fmt: skip
+        if response.status_code >= 500:
+            raise _ServerFailed(f"{what}: HTTP {response.status_code}: {response.text[:500]}",
+                                response.status_code)  # fmt: skip
+        return response
+
+    async def _watched(self, send: Callable[[], Awaitable[httpx.Response]],
+                       what: str) -> httpx.Response:  # fmt: skip
+        """``send()``, watched: while it has no answer the server is probed, its silence
+        logged, and after ``timeout_s`` of silence the call raises :class:`ServerNotAnswering`."""
+        started = time.monotonic()
+        outcome: list[httpx.Response | BaseException] = []
+        async with anyio.create_task_group() as group:
+
+            async def run() -> None:
+                try:
+                    outcome.append(await send())
+                except Exception as error:  # handed to the caller below, unwrapped
+                    outcome.append(error)
+                group.cancel_scope.cancel()
+
+            async def watch() -> None:
+                silent = await self._until_silent_too_long(started, what)
+                outcome.append(ServerNotAnswering(
+                    f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
+                    f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
+                    "but answers nothing, not even /health. Restart it and resume the run "
+                    "(resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
+                group.cancel_scope.cancel()
+
+            group.start_soon(run)
+            group.start_soon(watch)
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        self._last_answer = time.monotonic()
+        return result
+
+    async def _until_silent_too_long(self, started: float, what: str) -> float:
+        """Return once the server has answered nothing (no call, no probe) for ``timeout_s``
+        since ``started``; probe ``/health`` every ``stall_s`` of silence and log it."""
+        while True:
+            silent_from = max(started, self._last_answer)
+            await anyio.sleep(max(0.0, silent_from + self.stall_s - time.monotonic()))
+            if time.monotonic() - max(started, self._last_answer) < self.stall_s:
+                continue  # something answered meanwhile
+            if await self._answers():
+                continue
+            silent = time.monotonic() - max(started, self._last_answer)
+            if silent >= self.timeout_s:
+                return silent
+            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S:
+                self._silence_logged_at = time.monotonic()
+                log.warning(f"the vLLM server at {self.base_url} has not answered for "
+                            f"{silent:.0f} s", call=what,
+                            fails_after_s=round(self.timeout_s))  # fmt: skip
+            await anyio.sleep(min(SILENCE_LOG_EVERY_S / 5, self.stall_s))
+
+    async def _answers(self) -> bool:
+        """Whether ``/health`` answers now, on a connection of its own (one probe at a time
+        for all the calls that ask; a probe less than a second old is reused)."""
+        async with self._probe_lock:
+            if time.monotonic() - self._probed_at < 1.0:
+                return self._probe_answered
+            timeout = min(PROBE_TIMEOUT_S, self.stall_s, self.timeout_s)
             try:
-                response = await self._http.request(method, path, **kwargs)
-            except (httpx.TimeoutException, httpx.TransportError) as error:
-                cause: BaseException = error
-                failure = failure_of(error)
-            else:
-                if response.status_code < 500:
-                    return response
-                cause = VLLMError(
-                    f"{method} {path}: HTTP {response.status_code}: {response.text[:500]}"
-                )
-                failure = failure_of(None, response.status_code)
-            if self.gate is not None and failure is Failure.UNREACHABLE:
-                raise ServerUnreachable(
-                    f"{method} {self.base_url}{path}: {type(cause).__name__}: {cause}"
-                ) from cause
-            if attempt == self.max_retries:
-                raise VLLMError(
-                    f"{method} {self.base_url}{path} failed after {self.max_retries} retries: "
-                    f"{type(cause).__name__}: {cause}"
-                ) from cause
-            self.retry_count += 1
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-        raise AssertionError("unreachable")
+                async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
+                                             headers=self._headers) as probe:  # fmt: skip
+                    await probe.get("/health")
+                answered = True
+            except (httpx.TimeoutException, httpx.TransportError):
+                answered = False
+            self._probed_at = time.monotonic()
+            self._probe_answered = answered
+            if answered:
+                self._last_answer = self._probed_at
+            return answered
 
     @staticmethod
     def _raise_for_client_error(response: httpx.Response, what: str) -> None:
@@ -239,8 +395,29 @@ class VLLMClient:
     async def _generate_until_not_aborted(
         self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
     ) -> Generation:
-        attempt = 0
-        while attempt <= self.max_retries:
+        """A whole generation: one the server aborted (a pause with ``mode=abort``) is asked
+        again under the retry policy, and a partial completion is never returned."""
+        try:
+            async for attempt in retrying(self.policy, _is_aborted, self._retries):
+                with attempt:
+                    generation = await self._generate_trusted(path, body, parse)
+                    if generation.finish_reason == "abort":
+                        raise _Aborted("the server aborted the request")
+                    return generation
+        except _Aborted as error:
+            raise VLLMError(
+                f"generation: the server aborted the request {self.max_retries + 1} times "
+                "(someone paused it with mode=abort or aborted requests); a partial completion "
+                "is never trained"
+            ) from error
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _generate_trusted(
+        self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
+    ) -> Generation:
+        """One generation; a gated client sends it again while it crosses an outage (the
+        server went away while it ran, or restarted before it could be trusted)."""
+        while True:
             started = await self.gate.enter() if self.gate is not None else 0
             try:
                 response = await self._request("POST", path, json=body)
@@ -254,16 +431,7 @@ class VLLMClient:
             if self.gate is not None and not await self._trusted_now(started):
                 self.regenerated_count += 1  # sampled across an outage: unknown weights
                 continue
-            if generation.finish_reason != "abort":
-                return generation
-            if attempt < self.max_retries:
-                self.retry_count += 1
-            attempt += 1
-        raise VLLMError(
-            f"generation: the server aborted the request {self.max_retries + 1} times (someone "
-            "paused it with mode=abort or aborted requests); a partial completion is never "
-            "trained"
-        )
+            return generation
 
     async def _trusted_now(self, started: int) -> bool:
         """Gated: whether a generation started at mark ``started`` and finished before this

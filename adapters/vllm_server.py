@@ -207,6 +207,11 @@ class VLLMServer:
             return ""
         return "\n".join(lines[-count:])
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (it leads its own process group), while it runs."""
+        return self._process.pid if self._process is not None else None
+
     def start(self) -> VLLMServer:
         """Start the server and wait until ``/health`` answers 200 and a first one-token
         generation succeeds (an engine can pass ``/health`` and die on its first request).

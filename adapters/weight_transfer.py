@@ -24,15 +24,24 @@ WEIGHTS_FILE = "model.safetensors"
 
 @attrs.frozen
 class SyncTimings:
-    """Seconds spent in each phase of one weight sync."""
+    """Seconds spent in each phase of one weight sync.
+
+    Attributes:
+        pause_s: asking the server to pause (its in-flight steps finish first).
+        barrier_s: waiting for the trainer's other processes.
+        transfer_s: from paused to resumed: the transfer or reload, the prefix-cache reset and
+            the resume; generation stands still meanwhile.
+        write_s: writing the weights for the server to read, before pausing it (disk path).
+    """
 
     pause_s: float
     barrier_s: float
     transfer_s: float
+    write_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.pause_s + self.barrier_s + self.transfer_s
+        return self.pause_s + self.barrier_s + self.transfer_s + self.write_s
 
 
 def write_safetensors(state_dict: Mapping[str, torch.Tensor], directory: str | Path) -> Path:
@@ -64,12 +73,16 @@ class DiskReload:
         self, state_dict: Mapping[str, torch.Tensor], barrier_s: float = 0.0
     ) -> SyncTimings:
         """Push ``state_dict`` to the server; ``barrier_s`` is the time the caller already
-        spent waiting for other processes (reported as ``perf/weight_sync_barrier_s``)."""
+        spent waiting for other processes (reported as ``perf/weight_sync_barrier_s``).
+
+        The file is written before the server is paused (it reads it only when told to
+        reload), so generation stops only for the reload itself."""
+        written = time.monotonic()
+        write_safetensors(state_dict, self.directory)
         start = time.monotonic()
         await self.client.pause()
         paused = time.monotonic()
         try:
-            write_safetensors(state_dict, self.directory)
             await self.client.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(self.directory)}
             )
@@ -77,7 +90,8 @@ class DiskReload:
         finally:
             await self.client.resume()
         done = time.monotonic()
-        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused,
+                           write_s=start - written)  # fmt: skip
 
 
 class AdapterSync:

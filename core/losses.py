@@ -18,25 +18,19 @@ candidate set when one is given, so it matches the sampler's processed log-probs
 
 The inputs and their checks live in :mod:`asyncgrpo.core.loss_inputs`, the importance ratio and
 keep range in :mod:`asyncgrpo.core.importance_sampling`, the metrics in
-:mod:`asyncgrpo.core.loss_metrics`; :func:`policy_loss` puts them together.
+:mod:`asyncgrpo.core.loss_metrics`; the objectives that choose between these and others are in
+:mod:`asyncgrpo.core.objectives`.
 
 Tensors stay on the device they arrive on. Floating inputs are computed in the logits' dtype,
 promoted to at least float32. Nothing here reduces across processes: see :func:`normalize_loss`.
 
 Example:
     >>> logits = torch.zeros(2, 4, requires_grad=True)
-    >>> out = policy_loss(
-    ...     logits,
-    ...     target_ids=torch.tensor([0, 1]),
-    ...     sampler_logp=torch.log(torch.tensor([0.25, 0.25])),
-    ...     advantages=torch.tensor([1.0, -1.0]),
-    ...     sample_index=torch.tensor([0, 1]),
-    ...     config=LossConfig(score_centering=False),
-    ...     num_trained_tokens_global=2,
-    ...     gradient_accumulation_steps=1,
-    ... )
-    >>> round(out.loss.item(), 6), out.num_tokens, out.metrics["sampling/masked_mean"]
-    (0.0, 2, 0.0)
+    >>> tokens = token_log_probs(logits, torch.tensor([0, 1]), temperature=1.0)
+    >>> per_token = clipped_surrogate(tokens.logp, torch.log(torch.tensor([0.25, 0.25])),
+    ...                               torch.tensor([1.0, -1.0]), LossConfig())
+    >>> round(normalize_loss(per_token, 2, 1).item(), 6)
+    0.0
 """
 
 from __future__ import annotations
@@ -53,7 +47,6 @@ from asyncgrpo.core.importance_sampling import (
     sampler_probs,
 )
 from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK, check_logits, check_tensor
-from asyncgrpo.core.loss_metrics import loss_metrics
 
 
 @attrs.frozen(eq=False)
@@ -70,24 +63,6 @@ class TokenLogProbs:
     logp: Tensor
     entropy: Tensor
     topk_logp: Tensor | None
-
-
-@attrs.frozen(eq=False)
-class LossOutput:
-    """One micro-batch's loss and metrics.
-
-    Attributes:
-        loss: scalar tensor with grad, normalised as :func:`normalize_loss` describes.
-        metrics: the metric names of TRL's AsyncGRPOTrainer to values (see
-            :func:`~asyncgrpo.core.loss_metrics.loss_metrics`).
-        num_tokens: N, this micro-batch's trained tokens on this process. Record each metric
-            with this weight (``metrics.value(name, amount, weight=num_tokens)``) so a window's
-            means are over trained tokens; ``_min``/``_max`` metrics ignore the weight.
-    """
-
-    loss: Tensor
-    metrics: dict[str, float]
-    num_tokens: int
 
 
 def token_log_probs(
@@ -247,66 +222,6 @@ def normalize_loss(
             f"trains {n} tokens; pass the micro-batch's trained tokens summed over processes"
         )
     return per_token_loss.sum() / (max(num_trained_tokens_global, 1) * gradient_accumulation_steps)
-
-
-def policy_loss(
-    logits: Tensor,
-    target_ids: Tensor,
-    sampler_logp: Tensor,
-    advantages: Tensor,
-    sample_index: Tensor,
-    *,
-    config: LossConfig,
-    num_trained_tokens_global: int,
-    gradient_accumulation_steps: int,
-    candidate_mask: Tensor | None = None,
-    topk: SamplerTopK | None = None,
-) -> LossOutput:
-    """The loss and metrics of one micro-batch (or one chunk of it) of N trained tokens.
-
-    Score centering (``config.score_centering``, needs ``topk``) or the clipped surrogate,
-    normalised by :func:`normalize_loss`; metrics from :func:`loss_metrics`. ``topk`` is
-    ignored by the clipped surrogate. A target outside its candidate set (the records reject
-    one upstream) has log-prob -inf, ratio 0, and is dropped without NaN.
-
-    Args:
-        logits: float [N, V] raw logits predicting each trained token.
-        target_ids: long [N] sampled tokens.
-        sampler_logp: float [N] the sampler's processed log-probs of the targets (nats).
-        advantages: float [N] each token's rollout advantage.
-        sample_index: long [N] the completion each token belongs to.
-        config: the hyperparameters.
-        num_trained_tokens_global: this micro-batch's trained tokens summed over processes.
-        gradient_accumulation_steps: micro-batches per optimizer step.
-        candidate_mask: bool [N, V] the sampler's candidate sets, or None for the full vocab.
-        topk: the sampler's top-K log-probs at each position.
-    """
-    n, _ = check_logits(logits)
-    for name, tensor in (("sampler_logp", sampler_logp), ("advantages", advantages)):
-        check_tensor(name, tensor, (n,), "float", "match logits' N trained tokens")
-    check_tensor("sample_index", sample_index, (n,), "long", "match logits' N trained tokens")
-    if config.score_centering and topk is None:
-        raise ValueError(
-            "score centering needs topk (the sampler's top-K log-probs); pass topk or set "
-            "score_centering=False"
-        )
-    centering_topk = topk if config.score_centering else None
-    tokens = token_log_probs(logits, target_ids, config.temperature, candidate_mask, centering_topk)
-    sampler_logp = sampler_logp.to(tokens.logp.dtype)
-    advantages = advantages.to(tokens.logp.dtype)
-    if centering_topk is not None and tokens.topk_logp is not None:
-        per_token = score_centered_surrogate(
-            tokens.logp, sampler_logp, advantages, tokens.topk_logp, centering_topk, config
-        )
-    else:
-        per_token = clipped_surrogate(tokens.logp, sampler_logp, advantages, config)
-    return LossOutput(
-        loss=normalize_loss(per_token, num_trained_tokens_global, gradient_accumulation_steps),
-        metrics=loss_metrics(
-            tokens.logp, sampler_logp, tokens.entropy, sample_index, config, centering_topk
-        ),
-        num_tokens=n,
-    )
 
 
 def _compute_dtype(logits: Tensor) -> torch.dtype:

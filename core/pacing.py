@@ -13,7 +13,7 @@ documentation):
    time. No group starts whose samples could only be dropped: while the trainer has taken
    more than ``max_staleness`` steps beyond the policy the server holds (at ``max_staleness=0``:
    while it trains a step and pushes the weights). Samples more than ``max_staleness`` weight
-   updates old are dropped (:func:`split_stale`).
+   updates old are dropped (by the trainer's step queue, :mod:`asyncgrpo.core.step_queue`).
 2. **vLLM load cap** (:class:`LoadCap`, :func:`next_load_cap`): a state machine over /metrics
    snapshots, starting at ``KV-cache tokens // max_model_len`` requests.
 3. **max_concurrent_rollouts**: the hard ceiling set by the user.
@@ -25,11 +25,8 @@ decisions that come out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import attrs
-
-from asyncgrpo.core.records import TrainingSample
 
 RAISE_BELOW_KV_USAGE = 0.60
 CUT_ABOVE_KV_USAGE = 0.80
@@ -157,23 +154,6 @@ def samples_taken(ledger: GenerationLedger, forwarded_tokens: int) -> Generation
     """The ledger after the trainer is done with samples holding ``forwarded_tokens`` (trained
     or dropped)."""
     return attrs.evolve(ledger, queued_tokens=max(0, ledger.queued_tokens - forwarded_tokens))
-
-
-def split_stale(
-    samples: Iterable[TrainingSample], current_version: int, max_staleness: int
-) -> tuple[list[TrainingSample], list[TrainingSample]]:
-    """Split samples into (fresh, stale): stale ones are more than ``max_staleness`` behind.
-
-    Example:
-        >>> fresh, stale = split_stale([], current_version=5, max_staleness=2)
-        >>> fresh, stale
-        ([], [])
-    """
-    fresh: list[TrainingSample] = []
-    stale: list[TrainingSample] = []
-    for sample in samples:
-        (stale if sample.staleness(current_version) > max_staleness else fresh).append(sample)
-    return fresh, stale
 
 
 @attrs.frozen

@@ -119,6 +119,10 @@ def _turn_observations(facts: GroupFacts) -> list[Observation]:
             "completions/duplicate_frac",
             duplicate_frac([tuple(t.output_ids for t in r.turns) for r in facts.rollouts]),
         ),
+        value(
+            "completions/distinct_per_group",
+            float(len({tuple(t.output_ids for t in r.turns) for r in facts.rollouts})),
+        ),
     ]
     if drift:
         obs += [

@@ -114,3 +114,51 @@ def chunk_bounds(nbytes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     if start < len(nbytes):
         bounds.append((start, len(nbytes)))
     return bounds
+
+
+SNAPSHOT_HEADROOM = 2.0
+"""A snapshot is taken only when this many times its size is free where it would live."""
+
+
+@attrs.frozen
+class PushPlan:
+    """How the run pushes its weights after a step, and why (for the run's log).
+
+    Attributes:
+        overlapped: the push runs beside the next step from a snapshot of the weights;
+            otherwise the step waits for it, as before.
+        snapshot_bytes: the snapshot's size (one copy of the synced weights in their export
+            dtype, on the trainer's rank 0).
+        reason: the figures the choice was made on.
+    """
+
+    overlapped: bool
+    snapshot_bytes: int
+    reason: str
+
+
+def plan_push(snapshot_bytes: int, free_bytes: int | None, where: str) -> PushPlan:
+    """Overlap the push with the next step when a snapshot of ``snapshot_bytes`` fits
+    :data:`SNAPSHOT_HEADROOM` times into the ``free_bytes`` measured ``where`` it would live
+    (host memory, or the GPU for the NCCL engine); ``None``: not measurable, so no overlap.
+
+    Example:
+        >>> plan_push(100 << 20, 8 << 30, "host memory").overlapped
+        True
+        >>> plan_push(100 << 30, 8 << 30, "cuda:0").reason  # doctest: +ELLIPSIS
+        'snapshot of 102400 MiB does not fit twice into the 8192 MiB free on cuda:0: ...'
+    """
+    mib = snapshot_bytes / 2**20
+    if free_bytes is None:
+        return PushPlan(False, snapshot_bytes, f"free memory on {where} unknown: the step "
+                        "waits for the push")  # fmt: skip
+    if snapshot_bytes * SNAPSHOT_HEADROOM > free_bytes:
+        return PushPlan(False, snapshot_bytes, f"snapshot of {mib:.0f} MiB does not fit twice "
+                        f"into the {free_bytes / 2**20:.0f} MiB free on {where}: the step "
+                        "waits for the push")  # fmt: skip
+    return PushPlan(
+        True,
+        snapshot_bytes,
+        f"snapshot of {mib:.0f} MiB in {where} "
+        f"({free_bytes / 2**20:.0f} MiB free): the push runs beside the next step",
+    )

@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--output-dir", required=True, help="where metrics.jsonl is written")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.add_argument(
+        "--calibrate",
+        metavar="RUN",
+        help="fit the simulator's throughputs to this run of a sweep, then score "
+        "its predictions of the --predict runs (the other flags are then unused)",
+    )
+    sim.add_argument("--predict", metavar="RUN", nargs="*", default=[],
+                     help="runs of the same task (other settings) to predict")  # fmt: skip
     _add_simulation_flags(sim)
     commands.add_parser(
         "train",
@@ -65,7 +73,61 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
+    sweep = commands.add_parser(
+        "sweep", help="run a sweep file: settings x seeds, resumable, on shared servers",
+        description="Runs every (settings, seed) of SWEEP_FILE under --output-dir; run again, "
+        "it finishes what is left (docs/experiments.md).",
+    )  # fmt: skip
+    sweep.add_argument("sweep_file", help="TOML, YAML or JSON sweep file")
+    sweep.add_argument("--output-dir", required=True, help="the sweep's directory")
+    sweep.add_argument("--vllm-url", action="append", default=[],
+                       help="use this server instead of starting one (repeat: runs go side by "
+                       "side, one per server)")  # fmt: skip
+    sweep.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    sweep.add_argument("--no-compare", action="store_true",
+                       help="do not compare the runs when the sweep ends")  # fmt: skip
+    comparing = commands.add_parser(
+        "compare",
+        help="compare sweeps or runs: plots, a table with intervals, claims",
+        description="Writes comparison.png and comparison.md; exits 1 when a claim fails.",
+    )
+    comparing.add_argument("paths", nargs="+", help="sweep directories or run directories")
+    comparing.add_argument("--output-dir", help="where the report goes (default: the first path)")
+    comparing.add_argument("--threshold", type=float, help="reward threshold (default: the "
+                           "sweep's stop.reward_threshold, else 0.9)")  # fmt: skip
+    comparing.add_argument("--baseline", help="the setting ratios are taken against")
+    comparing.add_argument(
+        "--claim",
+        action="append",
+        default=[],
+        help="a claim to decide, e.g. 'final_reward[] >= 0.5' (repeat)",
+    )
+    comparing.add_argument("--confidence", type=float, default=0.9, help="(default: 0.9)")
     return parser
+
+
+def _sweep_or_compare(args: argparse.Namespace) -> int:
+    from asyncgrpo.shell.commands.compare import compare
+    from asyncgrpo.shell.commands.sweep import SweepError, run_sweep
+
+    try:
+        if args.command == "sweep":
+            result = run_sweep(args.sweep_file, args.output_dir, args.vllm_url,
+                               args.retry_failed)  # fmt: skip
+            print(f"sweep: {result.finished} of {len(result.statuses)} runs finished; index in "
+                  f"{result.output_dir}/index.json")  # fmt: skip
+            if args.no_compare or not result.finished:
+                return 0
+            comparison = compare([args.output_dir])
+        else:
+            comparison = compare(args.paths, args.output_dir, args.threshold, args.baseline,
+                                 args.claim, args.confidence)  # fmt: skip
+    except SweepError as error:
+        print(f"asyncgrpo {args.command}: {error}", file=sys.stderr)
+        return 2
+    print(comparison.table)
+    print(f"report: {comparison.markdown_path}; plot: {comparison.plot_path}")
+    return comparison.exit_status
 
 
 def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
@@ -99,7 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
-    if args.command == "simulate":
+    if args.command == "simulate" and args.calibrate:
+        from asyncgrpo.shell.commands.calibrate import calibrate_and_predict, report
+        from asyncgrpo.shell.commands.sweep import SweepError
+
+        try:
+            fit, predictions = calibrate_and_predict(args.calibrate, args.predict,
+                                                     args.output_dir)  # fmt: skip
+        except (SweepError, ValueError) as error:
+            print(f"asyncgrpo simulate: {error}", file=sys.stderr)
+            return 2
+        print(report(fit, predictions))
+    elif args.command == "simulate":
         values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
         try:
             config = SimulationConfig(**values)
@@ -125,6 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 print(f"asyncgrpo {args.command}: {what}", file=sys.stderr)
                 return 128 + signum
+    elif args.command in ("sweep", "compare"):
+        try:
+            return _sweep_or_compare(args)
+        except KeyboardInterrupt as error:
+            print(f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
+                  "run it again to finish what is left", file=sys.stderr)  # fmt: skip
+            return 128 + signum_of(error)
     elif args.command == "plot":
         try:
             path = plot_run(args.run_dir)

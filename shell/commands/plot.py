@@ -9,7 +9,9 @@ from asyncgrpo.shell.run import read_metrics
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward", "reward_kept", "reward_dropped")),
-    ("frac_reward_zero_std", ("frac_reward_zero_std", "completions/duplicate_frac")),
+    ("collapse: groups with no reward spread, duplicate replies, entropy",
+     ("frac_reward_zero_std", "completions/duplicate_frac", "entropy")),
+    ("distinct completions per group", ("completions/distinct_per_group",)),
     ("staleness", ("sample/staleness_mean", "sample/staleness_max")),
     ("queue", ("rollout/queue_size", "perf/rollout_wait_s", "rollout/backpressure_s")),
     ("throughput", ("rollout/generated_tokens_per_s", "perf/wall_clock_trained_tokens_per_s",

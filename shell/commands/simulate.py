@@ -17,6 +17,7 @@ trainer idle time before spending compute. Time is simulated: a run takes about 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -31,11 +32,14 @@ from asyncgrpo.core import advantages, cursor, metrics, pacing, step_queue
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import TrainingSample, TurnRecord
 from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import MetricsFile
 
 log = structlog.get_logger("asyncgrpo.simulate")
 
 STALL_AFTER_S = 3600.0
+_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
+"""The simulator's knobs named after config fields take the config's defaults."""
 
 
 @attrs.frozen
@@ -56,6 +60,10 @@ class SimulationConfig:
         generation_tokens_per_s: generator throughput shared by all groups in flight.
         training_tokens_per_s: trainer throughput in forwarded tokens (shared prefixes
             counted once, as the planner packs them).
+        training_fixed_s: seconds every step takes beyond its tokens (planning, optimizer).
+        training_per_sample_s: seconds per sample of a step.
+        weight_sync_s: seconds the trainer waits for each push (the generator stands still
+            meanwhile; the version lands at its end).
         skill_per_step: the toy policy's skill gain per step at full signal.
         logging_steps: steps per logging window.
         tick_s: simulated seconds per tick.
@@ -64,9 +72,9 @@ class SimulationConfig:
 
     max_steps: int = 60
     dataset_size: int = 128
-    num_generations: int = 8
-    max_staleness: int = 4
-    max_concurrent_rollouts: int = 64
+    num_generations: int = _CONFIG_DEFAULTS["num_generations"]
+    max_staleness: int = _CONFIG_DEFAULTS["max_staleness"]
+    max_concurrent_rollouts: int = _CONFIG_DEFAULTS["max_concurrent_rollouts"]
     token_budget: int = 4096
     rows_per_step: int = 1
     prompt_tokens: int = 64
@@ -74,10 +82,13 @@ class SimulationConfig:
     max_completion_tokens: int = 128
     generation_tokens_per_s: float = 4500.0
     training_tokens_per_s: float = 6000.0
+    training_fixed_s: float = 0.0
+    training_per_sample_s: float = 0.0
+    weight_sync_s: float = 0.0
     skill_per_step: float = 0.12
-    logging_steps: int = 5
+    logging_steps: int = _CONFIG_DEFAULTS["logging_steps"]
     tick_s: float = 0.01
-    seed: int = 0
+    seed: int = _CONFIG_DEFAULTS["seed"]
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent_rollouts < self.num_generations:
@@ -279,7 +290,8 @@ def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
         metrics.value("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
         metrics.value("batch/samples_per_step", len(batch)),
     )
-    return step.forwarded_tokens / c.training_tokens_per_s
+    return (c.training_fixed_s + c.training_per_sample_s * len(batch)
+            + step.forwarded_tokens / c.training_tokens_per_s)  # fmt: skip
 
 
 def simulate(
@@ -301,12 +313,14 @@ def simulate(
     state = _Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))
     windows: list[dict[str, float]] = []
     step_ends_at: float | None = None
-    last_step_at = 0.0
+    last_step_at = last_step_end = push_from = 0.0
     bar = tqdm(total=config.max_steps, desc="simulate", unit="step", disable=not progress)
     with MetricsFile(output_dir) as metrics_file:
         while state.version < config.max_steps:
             _start_groups(state, training=step_ends_at is not None)
-            _generate(state)
+            pushing = step_ends_at is not None and state.clock >= push_from
+            if not pushing:  # the server is paused while the weights are pushed
+                _generate(state)
             if step_ends_at is None:
                 batch = _take_step(state)
                 if batch is None:
@@ -316,9 +330,15 @@ def simulate(
                     waited = state.clock - (state.waiting_since or state.clock)
                     state.observe(metrics.value("perf/rollout_wait_s", waited))
                     state.waiting_since = None
-                    step_ends_at = state.clock + _train(state, batch)
+                    trained_at = state.clock + _train(state, batch)
+                    step_ends_at = trained_at + config.weight_sync_s
+                    push_from = trained_at
+                    step_s = step_ends_at - last_step_end
+                    state.observe(metrics.value("perf/weight_sync_s", config.weight_sync_s),
+                                  metrics.value("perf/step_s", step_s))  # fmt: skip
                     last_step_at = state.clock
             elif state.clock >= step_ends_at:
+                last_step_end = step_ends_at
                 step_ends_at = None
                 state.version += 1
                 bar.update(1)

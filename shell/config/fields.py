@@ -25,13 +25,21 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
+from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_auth import API_KEY_ENV
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
+from asyncgrpo.core.objectives import (
+    Objective,
+    ObjectiveSettings,
+    loss_type_from,
+    objective_for,
+)
 from asyncgrpo.core.weight_parity import FOREIGN_WINDOW
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
@@ -137,9 +145,16 @@ class AsyncGRPOConfig(TrainingArguments):
     )
     vllm_server_timeout: float = field(
         default=1800.0,
-        metadata=_help("Seconds to wait for the server to be ready, for each request or "
-                       "weight sync, and for a server that went away mid-run to come back "
-                       "(docs/reliability.md)."),
+        metadata=_help("Seconds to wait for the server to be ready, for a call to it (all "
+                       "its tries together) or a silent server, and for a server that went "
+                       "away mid-run to come back (docs/reliability.md)."),
+    )  # fmt: skip
+    vllm_server_stall_timeout: float = field(
+        default=10.0,
+        metadata=_help("Not in TRL. Seconds a call to the vLLM server may go unanswered before "
+                       "the server's /health is probed; while it does not answer either, a "
+                       "warning names the server every 10 s, and after vllm_server_timeout "
+                       "seconds of silence the run fails."),
     )  # fmt: skip
     vllm_server_api_key: str | None = field(
         default=None,
@@ -158,11 +173,73 @@ class AsyncGRPOConfig(TrainingArguments):
         metadata=_help("Score centering over the sampler's top tokens instead of the clipped "
                        "surrogate."),
     )  # fmt: skip
+    loss_type: str | None = field(
+        default=None,
+        metadata=_help("Not in TRL's AsyncGRPOConfig. The policy objective (docs/objectives.md): "
+                       "score_centering, clipped_surrogate, tis_token, tis_sequence, "
+                       "tis_geometric, mis_token, mis_sequence, mis_geometric, icepop, "
+                       "decoupled_ppo, m2po or cispo. None: score_centering decides (True: "
+                       "score_centering, False: clipped_surrogate)."),
+    )  # fmt: skip
     vllm_importance_sampling_clip_min: float = field(
         default=0.5, metadata=_help("Tokens with a sampler ratio below this are masked.")
     )
     vllm_importance_sampling_clip_max: float = field(
         default=5.0, metadata=_help("Tokens with a sampler ratio above this are masked.")
+    )
+    tis_token_cap: float = field(
+        default=2.0, metadata=_help("Not in TRL. tis_token: cap C of the token ratio (>= 1).")
+    )
+    tis_sequence_cap: float = field(
+        default=5.0,
+        metadata=_help("Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1)."),
+    )
+    tis_geometric_cap: float = field(
+        default=2.0,
+        metadata=_help("Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio."),
+    )
+    mis_token_clip_min: float = field(
+        default=0.5, metadata=_help("Not in TRL. mis_token: tokens with a ratio below are masked.")
+    )
+    mis_token_clip_max: float = field(
+        default=2.0, metadata=_help("Not in TRL. mis_token: tokens with a ratio above are masked.")
+    )
+    mis_sequence_clip_min: float = field(
+        default=0.5,
+        metadata=_help("Not in TRL. mis_sequence: samples whose product of ratios is below are "
+                       "masked."),
+    )  # fmt: skip
+    mis_sequence_clip_max: float = field(
+        default=2.0, metadata=_help("Not in TRL. mis_sequence: the keep range's upper end.")
+    )
+    mis_geometric_clip_min: float = field(
+        default=0.99,
+        metadata=_help("Not in TRL. mis_geometric: samples whose geometric-mean ratio is below "
+                       "are masked."),
+    )  # fmt: skip
+    mis_geometric_clip_max: float = field(
+        default=1.01, metadata=_help("Not in TRL. mis_geometric: the keep range's upper end.")
+    )
+    icepop_alpha: float = field(
+        default=0.5, metadata=_help("Not in TRL. icepop: tokens with a ratio below are masked.")
+    )
+    icepop_beta: float = field(
+        default=5.0, metadata=_help("Not in TRL. icepop: tokens with a ratio above are masked.")
+    )
+    behav_imp_weight_cap: float = field(
+        default=5.0,
+        metadata=_help("Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over "
+                       "sampler) exceeds this are dropped (AReaL's name)."),
+    )  # fmt: skip
+    m2po_threshold: float = field(
+        default=0.04,
+        metadata=_help("Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio."),
+    )
+    cispo_clip_min: float = field(
+        default=0.0, metadata=_help("Not in TRL. cispo: lower clip of the IS weight.")
+    )
+    cispo_clip_max: float = field(
+        default=5.0, metadata=_help("Not in TRL. cispo: upper clip of the IS weight.")
     )
     num_sampler_logprobs: int = field(
         default=8, metadata=_help("Top log-probs requested per token for score centering.")
@@ -183,6 +260,13 @@ class AsyncGRPOConfig(TrainingArguments):
     weight_sync_steps: int = field(
         default=1, metadata=_help("Optimizer steps between weight syncs to the server.")
     )
+    weight_push_overlap: bool = field(
+        default=True,
+        metadata=_help("Not in TRL. Push the weights from a snapshot while the next step trains "
+                       "(the version counts once the push has landed); False: each step waits "
+                       "for its push. A snapshot that does not fit twice into free memory waits "
+                       "either way (logged at start)."),
+    )  # fmt: skip
     weight_transfer_backend: str = field(
         default="auto",
         metadata=_help("How weights reach the server: " + ", ".join(WEIGHT_TRANSFER_BACKENDS)
@@ -201,6 +285,14 @@ class AsyncGRPOConfig(TrainingArguments):
                        "signal, an out-of-memory kill) is started again from the trainer's "
                        "prompt cursor (what was in flight is generated again); one more death "
                        "fails the run. 0: the first death fails it."),
+    )  # fmt: skip
+    stop_after_spreadless_steps: int | None = field(
+        default=None,
+        metadata=_help("Not in TRL. End the run, with a checkpoint, after this many steps in a "
+                       "row where at least 9 in 10 groups had no reward spread (all rewards "
+                       "equal: nothing to learn; the policy collapsed or the task is solved). "
+                       "None: never (TRL's behaviour); a warning shows after 3 such steps "
+                       "either way."),
     )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,
@@ -277,7 +369,7 @@ class AsyncGRPOConfig(TrainingArguments):
         return torch.device("cpu")
 
     def _check_values(self) -> None:
-        self._check_positive("num_generations", "max_completion_length",
+        self._check_positive("num_generations",
                              "gradient_accumulation_steps", "max_concurrent_rollouts",
                              "weight_sync_steps")  # fmt: skip
         if self.num_generations < 2:
@@ -300,6 +392,16 @@ class AsyncGRPOConfig(TrainingArguments):
                 "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
                 f"{self.rollout_worker_restarts}"
             )
+        if not (self.vllm_server_timeout > 0 and self.vllm_server_stall_timeout > 0):
+            raise ValueError(
+                "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
+                f"seconds, got {self.vllm_server_timeout} and {self.vllm_server_stall_timeout}"
+            )
+        if self.stop_after_spreadless_steps is not None and self.stop_after_spreadless_steps < 1:
+            raise ValueError(
+                "AsyncGRPOConfig.stop_after_spreadless_steps must be >= 1 or None, got "
+                f"{self.stop_after_spreadless_steps}"
+            )
         if self.foreign_weights_steps < 0:
             raise ValueError(
                 "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
@@ -315,10 +417,7 @@ class AsyncGRPOConfig(TrainingArguments):
                 "steps show foreign weights"
             )
         check_cpu_sharing(self.cpu_sharing, self.server_cpus)
-        if self.temperature <= 0:
-            raise ValueError("AsyncGRPOConfig.temperature must be > 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"AsyncGRPOConfig.top_p must be in (0, 1], got {self.top_p}")
+        self.sampling_params()  # checks the sampling fields (temperature, top_p, ...)
         if self.top_k < 0:
             raise ValueError("AsyncGRPOConfig.top_k must be >= 0 (0 disables top-k)")
         if self.top_p < 1.0 and self.top_k == 0:
@@ -328,15 +427,12 @@ class AsyncGRPOConfig(TrainingArguments):
             )
         if self.min_p is not None and self.min_p > 0 and self.top_k == 0:
             raise ValueError("AsyncGRPOConfig.min_p > 0 needs top_k > 0 as well")
-        if not (0 <= self.vllm_importance_sampling_clip_min <= 1
-                <= self.vllm_importance_sampling_clip_max):  # fmt: skip
+        self.objective_settings()
+        objective = self.objective()  # checks loss_type and every objective setting
+        if objective.needs.sampler_topk and self.num_sampler_logprobs < 1:
             raise ValueError(
-                "AsyncGRPOConfig.vllm_importance_sampling_clip_min must be <= 1 <= "
-                "vllm_importance_sampling_clip_max"
-            )
-        if self.score_centering and self.num_sampler_logprobs < 1:
-            raise ValueError(
-                "AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with score_centering=True"
+                f"AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with loss_type="
+                f"{objective.name!r}: it needs the sampler's top log-probs"
             )
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError("AsyncGRPOConfig.token_budget must be >= 1 or None")
@@ -358,6 +454,41 @@ class AsyncGRPOConfig(TrainingArguments):
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    def sampling_params(self) -> SamplingParams:
+        """The sampling settings of every request: the generation fields, and the sampler's
+        top log-probs when the objective needs them (``num_sampler_logprobs``, else 0)."""
+        try:
+            return SamplingParams(
+                max_tokens=self.max_completion_length,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p or 0.0,
+                repetition_penalty=self.repetition_penalty,
+                num_sampler_logprobs=(
+                    self.num_sampler_logprobs if self.objective().needs.sampler_topk else 0
+                ),
+            )
+        except ValueError as error:
+            raise ValueError(f"AsyncGRPOConfig.{error}") from None
+
+    def objective(self) -> Objective:
+        """The policy objective ``loss_type`` (or ``score_centering``) names
+        (:mod:`asyncgrpo.core.objectives`)."""
+        try:
+            return objective_for(loss_type_from(self.loss_type, self.score_centering))
+        except ValueError as error:
+            raise ValueError(f"AsyncGRPOConfig.loss_type: {error}") from None
+
+    def objective_settings(self) -> ObjectiveSettings:
+        """The objectives' hyperparameters, under the same names; a bad value raises naming
+        its field."""
+        names = [f.name for f in attrs.fields(ObjectiveSettings)]
+        try:
+            return ObjectiveSettings(**{name: getattr(self, name) for name in names})
+        except ValueError as error:
+            raise ValueError(f"AsyncGRPOConfig: {error}") from None
 
     @property
     def foreign_weights_checked_steps(self) -> int:

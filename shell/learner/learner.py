@@ -62,10 +62,12 @@ from asyncgrpo.adapters.packed_policy import (
 )
 from asyncgrpo.adapters.peft_models import wrap_with_lora
 from asyncgrpo.adapters.process_group import default_device, init_distributed
-from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.loss_inputs import SamplerTopK
 from asyncgrpo.core.loss_metrics import loss_metrics
-from asyncgrpo.core.losses import clipped_surrogate, normalize_loss, score_centered_surrogate
+from asyncgrpo.core.losses import normalize_loss
 from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
+from asyncgrpo.core.objectives import TokenInputs
+from asyncgrpo.core.objectives.weights import trl_loss_config
 from asyncgrpo.core.packing import PackedRow
 from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -151,14 +153,9 @@ class Learner:
         self._owns_group = init_distributed(self.device, timeout_s=config.ddp_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.bf16 = uses_bf16(config.bf16, self.device)
-        self.loss_config = LossConfig(
-            temperature=config.temperature,
-            epsilon=config.epsilon,
-            epsilon_high=config.epsilon_high,
-            vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
-            vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
-            score_centering=config.score_centering,
-        )
+        self.objective = config.objective()
+        self.objective_settings = config.objective_settings()
+        self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics
         self.aux = RouterAuxLoss.for_model(model, config.router_aux_loss_coef)
         self.model = self._prepare(model, peft_config)
         names = parameter_names(self.model)
@@ -243,16 +240,15 @@ class Learner:
         if not real:
             dummy = logp.sum() + (self._aux_term(routers, 1, 1)[0] if self.aux else 0.0)
             return _MicroBatch(dummy * 0.0, ())
-        per_token, sampler_logp = self._per_token_loss(row, logp, topk_logp, topk)
+        inputs = self._token_inputs(row, logp, entropy, topk_logp, topk)
+        per_token = self.objective.per_token_loss(inputs, self.objective_settings)
         loss = normalize_loss(per_token, tokens, accumulation)
-        metrics = loss_metrics(
-            logp,
-            sampler_logp,
-            entropy,
-            torch.tensor(row.sample_index, device=self.device),
-            self.loss_config,
-            topk if self.loss_config.score_centering else None,
-        )
+        sampler_logp = inputs.sampler_logp
+        metrics = {
+            **loss_metrics(logp, sampler_logp, entropy, inputs.sample_index, self.loss_config,
+                           topk),
+            **self.objective.metrics(inputs, self.objective_settings),
+        }  # fmt: skip
         n = len(row.target_ids)
         observations = [value(name, v, weight=n) for name, v in metrics.items()]
         gap, fresh = staleness0_gap((logp.detach() - sampler_logp).abs().double().cpu().numpy(),
@@ -267,25 +263,32 @@ class Learner:
         return _MicroBatch(loss, tuple(observations))
 
     def _topk(self, row: PackedRow) -> SamplerTopK | None:
-        if not self.loss_config.score_centering:
+        if not self.objective.needs.sampler_topk:
             return None
         if row is self._dummy:
             return empty_sampler_topk(self.config.num_sampler_logprobs, self.device)
         return sampler_topk(row, self.config.num_sampler_logprobs, self.device)
 
-    def _per_token_loss(
-        self, row: PackedRow, logp: Tensor, topk_logp: Tensor | None, topk: SamplerTopK | None
-    ) -> tuple[Tensor, Tensor]:
-        """Per-token loss float [N] (score-centered or clipped) and the sampler log-probs."""
-        sampler_logp = torch.tensor(row.sampler_logprobs, device=self.device).to(logp.dtype)
-        advantages = torch.tensor(row.advantages, device=self.device).to(logp.dtype)
-        if topk is not None and topk_logp is not None:
-            per_token = score_centered_surrogate(
-                logp, sampler_logp, advantages, topk_logp, topk, self.loss_config
-            )
-        else:
-            per_token = clipped_surrogate(logp, sampler_logp, advantages, self.loss_config)
-        return per_token, sampler_logp
+    def _token_inputs(
+        self,
+        row: PackedRow,
+        logp: Tensor,
+        entropy: Tensor,
+        topk_logp: Tensor | None,
+        topk: SamplerTopK | None,
+    ) -> TokenInputs:
+        """The objective's per-token inputs of one row: the policy's log-probs (with grad), the
+        sampler's, each token's advantage and sample, and the top-K when the objective needs
+        them."""
+        return TokenInputs(
+            logp=logp,
+            sampler_logp=torch.tensor(row.sampler_logprobs, device=self.device).to(logp.dtype),
+            advantages=torch.tensor(row.advantages, device=self.device).to(logp.dtype),
+            sample_index=torch.tensor(row.sample_index, device=self.device),
+            entropy=entropy.detach(),
+            topk_logp=topk_logp,
+            topk=topk,
+        )
 
     @contextmanager
     def _capture_routers(self) -> Iterator[list[Tensor]]:

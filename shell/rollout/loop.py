@@ -42,8 +42,6 @@ import attrs
 import numpy as np
 import structlog
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
     ServerGate,
@@ -61,10 +59,12 @@ from asyncgrpo.shell.rollout.messages import Channels, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
 from asyncgrpo.shell.rollout.tools import ToolLoop
+from asyncgrpo.shell.servers import ServerSettings
 
 log = structlog.get_logger("asyncgrpo.rollout")
 
-METRICS_POLL_S = 5.0
+METRICS_POLL_S = 4.5  # off vLLM's 5 s keep-alive boundary
+CHANGE_BACKSTOP_S = 1.0  # the dispatcher looks again at least this often, changes or not
 _GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_version", default=0)
 _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
     "rollout", default=None
@@ -73,6 +73,25 @@ _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
 _GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 HEARTBEAT_S = 1.0
 TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
+
+
+class _Changes:
+    """Wakes the dispatcher when something it waits on may have changed: :meth:`arm` before
+    looking, :meth:`wait` after, and a :meth:`notify` in between is not lost."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def arm(self) -> None:
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[Any]:
@@ -151,15 +170,7 @@ class AsyncRolloutLoop:
         self.score_queue_maxsize = score_queue_maxsize
         self.start_cursor = start_cursor or cursor.PromptCursor()
         self.eos_token_ids = self._eos_ids(processing_class)
-        self.sampling = SamplingParams(
-            max_tokens=config.max_completion_length,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            min_p=config.min_p or 0.0,
-            repetition_penalty=config.repetition_penalty,
-            num_sampler_logprobs=config.num_sampler_logprobs if config.score_centering else 0,
-        )
+        self.sampling = config.sampling_params()
         self.client: VLLMClient | None = None
         self._candidate_logprobs: int | None = None  # set at start: see _plan_candidate_sets
         self._ledger = pacing.GenerationLedger()
@@ -168,6 +179,7 @@ class AsyncRolloutLoop:
         self._in_flight = 0
         self._reserved = 0
         self._slots = anyio.Condition()
+        self._changes = _Changes()  # anything the dispatcher waits on may have changed
         self._pending_obs: list[Observation] = []
         self.tool_loop = ToolLoop(
             config, processing_class, environment_factory, self._doing, self._observe
@@ -247,13 +259,11 @@ class AsyncRolloutLoop:
 
     async def run(self) -> None:
         """Run until the trainer asks to stop (or a fault raises)."""
-        self.client = authorize(VLLMClient(
-            self.config.vllm_server_base_url,
+        self.client = ServerSettings.of(self.config).client(
             self.model_name,
-            timeout_s=self.config.vllm_server_timeout,
             max_connections=self.config.max_concurrent_rollouts,
             gate=self.server_gate,
-        ), self.config.server_api_key)  # fmt: skip
+        )
         try:
             await self._start_load_cap()
             await self._plan_candidate_sets()
@@ -266,6 +276,7 @@ class AsyncRolloutLoop:
                     tg.start_soon(self._heartbeat_forever)
                     tg.start_soon(self._poll_server_forever)
                     tg.start_soon(self._score_forever, receive)
+                    tg.start_soon(self._relay_trainer_changes)
                     await self._dispatch(tg, send)
                     tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
@@ -306,33 +317,44 @@ class AsyncRolloutLoop:
             tg.start_soon(self._run_group, send, position, row_index, row, group_id)
 
     async def _wait_for_allowance(self) -> bool:
-        """Wait until a rollout slot is free and the staleness allowance admits a group."""
+        """Wait until a rollout slot is free and the staleness allowance admits a group. The
+        wait sleeps until something it depends on changes: a group here finishes or is scored,
+        the load cap moves, or the trainer takes samples, takes a step or pushes weights."""
         waited_from: float | None = None
         await anyio.lowlevel.checkpoint()
         while True:
+            self._changes.arm()  # a change from here on ends the wait below at once
             if self.channels.stop_requested():
                 return False
-            if not self._admits(self._reserved):
-                await anyio.sleep(0.02)
-                continue
-            taken = self.channels.tokens_taken()
-            self._ledger = pacing.samples_taken(self._ledger, taken - self._taken_seen)
-            self._taken_seen = taken
-            allowance = pacing.token_allowance(
-                self.channels.tokens_per_step(), self.config.max_staleness,
-                self.token_budget, self.rows_per_step,
-            )  # fmt: skip
-            behind = self.channels.steps_taken() - self.channels.model_version()
-            if pacing.may_start_group(self._ledger, allowance, behind=behind,
-                                      max_staleness=self.config.max_staleness):  # fmt: skip
+            if self._admits(self._reserved) and self._allowance_admits():
                 break
             waited_from = waited_from or time.monotonic()
-            await anyio.sleep(0.02)
+            await self._changes.wait(CHANGE_BACKSTOP_S)
         if waited_from is not None and self._ledger.groups_completed:
             self._pending_obs.append(
                 value("rollout/backpressure_s", time.monotonic() - waited_from)
             )
         return True
+
+    def _allowance_admits(self) -> bool:
+        """Whether the staleness allowance admits a group now
+        (:func:`~asyncgrpo.core.pacing.may_start_group`)."""
+        taken = self.channels.tokens_taken()
+        self._ledger = pacing.samples_taken(self._ledger, taken - self._taken_seen)
+        self._taken_seen = taken
+        allowance = pacing.token_allowance(
+            self.channels.tokens_per_step(), self.config.max_staleness,
+            self.token_budget, self.rows_per_step,
+        )  # fmt: skip
+        behind = self.channels.steps_taken() - self.channels.model_version()
+        return pacing.may_start_group(self._ledger, allowance, behind=behind,
+                                      max_staleness=self.config.max_staleness)  # fmt: skip
+
+    async def _relay_trainer_changes(self) -> None:
+        """Wake the dispatcher whenever the trainer changes what it reads."""
+        while True:
+            await self.channels.wait_for_trainer()
+            self._changes.notify()
 
     async def _run_group(
         self, send: Any, position: int, row_index: int, row: dict[str, Any], group_id: int
@@ -366,6 +388,7 @@ class AsyncRolloutLoop:
             too_long += _leaves(errors)
         finally:
             self._reserved -= self.config.num_generations
+            self._changes.notify()
         if too_long:
             self._skip_too_long(pending, too_long[0])
             return
@@ -392,6 +415,7 @@ class AsyncRolloutLoop:
         log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
                     position=pending.position, error=str(error)[:400])  # fmt: skip
         self._ledger = pacing.group_finished(self._ledger, 0)
+        self._changes.notify()
         counted = (value("rollout/prompt_too_long_count", 1),)
         self._publish(GroupOutcome(pending.position, pending.row_index, (), counted,
                                    dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
@@ -442,6 +466,7 @@ class AsyncRolloutLoop:
                 )  # fmt: skip
                 done = time.monotonic()
                 self._ledger = pacing.group_finished(self._ledger, outcome.forwarded_tokens)
+                self._changes.notify()
                 self._publish(attrs.evolve(outcome, observations=(
                     *outcome.observations,
                     value("rollout/score_wait_s", started - pending.completed_at),
@@ -526,6 +551,7 @@ class AsyncRolloutLoop:
                 self.config.max_concurrent_rollouts,
             )  # fmt: skip
             last_completed = self._completed_rollouts
+            self._changes.notify()
             async with self._slots:
                 self._slots.notify_all()
             now = time.monotonic()

@@ -61,3 +61,7 @@ class Channels(Protocol):
         """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
 
     def stop_requested(self) -> bool: ...
+
+    async def wait_for_trainer(self) -> None:
+        """Return when the trainer may have changed what the loop reads (the policy version,
+        tokens taken, steps taken, the stop request); one task waits at a time."""

@@ -106,6 +106,33 @@ class LoopSpec:
         check_picklable("config", [self.config])
 
 
+class _Wakeup:
+    """A pipe the trainer writes a byte to whenever it changes what the rollout loop reads, and
+    the loop awaits instead of polling (it crosses the spawn: the pipe's ends are
+    ``multiprocessing`` connections). Writes never block: a full pipe already wakes the loop."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = _CONTEXT.Pipe(duplex=False)
+
+    def notify(self) -> None:
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.set_blocking(self._writer.fileno(), False)
+            os.write(self._writer.fileno(), b"\0")
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+    async def wait(self) -> None:
+        """Return once a byte was written since the last wait (in the rollout process)."""
+        fd = self._reader.fileno()
+        os.set_blocking(fd, False)
+        await anyio.wait_readable(fd)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fd, 4096):
+                pass
+
+
 class _Shared:
     """The shared values between trainer and child.
 
@@ -131,6 +158,7 @@ class _Shared:
         self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES, lock=False)
         self.stop = _CONTEXT.Value("b", 0, lock=False)
         self.trust = trust or SharedTrust()
+        self.wakeup = _Wakeup()
 
     def child_started(self) -> None:
         """The trainer's side, once the child holds its copies: close the queues' write ends
@@ -142,6 +170,7 @@ class _Shared:
         for q in (self.messages, self.errors):
             q.cancel_join_thread()
             q.close()
+        self.wakeup.close()
 
 
 @attrs.frozen
@@ -177,6 +206,9 @@ class _ProcessChannels:
 
     def stop_requested(self) -> bool:
         return bool(self.shared.stop.value)
+
+    async def wait_for_trainer(self) -> None:
+        await self.shared.wakeup.wait()
 
 
 def _load_spec(pickled: bytes) -> LoopSpec:
@@ -372,11 +404,13 @@ class RolloutProcess:
 
     def set_model_version(self, version: int) -> None:
         self._shared.version.value = version
+        self._shared.wakeup.notify()
 
     def step_consumed(self, tokens: float) -> None:
         """Report the step size the staleness allowance is measured in: the unpacked tokens a
         full step holds (:attr:`asyncgrpo.core.step_queue.StepQueue.tokens_per_step`)."""
         self._shared.step_tokens.value = float(tokens)
+        self._shared.wakeup.notify()
 
     def set_steps_taken(self, steps: int) -> None:
         """Report the steps the trainer has taken out of its queue, the one it trains now
@@ -385,11 +419,13 @@ class RolloutProcess:
         only be dropped as stale, so the loop starts none
         (:func:`asyncgrpo.core.pacing.may_start_group`)."""
         self._shared.steps_taken.value = steps
+        self._shared.wakeup.notify()
 
     def samples_taken(self, tokens: int) -> None:
         """Report tokens of samples the trainer is done with (trained, or dropped as stale or
         oversize); until then they count against the staleness allowance."""
         self._shared.taken.value += tokens  # the trainer is its only writer
+        self._shared.wakeup.notify()
 
     def groups_in_flight(self) -> int:
         """Groups the loop has started and not yet published (its last report)."""
@@ -530,6 +566,7 @@ class RolloutProcess:
         if self._failed:
             grace_s = min(grace_s, FAILED_STOP_GRACE_S)
         self._shared.stop.value = 1
+        self._shared.wakeup.notify()
         deadline = time.monotonic() + grace_s
         while self._process.is_alive() and time.monotonic() < deadline:
             self._discard_messages()  # a child exits only once its queued messages are read

@@ -4,6 +4,7 @@ callbacks, checkpoints, interrupts, hub uploads and the metrics log.
 
 from __future__ import annotations
 
+from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.interrupts import (
     TrainingInterrupted,
     signal_name,
@@ -19,6 +20,7 @@ __all__ = [
     "MetricsFile",
     "TrainOutput",
     "TrainingInterrupted",
+    "checkpoints",
     "configure_logging",
     "read_metrics",
     "signal_name",

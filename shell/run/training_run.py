@@ -26,6 +26,7 @@ objects it holds: the :class:`~asyncgrpo.shell.learner.Learner`, the
 from __future__ import annotations
 
 import math
+import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,9 +41,17 @@ from transformers import (
     TrainerControl,
 )
 
-from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.core import cursor, metrics, schedule, server_outage, step_queue, step_time
+from asyncgrpo.core import (
+    collapse,
+    cursor,
+    metrics,
+    schedule,
+    server_outage,
+    step_queue,
+    step_time,
+    weight_sync,
+)
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
@@ -61,12 +70,13 @@ from asyncgrpo.shell.run.metrics_log import (
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.servers import SharedTrust, release_process
+from asyncgrpo.shell.servers import ServerSettings, SharedTrust, release_process
 from asyncgrpo.shell.weights import (
     ParityGuard,
     Pushed,
     WeightPusher,
     WeightSync,
+    free_bytes,
     open_weight_sync,
 )
 
@@ -77,6 +87,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
 STEP = "step"  # rank 0 to every rank: a step follows; each rank's rows come by scatter
+SPREADLESS = "spreadless"  # rank 0 to every rank: no reward spread left; checkpoint and stop
+SPREADLESS_SHARE = 0.9  # a step is spreadless when this share of its groups had zero spread
+WARN_AFTER_SPREADLESS = 3  # spreadless steps in a row before the warning
 
 
 @attrs.frozen
@@ -147,6 +160,16 @@ class TrainingRun:
         self.flops: FlopsMeter | None = None
         self.step_flops = self.waited_s = 0.0
         self.parity: ParityGuard | None = None
+        self.push_plan: weight_sync.PushPlan | None = None
+        self._pushes_landed: queue.SimpleQueue[Pushed] = queue.SimpleQueue()  # rank 0's thread
+        self.spread = collapse.SpreadWatch()
+        self.spread_settings = collapse.SpreadSettings(
+            SPREADLESS_SHARE, WARN_AFTER_SPREADLESS, self.args.stop_after_spreadless_steps
+        )
+        self.groups_per_step = 0  # groups whose samples filled the last step
+        self.rollouts_since_step = 0
+        self.last_entropy = math.nan
+        self.stopped_spreadless = False
 
     def start(self) -> None:
         """Connect to the server, push the trainer's weights, start the rollout process; what
@@ -170,6 +193,7 @@ class TrainingRun:
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._push(at_start=True)
+        self.push_plan = self._plan_push()
         if self.rank0:
             self.flops = FlopsMeter(self.inputs.model_config, self.learner.device,
                                     self.learner.bf16)  # fmt: skip
@@ -195,9 +219,7 @@ class TrainingRun:
             self.args.max_staleness))  # fmt: skip
 
     def _client(self) -> VLLMClient:
-        return authorize(VLLMClient(self.args.vllm_server_base_url, self.inputs.model_name,
-                                    timeout_s=self.args.vllm_server_timeout),
-                         self.args.server_api_key)  # fmt: skip
+        return ServerSettings.of(self.args).client(self.inputs.model_name)
 
     async def _max_model_len(self) -> int:
         async with self._client() as client:
@@ -241,10 +263,12 @@ class TrainingRun:
                 self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
+            self.last_entropy = out.metrics.get("entropy", math.nan)
             sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
-                self._push()
+                self._push_after_step()
             step_end = time.monotonic()
+            self._record_landed_pushes()
             self._observe(metrics.value("perf/weight_sync_s", step_end - sync_start),
                           metrics.value("perf/logging_s", after_step[0]),
                           metrics.value("perf/checkpoint_s", after_step[1]),
@@ -255,9 +279,14 @@ class TrainingRun:
             epochs_after = self._epochs()
             save = schedule.due(self.args.save_strategy.value, self.learner.step,
                                 self.save_every, epochs_before, epochs_after)  # fmt: skip
+            if self._close_spread_step():  # no reward spread left for stop_after_spreadless_steps
+                self.callbacks.control.should_training_stop = True
+                save = True
             control = self._agree(self.callbacks.step_end(
                 self.learner.step, epochs_after, self._log_due(epochs_before, epochs_after), save
             ))  # fmt: skip
+            if control.should_training_stop or self._finished():
+                self._await_pushes()  # the last step's window holds the last push
             if control.should_log:
                 summary = self._log_window()
             logged = time.monotonic()
@@ -270,6 +299,7 @@ class TrainingRun:
             if control.should_training_stop:
                 break
             epochs_before = epochs_after
+        self._await_pushes()
         if len(self.window):
             summary = self._log_window()
         with interrupts_deferred():
@@ -334,6 +364,9 @@ class TrainingRun:
                 break
             assert self.pusher is not None
             self._landed(self.pusher.resync())
+        if control[0] == SPREADLESS:  # ended for lack of reward spread: keep where it stopped
+            self._save_checkpoint()
+            return None
         if control[0] is None:
             return None
         rows = self._scatter(step if isinstance(step, list) else None)
@@ -362,8 +395,11 @@ class TrainingRun:
             if not server_outage.weights_known(self.process.trust.read()):
                 return RESYNC
             self._drain(wait_s=0.2)
+            if collapse.step_due(self.spread, self.groups_per_step) and self._close_spread_step():
+                return SPREADLESS
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
+        self.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
         self._observe(metrics.value("perf/rollout_wait_s", self.waited_s),
                       metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
@@ -395,6 +431,10 @@ class TrainingRun:
         self.waited_s += time.monotonic() - asked
         while message is not None:
             if isinstance(message, GroupOutcome):
+                zero_spread = collapse.zero_spread_of(message.observations)
+                if zero_spread is not None:
+                    self.spread = collapse.group_seen(self.spread, zero_spread)
+                    self.rollouts_since_step += self.args.num_generations
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
                                                    len(message.samples))  # fmt: skip
                 self.completions.extend(message.completions)
@@ -432,16 +472,66 @@ class TrainingRun:
 
     # ----------------------------------------------------------------- weights and logs
 
+    def _plan_push(self) -> weight_sync.PushPlan:
+        """Whether the pushes after steps run beside training (rank 0 measures the memory a
+        snapshot needs and has free; every process follows its choice)."""
+        assert self.weights is not None
+        choice: list[Any] = [None]
+        if self.rank0 and not self.args.weight_push_overlap:
+            choice = [weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
+                                           "for the push")]  # fmt: skip
+        elif self.rank0:
+            size, where = self.weights.snapshot_size()
+            choice = [weight_sync.plan_push(size, free_bytes(where), where)]
+            log.info("weight push", overlapped=choice[0].overlapped, reason=choice[0].reason)
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
     def _push(self, at_start: bool = False) -> None:
-        """Push the current policy (collective); what landed goes to the rollout process."""
+        """Push the current policy and wait for it (collective); what landed goes to the
+        rollout process."""
         assert self.pusher is not None
         pushed = self.pusher.push(at_start=at_start)
         if pushed is not None:
             self._landed(pushed)
 
+    def _push_after_step(self) -> None:
+        """The push after a step: beside the next step when the plan allows
+        (:meth:`WeightPusher.push_beside`), else waited for."""
+        assert self.pusher is not None and self.push_plan is not None
+        if not self.push_plan.overlapped:
+            self._push()
+            return
+        if self.pusher.push_beside(self._published):
+            self._observe(metrics.value("perf/weight_snapshots_replaced_count", 1))
+
+    def _published(self, pushed: Pushed) -> None:
+        """Rank 0 (any thread): the server holds ``pushed.version``; the rollout process learns
+        it now, the metrics follow on the trainer's thread (:meth:`_record_landed_pushes`)."""
+        self.version = pushed.version
+        if self.process is not None:
+            self.process.set_model_version(self.version)
+        self._pushes_landed.put(pushed)
+
+    def _await_pushes(self) -> None:
+        """Rank 0: wait until the server holds the weights of every push made (the run's end),
+        and record them."""
+        if self.pusher is not None:
+            self.pusher.wait_landed()
+        if len(self.window):  # else the last window was logged: nothing joins it now
+            self._record_landed_pushes()
+
+    def _record_landed_pushes(self) -> None:
+        while True:
+            try:
+                self._record_push(self._pushes_landed.get_nowait())
+            except queue.Empty:
+                return
+
     def _landed(self, pushed: Pushed) -> None:
-        """Rank 0: the server holds ``pushed.version``; tell the rollout process and record the
-        push's timings (and the outage a resync ended)."""
+        """Rank 0: the server holds ``pushed.version`` (a push the run waited for); tell the
+        rollout process and record the push (and the outage a resync ended)."""
         if not self.rank0:
             return
         self.version = pushed.version
@@ -453,6 +543,11 @@ class TrainingRun:
             assert self.trust is not None
             self.trust.pushed(pushed.covering, pushed.identity)  # rollouts go on from here
             self._observe(metrics.value("rollout/vllm_outage_count", 1))
+        self._record_push(pushed)
+
+    def _record_push(self, pushed: Pushed) -> None:
+        if pushed.push_s is not None:
+            self._observe(metrics.value("perf/weight_push_s", pushed.push_s))
         if pushed.timings is not None:
             timings = pushed.timings
             self._observe(
@@ -460,7 +555,35 @@ class TrainingRun:
                 metrics.value("perf/weight_sync_pause_s", timings.pause_s),
                 metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
                 metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
+                metrics.value("perf/weight_sync_write_s", timings.write_s),
             )
+
+    def _close_spread_step(self) -> bool:
+        """Rank 0: close the spread watch's step (a trained step, or a step's worth of groups
+        while waiting); warn once a collapse shows, and say whether the run must stop
+        (``stop_after_spreadless_steps``)."""
+        if not self.rank0:
+            return False
+        rollouts, self.rollouts_since_step = self.rollouts_since_step, 0
+        self.spread, verdict = collapse.close_step(self.spread, self.spread_settings)
+        if verdict is collapse.Verdict.NONE:
+            return False
+        figures = dict(step=self.learner.step, spreadless_steps=self.spread.spreadless_in_a_row,
+                       zero_spread_share=round(self.spread.last_share, 3),
+                       entropy=_rounded(self.last_entropy),
+                       rollouts_for_the_step=rollouts)  # fmt: skip
+        if verdict is collapse.Verdict.WARN:
+            log.warning(
+                "no reward spread left: almost every group's rewards are all equal, so GRPO has "
+                "nothing to learn from and the trainer generates and drops group after group. "
+                "The policy may have collapsed (low entropy) or solved the task. Make the task "
+                "harder, sample more diversely (temperature), or stop the run "
+                "(stop_after_spreadless_steps ends it with a checkpoint)", **figures)  # fmt: skip
+            return False
+        log.warning("stopping: no reward spread for stop_after_spreadless_steps="
+                    f"{self.spread_settings.stop_after} steps in a row", **figures)  # fmt: skip
+        self.stopped_spreadless = True
+        return True
 
     def _log_window(self) -> dict[str, float]:
         summary = metrics.summarize(self.window)
@@ -497,6 +620,8 @@ class TrainingRun:
             checkpoints.write_rollout_state(path, self.cursor, self.version, self.learner.step)
 
     def close(self) -> None:
+        if self.pusher is not None:  # a transfer the server takes part in is never cut
+            self.pusher.wait_landed()
         if self.process is not None:
             self.process.stop()
         if self.weights is not None:

@@ -22,6 +22,7 @@ import time
 import anyio
 import structlog
 
+from asyncgrpo.adapters.retries import RetryCounter, RetryPolicy, retrying
 from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
 from asyncgrpo.core import server_outage
 from asyncgrpo.core.server_outage import OutageClock, ServerTrust
@@ -54,22 +55,23 @@ class SharedTrust:
         return ServerTrust(int(self._counts[0]), int(self._counts[1]),
                            None if math.isnan(identity) else identity)  # fmt: skip
 
-    def _write(self, before: ServerTrust, after: ServerTrust) -> None:
+    def _write(self, before: ServerTrust, after: ServerTrust, since: float | None = None) -> None:
         self._counts[0], self._counts[1] = after.outages, after.trusted
         self._identity.value = math.nan if after.identity is None else after.identity
         if after.outages != before.outages:
-            self._down_since.value = time.time()
+            self._down_since.value = time.time() if since is None else since
 
     def down_since(self) -> float:
         """When the pending outage was first seen (meaningless while none is pending)."""
         return float(self._down_since.value)
 
-    def outage(self, cause: str, where: str) -> ServerTrust:
-        """Record that the server went away; log it when this starts a new outage."""
+    def outage(self, cause: str, where: str, since: float | None = None) -> ServerTrust:
+        """Record that the server went away; log it when this starts a new outage, which
+        counts from ``since`` (``time.time()``, e.g. when a failed push began) or now."""
         with self._counts.get_lock():
             before = self._read()
             after = server_outage.outage_seen(before)
-            self._write(before, after)
+            self._write(before, after, since)
         if after != before:
             log.warning("vLLM server unreachable; waiting for it, then the trainer pushes its "
                         "weights and what was in flight is generated again", seen_by=where,
@@ -156,26 +158,31 @@ class RolloutGate:
         self.trust.identity_seen(identity, "rollout process")
 
 
+class _NotBack(Exception):
+    """The server does not answer ``/health`` or does not serve the model yet."""
+
+
 async def wait_for_server(client: VLLMClient, down_since: float, timeout_s: float,
                           probe_timeout_s: float = 5.0) -> float:  # fmt: skip
-    """Probe ``/health`` and ``/v1/models`` until the server answers and serves the model,
-    logging every 10 s; returns the seconds waited since ``down_since`` (``time.time()``).
+    """Probe ``/health`` and ``/v1/models`` under the retry policy until the server answers and
+    serves the model, logging every 10 s; returns the seconds waited since ``down_since``
+    (``time.time()``).
 
     Raises:
         ServerGone: ``timeout_s`` passed since ``down_since``; names the setting.
     """
-    clock = OutageClock(down_since=down_since)
-    while not await client.healthy(min(probe_timeout_s, timeout_s)):
-        decision = server_outage.next_wait(clock, time.time(), timeout_s)
-        if decision.give_up:
-            raise ServerGone(
-                f"the vLLM server at {client.base_url} has not answered for "
-                f"{decision.waited_s:.0f} s (vllm_server_timeout={timeout_s:.0f} s); restart it "
-                "and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
-            )
-        if decision.log:
-            log.warning("waiting for the vLLM server", url=client.base_url,
-                        down_s=round(decision.waited_s), gives_up_after_s=timeout_s)  # fmt: skip
-        clock = decision.clock
-        await anyio.sleep(decision.sleep_s)
+    remaining = max(timeout_s - (time.time() - down_since), 1e-3)
+    policy = RetryPolicy(deadline_s=remaining, first_backoff_s=0.5, max_backoff_s=5.0)
+    counter = RetryCounter("waiting for the vLLM server", policy, url=client.base_url)
+    try:
+        async for attempt in retrying(policy, lambda e: isinstance(e, _NotBack), counter):
+            with attempt:
+                if not await client.healthy(min(probe_timeout_s, timeout_s)):
+                    raise _NotBack
+    except _NotBack:
+        raise ServerGone(
+            f"the vLLM server at {client.base_url} has not answered for "
+            f"{time.time() - down_since:.0f} s (vllm_server_timeout={timeout_s:.0f} s); restart it "
+            "and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
+        ) from None
     return time.time() - down_since

@@ -6,7 +6,14 @@ that the server serves the trainer's weights (:mod:`.parity`).
 from __future__ import annotations
 
 from asyncgrpo.shell.weights.parity import ParityGuard
-from asyncgrpo.shell.weights.paths import WeightSync, open_weight_sync
+from asyncgrpo.shell.weights.paths import WeightSync, free_bytes, open_weight_sync
 from asyncgrpo.shell.weights.push import Pushed, WeightPusher
 
-__all__ = ["ParityGuard", "Pushed", "WeightPusher", "WeightSync", "open_weight_sync"]
+__all__ = [
+    "ParityGuard",
+    "Pushed",
+    "WeightPusher",
+    "WeightSync",
+    "free_bytes",
+    "open_weight_sync",
+]

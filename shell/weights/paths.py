@@ -19,19 +19,24 @@ timings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import attrs
+import psutil
 import structlog
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from asyncgrpo.adapters.vllm_auth import authorize
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_replies import ServerTransfer, VLLMError
 from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
 from asyncgrpo.core import weight_sync
+from asyncgrpo.shell.servers import ServerSettings
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.engine_transfer import EngineSync
@@ -41,6 +46,7 @@ log = structlog.get_logger("asyncgrpo.weight_sync")
 
 ADAPTER_PREFIX = "asyncgrpo-policy"
 ADAPTER = "adapter"
+HOST_MEMORY = "host memory"
 
 
 class WeightSync(Protocol):
@@ -62,11 +68,52 @@ class WeightSync(Protocol):
         """Push the current policy as ``version`` (collective); rank 0 returns the timings,
         ``barrier_s`` being the time already spent waiting for the other processes."""
 
+    def snapshot(self, version: int) -> Snapshot | None:
+        """Copy what a push of ``version`` sends, so that training may go on while it is sent
+        (collective; rank 0 gets the copy, the others ``None``). Only after a first
+        :meth:`sync`."""
+
+    def send(self, snapshot: Snapshot) -> SyncTimings:
+        """Push a snapshot to the server (rank 0 only, from any thread)."""
+
+    def snapshot_size(self) -> tuple[int, str]:
+        """The bytes a snapshot takes, and where it lives (for the overlap decision)."""
+
     def reconnect(self) -> None:
         """After the server went away and came back: open the path again (collective)."""
 
     def close(self) -> None:
         """Release what :meth:`start` opened; the server keeps serving."""
+
+
+@attrs.frozen(eq=False)
+class Snapshot:
+    """What one push sends, copied out of the learner: ``weights`` (name to tensor, in send
+    order) for merged weights, ``None`` for an adapter already written to disk."""
+
+    version: int
+    weights: dict[str, Tensor] | None
+
+
+def _copied(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """Own copies: an exported tensor may share storage with a parameter (one process, the
+    export dtype), which the next optimizer step changes."""
+    return {name: tensor.detach().clone() for name, tensor in weights}
+
+
+def free_bytes(where: str) -> int | None:
+    """Memory free now ``where`` a snapshot would live: :data:`HOST_MEMORY` (available RAM) or
+    a CUDA device such as ``"cuda:0"``; ``None`` when it cannot be measured."""
+    if where == HOST_MEMORY:
+        return int(psutil.virtual_memory().available)
+    if where.startswith("cuda") and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(torch.device(where))[0])
+    return None
+
+
+def _synced_bytes(learner: Learner) -> int:
+    return sum(dtype.itemsize * math.prod(shape)
+               for _, dtype, shape in learner.export.weight_metadata())  # fmt: skip
 
 
 class DiskWeights:
@@ -87,7 +134,20 @@ class DiskWeights:
         state = self.learner.export.synced_state_dict()  # a collective on every rank
         if self.learner.rank != 0:
             return None
+        return self._push(state, barrier_s)
 
+    def snapshot(self, version: int) -> Snapshot | None:
+        state = self.learner.export.synced_state_dict()  # a collective on every rank
+        return Snapshot(version, _copied(state.items())) if self.learner.rank == 0 else None
+
+    def send(self, snapshot: Snapshot) -> SyncTimings:
+        assert snapshot.weights is not None
+        return self._push(snapshot.weights, 0.0)
+
+    def snapshot_size(self) -> tuple[int, str]:
+        return _synced_bytes(self.learner), HOST_MEMORY
+
+    def _push(self, state: dict[str, Tensor], barrier_s: float) -> SyncTimings:
         async def push() -> SyncTimings:
             async with self.client() as client:
                 return await DiskReload(client, self.directory).sync(state, barrier_s)
@@ -128,6 +188,24 @@ class EngineWeights:
         if self.engine is None:
             raise RuntimeError("EngineWeights.sync called before start()")
         return self.engine.sync(barrier_s)
+
+    def snapshot(self, version: int) -> Snapshot | None:
+        weights = self.learner.export.iter_weights()  # a collective on every rank
+        if self.learner.rank != 0:
+            for _ in weights:
+                pass
+            return None
+        return Snapshot(version, _copied(weights))
+
+    def send(self, snapshot: Snapshot) -> SyncTimings:
+        if self.engine is None:
+            raise RuntimeError("EngineWeights.send called before start()")
+        assert snapshot.weights is not None
+        return self.engine.send_snapshot(list(snapshot.weights.items()))
+
+    def snapshot_size(self) -> tuple[int, str]:
+        where = str(self.learner.device) if self.backend == weight_sync.NCCL else HOST_MEMORY
+        return _synced_bytes(self.learner), where
 
     def reconnect(self) -> None:
         """A restarted server has no group with the trainer: leave the old one, join anew."""
@@ -174,11 +252,31 @@ class AdapterWeights:
             return self._adapter_sync(version, barrier_s)
         return self.merged.sync(version, barrier_s)
 
+    def snapshot(self, version: int) -> Snapshot | None:
+        if self.adapter_mode is None:
+            raise RuntimeError("AdapterWeights.snapshot before the first sync")
+        if not self.adapter_mode:
+            return self.merged.snapshot(version)
+        self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
+        return Snapshot(version, None) if self.learner.rank == 0 else None
+
+    def send(self, snapshot: Snapshot) -> SyncTimings:
+        if not self.adapter_mode:
+            return self.merged.send(snapshot)
+        return self._load(snapshot.version, 0.0)
+
+    def snapshot_size(self) -> tuple[int, str]:
+        if self.adapter_mode is False:
+            return self.merged.snapshot_size()
+        return 0, HOST_MEMORY  # the adapter is written to disk, nothing stays in memory
+
     def _adapter_sync(self, version: int, barrier_s: float) -> SyncTimings | None:
         self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
         if self.learner.rank != 0:
             return None
+        return self._load(version, barrier_s)
 
+    def _load(self, version: int, barrier_s: float) -> SyncTimings:
         async def load() -> SyncTimings:
             async with self.client() as client:
                 return await self.adapters.sync(client, version, barrier_s)
@@ -225,9 +323,7 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
     error, e.g. a backend the server lacks) and build it, not yet started."""
 
     def client() -> VLLMClient:
-        return authorize(VLLMClient(args.vllm_server_base_url, model_name,
-                                    timeout_s=args.vllm_server_timeout),
-                         args.server_api_key)  # fmt: skip
+        return ServerSettings.of(args).client(model_name)
 
     outcome: list[Any] = [None, None]  # [choice or error, server workers]
     if learner.rank == 0:

@@ -17,6 +17,8 @@ so that all of them go on, push again or fail together.
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,14 +28,30 @@ import attrs
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
+from asyncgrpo.adapters.retries import RetryCounter, RetryPolicy, retrying_blocking
+from asyncgrpo.adapters.vllm_client import ServerNotAnswering, VLLMClient, VLLMError
 from asyncgrpo.adapters.weight_transfer import SyncTimings
 from asyncgrpo.core import server_outage
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.servers import ServerGone, SharedTrust, wait_for_server
-from asyncgrpo.shell.weights.paths import WeightSync
+from asyncgrpo.shell.weights.paths import Snapshot, WeightSync
 
 log = structlog.get_logger("asyncgrpo.trainer")
+
+
+class _PushFailed(Exception):
+    """A collective push stage failed (on some process); ``error`` is this process's own
+    exception, if it was this one's."""
+
+    def __init__(self, failure: str, error: Exception | None) -> None:
+        super().__init__(failure)
+        self.error = error
+
+
+def _push_failed(error: BaseException) -> bool:
+    return isinstance(error, _PushFailed)
+
+
 _RESTARTED = "restarted"  # rank 0 to every rank: the server restarted since the last push
 
 
@@ -49,6 +67,8 @@ class Pushed:
             process knows ``version``, record them covered (``trust.pushed(covering,
             identity)``) so that rollouts go on.
         identity: after a resync, the server's identity the push landed on (rank 0).
+        push_s: a push beside training (:meth:`WeightPusher.push_beside`): its own seconds,
+            from the snapshot to the landing (rank 0).
     """
 
     version: int
@@ -56,6 +76,7 @@ class Pushed:
     resynced: bool = False
     covering: int = 0
     identity: float | None = None
+    push_s: float | None = None
 
 
 class WeightPusher:
@@ -88,6 +109,9 @@ class WeightPusher:
         self._client = client
         self.server_timeout_s = server_timeout_s
         self._uninterruptible = uninterruptible
+        self._queue_lock = threading.Lock()
+        self._waiting: tuple[Snapshot, float | None] | None = None  # the next snapshot to send
+        self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
 
     def push(self, at_start: bool = False) -> Pushed | None:
         """Push the current policy to the server (collective; rank 0 talks to the server).
@@ -121,11 +145,84 @@ class WeightPusher:
         failure = self._agreed(error)
         if failure is None:
             return Pushed(self.learner.step, timings)
-        if at_start:
+        silent = failure.startswith(ServerNotAnswering.__name__)  # for the whole timeout
+        if at_start or silent:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
         if self.rank0:
             self._outage(failure, "trainer weight sync")
         return None
+
+    def push_beside(self, on_landed: Callable[[Pushed], None]) -> bool:
+        """Push the current policy while training goes on (collective up to the snapshot).
+
+        Every process reads the server's identity (rank 0) and takes a snapshot of the weights
+        together (:meth:`WeightSync.snapshot`); rank 0 hands it to its push thread and returns
+        at once, as the other processes do. Pushes land in order: while one is in flight the
+        newest snapshot waits for it (an older waiting one is replaced, never sent), so the
+        step never waits for the server, at most two snapshots exist, and the server gets the
+        newest weights as soon as it can take them. When a push lands, the thread calls
+        ``on_landed``; the rollout process must learn the version only then, so that
+        staleness counts from the weights the server holds. A push that fails is an outage
+        recorded from when it began (the next step resyncs, pushing the current weights).
+
+        Returns:
+            whether a waiting snapshot was replaced (rank 0).
+        """
+        before: list[Any] = [None]  # rank 0: the server's identity, or _RESTARTED
+        if self.rank0:
+            before = [self._identity_before_push(at_start=False)]
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(before, src=0)  # every process snapshots, or none
+        if before[0] == _RESTARTED:
+            return False
+        with self._uninterruptible():  # the snapshot's gathers are collectives
+            snapshot = self.weights.snapshot(self.learner.step)
+        if not self.rank0:
+            return False
+        assert snapshot is not None
+        with self._queue_lock:
+            replaced = self._waiting is not None
+            self._waiting = (snapshot, before[0])
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_waiting, args=(on_landed,),
+                                                name="asyncgrpo-weight-push",
+                                                daemon=True)  # fmt: skip
+                self._sender.start()
+        return replaced
+
+    def _send_waiting(self, on_landed: Callable[[Pushed], None]) -> None:
+        """Rank 0's push thread: send the waiting snapshots in order until none waits; check
+        that one server took each; report each that landed."""
+        while True:
+            with self._queue_lock:
+                waiting, self._waiting = self._waiting, None
+                if waiting is None:
+                    self._sender = None
+                    return
+            snapshot, before = waiting
+            began, started = time.time(), time.monotonic()
+            try:
+                timings = self.weights.send(snapshot)
+                self._landed(before, at_start=False)
+            except Exception as error:
+                assert self.trust is not None
+                self.trust.outage(f"{type(error).__name__}: {error}", "trainer weight push",
+                                  since=began)  # fmt: skip
+                with self._queue_lock:
+                    self._waiting, self._sender = None, None  # the resync pushes anew
+                return
+            on_landed(Pushed(snapshot.version, timings, push_s=time.monotonic() - started))
+
+    def wait_landed(self) -> float:
+        """Rank 0: wait until every push handed to the thread has landed or failed; the
+        seconds waited (0 elsewhere)."""
+        started = time.monotonic()
+        while True:
+            with self._queue_lock:
+                sender = self._sender
+            if sender is None:
+                return time.monotonic() - started
+            sender.join()
 
     def _identity_before_push(self, at_start: bool) -> Any:
         """Rank 0: the server's identity, recorded against the last push's; :data:`_RESTARTED`
@@ -171,35 +268,50 @@ class WeightPusher:
         and pushes the current weights, each stage's outcome agreed by all; the outages seen
         before the push are then covered (collective), and the server's identity, read before
         and after the push, is the one later readings compare with. A push that fails while
-        the server answers (or a server that restarted again during it) is retried
-        ``attempts`` times, then raised."""
-        for attempt in range(1, attempts + 1):
-            covering = self._wait_everywhere()
-            timings, error, before, identity = None, None, None, None
+        the server answers (or a server that restarted again during it) is tried ``attempts``
+        times under the retry policy (the same on every process: attempts, not time), then
+        raised."""
+        self.wait_landed()
+        policy = RetryPolicy(deadline_s=math.inf, max_attempts=attempts, first_backoff_s=1.0)
+        counter = RetryCounter("pushing the weights again after an outage", policy)
+        try:
+            for attempt in retrying_blocking(policy, _push_failed, counter):
+                with attempt:
+                    return self._resync_once()
+        except _PushFailed as failed:
+            raise failed.error or RuntimeError(
+                f"weight push after an outage failed: {failed}"
+            ) from None
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _resync_once(self) -> Pushed:
+        """One try of :meth:`resync` (collective); raises :class:`_PushFailed` on every process
+        when a stage failed on any, after recording it as an outage (rank 0)."""
+        covering = self._wait_everywhere()
+        timings, error, before, identity = None, None, None, None
+        try:
+            before = self._read_identity() if self.rank0 else None
+            self.weights.reconnect()
+        except Exception as failed:
+            error = failed
+        failure = self._agreed(error)
+        if failure is None:
             try:
-                before = self._read_identity() if self.rank0 else None
-                self.weights.reconnect()
+                with self._uninterruptible():
+                    timings = self.weights.sync(self.learner.step)
+                if self.rank0:
+                    identity = self._read_identity()
+                    if not server_outage.push_landed(before, identity):
+                        raise VLLMError("the vLLM server restarted during the weight push")
             except Exception as failed:
                 error = failed
             failure = self._agreed(error)
-            if failure is None:
-                try:
-                    with self._uninterruptible():
-                        timings = self.weights.sync(self.learner.step)
-                    if self.rank0:
-                        identity = self._read_identity()
-                        if not server_outage.push_landed(before, identity):
-                            raise VLLMError("the vLLM server restarted during the weight push")
-                except Exception as failed:
-                    error = failed
-                failure = self._agreed(error)
-            if failure is None:
-                return Pushed(self.learner.step, timings, resynced=True, covering=covering,
-                              identity=identity)  # fmt: skip
-            if attempt == attempts:
-                raise error or RuntimeError(f"weight push after an outage failed: {failure}")
+        if failure is not None:
             if self.rank0:
                 self._outage(failure, "resync")
+            raise _PushFailed(failure, error)
+        return Pushed(self.learner.step, timings, resynced=True, covering=covering,
+                      identity=identity)  # fmt: skip
 
     def _agreed(self, error: Exception | None) -> str | None:
         """The outcome of a collective stage on every process: ``None`` when it succeeded on

@@ -17,7 +17,6 @@ from asyncgrpo.core.pacing import (
     rollouts_completed,
     rollouts_to_admit,
     samples_taken,
-    split_stale,
     token_allowance,
 )
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
@@ -26,15 +25,6 @@ from asyncgrpo.core.records import TrainingSample, TrainingSequence
 def sample(version: int) -> TrainingSample:
     seq = TrainingSequence(input_ids=[1, 2], trained_mask=[0, 1], sampler_logprobs=[0.0, -1.0])
     return TrainingSample(seq, 1.0, version, 0, 0, 0, "r")
-
-
-@given(st.lists(st.integers(0, 20), max_size=30), st.integers(0, 20), st.integers(0, 5))
-def test_split_stale_drops_exactly_samples_older_than_max_staleness(versions, current, max_s):
-    samples = [sample(v) for v in versions]
-    fresh, stale = split_stale(samples, current, max_s)
-    assert len(fresh) + len(stale) == len(samples)
-    assert all(current - s.model_version <= max_s for s in fresh)
-    assert all(current - s.model_version > max_s for s in stale)
 
 
 @given(

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from micro_batch_loss import policy_loss
 from packing_strategies import sample_sets
 
 from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
-from asyncgrpo.core.losses import policy_loss
 from asyncgrpo.core.packing import PackedRow, pack_row
 
 VOCAB, DIM, MAX_POS = 6, 8, 32

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
 
 from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
 from asyncgrpo.adapters.packed_policy import candidate_mask, sampler_topk
+from asyncgrpo.core.objectives import OBJECTIVES
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.records import TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -64,12 +65,12 @@ def sgd(model, lr=0.5):
     return (torch.optim.SGD(model.parameters(), lr=lr), None)
 
 
-@pytest.mark.parametrize("score_centering", [True, False])
-def test_a_step_raises_positive_and_lowers_negative_advantage_tokens(
-    tiny_qwen3, score_centering
-) -> None:
+@pytest.mark.parametrize("loss_type", sorted(OBJECTIVES))
+def test_a_step_raises_positive_and_lowers_negative_advantage_tokens(tiny_qwen3, loss_type) -> None:
+    """Every objective, through the learner: on-policy, each is a policy gradient."""
     good, bad = samples_of(tiny_qwen3, ([21, 22, 23], 1.0), ([31, 32, 33], -1.0))
-    learner = Learner(load_causal_lm(tiny_qwen3), config(score_centering=score_centering))
+    learner = Learner(load_causal_lm(tiny_qwen3), config(loss_type=loss_type))
+    needs_topk = OBJECTIVES[loss_type].needs.sampler_topk
     out = learner.train_step([pack_row([good, bad])])
     stock = load_causal_lm(tiny_qwen3)
     before = [sequence_logp(stock, s) for s in (good, bad)]
@@ -80,7 +81,7 @@ def test_a_step_raises_positive_and_lowers_negative_advantage_tokens(
     assert metrics["sampling/masked_mean"] == 0.0
     assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["learning_rate"] == 1e-2 and metrics["grad_norm"] > 0
-    assert ("sampling/sampler_mass" in metrics) == score_centering
+    assert ("sampling/sampler_mass" in metrics) == needs_topk
     assert {"perf/fwd_s", "perf/fwd_bwd_s", "perf/optimizer_s"} <= set(metrics)
     assert learner.step == 1
 

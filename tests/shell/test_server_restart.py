@@ -157,16 +157,19 @@ class RestartUnseenAfterFirstStep(TrainerCallback):
         self.without_identity = without_identity
         self.trust: SharedTrust | None = None
         self.identities: list[float | None] = []
+        self.held = threading.Event()
 
     def hold(self, trust: SharedTrust) -> None:
         self.trust = trust
         self.identities.append(trust.read().identity)
         trust.outage("the test holds the rollout side's requests", "test")
+        self.held.set()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step != 1:
             return
-        assert self.trust is not None, "the push of step 1 did not hold the rollout side"
+        # the push of step 1 may still be landing beside the step's end (an overlapped push)
+        assert self.held.wait(RESTART_TIMEOUT_S), "the push of step 1 did not hold the rollout side"
         self.server.kill()
         if self.without_identity:
             registry = self.tmp_path / "prometheus"
@@ -188,15 +191,19 @@ def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: 
     """A run whose server restarts unseen after step 1; any step trained at staleness 0 on
     weights that are not the trainer's fails it (``foreign_weights_steps=1``)."""
     restart = RestartUnseenAfterFirstStep(server, tmp_path, without_identity)
-    publish = TrainingRun._landed
 
-    def hold_then_publish(run: TrainingRun, pushed) -> None:
-        if run.learner.step == 1 and run.process is not None and restart.trust is None:
-            assert run.trust is not None
-            restart.hold(run.trust)
-        publish(run, pushed)
+    def holding_first(publish):
+        def hold_then_publish(run: TrainingRun, pushed) -> None:
+            if pushed.version == 1 and run.process is not None and restart.trust is None:
+                assert run.trust is not None
+                restart.hold(run.trust)
+            publish(run, pushed)
 
-    monkeypatch.setattr(TrainingRun, "_landed", hold_then_publish)
+        return hold_then_publish
+
+    # a push the step waits for lands in _landed, one beside the next step in _published
+    monkeypatch.setattr(TrainingRun, "_landed", holding_first(TrainingRun._landed))
+    monkeypatch.setattr(TrainingRun, "_published", holding_first(TrainingRun._published))
     return trainer(server, model_path, tmp_path, restart, foreign_weights_steps=1), restart
 
 

@@ -53,9 +53,14 @@ def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides)
     )
 
 
-@pytest.mark.parametrize("backend", ["asyncgrpo_gloo", "disk"])
-def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path, backend) -> None:
-    """In memory (the server's gloo engine) and by disk reload alike."""
+@pytest.mark.parametrize(
+    ("backend", "overlap"), [("asyncgrpo_gloo", True), ("disk", True), ("disk", False)]
+)
+def test_parity_at_staleness_zero_holds_after_several_syncs(
+    served, tmp_path, backend, overlap
+) -> None:
+    """In memory (the server's gloo engine) and by disk reload alike, with the push beside the
+    next step or waited for: a sample's version is the one that had landed."""
     server, path = served
     trainer = trainer_for(
         server,
@@ -66,6 +71,7 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path, ba
         log_completions=True,
         num_completions_to_print=2,
         weight_transfer_backend=backend,
+        weight_push_overlap=overlap,
     )
     out = trainer.train()
     rows = read_metrics(tmp_path / "run")
@@ -73,6 +79,8 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(served, tmp_path, ba
     for row in rows:
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row["step"]
+    # a push beside the next step logs its own time when it has landed (a later window)
+    assert any("perf/weight_push_s" in row for row in rows) == overlap
     assert (tmp_path / "run" / "model.safetensors").exists()
     logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").open()]
     assert logged and {"step", "prompt", "completion", "reward"} <= set(logged[0])

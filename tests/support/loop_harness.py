@@ -25,6 +25,7 @@ class LocalChannels:
     in_flight: int = 0
     beats: int = 0
     activity: str = ""
+    moved: anyio.Event | None = None
 
     def publish(self, message) -> None:
         if isinstance(message, LoopReport):
@@ -35,6 +36,8 @@ class LocalChannels:
             self.taken += message.forwarded_tokens
             self.step_tokens = float(message.forwarded_tokens)
             self.version += 1
+        if self.moved is not None:
+            self.moved.set()  # the trainer's side changed
 
     def model_version(self) -> int:
         return self.version
@@ -57,6 +60,10 @@ class LocalChannels:
 
     def stop_requested(self) -> bool:
         return len(self.outcomes) >= self.stop_after
+
+    async def wait_for_trainer(self) -> None:
+        self.moved = anyio.Event()
+        await self.moved.wait()
 
 
 def run_loop(loop, timeout_s: float = 240.0) -> float:

@@ -1,0 +1,39 @@
+"""Experiments as code: sweeps over settings and seeds, comparisons with intervals, claims.
+
+    from asyncgrpo.experiments import compare, run_sweep
+
+    run_sweep("benchmarks/async_vs_sync.toml", "runs/async-vs-sync")
+    report = compare(["runs/async-vs-sync"])
+    print(report.table)          # medians over seeds with bootstrap intervals
+    report.exit_status           # 1 when a claim of the sweep file fails
+
+The same as ``asyncgrpo sweep`` and ``asyncgrpo compare`` (docs/experiments.md). The
+statistics are pure functions in :mod:`asyncgrpo.core.experiment_stats`,
+:mod:`asyncgrpo.core.experiment_curves` and :mod:`asyncgrpo.core.experiment_claims`.
+"""
+
+from __future__ import annotations
+
+from asyncgrpo.shell.commands.compare import Comparison, compare, load_runs
+from asyncgrpo.shell.commands.sweep import (
+    StopRule,
+    Sweep,
+    SweepError,
+    SweepResult,
+    read_index,
+    read_sweep,
+    run_sweep,
+)
+
+__all__ = [
+    "Comparison",
+    "StopRule",
+    "Sweep",
+    "SweepError",
+    "SweepResult",
+    "compare",
+    "load_runs",
+    "read_index",
+    "read_sweep",
+    "run_sweep",
+]

@@ -1,0 +1,65 @@
+"""Tasks of the benchmark sweeps: prompts, rewards and a rollout loop, named in the sweep files
+as ``benchmarks.tasks:<name>`` (run from the repository's root).
+
+- ``digits``: the demo's task, the fraction of the reply's characters that are digits, on the
+  demo's prompts (16-token replies in the demo's settings);
+- ``vowels``: the fraction of the reply's letters that are vowels (a task the demo does not
+  train for; a reply without letters scores 0);
+- ``VariedLengthLoop``: each request's ``max_tokens`` drawn from 4 to 128, so completion lengths
+  vary 32-fold and a step waits on its longest samples (the "varied" task).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from datasets import Dataset
+
+from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.shell.commands.demo import demo_dataset, digit_fraction_reward
+from asyncgrpo.shell.rollout import AsyncRolloutLoop
+
+LENGTHS = (4, 8, 16, 32, 64, 128)
+VOWELS = frozenset("aeiouAEIOU")
+
+
+def prompts() -> Dataset:
+    """The demo's 64 conversational prompts."""
+    return demo_dataset()
+
+
+def digits(completions: Sequence[Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
+    """The demo's reward: the fraction of the reply's non-space characters that are digits."""
+    return digit_fraction_reward(completions, **kwargs)
+
+
+def vowels(completions: Sequence[Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
+    """The fraction of the reply's letters that are vowels (0.0 without letters).
+
+    Example:
+        >>> vowels([[{"role": "assistant", "content": "aeb1"}]])
+        [0.6666666666666666]
+    """
+    rewards = []
+    for completion in completions:
+        letters = [ch for ch in str(completion[-1].get("content") or "") if ch.isalpha()]
+        rewards.append(sum(ch in VOWELS for ch in letters) / len(letters) if letters else 0.0)
+    return rewards
+
+
+class VariedLengthLoop(AsyncRolloutLoop):
+    """Each request's ``max_tokens`` drawn from :data:`LENGTHS` (a sequence seeded by the run's
+    seed). Only ``max_tokens`` differs between requests, so concurrent requests that swap
+    ``self.sampling`` around their call leave every other setting as it was."""
+
+    async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
+        draw = self.__dict__.setdefault("_lengths", random.Random(self.config.seed))
+        base = self.sampling
+        self.sampling = attrs.evolve(base, max_tokens=draw.choice(LENGTHS))
+        try:
+            return await super().generate_one_turn(prompt_ids)
+        finally:
+            self.sampling = base

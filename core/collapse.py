@@ -1,0 +1,136 @@
+"""A policy with no reward spread left: telling it from one that learns, step by step.
+
+GRPO learns only from groups whose rewards differ (zero-spread groups are dropped). When the
+policy has collapsed (every reply of a group the same) or the task is solved, almost no group
+has spread: the trainer keeps generating and dropping, and a step takes ever longer to fill.
+:class:`SpreadWatch` counts the groups each step saw; a step closes when the trainer trains it,
+or, while the trainer waits, once a step's worth of groups arrived (so a run where no group has
+spread at all is still seen). A closed step whose share of zero-spread groups is at least
+``SpreadSettings.share`` is *spreadless*; :func:`close_step` says when to warn
+(``warn_after`` spreadless steps in a row, once until a step has spread again) and when to stop
+(``stop_after``, the config's ``stop_after_spreadless_steps``; ``None`` never stops, as TRL).
+
+Example:
+    >>> settings = SpreadSettings(share=0.9, warn_after=2, stop_after=3)
+    >>> watch = SpreadWatch()
+    >>> verdicts = []
+    >>> for _ in range(3):
+    ...     for _ in range(4):
+    ...         watch = group_seen(watch, zero_spread=True)
+    ...     watch, verdict = close_step(watch, settings)
+    ...     verdicts.append(verdict.name)
+    >>> verdicts
+    ['NONE', 'WARN', 'STOP']
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+from asyncgrpo.core.metrics import Observation
+
+ZERO_SPREAD_METRIC = "frac_reward_zero_std"
+
+
+class Verdict(enum.Enum):
+    NONE = "none"
+    WARN = "warn"
+    STOP = "stop"
+
+
+@attrs.frozen
+class SpreadSettings:
+    """When steps without reward spread are reported and end the run.
+
+    Attributes:
+        share: a closed step is spreadless when at least this share of its groups had zero
+            reward spread (in (0, 1]).
+        warn_after: spreadless steps in a row before the warning (>= 1).
+        stop_after: spreadless steps in a row that end the run; ``None`` never ends it.
+    """
+
+    share: float
+    warn_after: int
+    stop_after: int | None
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"SpreadSettings.share must be in (0, 1], got {self.share}")
+        if self.warn_after < 1:
+            raise ValueError(f"SpreadSettings.warn_after must be >= 1, got {self.warn_after}")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError(
+                f"stop_after_spreadless_steps must be >= 1 or None, got {self.stop_after}"
+            )
+
+
+@attrs.frozen
+class SpreadWatch:
+    """What the steps so far saw.
+
+    Attributes:
+        groups: scored groups since the step last closed.
+        zero_spread: of which had zero reward spread.
+        spreadless_in_a_row: closed spreadless steps in a row.
+        warned: the warning for this run of spreadless steps was given.
+        last_share: the share of zero-spread groups of the step that closed last (NaN before).
+    """
+
+    groups: int = 0
+    zero_spread: int = 0
+    spreadless_in_a_row: int = 0
+    warned: bool = False
+    last_share: float = float("nan")
+
+
+def group_seen(watch: SpreadWatch, zero_spread: bool) -> SpreadWatch:
+    """Count one scored group."""
+    return attrs.evolve(watch, groups=watch.groups + 1,
+                        zero_spread=watch.zero_spread + int(zero_spread))  # fmt: skip
+
+
+def step_due(watch: SpreadWatch, groups_per_step: int) -> bool:
+    """Whether, while the trainer waits, a step's worth of groups arrived without making a
+    step (then the shell closes a step without training one).
+
+    Example:
+        >>> step_due(SpreadWatch(groups=8, zero_spread=8), groups_per_step=8)
+        True
+    """
+    return watch.zero_spread >= max(1, groups_per_step)
+
+
+def close_step(watch: SpreadWatch, settings: SpreadSettings) -> tuple[SpreadWatch, Verdict]:
+    """Close the current step: count it spreadless or not, and say what to do.
+
+    A step that saw no group is not judged (nothing changes)."""
+    if watch.groups == 0:
+        return watch, Verdict.NONE
+    share = watch.zero_spread / watch.groups
+    if share < settings.share:
+        return SpreadWatch(last_share=share), Verdict.NONE
+    in_a_row = watch.spreadless_in_a_row + 1
+    closed = SpreadWatch(spreadless_in_a_row=in_a_row, warned=watch.warned, last_share=share)
+    if settings.stop_after is not None and in_a_row >= settings.stop_after:
+        return closed, Verdict.STOP
+    if in_a_row >= settings.warn_after and not watch.warned:
+        return attrs.evolve(closed, warned=True), Verdict.WARN
+    return closed, Verdict.NONE
+
+
+def zero_spread_of(observations: Sequence[Observation]) -> bool | None:
+    """Whether a group's observations say it had zero reward spread (its
+    ``frac_reward_zero_std`` is 1); ``None`` for a group that was not scored (filtered).
+
+    Example:
+        >>> from asyncgrpo.core.metrics import value
+        >>> zero_spread_of((value("frac_reward_zero_std", 1.0),))
+        True
+    """
+    for observation in observations:
+        if observation.name == ZERO_SPREAD_METRIC:
+            return observation.amount >= 1.0
+    return None

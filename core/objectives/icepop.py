@@ -1,0 +1,81 @@
+"""IcePop: two-sided masking of the train/infer ratio (Ring-1T's objective for MoE RL).
+
+With ``k_t = pi_prox(o_t) / mu(o_t)`` (trainer over inference engine, both at the sampling
+policy's weights in the paper) and ``M(k) = k`` for ``alpha <= k <= beta``, 0 otherwise:
+
+    ``loss_t = M(k_t) * ppo_t``,  ``ppo_t = -min(q_t A_t, clip(q_t, 1 - eps, 1 + eps_high) A_t)``,
+
+``q_t = pi(o_t) / pi_prox(o_t)``, ``M(k)`` detached. The kept tokens' gradient is weighted by
+``k`` as the paper's ``M`` says (``grad J = E[M(k) grad log pi A q]``); tokens outside
+``[icepop_alpha, icepop_beta]`` get no gradient, where TIS would still scale them. In this trainer
+the proximal policy is the current one (one optimizer step per batch), so ``q = 1``,
+``k = pi / mu``, and the gradient is ``-M(pi / mu) A grad log pi``, the form INTELLECT-3 writes
+(``M(pi_train(theta) / pi_infer(theta_old))``). It then equals ``mis_token`` with the keep range
+``[alpha, beta]``; IcePop keeps its own name and bounds because that is how users ask for it.
+
+Sources: the Ling team, "Small Leak Can Sink a Great Ship: Boost RL Training on MoE with IcePop"
+(2025) and the Ring-1T report (Ling team, 2025); INTELLECT-3 report (arXiv 2512.16144, eq. 1).
+Shipped by prime-rl (``icepop_ratio_low`` / ``icepop_ratio_high``, 0.5 / 5.0), slime and verl
+(token-level rejection sampling of the rollout/train ratio), SkyRL (``rollout_is`` loss).
+
+Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``M(k)``),
+``objective/masked_fraction`` (tokens outside ``[alpha, beta]``; the blog reports 1-2 per mille
+in its runs), ``objective/clipped_fraction``, ``objective/proximal_gap``.
+
+Example:
+    >>> from asyncgrpo.core.objectives.base import TokenInputs, example_settings
+    >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9, 0.01])),
+    ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9, 0.5])),
+    ...     advantages=torch.tensor([1.0, 1.0, 1.0]), sample_index=torch.tensor([0, 0, 0]),
+    ...     entropy=torch.zeros(3))
+    >>> [round(x, 4) for x in ICEPOP.per_token_loss(inputs, example_settings()).tolist()]
+    [-3.0, -1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from asyncgrpo.core.objectives.base import Needs, ObjectiveSettings, TokenInputs
+from asyncgrpo.core.objectives.weights import (
+    MASKED_FRACTION,
+    behaviour_log_ratio,
+    decoupled_loss,
+    decoupled_metrics,
+    fraction,
+    keep_in_range,
+    masked_weight,
+)
+
+
+@attrs.frozen
+class IcePop:
+    """IcePop (see the module docstring)."""
+
+    name: str
+    needs: Needs
+
+    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
+        """``(M(k), keep)``: float [N] detached, and bool [N] ``alpha <= k <= beta``."""
+        log_k = behaviour_log_ratio(inputs)
+        keep = keep_in_range(log_k, settings.icepop_alpha, settings.icepop_beta)
+        return masked_weight(log_k, keep), keep
+
+    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+        """float [N]: ``M(k) * ppo_t``."""
+        return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
+
+    @torch.no_grad()
+    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+        """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
+        weight, keep = self.weight(inputs, settings)
+        return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
+
+
+ICEPOP = IcePop(
+    name="icepop",
+    needs=Needs(sampler_topk=False, proximal_logp=False, whole_samples=False, batch_coupled=False),
+)
+OBJECTIVES = (ICEPOP,)

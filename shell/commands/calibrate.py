@@ -1,0 +1,128 @@
+"""``asyncgrpo simulate --calibrate RUN [--predict RUN ...]``: fit the simulator to a real run, then
+predict other runs of the same task and score the predictions.
+
+The fit (:func:`asyncgrpo.core.calibration.calibrate`) reads the run's ``metrics.jsonl``:
+training throughput per forwarded token with a fixed and a per-sample cost where the data
+supports them, the push's seconds, and the generator's throughput (identified when the
+trainer waited for samples, always so at ``max_staleness`` 0). Each predicted run is simulated
+with its own settings (from the ``run_spec.json`` of a sweep's run: ``max_staleness``,
+``num_generations``, ...; its prompt and completion lengths from its metrics) and the fitted
+throughputs, and its step time, staleness and trainer idle are compared with the measured
+ones (:func:`asyncgrpo.core.calibration.compare_figures`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from asyncgrpo.core.calibration import (
+    Calibration,
+    FigureError,
+    calibrate,
+    compare_figures,
+    pipeline_figures,
+)
+from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.commands.sweep import RUN_SPEC, SweepError
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.run import read_metrics
+
+SIMULATED_PROMPTS = 10_000  # enough prompts that no simulated run ends an epoch
+
+
+@attrs.frozen
+class Prediction:
+    """One predicted run: its settings, and each figure predicted against measured."""
+
+    run: str
+    settings: Mapping[str, Any]
+    errors: tuple[FigureError, ...]
+
+
+def run_config(run_dir: Path) -> AsyncGRPOConfig:
+    """A sweep run's config (its ``run_spec.json``)."""
+    spec = run_dir / RUN_SPEC
+    if not spec.exists():
+        raise SweepError(f"{run_dir}: no {RUN_SPEC}; calibrate and predict runs of a sweep "
+                         "(asyncgrpo sweep), whose settings are recorded")  # fmt: skip
+    return AsyncGRPOConfig(**json.loads(spec.read_text())["config"])
+
+
+def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0) -> SimulationConfig:
+    """The simulation of a run: its settings, its measured lengths, the fitted throughputs."""
+    config = run_config(run_dir)
+    rows = read_metrics(run_dir)
+
+    def median(key: str, default: float) -> float:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(values) if values else default
+
+    completion = median("completions/mean_length", config.max_completion_length)
+    forwarded = median("batch/forwarded_tokens_per_step", 0.0)
+    samples = median("batch/samples_per_step", 1.0)
+    prompt = max(1, round(forwarded / max(samples, 1.0) - completion))
+    shortest = max(1, round(median("completions/min_length", completion)))
+    longest = max(shortest, round(median("completions/max_length", completion)))
+    budget = config.token_budget or (prompt + config.max_completion_length)
+    return SimulationConfig(
+        max_steps=int(rows[-1]["step"]),
+        dataset_size=SIMULATED_PROMPTS,
+        num_generations=config.num_generations,
+        max_staleness=config.max_staleness,
+        max_concurrent_rollouts=max(config.max_concurrent_rollouts, config.num_generations),
+        token_budget=max(budget, prompt + longest),
+        rows_per_step=config.gradient_accumulation_steps,
+        prompt_tokens=prompt,
+        min_completion_tokens=shortest,
+        max_completion_tokens=longest,
+        logging_steps=config.logging_steps if config.logging_steps >= 1 else 1,
+        seed=seed,
+        **fitted,
+    )
+
+
+def fit_run(run_dir: Path) -> Calibration:
+    config = run_config(run_dir)
+    return calibrate(read_metrics(run_dir), max_staleness=config.max_staleness,
+                     weight_sync_steps=config.weight_sync_steps)  # fmt: skip
+
+
+def calibrate_and_predict(
+    calibration_run: str | Path, predict: Sequence[str | Path], output_dir: str | Path
+) -> tuple[Calibration, list[Prediction]]:
+    """Fit on ``calibration_run``; simulate and score each of ``predict`` (the calibration run
+    itself is scored too, as the in-sample check). Simulations land under ``output_dir``."""
+    fit = fit_run(Path(calibration_run))
+    fitted = fit.simulator_settings(with_fixed_costs=True)
+    predictions = []
+    for run in [Path(calibration_run), *map(Path, predict)]:
+        simulation = simulation_of(run, fitted)
+        simulated = simulate(simulation, Path(output_dir) / run.name, progress=False)
+        errors = compare_figures(pipeline_figures(simulated), pipeline_figures(read_metrics(run)))
+        settings = {"max_staleness": simulation.max_staleness}
+        predictions.append(Prediction(str(run), settings, tuple(errors)))
+    return fit, predictions
+
+
+def report(fit: Calibration, predictions: Sequence[Prediction]) -> str:
+    """The fitted values and a markdown table of predicted against measured figures."""
+    lines = ["fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in
+                                    fit.simulator_settings(with_fixed_costs=True).items()),
+             "", "| run | figure | predicted | measured | relative error |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for prediction in predictions:
+        for error in prediction.errors:
+            relative = "-" if error.relative is None else f"{error.relative:+.1%}"
+            lines.append(f"| {prediction.run} | {error.name} | {_number(error.predicted)} | "
+                         f"{_number(error.measured)} | {relative} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -1,0 +1,510 @@
+"""``asyncgrpo sweep SWEEP_FILE``: many runs over settings and seeds, resumable, on shared servers.
+
+A sweep file (TOML, YAML or JSON) holds what ``asyncgrpo train --config`` holds (``model``,
+``dataset``, ``reward_funcs`` and config fields, at the top level or in an ``asyncgrpo``
+table: the base of every run) and::
+
+    seeds = [0, 1, 2, 3, 4]
+    loop = "tasks:VariedLengthLoop"       # optional: an AsyncRolloutLoop subclass
+    claims = ["time_to(0.9)[max_staleness=1] <= 0.8 * time_to(0.9)[max_staleness=0]"]
+
+    [grid]                                # every combination of these values
+    max_staleness = [0, 1, 4]
+
+    # or, instead of or beside the grid, a list of setting sets:
+    # [[runs]]
+    # loss_type = "cispo"
+
+    [stop]                                # when a run ends (the first rule that applies)
+    max_steps = 40
+    reward_threshold = 0.9                # a logged window's reward at or above it
+    wall_time_s = 300                     # seconds of training
+    spreadless_steps = 5                  # stop_after_spreadless_steps
+
+    [server]                              # the vLLM server the runs share (local, started here)
+    max_model_len = 1024
+
+``model`` is a model id or directory, or a tiny random model built here:
+``model = {tiny = "qwen3", hidden_size = 128, num_layers = 2, seed = 0}``. ``dataset`` is a
+``.json``/``.jsonl`` file, a ``datasets.save_to_disk`` folder, or ``"module:function"`` returning
+a dataset. ``module:name`` strings import from the sweep file's folder too (and from the current
+directory), in the run and in its rollout process.
+
+Each run has its own directory, ``<output_dir>/<setting>=<value>,.../seed=<seed>``, and its own
+process. ``<output_dir>/index.json`` lists every run with its status. A sweep started again
+skips finished runs, resumes an interrupted one from its last checkpoint (``save_steps``; from
+scratch without one) and leaves failed ones (``--retry-failed`` runs them again). Runs whose
+servers would be the same share one server, started by the sweep with the cores the CPU plan
+gives a server (or ``--vllm-url``, once per server to use: runs then go side by side, one per
+server). Settings interleave (:mod:`asyncgrpo.core.sweep_plan`).
+
+From Python, :func:`run_sweep` (``asyncgrpo.experiments.run_sweep``) does the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+from transformers import TrainerCallback
+
+from asyncgrpo.core.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
+from asyncgrpo.shell.config import AsyncGRPOConfig, read_config
+from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.run import checkpoints, signals_interrupt
+
+log = structlog.get_logger("asyncgrpo.sweep")
+
+SWEEP_KEYS = ("model", "dataset", "reward_funcs", "loop", "seeds", "grid", "runs", "stop",
+              "server", "claims", "compare")  # fmt: skip
+STOP_KEYS = ("max_steps", "reward_threshold", "wall_time_s", "spreadless_steps")
+SERVER_KEYS = ("max_model_len", "max_logprobs", "extra_args")
+INDEX = "index.json"
+RUN_SPEC = "run_spec.json"
+RUN_RESULT = "run.json"
+SWEEP_COPY = "sweep.json"
+SET_BY_SWEEP = ("seed", "output_dir", "vllm_server_base_url")
+DEFAULT_SAVE_STEPS = 10  # a checkpoint this often, so an interrupted run resumes
+RUN_STOP_GRACE_S = 120.0  # a run asked to stop gets this long before it is killed
+
+
+class SweepError(ValueError):
+    """A sweep file or a sweep directory that cannot be used; the message says what to fix."""
+
+
+@attrs.frozen
+class StopRule:
+    """When each run of a sweep ends.
+
+    Attributes:
+        max_steps: optimizer steps at most (the runs' ``max_steps``).
+        reward_threshold: end after the first logged window whose reward reaches it.
+        wall_time_s: end after this many seconds of training.
+        spreadless_steps: the runs' ``stop_after_spreadless_steps`` (a collapsed policy).
+    """
+
+    max_steps: int
+    reward_threshold: float | None = None
+    wall_time_s: float | None = None
+    spreadless_steps: int | None = None
+
+
+@attrs.frozen
+class Sweep:
+    """A sweep file, read and checked."""
+
+    path: Path
+    base: Mapping[str, Any]
+    model: str | Mapping[str, Any]
+    dataset: str
+    reward_funcs: tuple[str, ...]
+    loop: str | None
+    runs: tuple[PlannedRun, ...]
+    stop: StopRule
+    server: Mapping[str, Any]
+    claims: tuple[str, ...]
+    compare: Mapping[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "base": dict(self.base), "model": self.model,
+                "dataset": self.dataset, "reward_funcs": list(self.reward_funcs),
+                "loop": self.loop, "stop": attrs.asdict(self.stop), "server": dict(self.server),
+                "claims": list(self.claims), "compare": dict(self.compare)}  # fmt: skip
+
+
+def read_sweep(path: str | Path) -> Sweep:
+    """Read a sweep file; every run's config is built once here, so a bad value fails before
+    any server starts, naming the run and the field."""
+    path = Path(path)
+    base, extra = read_config(path, AsyncGRPOConfig)
+    unknown = sorted(set(extra) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepError(f"{path}: {unknown[0]!r} is neither a sweep key nor an AsyncGRPOConfig "
+                         "field" + config_rules.closest(unknown[0], [*SWEEP_KEYS]))  # fmt: skip
+    for key in ("model", "dataset", "reward_funcs"):
+        if key not in extra:
+            raise SweepError(f"{path}: {key} is required (as in asyncgrpo train --config)")
+    stop = _table(extra, "stop", path, STOP_KEYS)
+    if "max_steps" not in stop and base.get("max_steps", -1) <= 0:
+        raise SweepError(f"{path}: give [stop] max_steps (or max_steps in the base config)")
+    rule = StopRule(max_steps=int(stop.get("max_steps", base.get("max_steps", 0))),
+                    reward_threshold=stop.get("reward_threshold"),
+                    wall_time_s=stop.get("wall_time_s"),
+                    spreadless_steps=stop.get("spreadless_steps"))  # fmt: skip
+    grid = _table(extra, "grid", path, None)
+    overrides = extra.get("runs") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
+        raise SweepError(f"{path}: runs must be a list of tables of settings ([[runs]])")
+    for key in [*grid, *(k for o in overrides for k in o)]:
+        if key in SET_BY_SWEEP:
+            raise SweepError(f"{path}: {key} is set by the sweep itself (seeds, output dir, "
+                             "server); remove it from grid/runs")  # fmt: skip
+    seeds = extra.get("seeds", [base.get("seed", 0)])
+    try:
+        planned = plan_runs(grid, overrides, [int(s) for s in seeds])
+    except ValueError as error:
+        raise SweepError(f"{path}: {error}") from error
+    sweep = Sweep(path=path, base=base, model=extra["model"], dataset=str(extra["dataset"]),
+                  reward_funcs=tuple(_strings(extra["reward_funcs"], "reward_funcs", path)),
+                  loop=extra.get("loop"), runs=tuple(planned), stop=rule,
+                  server=_table(extra, "server", path, SERVER_KEYS),
+                  claims=tuple(_strings(extra.get("claims", []), "claims", path)),
+                  compare=_table(extra, "compare", path, ("threshold", "baseline")))  # fmt: skip
+    for run in planned:
+        try:
+            run_config(sweep, run, Path("."), "http://127.0.0.1:1")
+        except (TypeError, ValueError) as error:
+            raise SweepError(f"{path}: the run {run.name}: {error}") from error
+    return sweep
+
+
+def _table(extra: Mapping[str, Any], key: str, path: Path,
+           known: Sequence[str] | None) -> dict[str, Any]:  # fmt: skip
+    table = extra.get(key, {})
+    if not isinstance(table, dict):
+        raise SweepError(f"{path}: {key} must be a table ([{key}])")
+    if known is not None:
+        for name in table:
+            if name not in known:
+                raise SweepError(f"{path}: [{key}] {name!r} is not one of {list(known)}"
+                                 + config_rules.closest(name, list(known)))  # fmt: skip
+    return dict(table)
+
+
+def _strings(value: Any, key: str, path: Path) -> list[str]:
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SweepError(f"{path}: {key} must be a string or a list of strings")
+    return values
+
+
+def run_config(sweep: Sweep, run: PlannedRun, run_dir: Path, base_url: str) -> AsyncGRPOConfig:
+    """The config of one run: the base, the run's settings, its seed, the stop rule."""
+    values = {"save_steps": DEFAULT_SAVE_STEPS, "save_total_limit": 1, "disable_tqdm": True,
+              **sweep.base, **run.settings, "seed": run.seed, "output_dir": str(run_dir),
+              "vllm_server_base_url": base_url, "max_steps": sweep.stop.max_steps}  # fmt: skip
+    if sweep.stop.spreadless_steps is not None:
+        values["stop_after_spreadless_steps"] = sweep.stop.spreadless_steps
+    return AsyncGRPOConfig(**values)
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+@attrs.frozen
+class SweepResult:
+    """What a sweep ended with: each run's status by name."""
+
+    output_dir: Path
+    statuses: Mapping[str, str]
+
+    @property
+    def finished(self) -> int:
+        return sum(s == Status.FINISHED.value for s in self.statuses.values())
+
+
+def run_sweep(
+    sweep_file: str | Path,
+    output_dir: str | Path,
+    vllm_urls: Sequence[str] = (),
+    retry_failed: bool = False,
+) -> SweepResult:
+    """Run (or finish) a sweep; see the module docstring."""
+    sweep = read_sweep(sweep_file)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SWEEP_COPY).write_text(json.dumps(sweep.as_json(), indent=1))
+    index = _Index(out, sweep)
+    todo = []
+    for run in sweep.runs:
+        run_dir = out / run.name
+        action = next_action(index.status(run.name), checkpoints.latest(run_dir) is not None,
+                             retry_failed)  # fmt: skip
+        if action is not Action.SKIP:
+            todo.append((run, action))
+    log.info("sweep", runs=len(sweep.runs), to_run=len(todo), output_dir=str(out))
+    if todo:
+        model = _model_dir(sweep, out)
+        with signals_interrupt(), _servers(sweep, model, out, vllm_urls) as urls:
+            _run_all(sweep, model, out, todo, urls, index)
+    return SweepResult(out, index.statuses())
+
+
+def _run_all(sweep: Sweep, model: str, out: Path, todo: list[tuple[PlannedRun, Action]],
+             urls: list[str], index: _Index) -> None:  # fmt: skip
+    """The runs, one per server at a time, in the planned order."""
+    work: queue.SimpleQueue[tuple[PlannedRun, Action] | None] = queue.SimpleQueue()
+    for item in todo:
+        work.put(item)
+    for _ in urls:
+        work.put(None)
+    errors: list[BaseException] = []
+    done = [threading.Event() for _ in urls]
+
+    def worker(url: str, finished: threading.Event) -> None:
+        try:
+            while (item := work.get()) is not None and not index.stopping.is_set():
+                run, action = item
+                _run_one(sweep, model, out, run, action, url, index)
+        except BaseException as error:  # surfaced by the main thread below
+            errors.append(error)
+        finally:
+            finished.set()
+
+    for url, finished in zip(urls, done, strict=True):
+        threading.Thread(target=worker, args=(url, finished), daemon=True).start()
+    try:
+        for finished in done:
+            while not finished.wait(0.5):  # the main thread stays interruptible
+                pass
+    except BaseException:
+        index.stopping.set()  # the workers stop their runs (interrupted, resumable) and return
+        for finished in done:  # Event.wait, unlike Thread.join, may be interrupted safely
+            while not finished.wait(0.5):
+                pass
+        raise
+    if errors:
+        raise errors[0]
+
+
+def _run_one(sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Action, url: str,
+             index: _Index) -> None:  # fmt: skip
+    run_dir = out / run.name
+    if action is Action.START and run_dir.exists():
+        shutil.rmtree(run_dir)  # a run started over is counted once
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_config(sweep, run, run_dir, url)
+    spec = {"config": {k: v for k, v in config.to_dict().items() if k in _given(sweep, run)},
+            "model": model, "dataset": sweep.dataset, "reward_funcs": list(sweep.reward_funcs),
+            "loop": sweep.loop, "stop": attrs.asdict(sweep.stop),
+            "resume": action is Action.RESUME, "import_path": _import_path(sweep)}  # fmt: skip
+    (run_dir / RUN_SPEC).write_text(json.dumps(spec, indent=1))
+    index.update(run, Status.RUNNING)
+    log.info("run", run=run.name, action=action.value, server=url)
+    started = time.monotonic()
+    with (run_dir / "run.log").open("ab") as output:
+        process = subprocess.Popen([sys.executable, "-m", __name__, str(run_dir), str(os.getpid())],
+                                   stdout=output, stderr=subprocess.STDOUT)  # fmt: skip
+        while (code := _wait(process, 0.5)) is None:
+            if index.stopping.is_set():  # the sweep was interrupted: end the run cleanly
+                process.send_signal(signal.SIGTERM)
+                code = _wait(process, RUN_STOP_GRACE_S)
+                if code is None:
+                    process.kill()
+                    code = process.wait()
+                index.update(run, Status.INTERRUPTED, exit_code=code)
+                return
+    status = Status.FINISHED if code == 0 else (Status.INTERRUPTED if code < 0 or code in
+                                                (130, 143) else Status.FAILED)  # fmt: skip
+    index.update(run, status, wall_s=time.monotonic() - started, exit_code=code)
+    log.info("run ended", run=run.name, status=status.value, exit_code=code)
+
+
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
+    try:
+        return process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _given(sweep: Sweep, run: PlannedRun) -> set[str]:
+    """The config fields a run sets (the rest keep their defaults, whatever version reads
+    the spec)."""
+    return {*sweep.base, *run.settings, *SET_BY_SWEEP, "max_steps", "save_steps",
+            "save_total_limit", "disable_tqdm", "stop_after_spreadless_steps"}  # fmt: skip
+
+
+def _import_path(sweep: Sweep) -> list[str]:
+    return [str(sweep.path.resolve().parent), os.getcwd()]
+
+
+def _model_dir(sweep: Sweep, out: Path) -> str:
+    """The model's id or directory; a tiny random model is built under the sweep once."""
+    if isinstance(sweep.model, str):
+        return sweep.model
+    options = dict(sweep.model)
+    architecture = options.pop("tiny", None)
+    if architecture is None:
+        raise SweepError(f"{sweep.path}: model must be an id/path or a table with tiny = "
+                         "'<architecture>'")  # fmt: skip
+    name = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+    path = out / "models" / f"tiny-{architecture}{',' + name if name else ''}"
+    if not (path / "config.json").exists():
+        from asyncgrpo.adapters.models import save_tiny_model
+
+        seed = int(options.pop("seed", 0))
+        save_tiny_model(path, architecture, seed=seed, **options)
+    return str(path)
+
+
+@contextlib.contextmanager
+def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterator[list[str]]:
+    """The servers the runs use: the given URLs, or one local server with the CPU plan's
+    cores."""
+    if urls:
+        yield list(urls)
+        return
+    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+    from asyncgrpo.shell.servers import server_cpus_for
+
+    config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
+                                "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip
+    options = dict(sweep.server)
+    spec = ServerSpec(model=model, max_model_len=int(options.get("max_model_len", 1024)),
+                      dtype=config.dtype,
+                      max_logprobs=int(options.get("max_logprobs",
+                                                   max(20, config.num_sampler_logprobs))),
+                      cpus=server_cpus_for(config),
+                      extra_args=tuple(options.get("extra_args", ())))  # fmt: skip
+    with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
+        yield [server.base_url]
+
+
+class _Index:
+    """``index.json``: every run of the sweep with its status, written whole on each change."""
+
+    def __init__(self, out: Path, sweep: Sweep) -> None:
+        self.path = out / INDEX
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()  # the sweep was interrupted
+        old = json.loads(self.path.read_text()) if self.path.exists() else {"runs": []}
+        known = {r["name"]: r for r in old.get("runs", [])}
+        self.runs = {run.name: known.get(run.name) or {
+            "name": run.name, "settings": dict(run.settings), "seed": run.seed,
+            "status": Status.PLANNED.value} for run in sweep.runs}  # fmt: skip
+        self._write()
+
+    def status(self, name: str) -> Status:
+        return Status(self.runs[name]["status"])
+
+    def statuses(self) -> dict[str, str]:
+        return {name: entry["status"] for name, entry in self.runs.items()}
+
+    def update(self, run: PlannedRun, status: Status, **fields: Any) -> None:
+        with self._lock:
+            self.runs[run.name] = {**self.runs[run.name], "status": status.value, **fields}
+            self._write()
+
+    def _write(self) -> None:
+        partial = self.path.with_name(f".{INDEX}.partial")
+        partial.write_text(json.dumps({"runs": list(self.runs.values())}, indent=1))
+        partial.replace(self.path)
+
+
+def read_index(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """The runs of a sweep directory (name, settings, seed, status, ...)."""
+    path = Path(sweep_dir) / INDEX
+    if not path.exists():
+        raise SweepError(f"{sweep_dir}: not a sweep directory (no {INDEX})")
+    return list(json.loads(path.read_text())["runs"])
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+class StopAtThreshold(TrainerCallback):
+    """Ends a run after the first logged window whose reward reaches ``threshold``."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        reward = (logs or {}).get("reward")
+        if reward is not None and reward >= self.threshold:
+            control.should_training_stop = True
+
+
+class StopAfterWallTime(TrainerCallback):
+    """Ends a run once ``seconds`` of training passed (checked at each step's end)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if time.monotonic() - self.started >= self.seconds:
+            control.should_training_stop = True
+
+
+def import_named(spec: str, what: str) -> Any:
+    """``"module:name"`` -> the object."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise SweepError(f"{what} {spec!r} must look like 'module:name'")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise SweepError(f"cannot import {what} {spec!r}: {error}") from error
+
+
+def load_dataset_spec(spec: str) -> Any:
+    """A dataset from a file, a ``save_to_disk`` folder, or ``module:function``."""
+    from asyncgrpo.shell.commands.train import load_prompts
+
+    if ":" in spec and not Path(spec).exists():
+        return import_named(spec, "dataset")()
+    return load_prompts(spec)
+
+
+def train_one(run_dir: Path) -> int:
+    """The run process: train from ``run_dir/run_spec.json``; ``run.json`` records the end."""
+    spec = json.loads((run_dir / RUN_SPEC).read_text())
+    for folder in spec["import_path"]:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # the rollout process, spawned, inherits sys.path
+    from asyncgrpo.shell.run import AsyncGRPOTrainer
+
+    callbacks: list[TrainerCallback] = []
+    stop = StopRule(**spec["stop"])
+    if stop.reward_threshold is not None:
+        callbacks.append(StopAtThreshold(stop.reward_threshold))
+    if stop.wall_time_s is not None:
+        callbacks.append(StopAfterWallTime(stop.wall_time_s))
+    cls: type[AsyncGRPOTrainer] = AsyncGRPOTrainer
+    if spec["loop"]:
+        cls = type("SweepTrainer", (AsyncGRPOTrainer,),
+                   {"loop_cls": import_named(spec["loop"], "loop")})  # fmt: skip
+    trainer = cls(model=spec["model"], args=AsyncGRPOConfig(**spec["config"]),
+                  reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
+                  train_dataset=load_dataset_spec(spec["dataset"]),
+                  callbacks=callbacks)  # fmt: skip
+    output = trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
+    (run_dir / RUN_RESULT).write_text(
+        json.dumps({"global_step": output.global_step, "training_loss": output.training_loss})
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asyncgrpo.shell.commands.sweep RUN_DIR SWEEP_PID``: one run of a sweep; it
+    stops (cleanly, as on SIGTERM) when the sweep process is gone."""
+    from asyncgrpo.adapters.parent_death import die_with_parent
+    from asyncgrpo.shell.run import configure_logging
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent(signal.SIGTERM, int(args[1]))
+    configure_logging()
+    with signals_interrupt():
+        return train_one(Path(args[0]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

