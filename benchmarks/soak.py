@@ -12,8 +12,9 @@ per 100 steps at the end. A checkpoint every ``--save-steps`` steps (the newest 
 
 ``--trace-rollout S`` also writes the rollout process's largest Python allocation growths
 (``tracemalloc``) every S seconds to ``<output-dir>/rollout_tracemalloc.txt``;
-``--trace-trainer`` counts the trainer's Python objects by type at each sample and writes the
-types that grew most to ``<output-dir>/trainer_objects.txt``.
+``--trace-trainer`` counts the trainer's Python objects by type at each sample (after a full
+garbage collection) and writes the types that grew most, and what ``malloc_trim`` gives back,
+to ``<output-dir>/trainer_objects.txt``.
 
     .venv/bin/python benchmarks/soak.py --output-dir runs/soak --steps 1000 --every 100
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import gc
 import json
 import os
@@ -118,15 +120,22 @@ class Sampler(TrainerCallback):
         print(f"step {step} t={row['elapsed_s']}s reward={self.reward}: {summary}", flush=True)
 
     def _trace(self, step: int) -> None:
-        """Count the trainer's Python objects by type (gc); write the types that grew most."""
+        """After a full garbage collection, count the trainer's Python objects by type and
+        write the types that grew most, and how much RSS ``malloc_trim`` gives back (memory
+        freed but kept by the allocator, as opposed to memory in use)."""
+        gc.collect()
         counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
         if self.first is None:
             self.first = counts
             return
         grown = sorted(((counts[t] - self.first.get(t, 0), t) for t in counts), reverse=True)
+        me = psutil.Process()
+        before = me.memory_info().rss
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trimmed = (before - me.memory_info().rss) / 2**20
         with self.trace.open("a") as out:
-            out.write(f"=== step {step}: " + ", ".join(f"{t} {n:+d}" for n, t in grown[:12])
-                      + "\n")  # fmt: skip
+            out.write(f"=== step {step}: malloc_trim gave back {trimmed:.1f} MB; "
+                      + ", ".join(f"{t} {n:+d}" for n, t in grown[:12]) + "\n")  # fmt: skip
 
 
 TRACE_ENV = "ASYNCGRPO_SOAK_TRACE"  # "<seconds>:<file>", read in the spawned rollout process

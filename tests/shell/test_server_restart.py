@@ -231,7 +231,7 @@ def test_an_unseen_restart_of_a_server_without_identity_trains_on_its_weights(
     loaded, as staleness 0, and only the foreign-weights check catches it."""
     run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
                                   without_identity=True)  # fmt: skip
-    with pytest.raises(ForeignWeightsError, match=r"on 1 of the last 1 checked step") as failed:
+    with pytest.raises(ForeignWeightsError, match=r"on 1 of the last [12] checked step") as failed:
         run.train()
     old, new = restart.identities
     assert old is not None and new is None
@@ -300,14 +300,17 @@ def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
     6 checked steps) the run fails at step 6."""
     server, path = served
     foreign = ForeignTrainer(server, path, tmp_path / "foreign")
-    publish = TrainingRun._landed
 
-    def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
-        if run.process is not None and run.learner.step % 2 == 1:
-            foreign.on_step_end(None, None, None)
-        publish(run, pushed)
+    def foreign_push_before(publish):  # the run tells the rollout side what landed here
+        def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
+            if run.process is not None and pushed.version % 2 == 1:
+                foreign.on_step_end(None, None, None)
+            publish(run, pushed)
 
-    monkeypatch.setattr(TrainingRun, "_landed", foreign_push_then_publish)
+        return foreign_push_then_publish
+
+    for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
+        monkeypatch.setattr(TrainingRun, landed, foreign_push_before(getattr(TrainingRun, landed)))
     run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=10,
                   weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
