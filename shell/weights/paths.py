@@ -181,7 +181,8 @@ class EngineWeights:
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
         self.engine = EngineSync(self.args.vllm_server_base_url, self.client, self.backend,
                                  source, workers=self.server_workers, rank=self.learner.rank,
-                                 timeout_s=self.args.vllm_server_timeout)  # fmt: skip
+                                 timeout_s=self.args.vllm_server_timeout,
+                                 api_key=self.args.server_api_key)  # fmt: skip
 
     def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
         if self.engine is None:
