@@ -38,6 +38,7 @@ from asyncgrpo.core.objectives import (
     loss_type_from,
     objective_for,
 )
+from asyncgrpo.core.routing import server_urls
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.config.files import read_config
@@ -137,9 +138,13 @@ class AsyncGRPOConfig(TrainingArguments):
     )
 
     # server
-    vllm_server_base_url: str = field(
-        default="http://localhost:8000", metadata=_help("Base URL of the vLLM server.")
-    )
+    vllm_server_base_url: str | list[str] = field(
+        default="http://localhost:8000",
+        metadata=_help("Base URL of the vLLM server. Not in TRL: several servers as a list (or "
+                       "one string of URLs separated by commas); each group goes to the least "
+                       "loaded one and every weight sync reaches all of them "
+                       "(docs/scaling.md)."),
+    )  # fmt: skip
     vllm_server_timeout: float = field(
         default=1800.0,
         metadata=_help("Seconds to wait for the server to be ready, for a call to it (all "
@@ -362,6 +367,7 @@ class AsyncGRPOConfig(TrainingArguments):
                 "sample could be trained; raise max_staleness or lower weight_sync_steps"
             )
         check_backend(self.weight_transfer_backend)
+        server_urls(self.vllm_server_base_url)
         if not (self.vllm_server_timeout > 0 and self.vllm_server_stall_timeout > 0):
             raise ValueError(
                 "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
@@ -435,6 +441,12 @@ class AsyncGRPOConfig(TrainingArguments):
             return ObjectiveSettings(**{name: getattr(self, name) for name in names})
         except ValueError as error:
             raise ValueError(f"AsyncGRPOConfig: {error}") from None
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """The servers ``vllm_server_base_url`` names, in order
+        (:func:`~asyncgrpo.core.routing.server_urls`)."""
+        return server_urls(self.vllm_server_base_url)
 
     @property
     def prompt_order_seed(self) -> int:
