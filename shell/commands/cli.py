@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--predict", metavar="RUN", nargs="*", default=[],
                      help="runs of the same task (other settings) to predict")  # fmt: skip
+    sim.add_argument("--predict-servers", metavar="N", type=int, nargs="*", default=[],
+                     help="also simulate the --calibrate run's settings with each of these "
+                     "numbers of servers (a throughput curve; docs/scaling.md)")  # fmt: skip
     _add_simulation_flags(sim)
     commands.add_parser(
         "train",
@@ -168,16 +171,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
     if args.command == "simulate" and args.calibrate:
-        from asyncgrpo.shell.commands.calibrate import calibrate_and_predict, report
+        from asyncgrpo.shell.commands.calibrate import (
+            calibrate_and_predict,
+            predict_servers,
+            report,
+            servers_report,
+        )
         from asyncgrpo.shell.commands.sweep import SweepError
 
         try:
             fit, predictions = calibrate_and_predict(args.calibrate, args.predict,
                                                      args.output_dir)  # fmt: skip
+            points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
         except (SweepError, ValueError) as error:
             print(f"asyncgrpo simulate: {error}", file=sys.stderr)
             return 2
         print(report(fit, predictions))
+        if points:
+            print("\n" + servers_report(points))
     elif args.command == "simulate":
         values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
         try:
