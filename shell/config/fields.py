@@ -149,14 +149,16 @@ class AsyncGRPOConfig(TrainingArguments):
         default=1800.0,
         metadata=_help("Seconds to wait for the server to be ready, for a call to it (all "
                        "its tries together) or a silent server, and for a server that went "
-                       "away mid-run to come back (docs/reliability.md)."),
+                       "away mid-run to come back (docs/reliability.md); with several servers, "
+                       "for one of them to come back when none is left."),
     )  # fmt: skip
     vllm_server_stall_timeout: float = field(
         default=10.0,
         metadata=_help("Not in TRL. Seconds a call to the vLLM server may go unanswered before "
                        "the server's /health is probed; while it does not answer either, a "
                        "warning names the server every 10 s, and after vllm_server_timeout "
-                       "seconds of silence the run fails."),
+                       "seconds of silence the run fails. With several servers, one that does "
+                       "not answer the probe goes out of routing at once."),
     )  # fmt: skip
 
     # loss

@@ -598,6 +598,8 @@ class TrainingRun:
             assert self.servers is not None  # rollouts go on there from here
             self.servers.trusts[resynced.server].pushed(resynced.covering, resynced.identity)
             self._observe(metrics.value("rollout/vllm_outage_count", 1))
+        if pushed.resynced and self.process is not None:
+            self.process.set_model_version(self.version)  # wakes the loop: routable again
         self._record_push(pushed)
 
     def _record_push(self, pushed: Pushed) -> None:
