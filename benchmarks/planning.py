@@ -103,7 +103,9 @@ def _timed(fn, repeats: int) -> float:
 
 def replanning(buffer_sizes=(64, 256, 1024, 4096, 8192), repeats: int = 5) -> None:
     """Planning cost with ``buffer_sizes`` samples buffered, and for filling one step."""
-    settings = step_queue.QueueSettings(token_budget=16_384, num_processes=4, max_staleness=4)
+    settings = step_queue.QueueSettings(
+        16_384, num_processes=4, gradient_accumulation_steps=1, max_staleness=4
+    )
     rng = np.random.default_rng(1)
     pool = make_samples(rng, groups=max(buffer_sizes) // 8 + 8, prompt_len=128,
                         completions=(64, 340))  # fmt: skip

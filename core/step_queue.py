@@ -58,9 +58,9 @@ class QueueSettings:
     """
 
     token_budget: int
-    num_processes: int = 1
-    gradient_accumulation_steps: int = 1
-    max_staleness: int = 1
+    num_processes: int
+    gradient_accumulation_steps: int
+    max_staleness: int
 
     @property
     def rows_per_step(self) -> int:
@@ -190,7 +190,7 @@ def advance(queue: StepQueue, version: int) -> Arrival:
     Example:
         >>> from asyncgrpo.core.records import TrainingSample, TrainingSequence
         >>> seq = TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
-        >>> q = arrive(StepQueue(QueueSettings(token_budget=8)),
+        >>> q = arrive(StepQueue(QueueSettings(8, 1, 1, 1)),
         ...            [TrainingSample(seq, 1.0, 0, 0, 0, 0, "r")], version=0).queue
         >>> len(advance(q, 1).stale), len(advance(q, 2).stale)
         (0, 1)

@@ -2,7 +2,8 @@
 
 A step runs from the end of the previous step's weight sync to the end of its own; its parts,
 in order: waiting for samples, planning, packing, sending rows to the processes, forward,
-backward, optimizer, weight sync, and the previous step's logging and checkpoint. They add up
+backward, optimizer, weight sync, pushing the weights again after the server went away (and
+the wait that ended in it), and the previous step's logging and checkpoint. They add up
 to ``perf/step_s`` but for bookkeeping of a few milliseconds, reported as
 ``perf/unaccounted_s``.
 """
@@ -20,6 +21,7 @@ STEP_PARTS = (
     "perf/bwd_s",
     "perf/optimizer_s",
     "perf/weight_sync_s",
+    "perf/resync_s",
     "perf/logging_s",
     "perf/checkpoint_s",
 )

@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
+@pytest.mark.slow  # a whole learner in a subprocess: 12-35 s here
 def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
                           text=True, timeout=600)  # fmt: skip

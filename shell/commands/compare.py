@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -104,12 +105,21 @@ def compare(
     groups = group_runs(runs)
     labels = [label for label, _ in groups]
     baseline = baseline if baseline is not None else settings.get("baseline")
-    if baseline is None and len(groups) > 1:
+    if baseline is not None:  # "a=1,b=2" names the setting labelled "a=1, b=2"
+        baseline = next(
+            (label for label in labels if label.replace(" ", "") == baseline.replace(" ", "")),
+            baseline,
+        )
+    elif len(groups) > 1:
         baseline = labels[0]
-    statistics = [Statistic("final_reward"), Statistic("time_to", threshold),
-                  Statistic("steps_to", threshold), Statistic("auc"), Statistic("collapsed"),
-                  *(Statistic(name) for name in PERF_PARTS
-                    if any(name in p.metrics for r in runs for p in r.curve.points))]  # fmt: skip
+    statistics = [
+        Statistic("final_reward"),
+        Statistic("time_to", threshold),
+        Statistic("steps_to", threshold),
+        Statistic("auc"),
+        Statistic("collapsed"),
+        *(Statistic(name) for name in PERF_PARTS if all(_logs(r, name) for r in runs)),
+    ]
     ratio = Statistic("time_to", threshold) if baseline is not None else None
     table = comparison_table(groups, statistics, baseline=baseline, ratio_of=ratio,
                              confidence=confidence)  # fmt: skip
@@ -124,6 +134,12 @@ def compare(
     (out / "comparison.md").write_text(text)
     plot = plot_comparison(groups, threshold, out / "comparison.png")
     return Comparison(text, tuple(verdicts), out / "comparison.md", plot)
+
+
+def _logs(run: Run, name: str) -> bool:
+    """Whether the run logged a finite ``name`` (a metric only some settings log, such as
+    ``perf/weight_push_s``, is left out of the table)."""
+    return any(math.isfinite(p.metrics.get(name, math.nan)) for p in run.curve.points)
 
 
 def _report(table: Any, verdicts: Sequence[Verdict], threshold: float, runs: int) -> str:
@@ -170,7 +186,8 @@ def plot_comparison(groups: Sequence[tuple[str, Sequence[Run]]], threshold: floa
 
 
 def _band(axis: Any, x: np.ndarray, values: np.ndarray, color: str, label: str) -> None:
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # before a run's first point a column is all NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
         middle = np.nanmedian(values, axis=0)
         low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
     axis.plot(x, middle, color=color, label=label)

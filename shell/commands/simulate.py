@@ -80,7 +80,7 @@ class SimulationConfig:
     dataset_size: int = 128
     num_generations: int = _CONFIG_DEFAULTS["num_generations"]
     max_staleness: int = _CONFIG_DEFAULTS["max_staleness"]
-    max_concurrent_rollouts: int = 64
+    max_concurrent_rollouts: int = _CONFIG_DEFAULTS["max_concurrent_rollouts"]
     token_budget: int = 4096
     rows_per_step: int = 1
     prompt_tokens: int = 64
@@ -93,9 +93,9 @@ class SimulationConfig:
     training_per_sample_s: float = 0.0
     weight_sync_s: float = 0.0
     skill_per_step: float = 0.12
-    logging_steps: int = 5
+    logging_steps: int = _CONFIG_DEFAULTS["logging_steps"]
     tick_s: float = 0.01
-    seed: int = 0
+    seed: int = _CONFIG_DEFAULTS["seed"]
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent_rollouts < self.num_generations:

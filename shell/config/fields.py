@@ -31,6 +31,7 @@ from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
+from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.objectives import (
     Objective,
@@ -351,7 +352,7 @@ class AsyncGRPOConfig(TrainingArguments):
         return torch.device("cpu")
 
     def _check_values(self) -> None:
-        self._check_positive("num_generations", "max_completion_length",
+        self._check_positive("num_generations",
                              "gradient_accumulation_steps", "max_concurrent_rollouts",
                              "weight_sync_steps")  # fmt: skip
         if self.num_generations < 2:
@@ -386,10 +387,7 @@ class AsyncGRPOConfig(TrainingArguments):
                 f"{self.foreign_weights_steps}"
             )
         check_cpu_sharing(self.cpu_sharing, self.server_cpus)
-        if self.temperature <= 0:
-            raise ValueError("AsyncGRPOConfig.temperature must be > 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"AsyncGRPOConfig.top_p must be in (0, 1], got {self.top_p}")
+        self.sampling_params()  # checks the sampling fields (temperature, top_p, ...)
         if self.top_k < 0:
             raise ValueError("AsyncGRPOConfig.top_k must be >= 0 (0 disables top-k)")
         if self.top_p < 1.0 and self.top_k == 0:
@@ -426,6 +424,24 @@ class AsyncGRPOConfig(TrainingArguments):
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    def sampling_params(self) -> SamplingParams:
+        """The sampling settings of every request: the generation fields, and the sampler's
+        top log-probs when the objective needs them (``num_sampler_logprobs``, else 0)."""
+        try:
+            return SamplingParams(
+                max_tokens=self.max_completion_length,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p or 0.0,
+                repetition_penalty=self.repetition_penalty,
+                num_sampler_logprobs=(
+                    self.num_sampler_logprobs if self.objective().needs.sampler_topk else 0
+                ),
+            )
+        except ValueError as error:
+            raise ValueError(f"AsyncGRPOConfig.{error}") from None
 
     def objective(self) -> Objective:
         """The policy objective ``loss_type`` (or ``score_centering``) names

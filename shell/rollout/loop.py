@@ -48,7 +48,6 @@ import attrs
 import numpy as np
 import structlog
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_client import (
     PromptTooLongError,
     ServerGate,
@@ -189,17 +188,7 @@ class AsyncRolloutLoop:
         self.score_queue_maxsize = score_queue_maxsize
         self.start_cursor = start_cursor or cursor.PromptCursor()
         self.eos_token_ids = self._eos_ids(processing_class)
-        self.sampling = SamplingParams(
-            max_tokens=config.max_completion_length,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            min_p=config.min_p or 0.0,
-            repetition_penalty=config.repetition_penalty,
-            num_sampler_logprobs=(
-                config.num_sampler_logprobs if config.objective().needs.sampler_topk else 0
-            ),
-        )
+        self.sampling = config.sampling_params()
         self._candidate_logprobs: int | None = None  # set at start: see _plan_candidate_sets
         self._ledger = pacing.GenerationLedger()
         self._taken_seen = 0

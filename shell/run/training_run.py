@@ -381,8 +381,11 @@ class TrainingRun:
         Rank 0 first broadcasts what comes next (:data:`STEP`, :data:`RESYNC` or None), then
         scatters the step so that each process receives only its own rows. While the
         server's weights are unknown (it went away), every process first takes part in
-        pushing them again."""
+        pushing them again; the time that took, and the wait for samples that ended in it, is
+        the step's ``perf/resync_s``."""
+        started = time.monotonic()
         while True:
+            plan_began = time.monotonic()
             step: list[list[Any]] | str | None = None
             if self.rank0 and not self._finished():
                 step = self._plan_next_step()
@@ -402,7 +405,8 @@ class TrainingRun:
         if control[0] is None:
             return None
         rows = self._scatter(step if isinstance(step, list) else None)
-        self._observe(metrics.value("perf/send_s", time.monotonic() - send_start))
+        self._observe(metrics.value("perf/send_s", time.monotonic() - send_start),
+                      metrics.value("perf/resync_s", plan_began - started))  # fmt: skip
         return rows
 
     def _scatter(self, step: list[list[Any]] | None) -> list[Any]:

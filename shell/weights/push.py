@@ -131,8 +131,7 @@ class WeightPusher:
         self.server_timeout_s = server_timeout_s
         self._uninterruptible = uninterruptible
         self._queue_lock = threading.Lock()
-        # the next snapshot to send, and the identity of each server it goes to
-        self._waiting: tuple[Snapshot, dict[int, float | None]] | None = None
+        self._waiting: Snapshot | None = None  # the next snapshot to send
         self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
 
     @property
@@ -192,27 +191,22 @@ class WeightPusher:
     def push_beside(self, on_landed: Callable[[Pushed], None]) -> bool:
         """Push the current policy while training goes on (collective up to the snapshot).
 
-        Every process reads the servers' identities (rank 0) and takes a snapshot of the
-        weights together (:meth:`WeightSync.snapshot`); rank 0 hands it to its push thread and
-        returns at once, as the other processes do. Pushes land in order: while one is in
-        flight the newest snapshot waits for it (an older waiting one is replaced, never sent),
-        so the step never waits for the servers, at most two snapshots exist, and the servers
-        get the newest weights as soon as they can take them. When a push lands, the thread
-        calls ``on_landed``; the rollout process must learn the version only then, so that
-        staleness counts from the weights the server holds. A push that fails on a server is
-        an outage of that server recorded from when it began (with one server, the next step
-        resyncs, pushing the current weights).
+        Every process takes part in a snapshot of the weights (:meth:`WeightSync.snapshot`);
+        rank 0 hands it to its push thread and returns at once, as the other processes do. The
+        thread reads the identity of each server in routing first (one that restarted since
+        the last push is an outage: nothing is sent to it; with none left, the next step
+        resyncs), sends to the others, and reads their identities again. Pushes land in order:
+        while one is in flight the newest snapshot waits for it (an older waiting one is
+        replaced, never sent), so the step never waits for the servers, at most two snapshots
+        exist, and the servers get the newest weights as soon as they can take them. When a
+        push lands the thread calls ``on_landed``; the rollout process must learn the version
+        only then, so that staleness counts from the weights the server holds. A push that
+        fails on a server is an outage of that server recorded from when it began (with none
+        left, the next step resyncs, pushing the current weights).
 
         Returns:
             whether a waiting snapshot was replaced (rank 0).
         """
-        plan: list[Any] = [None]  # rank 0: each target's identity, or _RESTARTED
-        if self.rank0:
-            plan = [self._targets(at_start=False)]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(plan, src=0)  # every process snapshots, or none
-        if plan[0] == _RESTARTED:
-            return False
         with self._uninterruptible():  # the snapshot's gathers are collectives
             snapshot = self.weights.snapshot(self.learner.step)
         if not self.rank0:
@@ -220,7 +214,7 @@ class WeightPusher:
         assert snapshot is not None
         with self._queue_lock:
             replaced = self._waiting is not None
-            self._waiting = (snapshot, plan[0])
+            self._waiting = snapshot
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send_waiting, args=(on_landed,),
                                                 name="asyncgrpo-weight-push",
@@ -233,12 +227,16 @@ class WeightPusher:
         that one server took each push on each server; report each that landed."""
         while True:
             with self._queue_lock:
-                waiting, self._waiting = self._waiting, None
-                if waiting is None:
+                snapshot, self._waiting = self._waiting, None
+                if snapshot is None:
                     self._sender = None
                     return
-            snapshot, targets = waiting
             began, started = time.time(), time.monotonic()
+            targets = self._targets(at_start=False)
+            if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
+                self._stop_sending()
+                return
+            assert isinstance(targets, dict)
             try:
                 landing = self._check_landing(targets, self.weights.send(snapshot, tuple(targets)),
                                               at_start=False)  # fmt: skip
@@ -246,11 +244,14 @@ class WeightPusher:
                 landing = dict.fromkeys(targets, error)
             landed = self._record_failures(landing, "trainer weight push", since=began)
             if not landed:
-                with self._queue_lock:
-                    self._waiting, self._sender = None, None  # the resync pushes anew
+                self._stop_sending()  # the resync pushes anew
                 return
             on_landed(Pushed(snapshot.version, landed_timings(landing),
                              push_s=time.monotonic() - started, servers=landed))  # fmt: skip
+
+    def _stop_sending(self) -> None:
+        with self._queue_lock:
+            self._waiting, self._sender = None, None
 
     def wait_landed(self) -> float:
         """Rank 0: wait until every push handed to the thread has landed or failed; the

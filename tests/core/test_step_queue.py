@@ -120,7 +120,7 @@ def test_a_step_trains_what_a_fresh_plan_of_the_buffer_places(run) -> None:
 
 
 def test_advancing_the_version_drops_buffered_samples_that_became_stale() -> None:
-    config = QueueSettings(token_budget=64, max_staleness=1)
+    config = QueueSettings(64, 1, 1, max_staleness=1)
     old = [attrs.evolve(make_sample([1, 2, 3], [0, 1, 1], 0), model_version=0)]
     new = [attrs.evolve(make_sample([1, 2, 4], [0, 1, 1], 1), model_version=1)]
     queue = arrive(arrive(StepQueue(config), old, 1).queue, new, 1).queue
@@ -131,7 +131,7 @@ def test_advancing_the_version_drops_buffered_samples_that_became_stale() -> Non
 
 
 def test_a_budget_no_sample_fits_is_decided_after_a_run_of_oversize_samples() -> None:
-    queue = StepQueue(QueueSettings(token_budget=4))
+    queue = StepQueue(QueueSettings(4, 1, 1, 1))
     long = [make_sample(range(8), [0] + [1] * 7, g) for g in range(OVERSIZE_IN_A_ROW_LIMIT)]
     for sample in long[:-1]:
         queue = arrive(queue, [sample], 0).queue

@@ -281,8 +281,11 @@ class ForeignTrainer(TrainerCallback):
 def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> None:
     server, path = served
     foreign = ForeignTrainer(server, path, tmp_path / "foreign")
+    # the foreign push follows each of this trainer's (the step waits for its push), so the
+    # server holds the foreign weights while the next samples are generated
     run = trainer(server, path, tmp_path, foreign, max_steps=6, foreign_weights_steps=2,
-                  weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
+                  weight_transfer_backend="disk", learning_rate=1e-3,
+                  weight_push_overlap=False)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
         run.train()
     assert "2 step(s) in a row" in str(failed.value)

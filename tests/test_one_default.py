@@ -1,0 +1,73 @@
+"""Every setting has one default, in ``AsyncGRPOConfig``: a component record built from the
+config (sampling, loss, step queue, objectives, the simulator's knobs named after config
+fields) either has no default of its own for a setting, or the config's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import attrs
+import pytest
+
+from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.core.loss_inputs import LossConfig
+from asyncgrpo.core.objectives import ObjectiveSettings, example_settings
+from asyncgrpo.core.step_queue import QueueSettings
+from asyncgrpo.shell.commands.simulate import SimulationConfig
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.servers import ServerSettings
+
+CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
+RENAMED = {("SamplingParams", "max_tokens"): "max_completion_length",
+           ("ServerSettings", "base_url"): "vllm_server_base_url",
+           ("ServerSettings", "timeout_s"): "vllm_server_timeout",
+           ("ServerSettings", "stall_s"): "vllm_server_stall_timeout"}  # fmt: skip
+SAME_MEANING = {("SamplingParams", "min_p"): lambda config_default: config_default or 0.0}
+"""A component's value for the config's default where the forms differ (None: off = 0.0)."""
+OWN_MEANING = {
+    ("SimulationConfig", "max_steps"): "the steps to simulate; the config's -1 (train by "
+    "epochs) has no simulated counterpart",
+    ("SimulationConfig", "token_budget"): "the simulated server's row size; the config's None "
+    "means a real server's max_model_len",
+}
+"""Fields that share a config field's name but not its meaning, and why."""
+COMPONENTS = (SamplingParams, LossConfig, QueueSettings, ObjectiveSettings, SimulationConfig,
+              ServerSettings)  # fmt: skip
+
+
+def component_defaults(cls: type) -> list[tuple[str, str, object]]:
+    """``(field, config field, default)`` of each field of ``cls`` that names a config field
+    and has a default of its own."""
+    found = []
+    for field in attrs.fields(cls):
+        name = RENAMED.get((cls.__name__, field.name), field.name)
+        if (cls.__name__, field.name) in OWN_MEANING:
+            continue
+        if name in CONFIG_DEFAULTS and field.default is not attrs.NOTHING:
+            default = field.default
+            found.append((field.name, name, default))
+    return found
+
+
+@pytest.mark.parametrize("cls", COMPONENTS, ids=lambda c: c.__name__)
+def test_a_component_default_is_the_configs(cls: type) -> None:
+    for field, name, default in component_defaults(cls):
+        wanted = SAME_MEANING.get((cls.__name__, field), lambda d: d)(CONFIG_DEFAULTS[name])
+        assert default == wanted, (
+            f"{cls.__name__}.{field} defaults to {default!r} but AsyncGRPOConfig.{name} to "
+            f"{CONFIG_DEFAULTS[name]!r}: drop the component's default (the config gives it)"
+        )
+
+
+def test_the_objectives_example_settings_are_the_configs_defaults() -> None:
+    """The worked examples' settings (core.objectives.example_settings) are the defaults."""
+    assert example_settings() == AsyncGRPOConfig(output_dir="x").objective_settings()
+
+
+def test_the_checker_catches_a_second_default() -> None:
+    @attrs.frozen
+    class Stale:
+        max_staleness: int = 1
+
+    assert component_defaults(Stale) == [("max_staleness", "max_staleness", 1)]
+    assert CONFIG_DEFAULTS["max_staleness"] != 1
