@@ -76,8 +76,13 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
     simulate(SimulationConfig(max_steps=40, max_staleness=0, generation_tokens_per_s=2000.0,
                               logging_steps=5, dataset_size=10_000), run,
              progress=False)  # fmt: skip
+    # what a real run logs and the simulator does not: the simulated completion lengths
+    lengths = {"completions/mean_length": 68.0, "completions/min_length": 8.0,
+               "completions/max_length": 128.0}  # fmt: skip
+    rows = [dict(row, **lengths) for row in read_metrics(run)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {"output_dir": str(run), "max_staleness": 0, "num_generations": 8,
-              "max_concurrent_rollouts": 64, "token_budget": 4096, "logging_steps": 5}  # fmt: skip
+              "token_budget": 4096, "logging_steps": 5}  # fmt: skip
     (run / "run_spec.json").write_text(json.dumps({"config": config}))
     points = predict_servers(run, [1, 2, 4], tmp_path / "predicted")
     measured = read_metrics(run)
