@@ -24,7 +24,6 @@ from collections.abc import Sequence
 import attrs
 
 FLAGS: dict[str, str] = {
-    "models": "--served-model-name",
     "max_model_len": "--max-model-len",
     "described": "VLLM_SERVER_DEV_MODE=1 (its /server_info)",
     "dtype": "--dtype",
@@ -38,7 +37,9 @@ FLAGS: dict[str, str] = {
     "max_loras": "--max-loras",
     "max_lora_rank": "--max-lora-rank",
 }
-"""Each compared field and the ``vllm serve`` flag (or setting) that decides it."""
+"""Each compared field and the ``vllm serve`` flag (or setting) that decides it. The names a
+server serves are not compared (LoRA adapters loaded at run time come and go); each server
+must serve the run's model (:func:`check_servers`)."""
 
 
 @attrs.frozen
@@ -46,7 +47,7 @@ class ServerFlags:
     """What one server offers that the run relies on (``None``: the server does not say).
 
     Attributes:
-        models: the names it serves (``/v1/models``).
+        models: the names it serves (``/v1/models``): the model, and any adapters loaded.
         max_model_len: the run's model's ``max_model_len`` there.
         described: whether it answers ``/server_info`` (``VLLM_SERVER_DEV_MODE=1``); the
             fields below come from it.

@@ -454,7 +454,8 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
     settings = ServerSettings.of(args)
 
     def client(server: int = 0) -> VLLMClient:
-        return settings.client(model_name, server)
+        # with other servers to turn to, a hung one fails its push after the stall timeout
+        return settings.client(model_name, server, stall_outage=settings.count > 1)
 
     outcome: list[Any] = [None, None]  # [choice or error, server workers]
     if learner.rank == 0:

@@ -354,7 +354,7 @@ class WeightPusher:
     def _read_identity(self, server: int = 0) -> float | None:
         # with other servers to turn to, a server that does not answer is out at once (one
         # retry), instead of holding the step for the retry policy's backoffs
-        options = {"max_retries": 1} if self.count > 1 else {}
+        options = {"max_retries": 1, "stall_outage": True} if self.count > 1 else {}
 
         async def read() -> float | None:
             async with self._client(server, **options) as client:

@@ -5,13 +5,16 @@ here measures speed).
 Both servers generate for one run (per-server counts in the metrics) and hold the trainer's
 weights after every sync (checked on each server against the saved policy); a server
 SIGKILLed mid-run leaves the run training on the other, and after a restart on the same port
-it gets the current weights and takes groups again; a server started with other flags fails
-the run at start, naming it; with every server gone the run fails after vllm_server_timeout,
+it gets the current weights and takes groups again; a server that hangs (SIGSTOP) is taken
+out of routing and rejoins when it answers again; a server started with other flags fails the
+run at start, naming it; with every server gone the run fails after vllm_server_timeout,
 naming them all.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.weight_transfer import DiskReload
 from asyncgrpo.core.server_match import ServerMismatch
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
@@ -68,7 +72,7 @@ def start_together(servers: list[VLLMServer]) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_qwen3, tmp_path_factory):
+def started_pair(tiny_qwen3, tmp_path_factory):
     """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA."""
     logs = tmp_path_factory.mktemp("logs")
     servers = [VLLMServer(spec(tiny_qwen3), log_path=logs / f"server-{i}.log") for i in range(2)]
@@ -76,6 +80,22 @@ def pair(tiny_qwen3, tmp_path_factory):
     yield servers
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def pair(started_pair, tiny_qwen3, tmp_path_factory):
+    """The module's servers; the tiny Qwen3's own weights are put back on each after the test
+    (training pushes its weights; a LoRA run needs the base model there)."""
+    yield started_pair
+    original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
+
+    async def restore(server: VLLMServer) -> None:
+        async with VLLMClient(server.base_url, server.spec.name) as client:
+            await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
+
+    for server in started_pair:
+        if server.pid is not None:  # the last test leaves them dead
+            anyio.run(restore, server)
 
 
 def trainer_for(servers, model_path, tmp_path, callbacks=(), peft_config=None,
@@ -245,6 +265,55 @@ def test_a_killed_server_leaves_the_run_training_on_the_other_and_rejoins_with_p
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/max"] < PARITY, row
     for server in pair:  # both hold the trained policy at the end
+        assert sampled_gap(server, tmp_path / "run") < PARITY
+
+
+class HangThenResume(TrainerCallback):
+    """SIGSTOP the second server (its API server and engine) after step 1: it takes
+    connections and answers nothing; SIGCONT it after step 3; stop two steps after the run's
+    metrics show it generating again."""
+
+    def __init__(self, server: VLLMServer) -> None:
+        self.server = server
+        self.resumed_at: int | None = None
+        self.rejoined_at: int | None = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.server.pid is not None
+        os.killpg(self.server.pid, sig)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            self.signal(signal.SIGSTOP)
+        elif state.global_step == 3:
+            self.signal(signal.SIGCONT)
+            self.resumed_at = state.global_step
+        elif self.resumed_at is not None and self.rejoined_at is None:
+            logged = [h for h in state.log_history if h.get("step", 0) > self.resumed_at]
+            if any(h.get("rollout/server/1/groups_count", 0) > 0 for h in logged):
+                self.rejoined_at = state.global_step
+        if self.rejoined_at is not None and state.global_step >= self.rejoined_at + 2:
+            control.should_training_stop = True
+
+
+def test_a_hung_server_is_taken_out_of_routing_and_rejoins_when_it_answers(
+    pair, tiny_qwen3, tmp_path
+) -> None:
+    hang = HangThenResume(pair[1])
+    run = trainer_for(pair, tiny_qwen3, tmp_path, [hang], max_steps=40,
+                      vllm_server_stall_timeout=5.0)  # fmt: skip
+    try:
+        out = run.train()
+    finally:
+        hang.signal(signal.SIGCONT)  # whatever happened, the server runs on for the next test
+    assert hang.rejoined_at is not None, "the resumed server never took a group again"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(1, out.global_step + 1))
+    assert sum(r.get("rollout/server/1/outage_count", 0) for r in rows) >= 1
+    for row in rows:
+        assert row["sample/staleness_max"] == 0
+        assert row["sampling/sampling_logp_difference/max"] < PARITY, row
+    for server in pair:
         assert sampled_gap(server, tmp_path / "run") < PARITY
 
 
