@@ -389,14 +389,16 @@ class AdapterWeights:
         return landing
 
     def _prune(self) -> None:
-        """Several servers: remove the directories of versions older than the newest ``keep``
-        any server holds (a server out of routing gets the kept ones again when it is back)."""
-        if len(self.loaded) == 1:
+        """Remove the directories of versions older than the oldest any server keeps: the ones
+        each server unloaded (with several servers they share the directory), and any written
+        for a push that never landed (the server went away first). A newer version written
+        for a push still to come stays."""
+        kept = self._kept()
+        if not kept:
             return
-        kept = set(self._kept())
         for path in self.adapters.directory.glob("v*"):
             number = path.name[1:]
-            if number.isdigit() and int(number) not in kept:
+            if number.isdigit() and int(number) < min(kept):
                 shutil.rmtree(path, ignore_errors=True)
 
     def _kept(self) -> list[int]:
