@@ -30,6 +30,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
+from asyncgrpo.adapters.vllm_auth import bearer
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_plugin import register
 from asyncgrpo.adapters.vllm_server import free_port
@@ -107,7 +108,19 @@ class WeightStream(WeightSource):
 
 
 class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
-    """vLLM's HTTP weight-sync client, able to start after a trainer that left a session open."""
+    """vLLM's HTTP weight-sync client, able to start after a trainer that left a session open,
+    sending the server's API key when given one (:mod:`asyncgrpo.adapters.vllm_auth`)."""
+
+    def __init__(self, base_url: str, timeout: float = 300, api_key: str | None = None) -> None:
+        super().__init__(base_url, timeout=timeout)
+        self._headers = bearer(api_key)
+
+    def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
+        import requests
+
+        response = requests.post(f"{self.base_url}/{path}", json=json, timeout=self.timeout,
+                                 headers=self._headers)  # fmt: skip
+        response.raise_for_status()
 
     def start_weight_update(self) -> None:
         try:
@@ -131,6 +144,7 @@ class EngineSync:
         workers: the server's model workers (``ServerTransfer.workers``).
         rank: this trainer process's rank; rank 0 sends, the others only gather.
         timeout_s: longest wait for the handshake and for each round.
+        api_key: the server's API key, or None.
     """
 
     def __init__(
@@ -143,11 +157,12 @@ class EngineSync:
         workers: int,
         rank: int,
         timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
         self.sender = rank == 0
         self.source = source
-        self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s)
+        self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s, api_key=api_key)
         self.engine = WeightTransferTrainerFactory.trainer_init(
             info, client=self._wire, source=source
         )

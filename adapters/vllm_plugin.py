@@ -3,8 +3,10 @@
 vLLM calls :func:`register` in each of its processes. It registers the ``asyncgrpo_gloo``
 weight-transfer backend (:mod:`asyncgrpo.adapters.gloo_transfer`) by module path, so nothing is
 imported until a server is started with ``--weight-transfer-config '{"backend":
-"asyncgrpo_gloo"}'``; and on a CPU server it makes weight updates of routed experts take effect
-(:func:`repack_cpu_experts_on_update`).
+"asyncgrpo_gloo"}'``; on a CPU server it makes weight updates of routed experts take effect
+(:func:`repack_cpu_experts_on_update`); and on a server given an API key (``--api-key`` or
+``VLLM_API_KEY``) the key guards every route but the probes and metrics, the dev-mode and
+weight-transfer routes included (:func:`asyncgrpo.adapters.vllm_auth.guard_every_route`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import Any
 
+from asyncgrpo.adapters.vllm_auth import guard_every_route
 from asyncgrpo.core.weight_sync import GLOO
 
 MODULE = "asyncgrpo.adapters.gloo_transfer"
@@ -19,8 +22,10 @@ PATCHED = "_asyncgrpo_repacks_cpu_experts"
 
 
 def register() -> None:
-    """Register the backend with vLLM's worker and trainer factories and fix the CPU experts'
-    weight updates (idempotent; a vLLM without weight-transfer engines is left alone)."""
+    """Register the backend with vLLM's worker and trainer factories, fix the CPU experts'
+    weight updates and guard every route with the server's API key (idempotent; a vLLM
+    without weight-transfer engines is left alone)."""
+    guard_every_route()
     try:
         from vllm.distributed.weight_transfer.factory import (
             WeightTransferEngineFactory,

@@ -5,7 +5,9 @@ vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the vllm-cp
 not start, its metadata is under another name) with the flags the trainer relies on:
 processed log-probs, the run's dtype, ``--generation-config vllm`` (the model's generation
 config must not override the trainer's sampling parameters), ``--max-logprobs`` for score
-centering, and ``VLLM_SERVER_DEV_MODE=1`` for the pause / resume / reload endpoints.
+centering, and ``VLLM_SERVER_DEV_MODE=1`` for the pause / resume / reload endpoints. It listens
+on ``127.0.0.1`` unless told otherwise; with ``ServerSpec.api_key`` every route but the probes
+and metrics needs the key (:mod:`asyncgrpo.adapters.vllm_auth`).
 
 The server runs in its own process group, so stopping it also stops its engine process, on
 exit and on error alike. A supervisor (:mod:`~asyncgrpo.adapters.parent_death`) stops it when the
@@ -32,6 +34,7 @@ import httpx
 import torch
 
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
+from asyncgrpo.adapters.vllm_auth import API_KEY_ENV, DevRoutesAuth, bearer
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 SHUTDOWN_GRACE_S = 10.0
@@ -70,6 +73,9 @@ class ServerSpec:
         extra_args: further command-line flags, passed as they are.
         startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health`` and a
             first generation.
+        api_key: every route but the probes and metrics needs it
+            (:mod:`asyncgrpo.adapters.vllm_auth`; passed in ``VLLM_API_KEY``, not on the
+            command line where every user of the machine sees it); ``None``: no key.
     """
 
     model: str
@@ -88,6 +94,7 @@ class ServerSpec:
     cpus: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     startup_timeout_s: float = 600.0
+    api_key: str | None = attrs.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -117,11 +124,16 @@ class ServerSpec:
         if self.weight_transfer_backend is not None:
             config = json.dumps({"backend": self.weight_transfer_backend})
             args += ["--weight-transfer-config", config]
+        if self.api_key is not None:
+            args += ["--middleware", f"{DevRoutesAuth.__module__}.{DevRoutesAuth.__name__}"]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.pop(API_KEY_ENV, None)  # the trainer's own key is not this server's
+        if self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if self.cpus:
@@ -256,7 +268,8 @@ class VLLMServer:
         body = {"model": self.spec.name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}
         timeout = max(deadline - time.monotonic(), 1.0)
         try:
-            response = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
+            response = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout,
+                                  headers=bearer(self.spec.api_key))  # fmt: skip
         except httpx.HTTPError as error:
             response, failure = None, f"{type(error).__name__}: {error}"
         if response is not None and response.status_code == 200:

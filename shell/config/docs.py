@@ -63,7 +63,8 @@ with the logged binding, and pin it, e.g. on 2 cores:
 
 ```bash
 VLLM_CPU_OMP_THREADS_BIND=0 VLLM_SERVER_DEV_MODE=1 taskset -c 0 \\
-    python -m vllm.entrypoints.openai.api_server --model runs/demo/initial-model ...
+    python -m vllm.entrypoints.openai.api_server --host 127.0.0.1 \\
+    --model runs/demo/initial-model ...
 ```
 
 With the learner on a GPU nothing is pinned.

@@ -32,6 +32,7 @@ from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
 from asyncgrpo.adapters.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm_auth import API_KEY_ENV
 from asyncgrpo.core.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.objectives import (
     Objective,
@@ -40,6 +41,7 @@ from asyncgrpo.core.objectives import (
     objective_for,
 )
 from asyncgrpo.core.routing import server_urls
+from asyncgrpo.core.weight_parity import FOREIGN_WINDOW
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.config.files import read_config
@@ -161,6 +163,12 @@ class AsyncGRPOConfig(TrainingArguments):
                        "seconds of silence the run fails. With several servers, one that does "
                        "not answer the probe goes out of routing at once."),
     )  # fmt: skip
+    vllm_server_api_key: str | None = field(
+        default=None,
+        metadata=_help("Not in TRL. The vLLM server's API key, sent as 'Authorization: Bearer' "
+                       "with every request; None: VLLM_API_KEY from the environment, if set. "
+                       "Masked in logs and to_dict. See docs/security.md."),
+    )  # fmt: skip
 
     # loss
     epsilon: float = field(default=0.2, metadata=_help("Lower clipping epsilon."))
@@ -274,8 +282,16 @@ class AsyncGRPOConfig(TrainingArguments):
     )  # fmt: skip
     rollout_worker_timeout: float = field(
         default=300.0,
-        metadata=_help("Seconds without a heartbeat of the rollout process before the run "
-                       "fails."),
+        metadata=_help("Seconds without a heartbeat of the rollout process, or while the "
+                       "trainer waits for samples and the rollout process sends nothing at all "
+                       "(no group, kept or dropped), before the run fails."),
+    )  # fmt: skip
+    rollout_worker_restarts: int = field(
+        default=3,
+        metadata=_help("Not in TRL. Times a rollout process that dies without a traceback (a "
+                       "signal, an out-of-memory kill) is started again from the trainer's "
+                       "prompt cursor (what was in flight is generated again); one more death "
+                       "fails the run. 0: the first death fails it."),
     )  # fmt: skip
     stop_after_spreadless_steps: int | None = field(
         default=None,
@@ -287,10 +303,18 @@ class AsyncGRPOConfig(TrainingArguments):
     )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,
-        metadata=_help("Not in TRL. The run fails after this many steps in a row whose "
-                       "staleness-0 sampler/trainer log-prob gap is larger than the dtypes "
-                       "explain (the server serves other weights: another trainer, another "
-                       "model); each such step warns. 0: only warn."),
+        metadata=_help("Not in TRL. The run fails once this many of the last "
+                       "foreign_weights_window checked steps had a staleness-0 sampler/trainer "
+                       "log-prob gap larger than the dtypes explain (the server serves other "
+                       "weights: another trainer, another model); each such step warns. 0: "
+                       "only warn."),
+    )  # fmt: skip
+    foreign_weights_window: int | None = field(
+        default=None,
+        metadata=_help("Not in TRL. The checked steps (those with staleness-0 samples) "
+                       "foreign_weights_steps counts over; None: max(6, foreign_weights_steps). "
+                       "foreign_weights_window = foreign_weights_steps is the older 'in a row' "
+                       "rule. At least foreign_weights_steps."),
     )  # fmt: skip
 
     # CPU sharing (not in TRL; see docs/configuration.md)
@@ -371,6 +395,11 @@ class AsyncGRPOConfig(TrainingArguments):
             )
         check_backend(self.weight_transfer_backend)
         server_urls(self.vllm_server_base_url)
+        if self.rollout_worker_restarts < 0:
+            raise ValueError(
+                "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
+                f"{self.rollout_worker_restarts}"
+            )
         if not (self.vllm_server_timeout > 0 and self.vllm_server_stall_timeout > 0):
             raise ValueError(
                 "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
@@ -385,6 +414,15 @@ class AsyncGRPOConfig(TrainingArguments):
             raise ValueError(
                 "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
                 f"{self.foreign_weights_steps}"
+            )
+        if self.foreign_weights_window is not None and self.foreign_weights_window < max(
+            self.foreign_weights_steps, 1
+        ):
+            raise ValueError(
+                f"AsyncGRPOConfig.foreign_weights_window={self.foreign_weights_window} must be "
+                f">= foreign_weights_steps={self.foreign_weights_steps} (and >= 1): the run "
+                "fails once foreign_weights_steps of the last foreign_weights_window checked "
+                "steps show foreign weights"
             )
         check_cpu_sharing(self.cpu_sharing, self.server_cpus)
         self.sampling_params()  # checks the sampling fields (temperature, top_p, ...)
@@ -465,6 +503,35 @@ class AsyncGRPOConfig(TrainingArguments):
         """The servers ``vllm_server_base_url`` names, in order
         (:func:`~asyncgrpo.core.routing.server_urls`)."""
         return server_urls(self.vllm_server_base_url)
+
+    @property
+    def foreign_weights_checked_steps(self) -> int:
+        """The window of the foreign-weights rule: ``foreign_weights_window``, else
+        ``max(6, foreign_weights_steps)``."""
+        if self.foreign_weights_window is not None:
+            return self.foreign_weights_window
+        return max(FOREIGN_WINDOW, self.foreign_weights_steps)
+
+    @property
+    def server_api_key(self) -> str | None:
+        """The key requests to the vLLM server carry: ``vllm_server_api_key``, else
+        ``VLLM_API_KEY`` from the environment, else None."""
+        return self.vllm_server_api_key or os.environ.get(API_KEY_ENV) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``TrainingArguments.to_dict`` (what trackers log) with the API key masked."""
+        values = super().to_dict()
+        if values.get("vllm_server_api_key"):
+            values["vllm_server_api_key"] = "<VLLM_SERVER_API_KEY>"
+        return values
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.vllm_server_api_key:
+            text = text.replace(self.vllm_server_api_key, "<VLLM_SERVER_API_KEY>")
+        return text
+
+    __repr__ = __str__
 
     @property
     def prompt_order_seed(self) -> int:

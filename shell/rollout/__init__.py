@@ -8,9 +8,10 @@ from __future__ import annotations
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.process import LoopSpec, RolloutProcess, RolloutWorkerError
-from asyncgrpo.shell.rollout.prompts import check_conversational
+from asyncgrpo.shell.rollout.prompts import PROMPT_FIX, check_conversational, check_row
 
 __all__ = [
+    "PROMPT_FIX",
     "AsyncRolloutLoop",
     "GroupOutcome",
     "LoopReport",
@@ -18,4 +19,5 @@ __all__ = [
     "RolloutProcess",
     "RolloutWorkerError",
     "check_conversational",
+    "check_row",
 ]

@@ -54,7 +54,7 @@ from asyncgrpo.adapters.vllm_client import (
     VLLMClient,
 )
 from asyncgrpo.adapters.weight_transfer import adapter_name
-from asyncgrpo.core import cursor, pacing
+from asyncgrpo.core import cursor, pacing, sample_wait
 from asyncgrpo.core.activity import Activity, describe_activities
 from asyncgrpo.core.advantages import standardize_rewards
 from asyncgrpo.core.candidate_sets import plan_candidate_sets
@@ -204,6 +204,7 @@ class AsyncRolloutLoop:
         self._activities: dict[int, Activity] = {}
         self._too_long_in_a_row = 0
         self._activity_ids = itertools.count()
+        self._published = sample_wait.WaitTally()  # every group published, for the heartbeat
 
     @property
     def client(self) -> VLLMClient | None:
@@ -368,7 +369,8 @@ class AsyncRolloutLoop:
                         f"filter_prompt rejected all {size} prompts of an epoch; no batch can "
                         "reach the trainer"
                     )
-                self.channels.publish(GroupOutcome(position, row_index, (), ()))
+                self._publish(GroupOutcome(position, row_index, (), (),
+                                           dropped=sample_wait.FILTERED))  # fmt: skip
                 continue
             rejected_in_a_row = 0
             server = await self._wait_for_allowance()
@@ -537,7 +539,8 @@ class AsyncRolloutLoop:
         self._ledger = pacing.group_finished(self._ledger, 0)
         self._changes.notify()
         counted = (value("rollout/prompt_too_long_count", 1),)
-        self.channels.publish(GroupOutcome(pending.position, pending.row_index, (), counted))
+        self._publish(GroupOutcome(pending.position, pending.row_index, (), counted,
+                                   dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
         # after the publish: the trainer waits for a group counted here to arrive
         self.channels.report_in_flight(self._ledger.groups_in_flight)
 
@@ -593,7 +596,7 @@ class AsyncRolloutLoop:
                 self._changes.notify()
                 where = ((value(f"rollout/server/{pending.server}/groups_count", 1),)
                          if self.pool is not None and len(self.pool) > 1 else ())  # fmt: skip
-                self.channels.publish(attrs.evolve(outcome, observations=(
+                self._publish(attrs.evolve(outcome, observations=(
                     *outcome.observations,
                     value("rollout/score_wait_s", started - pending.completed_at),
                     value("rollout/score_s", done - started),
@@ -633,6 +636,12 @@ class AsyncRolloutLoop:
         finally:
             del self._activities[key]
 
+    def _publish(self, outcome: GroupOutcome) -> None:
+        """Send a group's outcome to the trainer, counted for the heartbeat's report."""
+        self._published = sample_wait.outcome_arrived(self._published, len(outcome.samples),
+                                                      outcome.dropped)  # fmt: skip
+        self.channels.publish(outcome)
+
     def _observe(self, *observations: Observation) -> None:
         """Keep metrics for the next :class:`LoopReport`."""
         self._pending_obs.extend(observations)
@@ -642,7 +651,12 @@ class AsyncRolloutLoop:
         tools, environment methods, generation requests), with their groups."""
         calls = describe_activities(self._activities.values(), time.monotonic())
         in_flight = self.pool.in_flight if self.pool is not None else 0
-        return f"{in_flight} rollouts in flight; {calls}"
+        published = self._published
+        dropped = ", ".join(f"{n} {sample_wait.GROUP_REASONS.get(r, r)}"
+                            for r, n in sorted(published.groups_dropped.items()))  # fmt: skip
+        groups = f"; {published.groups} groups published" if published.groups else ""
+        groups += f" ({dropped})" if dropped else ""
+        return f"{in_flight} rollouts in flight; {calls}{groups}"
 
     async def _heartbeat_forever(self) -> None:
         while True:

@@ -19,13 +19,16 @@ from asyncgrpo.core.records import TrainingSample
 @attrs.frozen
 class GroupOutcome:
     """A group's result for the trainer: its samples (none if filtered or dropped) and, with
-    ``log_completions``, its ``(prompt, completion, reward)`` texts."""
+    ``log_completions``, its ``(prompt, completion, reward)`` texts; without samples,
+    ``dropped`` says why (a reason of :mod:`asyncgrpo.core.sample_wait`: zero reward spread,
+    a prompt too long for the server, rejected by ``filter_prompt``)."""
 
     position: int
     row_index: int
     samples: tuple[TrainingSample, ...]
     observations: tuple[Observation, ...]
     completions: tuple[tuple[str, str, float], ...] = ()
+    dropped: str = ""
 
     @property
     def forwarded_tokens(self) -> int:

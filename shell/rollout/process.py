@@ -36,7 +36,9 @@ import attrs
 import structlog
 
 from asyncgrpo.adapters.parent_death import die_with_parent
-from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.core import sample_wait
+from asyncgrpo.core.cursor import PromptCursor, restart_cursor
+from asyncgrpo.core.metrics import value
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
@@ -48,6 +50,8 @@ log = structlog.get_logger("asyncgrpo.rollout_process")
 ACTIVITY_BYTES = 2048
 LONG_WAIT_LOG_S = 60.0  # log a wait for samples this long, and every this often after
 WAIT_GAP_S = 5.0  # a pause between two get() calls this long: the trainer was busy, not waiting
+FAILED_STOP_GRACE_S = 1.0  # a child that failed or hung is not waited for longer than this
+TRACEBACK_WAIT_S = 1.0  # after the child exited, how long its traceback may take to arrive
 
 
 class RolloutWorkerError(RuntimeError):
@@ -115,6 +119,10 @@ class _Wakeup:
             os.set_blocking(self._writer.fileno(), False)
             os.write(self._writer.fileno(), b"\0")
 
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
     async def wait(self) -> None:
         """Return once a byte was written since the last wait (in the rollout process)."""
         fd = self._reader.fileno()
@@ -126,22 +134,44 @@ class _Wakeup:
 
 
 class _Shared:
-    """The shared values between trainer and child."""
+    """The shared values between trainer and child.
+
+    A child may die at any instruction (``SIGKILL``, an out-of-memory kill), so nothing here
+    holds a lock the trainer could wait on forever: each value has one writer (the trainer:
+    version, step size, steps and tokens taken, stop; the child: groups in flight, heartbeat,
+    activity) and is an aligned machine word read and written whole (the activity text may be
+    read half written: it is only shown). The queues are written by the child only; once it
+    has started, the trainer closes its own copy of their write ends (:meth:`child_started`),
+    so a child that dies mid-message ends the trainer's read with ``EOFError`` instead of
+    leaving it waiting for the rest.
+    """
 
     def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None) -> None:
         self.messages: mp.Queue = _CONTEXT.Queue()
         self.errors: mp.Queue = _CONTEXT.Queue()
-        self.version = _CONTEXT.Value("q", 0)
-        self.step_tokens = _CONTEXT.Value("d", -1.0)
-        self.taken = _CONTEXT.Value("q", 0)
-        self.steps_taken = _CONTEXT.Value("q", 0)
-        self.in_flight = _CONTEXT.Value("q", 0)
-        self.heartbeat = _CONTEXT.Value("d", time.time())
-        self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES)
-        self.stop = _CONTEXT.Event()
+        self.version = _CONTEXT.Value("q", 0, lock=False)
+        self.step_tokens = _CONTEXT.Value("d", -1.0, lock=False)
+        self.taken = _CONTEXT.Value("q", 0, lock=False)
+        self.steps_taken = _CONTEXT.Value("q", 0, lock=False)
+        self.in_flight = _CONTEXT.Value("q", 0, lock=False)
+        self.heartbeat = _CONTEXT.Value("d", time.time(), lock=False)
+        self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES, lock=False)
+        self.stop = _CONTEXT.Value("b", 0, lock=False)
         self.servers = servers or SharedServers(first=trust or SharedTrust())
         self.trust = self.servers.trusts[0]
         self.wakeup = _Wakeup()
+
+    def child_started(self) -> None:
+        """The trainer's side, once the child holds its copies: close the queues' write ends
+        (the trainer only reads them)."""
+        for q in (self.messages, self.errors):
+            q._writer.close()  # mp.Queue keeps no public handle on it
+
+    def close(self) -> None:
+        for q in (self.messages, self.errors):
+            q.cancel_join_thread()
+            q.close()
+        self.wakeup.close()
 
 
 @attrs.frozen
@@ -176,7 +206,7 @@ class _ProcessChannels:
         self.shared.activity.value = encoded
 
     def stop_requested(self) -> bool:
-        return self.shared.stop.is_set()
+        return bool(self.shared.stop.value)
 
     async def wait_for_trainer(self) -> None:
         await self.shared.wakeup.wait()
@@ -228,6 +258,17 @@ def _child_main(pickled_spec: bytes, shared: _Shared, parent_pid: int) -> None:
         raise
 
 
+def _exit_description(code: int | None) -> str:
+    """``"exited with code -9 (killed by SIGKILL)"`` for a process's exit code."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"exited with code {code} (killed by {name})"
+    return f"exited with code {code}"
+
+
 @contextlib.contextmanager
 def _cuda_hidden() -> Iterator[None]:
     previous = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -256,19 +297,44 @@ class RolloutProcess:
     ``trust``: the server outage record shared with the trainer (the run's, which its first
     weight push already wrote to); a fresh one when not given. ``servers``: with several
     servers, the run's records of all of them (the first one's trust is ``trust``).
+
+    ``restarts``: how many times a child that dies without a traceback (a signal, an
+    out-of-memory kill) is started again, from ``resume_cursor()`` (the trainer's prompt
+    cursor: what was in flight is generated again, what reached the trainer is not); after
+    that, or without ``resume_cursor``, its death fails the run. ``on_start`` is called with
+    each child's pid.
+
+    While the trainer waits for samples, a child that sends nothing at all for ``timeout_s``
+    is hung (:class:`RolloutWorkerError`); one whose groups arrive but are all dropped is not,
+    and the wait is logged with the counts (:mod:`asyncgrpo.core.sample_wait`).
     """
 
-    def __init__(self, spec: LoopSpec, timeout_s: float = 300.0,
-                 trust: SharedTrust | None = None,
-                 servers: SharedServers | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: LoopSpec,
+        timeout_s: float = 300.0,
+        trust: SharedTrust | None = None,
+        servers: SharedServers | None = None,
+        *,
+        restarts: int = 0,
+        resume_cursor: Callable[[], PromptCursor] | None = None,
+        on_start: Callable[[int | None], None] | None = None,
+    ) -> None:
         spec.check()
         self.spec = spec
         self.timeout_s = timeout_s
+        self.restarts = restarts
+        self.restarted = 0
+        self._resume_cursor = resume_cursor
+        self._on_start = on_start
         self._shared = _Shared(trust, servers)
         self._process: Any = None
         self._waiting_since: float | None = None  # the trainer waits and no sample came
+        self._silent_since: float | None = None  # ... and nothing at all came
+        self._tally = sample_wait.WaitTally()  # what came meanwhile, all dropped
         self._last_get = -math.inf
         self._logged_wait_s = 0.0
+        self._failed = False  # it raised: stopping it does not wait for it
 
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
@@ -278,8 +344,35 @@ class RolloutProcess:
                 daemon=True,
             )  # fmt: skip
             self._process.start()
+        self._shared.child_started()
         self._shared.heartbeat.value = time.time()
+        if self._on_start is not None:
+            self._on_start(self._process.pid)
         return self
+
+    def _restart(self, how: str) -> LoopReport:
+        """Start a new child from the trainer's prompt cursor after the last one died; its
+        shared values are fresh (the dead child may have held their locks), the trainer's
+        figures (policy version, steps, step size) carried over. Returns the metrics."""
+        assert self._resume_cursor is not None
+        lost = self.groups_in_flight()
+        old, self._shared = self._shared, _Shared(self._shared.trust, self._shared.servers)
+        for name in ("version", "step_tokens", "steps_taken"):
+            getattr(self._shared, name).value = getattr(old, name).value
+        old.close()
+        self._process.join(0)
+        self._process = None
+        self.restarted += 1
+        start = restart_cursor(self._resume_cursor())
+        self.spec = attrs.evolve(self.spec, start_cursor=start)
+        log.warning("the rollout process died; restarting it from the trainer's prompt cursor "
+                    "(the groups that were in flight are generated again)", how=how,
+                    restart=self.restarted, restarts=self.restarts, regenerated_groups=lost,
+                    from_position=start.next_untrained)  # fmt: skip
+        self.start()
+        self._new_wait()
+        return LoopReport((value("rollout/process_restart_count", 1),
+                           value("rollout/process_restart_regenerated_groups", lost)))  # fmt: skip
 
     @property
     def pid(self) -> int | None:
@@ -293,7 +386,25 @@ class RolloutProcess:
 
     def restart_wait_clock(self) -> None:
         """Forget the trainer's wait for samples (it was waiting for the server instead)."""
-        self._waiting_since = None
+        self._new_wait()
+
+    def _new_wait(self) -> None:
+        self._waiting_since = self._silent_since = None
+        self._tally = sample_wait.WaitTally()
+
+    def _note_gap(self) -> None:
+        """A pause of the trainer's calls longer than ``WAIT_GAP_S``: it was busy, not
+        waiting; a wait starts anew."""
+        now = time.monotonic()
+        if now - self._last_get > WAIT_GAP_S:
+            self._new_wait()
+        self._last_get = now
+
+    def samples_dropped(self, reason: str, count: int) -> None:
+        """The trainer dropped ``count`` samples (``sample_wait.STALE`` or ``OVERSIZE``): told
+        in the report of a long wait."""
+        self._note_gap()
+        self._tally = sample_wait.samples_dropped(self._tally, reason, count)
 
     def set_model_version(self, version: int) -> None:
         self._shared.version.value = version
@@ -323,23 +434,40 @@ class RolloutProcess:
     def samples_taken(self, tokens: int) -> None:
         """Report tokens of samples the trainer is done with (trained, or dropped as stale or
         oversize); until then they count against the staleness allowance."""
-        with self._shared.taken.get_lock():
-            self._shared.taken.value += tokens
+        self._shared.taken.value += tokens  # the trainer is its only writer
         self._shared.wakeup.notify()
 
     def groups_in_flight(self) -> int:
         """Groups the loop has started and not yet published (its last report)."""
         return int(self._shared.in_flight.value)
 
-    def check_alive(self) -> None:
-        """Raise :class:`RolloutWorkerError` if the child failed, exited or stopped beating."""
+    def check_alive(self) -> LoopReport | None:
+        """Raise :class:`RolloutWorkerError` if the child failed, stopped beating, or exited
+        with no restart left; a child that died without a traceback is restarted while
+        ``restarts`` last (the restart's metrics are returned)."""
+        try:
+            return self._check_alive()
+        except RolloutWorkerError:
+            self._failed = True
+            raise
+
+    def _check_alive(self) -> LoopReport | None:
         error = self._child_error()
         if error is not None:
             raise RolloutWorkerError(f"the rollout process failed:\n{error}")
         if self._process is not None and not self._process.is_alive():
+            error = self._child_error(wait_s=TRACEBACK_WAIT_S)  # written just before it exited
+            if error is not None:
+                raise RolloutWorkerError(f"the rollout process failed:\n{error}")
+            how = _exit_description(self._process.exitcode)
+            if self.restarted < self.restarts and self._resume_cursor is not None:
+                return self._restart(how)
+            again = (f" after {self.restarted} restart(s) (rollout_worker_restarts="
+                     f"{self.restarts})" if self.restarts else "")  # fmt: skip
             raise RolloutWorkerError(
-                f"the rollout process exited with code {self._process.exitcode} and no "
-                "traceback (killed by a signal or out of memory?)"
+                f"the rollout process {how} and no traceback (killed by a signal or out of "
+                f"memory?){again}. The run stops; resume it from its last checkpoint with "
+                "asyncgrpo train --resume (or trainer.train(resume_from_checkpoint=True))"
             )
         silent = time.time() - self._shared.heartbeat.value
         if silent > self.timeout_s:
@@ -349,66 +477,105 @@ class RolloutProcess:
                 "(a hook or async call that blocks without awaiting). At its last heartbeat: "
                 f"{self.activity()}"
             )
+        return None
 
     def activity(self) -> str:
         """What the rollout loop was doing at its last heartbeat (calls in flight)."""
         return self._shared.activity.value.decode("utf-8", "replace") or "not started yet"
 
     def _check_progress(self) -> None:
-        """Log a long wait for samples; raise when it passed ``timeout_s``."""
+        """Log a long wait for samples; raise when nothing at all came for ``timeout_s``."""
         if self._waiting_since is None:
             return
-        waited = time.monotonic() - self._waiting_since
-        if waited > self.timeout_s:
+        now = time.monotonic()
+        waited = now - self._waiting_since
+        silent = now - (self._silent_since if self._silent_since is not None else now)
+        verdict = sample_wait.judge_wait(waited, silent, self.timeout_s, self._tally)
+        producing = bool(self._tally.groups or self._tally.dropped)
+        if verdict is sample_wait.WaitVerdict.HUNG:
+            self._failed = True
+            came = f" ({sample_wait.describe_drops(self._tally)})" if producing else ""
             raise RolloutWorkerError(
-                f"no sample reached the trainer for {waited:.0f} s while it waited "
-                f"(rollout_worker_timeout={self.timeout_s:.0f} s). The rollout process is "
-                f"alive; it is doing: {self.activity()}. A call that never returns blocks the "
-                "run: give it a timeout of its own, or raise rollout_worker_timeout if it is "
-                "that slow on purpose"
+                f"no sample reached the trainer for {waited:.0f} s while it waited, and "
+                f"nothing at all for {silent:.0f} s{came} (rollout_worker_timeout="
+                f"{self.timeout_s:.0f} s). The rollout process is alive; it is doing: "
+                f"{self.activity()}. A call that never returns blocks the run: give it a "
+                "timeout of its own, or raise rollout_worker_timeout if it is that slow on "
+                "purpose"
             )
         every = min(LONG_WAIT_LOG_S, self.timeout_s / 2)
-        if waited - self._logged_wait_s >= every:
-            self._logged_wait_s = waited
+        if waited - self._logged_wait_s < every:
+            return
+        self._logged_wait_s = waited
+        if producing:
+            log.warning("waiting for samples: the rollout process is producing groups, but "
+                        "every one is dropped (not a hang; the run goes on)",
+                        waited_s=round(waited), dropped=sample_wait.describe_drops(self._tally),
+                        rollout=self.activity())  # fmt: skip
+        else:
             log.warning("waiting for samples", waited_s=round(waited),
                         fails_after_s=self.timeout_s, rollout=self.activity())  # fmt: skip
 
-    def _child_error(self) -> str | None:
+    def _child_error(self, wait_s: float = 0.0) -> str | None:
         try:
+            if wait_s > 0:
+                return self._shared.errors.get(timeout=wait_s)
             return self._shared.errors.get_nowait()
-        except queue.Empty:
+        except (queue.Empty, EOFError):  # nothing sent; or it exited without sending
             return None
+
+    def _await_exit(self) -> None:
+        """The messages' write end closed: the child is exiting; wait until it has (bounded:
+        a child that closed the pipe and lives on is left to :meth:`check_alive`)."""
+        if self._process is not None:
+            self._process.join(TRACEBACK_WAIT_S + 5.0)
 
     def get(self, wait_s: float) -> GroupOutcome | LoopReport | None:
         """The next message, or ``None`` after ``wait_s`` seconds; checks the child's health
-        and, while calls keep finding no samples, how long the trainer has been waiting."""
-        if time.monotonic() - self._last_get > WAIT_GAP_S:  # the trainer was busy meanwhile
-            self._waiting_since = None
+        and, while calls keep finding no samples, how long the trainer has been waiting. After
+        a restart of a child that died, the restart's metrics (a :class:`LoopReport`)."""
+        self._note_gap()
         try:
             message = self._shared.messages.get(timeout=wait_s)
+        except (EOFError, OSError):  # the write end closed ("end of file during message":
+            self._await_exit()  # mid-message): the child exited
+            if self._process is not None and self._process.is_alive():
+                raise
+            message = self.check_alive()
         except queue.Empty:
+            now = time.monotonic()
             if self._waiting_since is None:
-                self._waiting_since = time.monotonic() - wait_s
+                self._waiting_since = now - wait_s
                 self._logged_wait_s = 0.0
-            self.check_alive()
-            self._check_progress()
-            message = None
+            if self._silent_since is None:
+                self._silent_since = now - wait_s
+            message = self.check_alive()
+            if message is None:
+                self._check_progress()
         else:
-            if isinstance(message, GroupOutcome) and message.samples:
-                self._waiting_since = None
+            if isinstance(message, GroupOutcome):
+                self._silent_since = None
+                if message.samples:
+                    self._new_wait()
+                else:
+                    self._tally = sample_wait.outcome_arrived(self._tally, 0, message.dropped)
         self._last_get = time.monotonic()
         return message
 
     def _discard_messages(self) -> None:
-        with contextlib.suppress(queue.Empty):
+        with contextlib.suppress(queue.Empty, EOFError, OSError):
             while True:
                 self._shared.messages.get_nowait()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Ask the loop to stop (in-flight requests are cancelled), then join the process."""
+        """Ask the loop to stop (in-flight requests are cancelled), then join the process; a
+        child that failed or hung (this handle raised) gets ``FAILED_STOP_GRACE_S`` at most,
+        since a call that never returns would hold it until ``grace_s``."""
         if self._process is None:
             return
-        self._shared.stop.set()
+        if self._failed:
+            grace_s = min(grace_s, FAILED_STOP_GRACE_S)
+        self._shared.stop.value = 1
         self._shared.wakeup.notify()
         deadline = time.monotonic() + grace_s
         while self._process.is_alive() and time.monotonic() < deadline:
@@ -421,6 +588,4 @@ class RolloutProcess:
             self._process.kill()
             self._process.join()
         self._process = None
-        for q in (self._shared.messages, self._shared.errors):
-            q.cancel_join_thread()
-            q.close()
+        self._shared.close()

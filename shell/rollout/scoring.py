@@ -20,6 +20,7 @@ import anyio
 import attrs
 import numpy as np
 
+from asyncgrpo.core import sample_wait
 from asyncgrpo.core.advantages import score_group, sum_rewards
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import Rollout, RolloutGroup
@@ -157,4 +158,5 @@ def scored_outcome(
             for r, reward in zip(pending.rollouts, rewards, strict=True)
         )  # fmt: skip
     return GroupOutcome(pending.position, pending.row_index, samples,
-                        tuple(group_observations(facts)), texts)  # fmt: skip
+                        tuple(group_observations(facts)), texts,
+                        dropped="" if samples else sample_wait.ZERO_SPREAD)  # fmt: skip

@@ -6,8 +6,15 @@ that fills up, never leaves a checkpoint that looks complete. A checkpoint is co
 holds ``rollout_state.json`` (written last; checkpoints of older versions were written in place,
 so the file is checked, not only the name): the prompt cursor, policy version and step of the
 rollout side, beside what the learner writes (:mod:`asyncgrpo.shell.learner.checkpoint`).
-Resuming takes the newest complete checkpoint and names the ones it skipped; a failed write
-says whether the disk was full.
+
+Resuming takes the newest checkpoint that is complete *and loads* (:func:`check_loads`: the
+rollout state parses, the learner's files load and none is cut short) and names the ones it
+skipped and why; a checkpoint named explicitly that does not load fails naming the file.
+
+A failed write, whatever raised it (torch's distributed checkpoint raises
+``CheckpointException``, a ``BaseException``), becomes a :class:`CheckpointError` naming the
+cause; a full disk is recognised by the free space left after the failure (torch reports it as
+``unexpected pos ...``, without an errno).
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from pathlib import Path
 
 import attrs
 import structlog
+from torch.distributed.checkpoint.api import CheckpointException
 
 from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.shell.learner import UnreadableCheckpoint, check_learner_files
 
 log = structlog.get_logger("asyncgrpo.checkpoints")
 
@@ -30,6 +39,7 @@ CHECKPOINT_PREFIX = "checkpoint-"
 PARTIAL_SUFFIX = ".partial"
 ROLLOUT_STATE = "rollout_state.json"
 FULL_DISK_BYTES = 16 * 1024**2  # less free space than this after a failed write: a full disk
+FULL_DISK_FRACTION = 0.05  # ... or than this fraction of a smaller filesystem
 
 
 class CheckpointError(RuntimeError):
@@ -57,48 +67,85 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def is_complete(path: Path) -> bool:
+    """Whether the save of ``path`` finished (its rollout state, written last, is there)."""
     return (path / ROLLOUT_STATE).is_file()
 
 
+def check_loads(path: Path) -> None:
+    """Check that checkpoint ``path`` is complete and loads: ``rollout_state.json`` parses
+    into a prompt cursor and a step, and the learner's files load
+    (:func:`~asyncgrpo.shell.learner.check_learner_files`), without loading the tensors.
+
+    Raises:
+        CheckpointError: naming the file that is missing or does not load, and why.
+    """
+    state = path / ROLLOUT_STATE
+    if not state.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: {state} is missing (written last; the save did "
+            "not finish)"
+        )
+    try:
+        read_rollout_state(path)
+        check_learner_files(path)
+    except UnreadableCheckpoint as error:
+        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
+
+
 def latest(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or ``None`` when the run saved none."""
+    """The newest checkpoint that loads, or ``None`` when the run saved none."""
     return resumable(output_dir).checkpoint
 
 
 @attrs.frozen
 class Resumable:
-    """The checkpoint to resume from, and the newer ones skipped because they are incomplete."""
+    """The checkpoint to resume from, and the newer ones skipped (with why, in ``reasons``)
+    because they are incomplete or do not load."""
 
     checkpoint: Path | None
     skipped: tuple[Path, ...]
+    reasons: tuple[str, ...] = ()
 
 
 def resumable(output_dir: str | Path) -> Resumable:
-    """The newest complete checkpoint of ``output_dir`` and the incomplete ones newer than it
-    (a ``.partial`` directory of a killed save, a checkpoint missing its rollout state)."""
+    """The newest checkpoint of ``output_dir`` that loads (:func:`check_loads`) and the newer
+    ones that do not (a ``.partial`` directory of a killed save, a checkpoint missing its
+    rollout state, a file that does not load or is cut short)."""
     skipped: list[Path] = []
+    reasons: list[str] = []
     for path in reversed(_saves(output_dir)):
-        if not _parse(path)[1] and is_complete(path):
-            return Resumable(path, tuple(skipped))
-        skipped.append(path)
-    return Resumable(None, tuple(skipped))
+        if _parse(path)[1]:
+            skipped.append(path)
+            reasons.append("a save that did not finish (.partial)")
+            continue
+        try:
+            check_loads(path)
+        except CheckpointError as error:
+            skipped.append(path)
+            reasons.append(str(error))
+            continue
+        return Resumable(path, tuple(skipped), tuple(reasons))
+    return Resumable(None, tuple(skipped), tuple(reasons))
 
 
 def find_for_resume(output_dir: str | Path) -> Path:
-    """The checkpoint ``resume_from_checkpoint=True`` resumes from; skipped ones are logged.
+    """The checkpoint ``resume_from_checkpoint=True`` resumes from; skipped ones are logged
+    with why.
 
     Raises:
-        FileNotFoundError: no complete checkpoint in ``output_dir``.
+        FileNotFoundError: no checkpoint in ``output_dir`` loads.
     """
     found = resumable(output_dir)
     if found.skipped:
-        log.warning("skipped incomplete checkpoints (a save that did not finish)",
-                    skipped=[str(p) for p in found.skipped],
+        log.warning("skipped checkpoints that are incomplete or do not load",
+                    skipped=[f"{p.name}: {why}" for p, why in zip(found.skipped, found.reasons,
+                                                                  strict=True)],
                     resuming_from=str(found.checkpoint))  # fmt: skip
     if found.checkpoint is None:
-        incomplete = f" (incomplete: {[p.name for p in found.skipped]})" if found.skipped else ""
+        incomplete = f" (skipped: {list(found.reasons)})" if found.skipped else ""
         raise FileNotFoundError(
-            f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint{incomplete}"
+            f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint that "
+            f"loads{incomplete}"
         )
     return found.checkpoint
 
@@ -109,43 +156,101 @@ def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: in
     (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
 
+def read_rollout_state(path: Path) -> tuple[PromptCursor, int]:
+    """The prompt cursor and step a checkpoint saved (:func:`write_rollout_state`).
+
+    Raises:
+        UnreadableCheckpoint: the file does not parse or lacks a key (names the file).
+    """
+    file = path / ROLLOUT_STATE
+    try:
+        state = json.loads(file.read_text())
+        return PromptCursor.from_json(state["cursor"]), int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise UnreadableCheckpoint(file, f"{type(error).__name__}: {error}") from error
+
+
 def read_rollout_cursor(path: Path) -> PromptCursor:
-    """The prompt cursor a checkpoint saved (:func:`write_rollout_state`)."""
-    state = json.loads((path / ROLLOUT_STATE).read_text())
-    return PromptCursor.from_json(state["cursor"])
+    """The prompt cursor a checkpoint saved (:func:`write_rollout_state`).
+
+    Raises:
+        CheckpointError: the rollout state does not load (names the file).
+    """
+    try:
+        return read_rollout_state(path)[0]
+    except UnreadableCheckpoint as error:
+        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
 
 def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _disk_full(error: BaseException, free_bytes: int) -> bool:
-    """ENOSPC anywhere in ``error``'s chain, or almost no free space left (torch's writer
-    reports a full disk as ``unexpected pos ...`` without an errno)."""
-    seen: BaseException | None = error
-    while seen is not None:
+def _total_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).total
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error``, its chain, and the per-rank failures a ``CheckpointException`` wraps."""
+    found: list[BaseException] = []
+    pending = [error]
+    while pending:
+        seen: BaseException | None = pending.pop()
+        while seen is not None and seen not in found:
+            found.append(seen)
+            if isinstance(seen, CheckpointException):
+                pending += [failure[0] for failure in seen.failures.values()]
+            seen = seen.__cause__ or seen.__context__
+    return found
+
+
+def _disk_full(error: BaseException, free_bytes: int, total_bytes: int | None = None) -> bool:
+    """ENOSPC anywhere in ``error``'s causes, or almost no free space left: less than
+    ``FULL_DISK_BYTES``, or on a filesystem smaller than 20 times that, less than
+    ``FULL_DISK_FRACTION`` of it (torch's writer reports a full disk as ``unexpected pos ...``
+    without an errno)."""
+    for seen in _causes(error):
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if "No space left on device" in str(seen):
             return True
-        seen = seen.__cause__ or seen.__context__
-    return free_bytes < FULL_DISK_BYTES
+    limit = FULL_DISK_BYTES
+    if total_bytes is not None:
+        limit = min(limit, int(total_bytes * FULL_DISK_FRACTION))
+    return free_bytes < limit
 
 
-def _describe_failure(error: Exception, step: int, partial: Path, free_bytes: int) -> str:
+def _cause(error: BaseException) -> str:
+    """One line per distinct cause: for a ``CheckpointException``, each rank's error (its
+    own message is a traceback dump)."""
+    if isinstance(error, CheckpointException):
+        ranks = [f"rank {rank}: {type(failure[0]).__name__}: {failure[0]}"
+                 for rank, failure in sorted(error.failures.items())]  # fmt: skip
+        return f"{type(error).__name__} ({'; '.join(ranks) or 'no rank named'})"
+    return f"{type(error).__name__}: {error}"
+
+
+def _describe_failure(
+    error: BaseException, step: int, partial: Path, free_bytes: int, total_bytes: int | None
+) -> str:
     free = f"{free_bytes / 1024**2:.1f} MiB free"
-    if _disk_full(error, free_bytes):
+    if _disk_full(error, free_bytes, total_bytes):
         return (
             f"checkpoint {step} could not be written: the disk holding {partial.parent} is full "
             f"(no space left on device, ENOSPC; {free} after the failed write). Free space, "
             "lower save_total_limit, or point output_dir at a larger disk; the partial "
-            f"checkpoint was removed and the earlier ones are intact. Cause: "
-            f"{type(error).__name__}: {error}"
+            f"checkpoint was removed and the earlier ones are intact. Cause: {_cause(error)}"
         )
     return (
         f"checkpoint {step} could not be written to {partial} ({free}); the partial checkpoint "
-        f"was removed and the earlier ones are intact. Cause: {type(error).__name__}: {error}"
+        f"was removed and the earlier ones are intact. Cause: {_cause(error)}"
     )
+
+
+def _write_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a failed write (to turn into a :class:`CheckpointError`), not an
+    interrupt or an exit passing through."""
+    return isinstance(error, Exception | CheckpointException)
 
 
 def save(
@@ -162,24 +267,25 @@ def save(
     the newest ``keep`` complete checkpoints.
 
     Raises:
-        CheckpointError: ``write`` failed; says whether the disk is full (on rank 0; other
-            ranks re-raise what they got).
+        CheckpointError: ``write`` failed (an ``Exception`` or torch's
+            ``CheckpointException``); names the cause and says whether the disk is full (on
+            rank 0; other ranks re-raise what they got). An interrupt passes through.
     """
     output_dir = Path(output_dir)
     partial = output_dir / f"{CHECKPOINT_PREFIX}{step}{PARTIAL_SUFFIX}"
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     try:
         write(partial)
-    except Exception as error:
+    except BaseException as error:
         if not rank0:
             raise
-        free = free_bytes(output_dir)
-        shutil.rmtree(partial, ignore_errors=True)
-        raise CheckpointError(_describe_failure(error, step, partial, free)) from error
-    except BaseException:
-        if rank0:
+        if not _write_failed(error):
             shutil.rmtree(partial, ignore_errors=True)
-        raise
+            raise
+        free = free_bytes(output_dir)
+        total = _total_bytes(output_dir)
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointError(_describe_failure(error, step, partial, free, total)) from error
     if rank0:
         _publish(partial, final)
         prune(output_dir, keep)

@@ -5,13 +5,13 @@ Each check raises with the argument, what is wrong and the fix, before any proce
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from transformers import PreTrainedModel
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout import check_conversational
+from asyncgrpo.shell.rollout import PROMPT_FIX, check_row
 
 
 def reject_reward_models(reward_funcs: Sequence[Any]) -> None:
@@ -56,28 +56,48 @@ def check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConfi
             f"train_dataset has no 'prompt' column (columns: {columns}); prompts must be "
             "conversational lists of {'role', 'content'} messages"
         )
-    if "prompt" in columns:
-        check_prompts_conversational(dataset)
     if isinstance(environment_factory, Mapping) and "environment" not in (columns or []):
         raise ValueError(
             "environment_factory is a dict, so every row needs an 'environment' "
             "column naming its environment"
         )
+    check_rows(dataset, environment_factory, columns)
 
 
-def check_prompts_conversational(dataset: Any, rows: int = 8) -> None:
-    """The first ``rows`` prompts are lists of messages (the rest is checked as they are
-    used); the message shows the column's schema when the dataset has one."""
-    for index in range(min(rows, len(dataset))):
-        prompt = dataset[index].get("prompt")
-        if prompt is None:
-            continue  # an environment's reset() makes it
+def _rows(dataset: Any, columns: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of ``dataset`` with only ``columns`` (batched for a ``datasets.Dataset``)."""
+    if hasattr(dataset, "select_columns") and hasattr(dataset, "iter"):
+        for batch in dataset.select_columns(columns).iter(batch_size=1024):
+            names, columns_ = list(batch), list(batch.values())
+            for values in zip(*columns_, strict=True):
+                yield dict(zip(names, values, strict=True))
+        return
+    for index in range(len(dataset)):
+        row = dataset[index]
+        yield {c: row[c] for c in columns if c in row} if isinstance(row, Mapping) else row
+
+
+def check_rows(dataset: Any, environment_factory: Any, columns: list[str]) -> None:
+    """Check every row (:func:`~asyncgrpo.shell.rollout.check_row`): its prompt and, with a
+    dict of environment factories, its ``environment`` column; the message names the row, the
+    column, the value's type and, for a ``datasets.Dataset``, the column's schema."""
+    checked = [c for c in ("prompt", "environment") if c in columns]
+    if not checked:
+        return
+    for index, row in enumerate(_rows(dataset, checked)):
+        if not isinstance(row, Mapping):
+            raise ValueError(
+                f"train_dataset: row {index} is a {type(row).__name__}, not a dict of columns"
+            )
         try:
-            check_conversational(prompt, index)
+            check_row(row, index, environment_factory)
         except ValueError as error:
             features = getattr(dataset, "features", None)
-            schema = f" (the column's schema: {features['prompt']})" if features else ""
-            raise ValueError(
-                f"train_dataset: {error}{schema}. Write each prompt as "
-                '[{"role": "user", "content": "..."}]'
-            ) from None
+            column = "environment" if "column 'environment'" in str(error) else "prompt"
+            schema = (
+                f" (the column's schema: {features[column]})"
+                if features and column in features
+                else ""
+            )
+            fix = f". {PROMPT_FIX}" if column == "prompt" else ""
+            raise ValueError(f"train_dataset: {error}{schema}{fix}") from None

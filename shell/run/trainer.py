@@ -280,9 +280,6 @@ class AsyncGRPOTrainer:
     def _find_checkpoint(self, resume: str | bool) -> Path:
         if isinstance(resume, str):
             path = Path(resume)
-            if not checkpoints.is_complete(path):
-                raise FileNotFoundError(
-                    f"{path} is not a complete checkpoint: {checkpoints.ROLLOUT_STATE} is missing"
-                )
+            checkpoints.check_loads(path)  # CheckpointError naming the file that does not load
             return path
         return checkpoints.find_for_resume(self.output_dir)

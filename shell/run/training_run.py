@@ -55,6 +55,7 @@ from asyncgrpo.core import (
 from asyncgrpo.core.packing import pack_row
 from asyncgrpo.core.planner import batch_metrics
 from asyncgrpo.core.rollout_metrics import sample_observations
+from asyncgrpo.core.sample_wait import OVERSIZE, STALE
 from asyncgrpo.core.weight_parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome, LoopSpec, RolloutProcess
@@ -213,10 +214,14 @@ class TrainingRun:
                                     self.learner.bf16)  # fmt: skip
             log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
                      source=self.flops.peak_source)  # fmt: skip
-            self.process = RolloutProcess(self._loop_spec(), self.args.rollout_worker_timeout,
-                                          self.trust, self.servers)  # fmt: skip
+            cpu_plan = self.inputs.cpu_plan
+            self.process = RolloutProcess(
+                self._loop_spec(), self.args.rollout_worker_timeout, self.trust, self.servers,
+                restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
+                resume_cursor=lambda: self.cursor,
+                on_start=lambda pid: release_process(pid, cpu_plan),
+            )  # fmt: skip
             self.process.start()
-            release_process(self.process.pid, self.inputs.cpu_plan)
             for server in range(len(self.args.server_urls)):
                 self.process.set_server_version(server, self.version)
             self.process.set_model_version(self.version)
@@ -509,6 +514,8 @@ class TrainingRun:
             return
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
         self.process.samples_taken(decided.released_tokens)
+        self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows long
+        self.process.samples_dropped(OVERSIZE, len(decided.oversize))
         if decided.stale:
             self._observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
         if decided.oversize:

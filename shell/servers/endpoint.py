@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from asyncgrpo.adapters.vllm_auth import bearer
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
@@ -22,16 +23,19 @@ class ServerSettings:
             how long a server that went away may take to come back (with several servers: how
             long the run goes on with none).
         stall_s: ``vllm_server_stall_timeout``: an unanswered call probes the server after this.
+        api_key: ``vllm_server_api_key``, else ``VLLM_API_KEY``: every request carries it
+            (docs/security.md).
     """
 
     urls: tuple[str, ...] = attrs.field(converter=tuple)
     timeout_s: float
     stall_s: float
+    api_key: str | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def of(cls, config: AsyncGRPOConfig) -> ServerSettings:
         return cls(config.server_urls, config.vllm_server_timeout,
-                   config.vllm_server_stall_timeout)  # fmt: skip
+                   config.vllm_server_stall_timeout, config.server_api_key)  # fmt: skip
 
     @property
     def base_url(self) -> str:
@@ -44,6 +48,7 @@ class ServerSettings:
 
     def client(self, model: str, server: int = 0, **options: Any) -> VLLMClient:
         """A new client of server ``server`` for ``model`` (``options``: the client's, e.g. a
-        gate or the connection pool's size)."""
+        gate or the connection pool's size), sending the API key when there is one."""
         return VLLMClient(self.urls[server], model, timeout_s=self.timeout_s,
-                          stall_s=self.stall_s, **options)  # fmt: skip
+                          stall_s=self.stall_s, headers=bearer(self.api_key),
+                          **options)  # fmt: skip

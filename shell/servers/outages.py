@@ -23,10 +23,11 @@ counters (:class:`SharedTrust`, in shared memory across the process boundary) an
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import anyio
 import structlog
@@ -40,6 +41,7 @@ log = structlog.get_logger("asyncgrpo.server_watch")
 _CONTEXT = mp.get_context("spawn")
 POLL_S = 0.2  # how often the rollout process looks whether the trainer pushed
 GATE_LOG_EVERY_S = 30.0
+LOCK_TIMEOUT_S = 10.0  # no holder keeps the trust lock this long unless it died holding it
 
 
 class ServerGone(VLLMError):
@@ -64,12 +66,25 @@ class SharedTrust:
     def __init__(self, url: str = "", pooled: bool = False) -> None:
         self.url = url  # named in the logs
         self.pooled = pooled  # one of several servers: an outage takes it out of routing
-        self._counts = _CONTEXT.Array("q", 2)  # outages, trusted
+        # a plain lock, not the default RLock: if a process dies holding it (a SIGKILLed rollout
+        # process), another may take it over after LOCK_TIMEOUT_S instead of waiting forever
+        self._lock = _CONTEXT.Lock()
+        self._counts = _CONTEXT.Array("q", 2, lock=False)  # outages, trusted
         self._identity = _CONTEXT.Value("d", math.nan, lock=False)  # NaN: unknown
         self._down_since = _CONTEXT.Value("d", 0.0, lock=False)
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
+            log.warning("a process died holding the server-trust lock; taking it over",
+                        waited_s=LOCK_TIMEOUT_S)  # fmt: skip
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def read(self) -> ServerTrust:
-        with self._counts.get_lock():
+        with self._locked():
             return self._read()
 
     def _read(self) -> ServerTrust:
@@ -90,7 +105,7 @@ class SharedTrust:
     def outage(self, cause: str, where: str, since: float | None = None) -> ServerTrust:
         """Record that the server went away; log it when this starts a new outage, which
         counts from ``since`` (``time.time()``, e.g. when a failed push began) or now."""
-        with self._counts.get_lock():
+        with self._locked():
             before = self._read()
             after = server_outage.outage_seen(before)
             self._write(before, after, since)
@@ -106,7 +121,7 @@ class SharedTrust:
 
     def identity_seen(self, identity: float | None, where: str) -> ServerTrust:
         """Record the server's identity read now; a new one is a restart (an outage)."""
-        with self._counts.get_lock():
+        with self._locked():
             before = self._read()
             after = server_outage.identity_seen(before, identity)
             self._write(before, after)
@@ -120,7 +135,7 @@ class SharedTrust:
     def pushed(self, covering: int, identity: float | None = None) -> ServerTrust:
         """The trainer's weights reached the server (of ``identity``) after ``covering``
         outages were seen."""
-        with self._counts.get_lock():
+        with self._locked():
             before = self._read()
             after = server_outage.weights_pushed(before, covering, identity)
             self._write(before, after)

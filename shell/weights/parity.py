@@ -3,8 +3,10 @@
 
 After each step the trainer hands :class:`ParityGuard` the step's mean staleness-0 log-prob gap
 (``sampling/staleness0_logp_difference/mean``). Above what the trainer's and the server's dtypes
-explain, the step logs a loud warning; after ``foreign_weights_steps`` such steps in a row the
-run fails with :class:`ForeignWeightsError`. Every rank decides the same (the gap is gathered
+explain, the step logs a loud warning; once ``foreign_weights_steps`` of the last
+``foreign_weights_window`` checked steps (steps with staleness-0 samples) were such steps, the
+run fails with :class:`ForeignWeightsError`, so a second trainer whose pushes land on every
+other step fails the run too. Every rank decides the same (the gap is gathered
 over ranks and the limit is rank 0's, broadcast).
 """
 
@@ -35,11 +37,14 @@ class ParityGuard:
         patience: ``foreign_weights_steps`` (0 only warns).
         server_url: named in the warning and the error.
         rank0: whether this process logs.
+        window: ``foreign_weights_window``.
     """
 
-    def __init__(self, limit: float, patience: int, server_url: str, rank0: bool) -> None:
+    def __init__(self, limit: float, patience: int, server_url: str, rank0: bool,
+                 window: int = weight_parity.FOREIGN_WINDOW) -> None:  # fmt: skip
         self.limit = limit
         self.patience = patience
+        self.window = window
         self.server_url = server_url
         self.rank0 = rank0
         self.watch = weight_parity.ParityWatch()
@@ -63,25 +68,27 @@ class ParityGuard:
         if learner.world_size > 1:
             dist.broadcast_object_list(limit, src=0)
         return cls(float(limit[0]), args.foreign_weights_steps, ", ".join(args.server_urls),
-                   learner.rank == 0)  # fmt: skip
+                   learner.rank == 0, args.foreign_weights_checked_steps)  # fmt: skip
 
     def check(self, gap: float | None, step: int) -> None:
         """Count one step's gap (``None``/NaN: the step had no staleness-0 tokens)."""
         self.watch, verdict = weight_parity.check_parity(self.watch, gap, self.limit,
-                                                         self.patience)  # fmt: skip
+                                                         self.patience, self.window)  # fmt: skip
         if verdict is weight_parity.Verdict.OK:
             return
         what = (
             f"at staleness 0 the sampler's log-probs differ from the trainer's by {gap:.3g} "
             f"nats on average (the dtypes explain up to {self.limit:.3g}), "
-            f"{self.watch.bad_in_a_row} step(s) in a row: the vLLM server at "
+            f"on {self.watch.bad_in_window} of the last {len(self.watch.recent)} checked "
+            f"step(s): the vLLM server at "
             f"{self.server_url} serves other weights than this trainer's (another trainer "
             "pushing to the same server, a server restarted or started on another model)"
         )
         if verdict is weight_parity.Verdict.FAIL:
             raise ForeignWeightsError(
                 f"{what}. Give each trainer its own server and check --model; "
-                f"foreign_weights_steps={self.patience} sets how many such steps stop the run"
+                f"foreign_weights_steps={self.patience} of foreign_weights_window={self.window} "
+                "checked steps stop the run"
             )
         if self.rank0:
             log.warning("FOREIGN WEIGHTS ON THE vLLM SERVER", detail=what, step=step,

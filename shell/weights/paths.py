@@ -257,7 +257,7 @@ class EngineWeights:
         self.engines[index] = EngineSync(
             self.urls[index], functools.partial(self.client, index), self.backend, source,
             workers=self.server_workers, rank=self.learner.rank,
-            timeout_s=self.args.vllm_server_timeout,
+            timeout_s=self.args.vllm_server_timeout, api_key=self.args.server_api_key,
         )  # fmt: skip
 
     def sync(self, version: int, barrier_s: float = 0.0,

@@ -132,7 +132,9 @@ def test_packed_equals_unpacked_on_random_trees(models, samples, seed) -> None:
     row = pack_row(samples)
     assume(len(row.target_ids) > 0)
     packed, unpacked, got, want = compare(models, row, seed=seed)
-    torch.testing.assert_close(packed, unpacked, rtol=0, atol=1e-5)
+    # float32 chunked delta rule: chunk boundaries differ packed and unpacked; seen up to
+    # 1.05e-5 on random trees, against > 1e-2 for a leak (the negative control below)
+    torch.testing.assert_close(packed, unpacked, rtol=0, atol=5e-5)
     assert_gradients_close(got, want, rel=2e-5)
 
 

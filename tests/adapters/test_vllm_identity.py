@@ -50,3 +50,26 @@ def test_a_caller_after_a_finished_reading_gets_a_new_one() -> None:
         return await fresh.after_now(), await fresh.after_now(), fresh.readings
 
     assert anyio.run(main) == (5.0, 7.0, 2)
+
+
+def test_a_client_is_freed_without_the_cycle_collector() -> None:
+    """A client holds its FreshIdentity, which reads through the client's own method: held
+    strongly, every client would be a reference cycle that keeps its connection pool and TLS
+    context until a full collection (a trainer makes a client per weight push; the soak saw its
+    memory grow 20 MB per 100 steps)."""
+    import gc
+    import weakref
+
+    from asyncgrpo.adapters.vllm_client import VLLMClient
+
+    async def make_and_close() -> weakref.ref:
+        client = VLLMClient("http://127.0.0.1:9", "m", timeout_s=1)
+        await client.aclose()
+        return weakref.ref(client)
+
+    gc.disable()
+    try:
+        gone = anyio.run(make_and_close)
+        assert gone() is None, gc.get_referrers(gone())
+    finally:
+        gc.enable()

@@ -5,20 +5,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
+from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.checkpoints import CheckpointError
 from asyncgrpo.shell.run.metrics_log import drop_rows_after
 
 
 def write_complete(path: Path) -> None:
+    """The files a checkpoint holds, with the learner's layout (a sharded ``dcp/`` written by
+    torch's distributed checkpoint, ``learner_state.pt``, an RNG state) and a rollout state."""
     path.mkdir(parents=True, exist_ok=True)
-    torch.save({"w": torch.ones(4)}, path / "learner_state.pt")
-    (path / checkpoints.ROLLOUT_STATE).write_text("{}")
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": {"w": torch.ones(64)}}, checkpoint_id=str(path / "dcp"))
+    torch.save({"step": 1, "scheduler": {}}, path / "learner_state.pt")
+    torch.save({"cpu": torch.get_rng_state()}, path / "rng_state_0.pth")
+    checkpoints.write_rollout_state(path, PromptCursor(3), version=1, step=1)
 
 
 def write_to_full_device(path: Path) -> None:
@@ -85,14 +98,83 @@ def test_resume_takes_the_newest_complete_checkpoint_and_names_the_skipped(tmp_p
     found = checkpoints.resumable(tmp_path)
     assert found.checkpoint == tmp_path / "checkpoint-2"
     assert [p.name for p in found.skipped] == ["checkpoint-4.partial", "checkpoint-3"]
+    assert "rollout_state.json is missing" in found.reasons[1]
     assert checkpoints.find_for_resume(tmp_path) == tmp_path / "checkpoint-2"
     assert checkpoints.latest(tmp_path) == tmp_path / "checkpoint-2"
 
 
 def test_resume_without_a_complete_checkpoint_says_so(tmp_path) -> None:
     (tmp_path / "checkpoint-5").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint.*checkpoint-5"):
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint that loads.*checkpoint-5"):
         checkpoints.find_for_resume(tmp_path)
+
+
+def corrupt_rollout_state(path: Path) -> None:
+    (path / checkpoints.ROLLOUT_STATE).write_text("{")
+
+
+def cut_short(path: Path) -> Path:
+    """Halve the largest data file of the checkpoint's ``dcp/`` (a copy that stopped)."""
+    data = max((path / "dcp").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    return data
+
+
+@pytest.mark.parametrize("damage", ["rollout_state", "learner_state", "rng_state", "dcp_data",
+                                    "dcp_metadata"])  # fmt: skip
+def test_a_checkpoint_that_does_not_load_is_skipped_naming_the_file(tmp_path, damage) -> None:
+    for step in (1, 2):
+        write_complete(tmp_path / f"checkpoint-{step}")
+    newest = tmp_path / "checkpoint-2"
+    if damage == "rollout_state":
+        corrupt_rollout_state(newest)
+        file, why = newest / checkpoints.ROLLOUT_STATE, "JSONDecodeError"
+    elif damage == "learner_state":
+        (newest / "learner_state.pt").write_bytes(b"\x80\x02}")
+        file, why = newest / "learner_state.pt", "Error"
+    elif damage == "rng_state":
+        (newest / "rng_state_0.pth").write_bytes(b"")
+        file, why = newest / "rng_state_0.pth", "Error"
+    elif damage == "dcp_data":
+        file = cut_short(newest)
+        why = "the checkpoint's metadata needs"
+    else:
+        (newest / "dcp" / ".metadata").write_bytes(b"not a pickle")
+        file, why = newest / "dcp" / ".metadata", "Error"
+    found = checkpoints.resumable(tmp_path)
+    assert found.checkpoint == tmp_path / "checkpoint-1"
+    assert found.skipped == (newest,)
+    assert str(file) in found.reasons[0] and why in found.reasons[0], found.reasons
+    with pytest.raises(CheckpointError, match=f"{re.escape(str(file))}.*{why}"):
+        checkpoints.check_loads(newest)  # as resume_from_checkpoint=<path> checks it
+    checkpoints.check_loads(tmp_path / "checkpoint-1")
+
+
+def test_a_distributed_checkpoint_exception_becomes_a_checkpoint_error(tmp_path) -> None:
+    """torch's distributed checkpoint raises ``CheckpointException``, a ``BaseException``:
+    it is converted like any failure, naming each rank's cause; an interrupt passes through."""
+
+    def write(path: Path) -> None:
+        path.mkdir()
+        inner = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704")
+        raise CheckpointException("CheckpointException", {0: (inner, None)})
+
+    with pytest.raises(
+        CheckpointError,
+        match=r"could not be written to .*Cause: "
+        r"CheckpointException \(rank 0: RuntimeError: .*unexpected pos 704\)",
+    ):
+        checkpoints.save(tmp_path, 1, write, free_bytes=lambda _: 10 * 1024**3)
+    with pytest.raises(CheckpointError, match="is full"):  # whatever torch says: free space
+        checkpoints.save(tmp_path, 1, write, free_bytes=lambda _: 4096)
+
+    def interrupted(path: Path) -> None:
+        path.mkdir()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(tmp_path, 2, interrupted)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_pruning_keeps_the_newest_complete_checkpoints(tmp_path) -> None:
@@ -114,3 +196,35 @@ def test_rows_after_the_resumed_step_are_dropped(tmp_path) -> None:
     for name in ("metrics.jsonl", "completions.jsonl"):
         lines = (tmp_path / name).read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def in_private_mount_namespace() -> list[str]:
+    """A command prefix that runs a program in a mount namespace of its own (as root inside a
+    user namespace when not root), so the tmpfs it mounts is gone when it exits."""
+    prefix = ["unshare", "--mount"]
+    if os.geteuid() != 0:
+        prefix += ["--user", "--map-root-user"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.strip()}")
+    return prefix
+
+
+def test_a_full_disk_is_named_through_the_real_save_path(tiny_qwen3, tmp_path) -> None:
+    """A real learner's checkpoint (torch's distributed checkpoint, ~6.9 MB for the tiny
+    Qwen3) saved twice onto a 10 MiB tmpfs: the first fits, the second fills the disk. torch
+    raises ``CheckpointException`` (a ``BaseException``) whose inner error reads ``unexpected
+    pos ...``; the run's save path names the full disk, removes the partial checkpoint and
+    leaves the first one loadable."""
+    script = Path(__file__).parents[1] / "support" / "full_disk_save.py"
+    command = [*in_private_mount_namespace(), sys.executable, str(script), str(tiny_qwen3),
+               str(tmp_path / "small-disk"), str(10 * 1024**2)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["first"].endswith("checkpoint-1")
+    assert re.search(r"checkpoint 2 could not be written: the disk holding .* is full",
+                     result["error"]), result  # fmt: skip
+    assert "CheckpointException (rank 0: " in result["error"], result["error"]
+    assert result["cause"] == "CheckpointException"
+    assert result["left"] == ["checkpoint-1"] and result["first_loads"]

@@ -15,6 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
+from asyncgrpo.core import cursor
+from asyncgrpo.core.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import (
     AsyncRolloutLoop,
@@ -125,7 +127,68 @@ def test_a_killed_process_is_reported(vllm_server, tiny_qwen3) -> None:
     process = RolloutProcess(spec_for(vllm_server, tiny_qwen3)).start()
     try:
         os.kill(process.pid, signal.SIGKILL)
-        with pytest.raises(RolloutWorkerError, match="exited with code -9"):
+        with pytest.raises(RolloutWorkerError, match=r"exited with code -9 \(killed by SIGKILL\)"
+                           r".*asyncgrpo train --resume"):  # fmt: skip
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                process.get(wait_s=0.5)
+    finally:
+        process.stop()
+
+
+def next_outcome(process: RolloutProcess, *, timeout_s: float = 180) -> GroupOutcome:
+    """The next group outcome (loop reports passed over), within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = process.get(wait_s=0.5)
+        if isinstance(message, GroupOutcome):
+            return message
+    raise AssertionError(f"no group outcome in {timeout_s} s: {process.activity()}")
+
+
+def test_a_killed_process_is_restarted_from_the_trainers_cursor_up_to_the_limit(
+    vllm_server, tiny_qwen3
+) -> None:
+    """SIGKILL once: a new child starts from the cursor the trainer holds (positions whose
+    outcome arrived are not generated again), and the restart is counted; SIGKILL again with
+    no restart left: the run fails naming the signal and --resume."""
+    held = PromptCursor()
+    started: list[int] = []
+    process = RolloutProcess(
+        spec_for(vllm_server, tiny_qwen3), timeout_s=120, restarts=1,
+        resume_cursor=lambda: held, on_start=started.append,
+    ).start()  # fmt: skip
+    try:
+        first = next_outcome(process)
+        held = cursor.group_outcome(held, first.position, len(first.samples))
+        process.samples_taken(first.forwarded_tokens)
+        old_pid = process.pid
+        os.kill(old_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        report = None
+        while report is None:
+            assert time.monotonic() < deadline, "the death was not noticed"
+            message = process.get(wait_s=0.5)
+            if isinstance(message, GroupOutcome):  # sent before it died: the trainer takes it
+                held = cursor.group_outcome(held, message.position, len(message.samples))
+            elif message is not None and any(
+                o.name == "rollout/process_restart_count" for o in message.observations
+            ):
+                report = message
+        assert started == [old_pid, process.pid] and process.pid != old_pid
+        assert {o.name: o.amount for o in report.observations}["rollout/process_restart_count"] == 1
+        seen = {first.position}
+        for _ in range(3):  # the new child skips what the trainer holds
+            outcome = next_outcome(process)
+            assert outcome.position not in seen and not held.is_consumed(outcome.position)
+            assert outcome.position not in held.pending
+            seen.add(outcome.position)
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(
+            RolloutWorkerError,
+            match=r"exited with code -9 \(killed by SIGKILL\)"
+            r".* after 1 restart\(s\) \(rollout_worker_restarts=1\).*--resume",
+        ):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 process.get(wait_s=0.5)
@@ -171,12 +234,52 @@ def test_a_blocked_reward_function_is_named_when_no_sample_comes(vllm_server, ti
                 process.get(wait_s=0.5)
         message = str(raised.value)
         assert "no sample reached the trainer" in message, message
+        assert "nothing at all for" in message, message
         assert re.search(r"reward function 'blocking_reward' for \d+ s on group \d+ \(row \d\)",
                          message), message  # fmt: skip
         waits = [e for e in logs if e["event"] == "waiting for samples"]
         assert waits and "blocking_reward" in waits[0]["rollout"]
+        stopping = time.monotonic()
+        process.stop()  # the default grace: a hung child is not waited for
+        assert time.monotonic() - stopping < 15, "stopping the hung child waited for it"
     finally:
         process.stop(grace_s=2)
+
+
+def constant_reward(completion_ids, **kwargs):
+    return [1.0] * len(completion_ids)  # no spread: every group is dropped
+
+
+def test_groups_that_are_all_dropped_are_not_a_hang_and_are_counted(
+    vllm_server, tiny_qwen3
+) -> None:
+    """Every group has zero reward spread, so no sample ever reaches the trainer: past the
+    worker timeout the wait is logged with the counts ("producing groups, but every one is
+    dropped"), never raised as a hang. The timeout is armed once the first dropped group has
+    arrived, so a server slow to generate it cannot trip it."""
+    process = RolloutProcess(
+        spec_for(vllm_server, tiny_qwen3, reward_funcs=(constant_reward,)), timeout_s=3600
+    ).start()
+    try:
+        first = next_outcome(process)
+        assert first.samples == () and first.dropped == "zero_reward_spread"
+        process.timeout_s = 10.0
+        process.restart_wait_clock()
+        deadline = time.monotonic() + 180
+        with capture_logs() as logs:
+            told: list = []
+            while not any(e["waited_s"] > 2 * process.timeout_s for e in told):
+                assert time.monotonic() < deadline, f"not told in time: {logs}"
+                message = process.get(wait_s=0.5)
+                assert not (isinstance(message, GroupOutcome) and message.samples)
+                told = [e for e in logs if e["event"].startswith(
+                    "waiting for samples: the rollout process is producing groups")]  # fmt: skip
+        assert re.search(r"\d+ groups? arrived, none with a sample to train: \d+ dropped for "
+                         r"zero reward spread", told[-1]["dropped"]), told[-1]  # fmt: skip
+        assert re.search(r"\d+ groups published \(\d+ dropped for zero reward spread\)",
+                         process.activity()), process.activity()  # fmt: skip
+    finally:
+        process.stop(grace_s=5)
 
 
 SCRIPT = """

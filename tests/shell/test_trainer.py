@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import psutil
 import pytest
 from datasets import Dataset
-from transformers import AutoModelForCausalLM
+from structlog.testing import capture_logs
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
 from asyncgrpo.adapters.vllm_client import VLLMError
@@ -15,6 +17,7 @@ from asyncgrpo.adapters.vllm_server import free_port
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run.checkpoints import CheckpointError
 
 
 def dataset(n: int = 8) -> Dataset:
@@ -125,6 +128,26 @@ def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
     assert not any("old" in r for r in read_metrics(run) + completions)
 
 
+def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_path) -> None:
+    """A corrupt rollout_state.json (one byte ``{``) in the newest checkpoint: resume names it
+    and takes the checkpoint before; named explicitly, it fails naming the file."""
+    server, path = served
+    run = tmp_path / "run"
+    trainer_for(server, path, tmp_path, max_steps=2, save_steps=1).train()
+    (run / "checkpoint-2" / "rollout_state.json").write_text("{")
+    explicit = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
+    with pytest.raises(CheckpointError, match=r"checkpoint-2 does not load: .*checkpoint-2/"
+                       r"rollout_state.json: JSONDecodeError"):  # fmt: skip
+        explicit.train(resume_from_checkpoint=str(run / "checkpoint-2"))
+    resumed = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
+    with capture_logs() as logs:
+        assert resumed.train(resume_from_checkpoint=True).global_step == 3
+    skipped = [e for e in logs if e["event"].startswith("skipped checkpoints")]
+    assert skipped and skipped[0]["resuming_from"].endswith("checkpoint-1"), logs
+    assert "rollout_state.json: JSONDecodeError" in skipped[0]["skipped"][0]
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
 class CrashingLoop(AsyncRolloutLoop):
     def filter_prompt(self, row_index, row, epoch):
         raise OSError("disk on fire")
@@ -139,6 +162,43 @@ def test_a_crashed_rollout_process_raises_a_clear_error(served, tmp_path) -> Non
     trainer = trainer_for(server, path, tmp_path, cls=CrashingTrainer, rollout_worker_timeout=60)
     with pytest.raises(RolloutWorkerError, match="OSError: disk on fire"):
         trainer.train()
+
+
+class KillRolloutProcess(TrainerCallback):
+    """SIGKILL to the run's rollout process (the trainer's spawned child) after the given
+    steps, as an out-of-memory kill would."""
+
+    def __init__(self, at_steps: tuple[int, ...]) -> None:
+        self.at_steps = at_steps
+        self.killed: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step not in self.at_steps:
+            return
+        children = [c for c in psutil.Process().children()
+                    if "spawn_main" in " ".join(c.cmdline())]  # fmt: skip
+        assert len(children) == 1, children
+        children[0].kill()
+        self.killed.append(children[0].pid)
+
+
+def test_a_killed_rollout_process_is_restarted_then_the_run_fails_past_the_limit(
+    served, tmp_path
+) -> None:
+    """rollout_worker_restarts=1: the kill after step 1 restarts the rollout process from the
+    trainer's prompt cursor (counted) and steps 2 and 3 train; the kill after step 3 is one
+    too many: the run fails naming the signal and --resume."""
+    server, path = served
+    killer = KillRolloutProcess(at_steps=(1, 3))
+    trainer = trainer_for(server, path, tmp_path, max_steps=6, rollout_worker_restarts=1)
+    trainer.add_callback(killer)
+    with pytest.raises(RolloutWorkerError, match=r"exited with code -9 \(killed by SIGKILL\).*"
+                       r"after 1 restart\(s\).*asyncgrpo train --resume"):  # fmt: skip
+        trainer.train()
+    assert len(killer.killed) == 2 and killer.killed[0] != killer.killed[1]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r.get("rollout/process_restart_count", 0) for r in rows) == 1, rows
 
 
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path) -> None:
@@ -260,8 +320,48 @@ def test_an_empty_or_plain_text_dataset_fails_at_construction(tiny_qwen3, tmp_pa
     with pytest.raises(ValueError, match="train_dataset is empty"):
         build([])
     plain = Dataset.from_dict({"prompt": ["What is 2 + 2?", "Name a colour."]})
-    with pytest.raises(ValueError, match=r"row 0: 'prompt' must be conversational.*got str: "
-                       r"'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 0, column 'prompt': must be conversational.*got "
+                       r"str: 'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
         build(plain)
-    with pytest.raises(ValueError, match="row 1: 'prompt' must be conversational"):
+    with pytest.raises(ValueError, match="row 1, column 'prompt': must be conversational"):
         build([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": {"text": "hi"}}])
+
+
+def test_every_row_is_checked_at_construction_naming_row_column_and_type(
+    tiny_qwen3, tmp_path
+) -> None:
+    """Rows far past the first few are checked too (a None prompt, an int content, a message
+    that is not a dict, an environment column naming no factory), before any process starts."""
+
+    class NoServer:
+        base_url = "http://127.0.0.1:9"
+
+    good = [{"role": "user", "content": "hi"}]
+
+    def build(train_dataset, environment_factory=None):
+        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
+                                args=config(NoServer, tmp_path), train_dataset=train_dataset,
+                                environment_factory=environment_factory)  # fmt: skip
+
+    none_at_2000 = Dataset.from_dict({"prompt": [good] * 2000 + [None] + [good] * 10})
+    with pytest.raises(ValueError, match=r"row 2000, column 'prompt': got None"):
+        build(none_at_2000)
+    int_content = [{"prompt": good}] * 20 + [{"prompt": [{"role": "user", "content": 7}]}]
+    with pytest.raises(ValueError, match=r"row 20, column 'prompt', message 0: 'content' must "
+                       r"be a string, got int: '7'"):  # fmt: skip
+        build(int_content)
+    with pytest.raises(ValueError, match=r"row 1, column 'prompt', message 1: must be a "
+                       r"\{'role': \.\.\., 'content': \.\.\.\} dict, got str"):  # fmt: skip
+        build([{"prompt": good}, {"prompt": [*good, "and more"]}])
+    with pytest.raises(ValueError, match=r"row 0, column 'prompt', message 0: 'role' must be a "
+                       r"string, got no 'role' key"):  # fmt: skip
+        build([{"prompt": [{"content": "hi"}]}])
+    routed = Dataset.from_dict({"prompt": [good] * 3, "environment": ["game", "game", "chess"]})
+    with pytest.raises(ValueError, match=r"row 2, column 'environment': must name one of "
+                       r"\['game'\].*got str: 'chess'"):  # fmt: skip
+        build(routed, environment_factory={"game": dict})
+    # an environment may make the prompt: no prompt is then fine; a tool-calling assistant
+    # turn may have no content
+    build([{"prompt": None, "environment": "game"}], environment_factory={"game": dict})
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    build([{"prompt": [*good, {"role": "assistant", "content": None, "tool_calls": calls}]}])

@@ -1,0 +1,101 @@
+"""A vLLM server with an API key: every route but the probes and metrics answers 401 without
+it, the dev-mode and weight-transfer routes included, whether the key is enforced by
+``--middleware asyncgrpo.adapters.vllm_auth.DevRoutesAuth`` (servers asyncgrpo starts) or by
+asyncgrpo's vLLM plugin over vLLM's own ``--api-key`` check (servers users start); a trainer
+given the key trains against it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from datasets import Dataset
+
+from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from asyncgrpo.adapters.vllm_auth import bearer, configured_keys, new_api_key
+from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.run import read_metrics
+
+pytestmark = pytest.mark.server
+
+GUARDED = [("POST", "/pause", {"params": {"mode": "keep"}}), ("POST", "/resume", {}),
+           ("POST", "/collective_rpc", {"json": {"method": "reload_weights"}}),
+           ("POST", "/reset_prefix_cache", {}), ("GET", "/server_info", {}),
+           ("POST", "/init_weight_transfer_engine", {"json": {"init_info": {}}}),
+           ("POST", "/start_weight_update", {}), ("POST", "/tokenize", {"json": {}}),
+           ("GET", "/v1/models", {})]  # fmt: skip
+PUBLIC = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/version")]
+
+
+class PluginOnlySpec(ServerSpec):
+    """The key in ``VLLM_API_KEY`` (vLLM's own check), without asyncgrpo's ``--middleware``:
+    only the plugin widens vLLM's check to every route, as on a server a user starts."""
+
+    def command(self, port: int) -> list[str]:
+        args = super().command(port)
+        at = args.index("--middleware")
+        return args[:at] + args[at + 2 :]
+
+
+@pytest.fixture(scope="module", params=["middleware", "plugin"])
+def keyed_server(request, tiny_qwen3, tmp_path_factory):
+    key = new_api_key()
+    spec_type = ServerSpec if request.param == "middleware" else PluginOnlySpec
+    spec = spec_type(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                     weight_transfer_backend="asyncgrpo_gloo", api_key=key)  # fmt: skip
+    assert "--middleware" in spec.command(8000) or request.param == "plugin"
+    log = tmp_path_factory.mktemp("logs") / f"vllm-{request.param}.log"
+    with VLLMServer(spec, log_path=log) as server:
+        yield server, key, request.param
+
+
+def test_without_the_key_dev_and_weight_routes_answer_401(keyed_server) -> None:
+    server, key, _ = keyed_server
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        for method, path, kwargs in GUARDED:
+            for headers in ({}, bearer("wrong"), {"Authorization": key}):
+                answer = client.request(method, path, headers=headers, **kwargs)
+                assert answer.status_code == 401, (method, path, headers, answer.text[:200])
+        for method, path in PUBLIC:
+            assert client.request(method, path).status_code == 200, path
+        assert client.get("/v1/models", headers=bearer(key)).status_code == 200
+        assert client.get("/is_paused", headers=bearer(key)).status_code == 200
+        assert client.get("/is_paused").status_code == 401
+    assert key not in " ".join(server.spec.command(server.port))  # passed in the environment
+
+
+@pytest.mark.parametrize("backend", ["asyncgrpo_gloo", "disk"])
+def test_a_run_with_the_key_trains(keyed_server, tiny_qwen3, tmp_path, backend) -> None:
+    """In memory (the weight-transfer routes) and by disk reload (/collective_rpc), with the
+    pause, resume and prefix-cache reset of every sync."""
+    server, key, kind = keyed_server
+    if kind == "plugin" and backend == "disk":
+        pytest.skip("one run per server kind is enough for the plugin's path")
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "run"), max_steps=2, learning_rate=1e-3,
+                           num_generations=4, max_completion_length=12, token_budget=256,
+                           gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=0,
+                           vllm_server_base_url=server.base_url, vllm_server_api_key=key,
+                           weight_transfer_backend=backend, save_steps=1000,
+                           disable_tqdm=True)  # fmt: skip
+    prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
+    trainer = AsyncGRPOTrainer(
+        model=str(tiny_qwen3),
+        reward_funcs=digit_fraction_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+    )
+    assert trainer.train().global_step == 2
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # the pushes reached the server: staleness-0 parity
+        assert row["sampling/sampling_logp_difference/max"] < 1e-4, row
+    assert key not in str(args) and args.to_dict()["vllm_server_api_key"] != key
+
+
+def test_the_server_reads_its_key_as_vllm_does(monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert configured_keys(["vllm", "serve", "m", "--api-key", "k1"]) == ["k1"]
+    assert configured_keys(["serve", "--api-key=k2"]) == ["k2"]
+    assert configured_keys(["serve", "m"]) == ["from-env"]
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert configured_keys(["serve", "m"]) == []
