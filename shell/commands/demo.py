@@ -113,8 +113,9 @@ def run_demo(
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             reward_funcs=digit_fraction_reward,
-            args=dataclasses.replace(config, vllm_server_base_url=base_url,
-                                     vllm_server_api_key=key),  # fmt: skip
+            args=dataclasses.replace(
+                config, vllm_server_base_url=base_url, vllm_server_api_key=key
+            ),
             train_dataset=demo_dataset(),
         )
         return trainer.train()
