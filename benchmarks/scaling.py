@@ -32,7 +32,7 @@ from asyncgrpo.shell.run import AsyncGRPOTrainer, read_metrics
 from asyncgrpo.shell.servers import servers_cpus_for
 
 SETTINGS: dict[str, Any] = dict(
-    learning_rate=1e-2,
+    learning_rate=1e-4,  # slow learning: the reward keeps its spread for all the steps
     num_generations=8,
     max_completion_length=64,
     max_staleness=0,
