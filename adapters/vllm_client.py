@@ -57,9 +57,11 @@ from asyncgrpo.adapters.vllm_replies import (
     VLLMError,
     parse_generation,
     parse_metrics,
+    server_flags,
     server_transfer,
 )
 from asyncgrpo.core.candidate_sets import CandidateSetSupport
+from asyncgrpo.core.server_match import ServerFlags
 from asyncgrpo.core.server_outage import Failure, classify_failure
 
 
@@ -164,6 +166,10 @@ class VLLMClient:
         stall_s: the config's ``vllm_server_stall_timeout``: a call unanswered this long probes
             whether the server still answers.
         headers: sent with every request (e.g. ``Authorization`` for a server's API key).
+        stall_outage: a call unanswered for ``stall_s`` whose ``/health`` probe is not answered
+            either raises :class:`ServerUnreachable` at once (handed to the gate like a refused
+            connection) instead of waiting up to ``timeout_s``: for a run with other servers to
+            turn to.
     """
 
     def __init__(
@@ -177,8 +183,10 @@ class VLLMClient:
         gate: ServerGate | None = None,
         stall_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
+        stall_outage: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.stall_outage = stall_outage
         self.model = model
         self.max_retries = max_retries
         self.gate = gate
@@ -280,6 +288,12 @@ class VLLMClient:
 
             async def watch() -> None:
                 silent = await self._until_silent_too_long(started, what)
+                if self.stall_outage:
+                    outcome.append(ServerUnreachable(
+                        f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
+                        f"({what}), not even /health"))  # fmt: skip
+                    group.cancel_scope.cancel()
+                    return
                 outcome.append(ServerNotAnswering(
                     f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
                     f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
@@ -297,7 +311,8 @@ class VLLMClient:
 
     async def _until_silent_too_long(self, started: float, what: str) -> float:
         """Return once the server has answered nothing (no call, no probe) for ``timeout_s``
-        since ``started``; probe ``/health`` every ``stall_s`` of silence and log it."""
+        since ``started`` (``stall_outage``: once a probe after ``stall_s`` of silence is not
+        answered); probe ``/health`` every ``stall_s`` of silence and log it."""
         while True:
             silent_from = max(started, self._last_answer)
             await anyio.sleep(max(0.0, silent_from + self.stall_s - time.monotonic()))
@@ -306,7 +321,7 @@ class VLLMClient:
             if await self._answers():
                 continue
             silent = time.monotonic() - max(started, self._last_answer)
-            if silent >= self.timeout_s:
+            if silent >= self.timeout_s or self.stall_outage:
                 return silent
             if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S:
                 self._silence_logged_at = time.monotonic()
@@ -523,6 +538,20 @@ class VLLMClient:
         config = await self.server_config()
         probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
         return vllm_tokens.candidate_set_support(config, probe.status_code)
+
+    async def server_flags(self, probe_token_endpoint: bool = False) -> ServerFlags:
+        """What the server offers that a run relies on (``/v1/models`` and ``/server_info``;
+        with ``probe_token_endpoint``, whether it serves the token endpoint), to compare the
+        servers of a run (:func:`~asyncgrpo.core.server_match.check_servers`)."""
+        response = await self._request("GET", "/v1/models")
+        self._raise_for_client_error(response, "/v1/models")
+        config = await self.server_config()
+        token_endpoint = None
+        if probe_token_endpoint:
+            probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+            support = vllm_tokens.candidate_set_support(config, probe.status_code)
+            token_endpoint = support.serves_token_endpoint
+        return server_flags(response.json(), config, self.model, token_endpoint)
 
     async def weight_transfer(self) -> ServerTransfer | None:
         """The server's weight-transfer engine and workers, or ``None`` when it has no

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncgrpo.core.pacing import ServerLoad
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
+from asyncgrpo.core.server_match import ServerFlags
 
 
 class VLLMError(RuntimeError):
@@ -209,3 +210,47 @@ def server_transfer(vllm_config: Mapping[str, Any]) -> ServerTransfer:
         raise VLLMError(f"/server_info: unreadable parallel_config {parallel!r}") from error
     backend = config.get("backend") if isinstance(config, Mapping) else None
     return ServerTransfer(backend=backend, workers=workers)
+
+
+def server_flags(
+    models_reply: Mapping[str, Any],
+    vllm_config: Mapping[str, Any] | None,
+    model: str,
+    token_endpoint: bool | None = None,
+) -> ServerFlags:
+    """Read :class:`~asyncgrpo.core.server_match.ServerFlags` from ``/v1/models``'s reply and
+    ``/server_info?config_format=json``'s ``vllm_config`` (``None``: the server has no
+    ``/server_info``).
+
+    Example:
+        >>> flags = server_flags({"data": [{"id": "m", "max_model_len": 1024}]},
+        ...                      {"model_config": {"dtype": "torch.float32"},
+        ...                       "lora_config": {"max_loras": 4, "max_lora_rank": 8}}, "m")
+        >>> flags.models, flags.max_model_len, flags.dtype, flags.lora, flags.max_loras
+        (('m',), 1024, 'torch.float32', True, 4)
+    """
+    entries = [e for e in models_reply.get("data", []) if isinstance(e, Mapping)]
+    lengths = [e.get("max_model_len") for e in entries if e.get("id") == model]
+    config = vllm_config or {}
+    model_config = config.get("model_config") or {}
+    lora = config.get("lora_config") or None
+    transfer = config.get("weight_transfer_config") or {}
+
+    def text(value: Any) -> str | None:
+        return None if value is None else str(value)
+
+    return ServerFlags(
+        models=tuple(str(e.get("id")) for e in entries),
+        max_model_len=int(lengths[0]) if lengths and lengths[0] is not None else None,
+        described=vllm_config is not None,
+        dtype=text(model_config.get("dtype")),
+        logprobs_mode=text(model_config.get("logprobs_mode")),
+        max_logprobs=model_config.get("max_logprobs"),
+        generation_config=text(model_config.get("generation_config")),
+        sampling_mask=model_config.get("return_sampling_mask"),
+        token_endpoint=token_endpoint,
+        weight_transfer=text(transfer.get("backend")) if isinstance(transfer, Mapping) else None,
+        lora=lora is not None,
+        max_loras=lora.get("max_loras") if lora else None,
+        max_lora_rank=lora.get("max_lora_rank") if lora else None,
+    )

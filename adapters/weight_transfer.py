@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -79,6 +79,11 @@ class DiskReload:
         reload), so generation stops only for the reload itself."""
         written = time.monotonic()
         write_safetensors(state_dict, self.directory)
+        return await self.reload(barrier_s, write_s=time.monotonic() - written)
+
+    async def reload(self, barrier_s: float = 0.0, write_s: float = 0.0) -> SyncTimings:
+        """The server's side of :meth:`sync`, the weights already written (by one write for
+        several servers): pause, reload, drop the prefix cache, resume."""
         start = time.monotonic()
         await self.client.pause()
         paused = time.monotonic()
@@ -91,7 +96,7 @@ class DiskReload:
             await self.client.resume()
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused,
-                           write_s=start - written)  # fmt: skip
+                           write_s=write_s)  # fmt: skip
 
 
 class AdapterSync:
@@ -104,12 +109,14 @@ class AdapterSync:
     of them: :meth:`restore` loads the kept versions again from their directories.
     """
 
-    def __init__(self, directory: str | Path, prefix: str, keep: int) -> None:
+    def __init__(self, directory: str | Path, prefix: str, keep: int,
+                 remove_files: bool = True) -> None:  # fmt: skip
         if keep < 1:
             raise ValueError("AdapterSync.keep must be >= 1")
         self.directory = Path(directory)
         self.prefix = prefix
         self.keep = keep
+        self.remove_files = remove_files  # False: several servers share the directory
         self.loaded: list[int] = []
 
     def path(self, version: int) -> Path:
@@ -130,7 +137,8 @@ class AdapterSync:
         while len(self.loaded) > self.keep:
             old = self.loaded.pop(0)
             await client.unload_lora_adapter(self.name(old))
-            shutil.rmtree(self.path(old), ignore_errors=True)
+            if self.remove_files:
+                shutil.rmtree(self.path(old), ignore_errors=True)
         return SyncTimings(pause_s=0.0, barrier_s=barrier_s, transfer_s=time.monotonic() - start)
 
     async def restore(self, client: VLLMClient) -> None:
@@ -149,3 +157,21 @@ def adapter_name(prefix: str, version: int) -> str:
         'policy-v3'
     """
     return f"{prefix}-v{version}"
+
+
+def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
+    """The timings of one sync that reached several servers in parallel: each phase's longest
+    (the write is shared).
+
+    Example:
+        >>> slowest([SyncTimings(0.1, 0.0, 0.5, 0.2), SyncTimings(0.3, 0.0, 0.4, 0.2)])
+        SyncTimings(pause_s=0.3, barrier_s=0.0, transfer_s=0.5, write_s=0.2)
+    """
+    if not timings:
+        raise ValueError("slowest: no timings")
+    return SyncTimings(
+        pause_s=max(t.pause_s for t in timings),
+        barrier_s=max(t.barrier_s for t in timings),
+        transfer_s=max(t.transfer_s for t in timings),
+        write_s=max(t.write_s for t in timings),
+    )

@@ -158,3 +158,23 @@ def is_local_host(host: str, own_names: Sequence[str] = ()) -> bool:
         (True, False)
     """
     return host.lower() in LOOPBACK_HOSTS or host in own_names
+
+
+def split_server_cpus(server_cpus: Sequence[int], servers: int) -> tuple[tuple[int, ...], ...]:
+    """The plan's server cores shared by ``servers`` local servers: contiguous, near-equal
+    slices, one per server; with fewer cores than servers, servers share cores round-robin
+    (they then compete for them: no more throughput than one server). No cores (nothing
+    decided for the server) leaves every server vLLM's own binding.
+
+    Example:
+        >>> split_server_cpus((0, 1, 2, 3), 2)
+        ((0, 1), (2, 3))
+        >>> split_server_cpus((0,), 2)
+        ((0,), (0,))
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    cores = tuple(sorted(set(server_cpus)))
+    if not cores:
+        return ((),) * servers
+    return _slices(cores, servers)

@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import attrs
 
@@ -218,3 +219,20 @@ def push_landed(before: float | None, after: float | None) -> bool:
     the whole push (no restart in between). Two unknowns agree (a server that does not tell
     its identity: only failed requests can say it went away)."""
     return before == after
+
+
+def all_gone_since(down_since: Sequence[float | None]) -> float | None:
+    """A run with several servers goes on while one of them serves; it waits, and finally
+    fails, only while none does. Given when each server's pending outage began (``None``: it
+    serves), when the last of them went away, or ``None`` while one still serves; the wait
+    for the run's servers counts from there (:func:`next_wait`).
+
+    Example:
+        >>> all_gone_since([100.0, None]) is None
+        True
+        >>> all_gone_since([100.0, 130.0])
+        130.0
+    """
+    if not down_since or any(since is None for since in down_since):
+        return None
+    return max(since for since in down_since if since is not None)

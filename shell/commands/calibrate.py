@@ -9,6 +9,11 @@ with its own settings (from the ``run_spec.json`` of a sweep's run: ``max_stalen
 ``num_generations``, ...; its prompt and completion lengths from its metrics) and the fitted
 throughputs, and its step time, staleness and trainer idle are compared with the measured
 ones (:func:`asyncgrpo.core.calibration.compare_figures`).
+
+The generator's throughput is fitted per server (the calibration run's over its number of
+servers), and each run is simulated with its own number of servers; ``--predict-servers N
+...`` also simulates the calibration run's settings with each number of servers, a throughput
+curve (:func:`predict_servers`; docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ def run_config(run_dir: Path) -> AsyncGRPOConfig:
     return AsyncGRPOConfig(**json.loads(spec.read_text())["config"])
 
 
-def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0) -> SimulationConfig:
-    """The simulation of a run: its settings, its measured lengths, the fitted throughputs."""
+def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,
+                  servers: int | None = None) -> SimulationConfig:  # fmt: skip
+    """The simulation of a run: its settings, its measured lengths, the fitted throughputs
+    (the generator's per server), with the run's number of servers or ``servers``."""
     config = run_config(run_dir)
     rows = read_metrics(run_dir)
 
@@ -83,6 +90,7 @@ def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0) -> 
         max_completion_tokens=longest,
         logging_steps=config.logging_steps if config.logging_steps >= 1 else 1,
         seed=seed,
+        num_servers=servers or len(config.server_urls),
         **fitted,
     )
 
@@ -93,21 +101,68 @@ def fit_run(run_dir: Path) -> Calibration:
                      weight_sync_steps=config.weight_sync_steps)  # fmt: skip
 
 
+def fitted_per_server(run_dir: Path, fit: Calibration) -> dict[str, float]:
+    """The simulator's settings fitted to a run, the generator's throughput per server (the
+    run's over its number of servers)."""
+    fitted = fit.simulator_settings(with_fixed_costs=True)
+    if "generation_tokens_per_s" in fitted:
+        fitted["generation_tokens_per_s"] /= len(run_config(run_dir).server_urls)
+    return fitted
+
+
 def calibrate_and_predict(
     calibration_run: str | Path, predict: Sequence[str | Path], output_dir: str | Path
 ) -> tuple[Calibration, list[Prediction]]:
     """Fit on ``calibration_run``; simulate and score each of ``predict`` (the calibration run
     itself is scored too, as the in-sample check). Simulations land under ``output_dir``."""
     fit = fit_run(Path(calibration_run))
-    fitted = fit.simulator_settings(with_fixed_costs=True)
+    fitted = fitted_per_server(Path(calibration_run), fit)
     predictions = []
     for run in [Path(calibration_run), *map(Path, predict)]:
         simulation = simulation_of(run, fitted)
         simulated = simulate(simulation, Path(output_dir) / run.name, progress=False)
         errors = compare_figures(pipeline_figures(simulated), pipeline_figures(read_metrics(run)))
-        settings = {"max_staleness": simulation.max_staleness}
+        settings = {"max_staleness": simulation.max_staleness,
+                    "num_servers": simulation.num_servers}  # fmt: skip
         predictions.append(Prediction(str(run), settings, tuple(errors)))
     return fit, predictions
+
+
+@attrs.frozen
+class ServerPoint:
+    """One point of the predicted throughput curve: the calibration run's settings with
+    ``servers`` servers (each with the fitted per-server throughput)."""
+
+    servers: int
+    step_s: float
+    samples_per_s: float
+    trainer_idle_frac: float
+
+
+def predict_servers(calibration_run: str | Path, counts: Sequence[int],
+                    output_dir: str | Path) -> list[ServerPoint]:  # fmt: skip
+    """Simulate the calibration run's settings with each number of servers in ``counts``."""
+    run = Path(calibration_run)
+    fitted = fitted_per_server(run, fit_run(run))
+    points = []
+    for count in counts:
+        simulated = simulate(simulation_of(run, fitted, servers=count),
+                             Path(output_dir) / f"servers={count}", progress=False)  # fmt: skip
+        figures = pipeline_figures(simulated)
+        samples = statistics.median(w["batch/samples_per_step"] for w in simulated[1:]
+                                    if "batch/samples_per_step" in w)  # fmt: skip
+        points.append(ServerPoint(count, figures.step_s, samples / figures.step_s,
+                                  figures.trainer_idle_frac))  # fmt: skip
+    return points
+
+
+def servers_report(points: Sequence[ServerPoint]) -> str:
+    """The predicted curve as a markdown table."""
+    lines = ["| servers | predicted step s | predicted samples/s | predicted trainer idle |",
+             "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {p.servers} | {p.step_s:.3f} | {p.samples_per_s:.1f} | "
+              f"{p.trainer_idle_frac:.0%} |" for p in points]  # fmt: skip
+    return "\n".join(lines)
 
 
 def report(fit: Calibration, predictions: Sequence[Prediction]) -> str:

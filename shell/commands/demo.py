@@ -23,10 +23,11 @@ from datasets import Dataset
 
 from asyncgrpo.adapters.models import save_tiny_model
 from asyncgrpo.adapters.vllm_auth import new_api_key
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm_server import ServerSpec
+from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
-from asyncgrpo.shell.servers import server_cpus_for
+from asyncgrpo.shell.servers import servers_cpus_for
 
 QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
              "What is your favourite number?", "Pick a number.", "Reply with digits.",
@@ -84,12 +85,16 @@ def run_demo(
     max_steps: int = 20,
     overrides: dict[str, Any] | None = None,
     model_family: str = "qwen3",
+    servers: int = 1,
 ) -> TrainOutput:
-    """Build the tiny model, start the server, train; metrics land in ``output_dir``.
+    """Build the tiny model, start the server(s), train; metrics land in ``output_dir``.
 
     ``overrides`` replaces :func:`demo_config` fields (benchmarks compare settings this way);
-    the server gets the cores :mod:`asyncgrpo.core.cpu_plan` leaves it. ``model_family`` is
-    one of :data:`MODEL_FAMILIES`."""
+    the servers share the cores :mod:`asyncgrpo.core.cpu_plan` leaves them (``servers``: how
+    many to start; each group goes to one of them, docs/scaling.md). ``model_family`` is one
+    of :data:`MODEL_FAMILIES`."""
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
     if model_family not in MODEL_FAMILIES:
         raise ValueError(f"model_family must be one of {MODEL_FAMILIES}, got {model_family!r}")
     output_dir = Path(output_dir)
@@ -101,13 +106,15 @@ def run_demo(
     )
     key = new_api_key()  # the server's routes, dev and weight-transfer ones too, need it
     spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype=SERVER_DTYPE[model_family],
-                      max_logprobs=8, cpus=server_cpus_for(config), api_key=key)  # fmt: skip
-    with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
+                      max_logprobs=8, api_key=key)  # fmt: skip
+    with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
+        urls = [server.base_url for server in started]
+        base_url: str | list[str] = urls[0] if servers == 1 else urls
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             reward_funcs=digit_fraction_reward,
             args=dataclasses.replace(
-                config, vllm_server_base_url=server.base_url, vllm_server_api_key=key
+                config, vllm_server_base_url=base_url, vllm_server_api_key=key
             ),
             train_dataset=demo_dataset(),
         )

@@ -1,4 +1,8 @@
-"""``asyncgrpo plot RUN_DIR``: PNG plots of a run from its ``metrics.jsonl``."""
+"""``asyncgrpo plot RUN_DIR``: PNG plots of a run from its ``metrics.jsonl``.
+
+A run with several servers gets a panel per server metric too (groups, generated tokens/s,
+rollouts in flight and outages of each server, ``rollout/server/<i>/...``).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +23,37 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
+SERVER_PANELS: tuple[tuple[str, str], ...] = (
+    ("groups per window, by server", "groups_count"),
+    ("generated tokens/s, by server", "generated_tokens_per_s"),
+    ("rollouts in flight, by server", "in_flight"),
+    ("outages, by server", "outage_count"),
+)
+
+
+def server_panels(rows: Sequence[dict[str, float]]) -> list[tuple[str, list[str]]]:
+    """One panel per :data:`SERVER_PANELS` metric a run with several servers logged, a line
+    per server.
+
+    Example:
+        >>> server_panels([{"step": 1, "rollout/server/0/groups_count": 2.0,
+        ...                 "rollout/server/1/groups_count": 1.0}])
+        [('groups per window, by server', ['rollout/server/0/groups_count', \
+'rollout/server/1/groups_count'])]
+    """
+    parts = [key.split("/") for row in rows for key in row if key.startswith("rollout/server/")]
+    servers = sorted({int(p[2]) for p in parts if len(p) > 3 and p[2].isdigit()})
+    panels = []
+    for title, metric in SERVER_PANELS:
+        names = [f"rollout/server/{i}/{metric}" for i in servers]
+        if any(name in row for row in rows for name in names):
+            panels.append((title, names))
+    return panels
+
+
 def plot_run(run_dir: str | Path, panels: Sequence[tuple[str, Sequence[str]]] = PANELS) -> Path:
-    """Draw one panel per group of metrics against ``step``; returns the PNG's path.
+    """Draw one panel per group of metrics against ``step`` (and per server metric of a run
+    with several servers, :func:`server_panels`); returns the PNG's path.
 
     Metrics a run did not log are skipped; a panel with nothing to show says so.
     """
@@ -32,6 +65,7 @@ def plot_run(run_dir: str | Path, panels: Sequence[tuple[str, Sequence[str]]] = 
     rows = read_metrics(run_dir)
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no logging windows yet")
+    panels = [*panels, *server_panels(rows)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True)
     for ax, (title, names) in zip(axes, panels, strict=True):
         drawn = False

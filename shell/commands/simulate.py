@@ -13,6 +13,10 @@ prompts are consumed (:mod:`asyncgrpo.core.cursor`) and how metrics aggregate
 
 Use it to see how ``max_staleness``, throughputs and batch sizes trade staleness against
 trainer idle time before spending compute. Time is simulated: a run takes about a second.
+
+With ``num_servers`` > 1 the generator is that many servers, each with its own throughput
+shared by its groups; every group goes to one of them by the rollout loop's own routing
+(:func:`asyncgrpo.core.routing.route_group`), and a push pauses them all.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 import structlog
 from tqdm import tqdm
 
-from asyncgrpo.core import advantages, cursor, metrics, pacing, step_queue
+from asyncgrpo.core import advantages, cursor, metrics, pacing, routing, step_queue
 from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import TrainingSample, TurnRecord
 from asyncgrpo.core.scoring import check_reward_values, group_samples
@@ -57,7 +61,9 @@ class SimulationConfig:
             process's micro-batches).
         prompt_tokens: tokens per prompt.
         min_completion_tokens, max_completion_tokens: completion lengths, uniform.
-        generation_tokens_per_s: generator throughput shared by all groups in flight.
+        generation_tokens_per_s: generator throughput shared by all groups in flight (with
+            several servers: each server's, shared by its groups).
+        num_servers: generation servers, each group routed to one (core.routing).
         training_tokens_per_s: trainer throughput in forwarded tokens (shared prefixes
             counted once, as the planner packs them).
         training_fixed_s: seconds every step takes beyond its tokens (planning, optimizer).
@@ -81,6 +87,7 @@ class SimulationConfig:
     min_completion_tokens: int = 8
     max_completion_tokens: int = 128
     generation_tokens_per_s: float = 4500.0
+    num_servers: int = 1
     training_tokens_per_s: float = 6000.0
     training_fixed_s: float = 0.0
     training_per_sample_s: float = 0.0
@@ -103,6 +110,7 @@ class SimulationConfig:
             "token_budget",
             "rows_per_step",
             "logging_steps",
+            "num_servers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimulationConfig.{name} must be >= 1")
@@ -123,6 +131,7 @@ class _Group:
     version: int
     lengths: list[int]
     remaining: float
+    server: int = 0
 
 
 @attrs.define
@@ -178,15 +187,32 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
                 metrics.value("rollout/backpressure_s", state.clock - state.blocked_since)
             )
             state.blocked_since = None
+        server = _route(state, training)
         _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
         lengths = state.rng.integers(
             c.min_completion_tokens, c.max_completion_tokens + 1, c.num_generations
         ).tolist()
         state.in_flight.append(
-            _Group(state.next_position, row, state.version, lengths, float(sum(lengths)))
+            _Group(state.next_position, row, state.version, lengths, float(sum(lengths)), server)
         )
         state.ledger = pacing.group_started(state.ledger)
         state.next_position += 1
+
+
+def _route(state: _Pipeline, training: bool) -> int:
+    """The server a new group goes to, by the rollout loop's routing: every server holds the
+    newest weights (a push reaches all), each may take every slot; the least loaded wins."""
+    c = state.config
+    if c.num_servers == 1:
+        return 0
+    reserved = [0] * c.num_servers
+    for group in state.in_flight:
+        reserved[group.server] += c.num_generations
+    views = [routing.ServerView(True, state.version, r, c.max_concurrent_rollouts)
+             for r in reserved]  # fmt: skip
+    server = routing.route_group(views, state.version + int(training), c.max_staleness)
+    assert server is not None, "a group starts only while slots are free and it is not stale"
+    return server
 
 
 def _finish_group(state: _Pipeline, group: _Group) -> None:
@@ -218,6 +244,8 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
     state.ledger = pacing.group_finished(state.ledger, tokens)
     state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, group.position, len(samples))
     state.queue.append(tuple(samples))
+    if c.num_servers > 1:
+        state.observe(metrics.value(f"rollout/server/{group.server}/groups_count", 1))
     state.observe(
         metrics.value("reward", float(np.nanmean(rewards)), weight=c.num_generations),
         metrics.value("frac_reward_zero_std", 0.0 if score.kept else 1.0),
@@ -226,11 +254,15 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
 
 
 def _generate(state: _Pipeline) -> None:
+    """One tick of generation: each server's throughput shared by its groups."""
     if not state.in_flight:
         return
-    share = state.config.generation_tokens_per_s * state.config.tick_s / len(state.in_flight)
+    groups = [0] * state.config.num_servers
+    for group in state.in_flight:
+        groups[group.server] += 1
+    tick_tokens = state.config.generation_tokens_per_s * state.config.tick_s
     for group in list(state.in_flight):
-        group.remaining -= share
+        group.remaining -= tick_tokens / groups[group.server]
         if group.remaining <= 0:
             state.in_flight.remove(group)
             _finish_group(state, group)

@@ -56,8 +56,15 @@ class TrainScriptArguments:
         default=None, metadata={"help": "module:function of each reward function"}
     )
     vllm_url: str | None = field(
-        default=None, metadata={"help": "use this vLLM server instead of starting one"}
-    )
+        default=None,
+        metadata={"help": "use this vLLM server instead of starting one (several: URLs "
+                          "separated by commas)"},
+    )  # fmt: skip
+    vllm_servers: int = field(
+        default=1,
+        metadata={"help": "local vLLM servers to start (each on its share of the server "
+                          "cores; docs/scaling.md); unused with --vllm_url"},
+    )  # fmt: skip
     max_model_len: int = field(
         default=4096, metadata={"help": "--max-model-len of the server it starts"}
     )
@@ -87,6 +94,8 @@ def build_parser() -> HfArgumentParser:
         "[--reward module:function ...] [--<AsyncGRPOConfig field> VALUE ...]",
     )
     for action in parser._actions:
+        if action.dest == "vllm_server_base_url":  # one value; several URLs by commas
+            action.nargs, action.type = None, str
         if action.dest in config_rules.REJECTED:
             note = f"only the default: {config_rules.REJECTED[action.dest]}"
         elif action.dest in config_rules.USED and action.dest in config_rules.CHOICES:
@@ -140,6 +149,8 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
                 + config_rules.closest(stray[0], [*SCRIPT_KEYS, *field_names(AsyncGRPOConfig)])
             )
     values.update({k: v for k, v in given.items() if k in set(field_names(AsyncGRPOConfig))})
+    if script.vllm_servers < 1:
+        raise TrainCommandError(f"--vllm_servers must be >= 1, got {script.vllm_servers}")
     model = script.model or extra.get("model")
     dataset = script.dataset or extra.get("dataset")
     rewards = script.reward or extra.get("reward_funcs") or []
@@ -188,16 +199,17 @@ def build_config(settings: TrainSettings, base_url: str | None = None,
 def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.vllm_auth import new_api_key
-    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+    from asyncgrpo.adapters.vllm_server import ServerSpec
+    from asyncgrpo.shell.commands.local_servers import local_servers
     from asyncgrpo.shell.run import AsyncGRPOTrainer
-    from asyncgrpo.shell.servers import server_cpus_for
+    from asyncgrpo.shell.servers import servers_cpus_for
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts
     reward_funcs = [import_callable(spec) for spec in settings.rewards]
     prompts = load_prompts(settings.dataset)
 
-    def train(base_url: str, api_key: str | None = None) -> Any:
+    def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
         trainer = AsyncGRPOTrainer(model=settings.model, reward_funcs=reward_funcs,
                                    args=build_config(settings, base_url, api_key),
                                    train_dataset=prompts)  # fmt: skip
@@ -210,10 +222,10 @@ def run_train(argv: Sequence[str]) -> Any:
         max_model_len=settings.script.max_model_len,
         dtype=config.dtype,
         max_logprobs=max(20, config.num_sampler_logprobs),
-        cpus=server_cpus_for(config),
-        api_key=new_api_key(),  # every route of the server the run starts needs it
+        api_key=new_api_key(),  # every route of the servers the run starts needs it
     )
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    with VLLMServer(spec, log_path=output_dir / "vllm-server.log") as server:
-        return train(server.base_url, spec.api_key)
+    cpus = servers_cpus_for(config, settings.script.vllm_servers)
+    with local_servers(spec, cpus, output_dir) as servers:
+        return train(",".join(server.base_url for server in servers), spec.api_key)

@@ -40,6 +40,7 @@ from asyncgrpo.core.objectives import (
     loss_type_from,
     objective_for,
 )
+from asyncgrpo.core.routing import server_urls
 from asyncgrpo.core.weight_parity import FOREIGN_WINDOW
 from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
@@ -140,21 +141,27 @@ class AsyncGRPOConfig(TrainingArguments):
     )
 
     # server
-    vllm_server_base_url: str = field(
-        default="http://localhost:8000", metadata=_help("Base URL of the vLLM server.")
-    )
+    vllm_server_base_url: str | list[str] = field(
+        default="http://localhost:8000",
+        metadata=_help("Base URL of the vLLM server. Not in TRL: several servers as a list (or "
+                       "one string of URLs separated by commas); each group goes to the least "
+                       "loaded one and every weight sync reaches all of them "
+                       "(docs/scaling.md)."),
+    )  # fmt: skip
     vllm_server_timeout: float = field(
         default=1800.0,
         metadata=_help("Seconds to wait for the server to be ready, for a call to it (all "
                        "its tries together) or a silent server, and for a server that went "
-                       "away mid-run to come back (docs/reliability.md)."),
+                       "away mid-run to come back (docs/reliability.md); with several servers, "
+                       "for one of them to come back when none is left."),
     )  # fmt: skip
     vllm_server_stall_timeout: float = field(
         default=10.0,
         metadata=_help("Not in TRL. Seconds a call to the vLLM server may go unanswered before "
                        "the server's /health is probed; while it does not answer either, a "
                        "warning names the server every 10 s, and after vllm_server_timeout "
-                       "seconds of silence the run fails."),
+                       "seconds of silence the run fails. With several servers, one that does "
+                       "not answer the probe goes out of routing at once."),
     )  # fmt: skip
     vllm_server_api_key: str | None = field(
         default=None,
@@ -387,6 +394,7 @@ class AsyncGRPOConfig(TrainingArguments):
                 "sample could be trained; raise max_staleness or lower weight_sync_steps"
             )
         check_backend(self.weight_transfer_backend)
+        server_urls(self.vllm_server_base_url)
         if self.rollout_worker_restarts < 0:
             raise ValueError(
                 "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
@@ -489,6 +497,12 @@ class AsyncGRPOConfig(TrainingArguments):
             return ObjectiveSettings(**{name: getattr(self, name) for name in names})
         except ValueError as error:
             raise ValueError(f"AsyncGRPOConfig: {error}") from None
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """The servers ``vllm_server_base_url`` names, in order
+        (:func:`~asyncgrpo.core.routing.server_urls`)."""
+        return server_urls(self.vllm_server_base_url)
 
     @property
     def foreign_weights_checked_steps(self) -> int:

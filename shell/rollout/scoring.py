@@ -46,6 +46,7 @@ class PendingGroup:
     rollouts: list[Rollout]
     env_rewards: list[tuple[type, float] | None]
     completed_at: float = 0.0
+    server: int = 0  # the server it was generated on (its index in vllm_server_base_url)
 
 
 def reward_kwargs(pending: PendingGroup) -> dict[str, list[Any]]:

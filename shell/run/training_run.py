@@ -70,7 +70,13 @@ from asyncgrpo.shell.run.metrics_log import (
     drop_rows_after,
     write_completions,
 )
-from asyncgrpo.shell.servers import ServerSettings, SharedTrust, release_process
+from asyncgrpo.shell.servers import (
+    ServerSettings,
+    ServerWatch,
+    SharedServers,
+    check_servers_match,
+    release_process,
+)
 from asyncgrpo.shell.weights import (
     ParityGuard,
     Pushed,
@@ -151,8 +157,12 @@ class TrainingRun:
             learner.load_checkpoint(checkpoint)
             self.cursor = checkpoints.read_rollout_cursor(checkpoint)
         self.process: RolloutProcess | None = None
-        # rank 0: outages of the server and whom the weights were pushed to, from the first push
-        self.trust = SharedTrust() if self.rank0 else None
+        # rank 0: outages of each server and whom the weights were pushed to, from the first
+        # push, and the version that landed on each
+        self.servers = SharedServers(self.args.server_urls) if self.rank0 else None
+        self.trust = self.servers.trusts[0] if self.servers is not None else None
+        self.watch: ServerWatch | None = None  # rank 0, several servers: those out of routing
+        self._resync_servers: tuple[int, ...] | None = None  # the RESYNC's servers (None: all)
         self.weights: WeightSync | None = None
         self.pusher: WeightPusher | None = None
         self.metrics_file: MetricsFile | None = None
@@ -172,12 +182,14 @@ class TrainingRun:
         self.stopped_spreadless = False
 
     def start(self) -> None:
-        """Connect to the server, push the trainer's weights, start the rollout process; what
-        this opens, :meth:`close` closes, also when it fails half way."""
+        """Connect to the servers (several: check that they can stand in for each other),
+        push the trainer's weights, start the rollout process; what this opens, :meth:`close`
+        closes, also when it fails half way."""
+        self._check_servers()
         self.weights = open_weight_sync(self.learner, self.args, self.inputs.model_name,
                                         self.output_dir)  # fmt: skip
         self.weights.start()
-        self.pusher = WeightPusher(self.weights, self.learner, self.trust, self._client,
+        self.pusher = WeightPusher(self.weights, self.learner, self.servers, self._client,
                                    self.args.vllm_server_timeout,
                                    uninterruptible=interrupts_deferred)  # fmt: skip
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
@@ -194,6 +206,9 @@ class TrainingRun:
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._push(at_start=True)
         self.push_plan = self._plan_push()
+        if self.rank0 and self.servers is not None and len(self.servers) > 1:
+            self.watch = ServerWatch(ServerSettings.of(self.args), self.inputs.model_name,
+                                     self.servers).start()  # fmt: skip
         if self.rank0:
             self.flops = FlopsMeter(self.inputs.model_config, self.learner.device,
                                     self.learner.bf16)  # fmt: skip
@@ -201,12 +216,14 @@ class TrainingRun:
                      source=self.flops.peak_source)  # fmt: skip
             cpu_plan = self.inputs.cpu_plan
             self.process = RolloutProcess(
-                self._loop_spec(), self.args.rollout_worker_timeout, self.trust,
+                self._loop_spec(), self.args.rollout_worker_timeout, self.trust, self.servers,
                 restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
                 resume_cursor=lambda: self.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
             )  # fmt: skip
             self.process.start()
+            for server in range(len(self.args.server_urls)):
+                self.process.set_server_version(server, self.version)
             self.process.set_model_version(self.version)
             self.process.set_steps_taken(self.learner.step)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
@@ -218,8 +235,26 @@ class TrainingRun:
             self.token_budget, self.learner.world_size, self.args.gradient_accumulation_steps,
             self.args.max_staleness))  # fmt: skip
 
-    def _client(self) -> VLLMClient:
-        return ServerSettings.of(self.args).client(self.inputs.model_name)
+    def _check_servers(self) -> None:
+        """Several servers: rank 0 checks that each can stand in for the first
+        (:func:`~asyncgrpo.shell.servers.check_servers_match`); every process raises the
+        mismatch, naming the server and the flag."""
+        if len(self.args.server_urls) < 2:
+            return
+        outcome: list[Any] = [None]
+        if self.rank0:
+            try:
+                check_servers_match(ServerSettings.of(self.args), self.inputs.model_name,
+                                    self.args.top_k > 0 or self.args.top_p < 1.0)  # fmt: skip
+            except ValueError as error:
+                outcome = [error]
+        if self.learner.world_size > 1:
+            dist.broadcast_object_list(outcome, src=0)
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    def _client(self, server: int = 0, **options: Any) -> VLLMClient:
+        return ServerSettings.of(self.args).client(self.inputs.model_name, server, **options)
 
     async def _max_model_len(self) -> int:
         async with self._client() as client:
@@ -360,13 +395,15 @@ class TrainingRun:
             if self.rank0 and not self._finished():
                 step = self._plan_next_step()
             send_start = time.monotonic()
-            control = [STEP if isinstance(step, list) else step]
+            control = [STEP if isinstance(step, list) else step, self._resync_servers]
             if self.learner.world_size > 1:
                 dist.broadcast_object_list(control, src=0)
             if control[0] != RESYNC:
                 break
             assert self.pusher is not None
-            self._landed(self.pusher.resync())
+            pushed = self.pusher.resync(control[1])
+            if pushed is not None:
+                self._landed(pushed)
         if control[0] == SPREADLESS:  # ended for lack of reward spread: keep where it stopped
             self._save_checkpoint()
             return None
@@ -393,10 +430,12 @@ class TrainingRun:
         :data:`RESYNC` instead when the server went away and the weights must be pushed."""
         assert self.process is not None and self.queue is not None
         waited_from, self.waited_s = time.monotonic(), 0.0
+        if self._servers_back():
+            return RESYNC
         self._apply(step_queue.advance(self.queue, self.learner.step))
         self._drain(wait_s=0.0)
         while not step_queue.ready(self.queue, self.process.groups_in_flight()):
-            if not server_outage.weights_known(self.process.trust.read()):
+            if self._servers_to_resync():
                 return RESYNC
             self._drain(wait_s=0.2)
             if collapse.step_due(self.spread, self.groups_per_step) and self._close_spread_step():
@@ -427,6 +466,25 @@ class TrainingRun:
             self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
         self._observe(metrics.value("perf/pack_s", time.monotonic() - pack_start))
         return rows
+
+    def _servers_to_resync(self) -> bool:
+        """Rank 0, while the step waits for samples: whether the weights must be pushed again
+        first: no server holds them (``_resync_servers`` None: wait for one), or, with
+        several, servers out of routing answer again (:meth:`_servers_back`)."""
+        assert self.process is not None
+        self._resync_servers = None
+        if self.servers is None or len(self.servers) == 1:
+            return not server_outage.weights_known(self.process.trust.read())
+        if not any(self.servers.routable(i) for i in range(len(self.servers))):
+            return True
+        return self._servers_back()
+
+    def _servers_back(self) -> bool:
+        """Rank 0, several servers: whether servers out of routing answer again; the next
+        RESYNC pushes the current weights to them (``_resync_servers``)."""
+        back = self.watch.take_back() if self.watch is not None else ()
+        self._resync_servers = back or None
+        return bool(back)
 
     def _drain(self, wait_s: float) -> None:
         assert self.process is not None and self.queue is not None
@@ -515,6 +573,8 @@ class TrainingRun:
         it now, the metrics follow on the trainer's thread (:meth:`_record_landed_pushes`)."""
         self.version = pushed.version
         if self.process is not None:
+            for server in pushed.servers:
+                self.process.set_server_version(server, pushed.version)
             self.process.set_model_version(self.version)
         self._pushes_landed.put(pushed)
 
@@ -540,13 +600,17 @@ class TrainingRun:
             return
         self.version = pushed.version
         if self.process is not None:
+            for server in pushed.servers:
+                self.process.set_server_version(server, pushed.version)
             self.process.set_model_version(self.version)
             if pushed.resynced:
                 self.process.restart_wait_clock()
-        if pushed.resynced:
-            assert self.trust is not None
-            self.trust.pushed(pushed.covering, pushed.identity)  # rollouts go on from here
+        for resynced in pushed.resynced:
+            assert self.servers is not None  # rollouts go on there from here
+            self.servers.trusts[resynced.server].pushed(resynced.covering, resynced.identity)
             self._observe(metrics.value("rollout/vllm_outage_count", 1))
+        if pushed.resynced and self.process is not None:
+            self.process.set_model_version(self.version)  # wakes the loop: routable again
         self._record_push(pushed)
 
     def _record_push(self, pushed: Pushed) -> None:
@@ -624,6 +688,8 @@ class TrainingRun:
             checkpoints.write_rollout_state(path, self.cursor, self.version, self.learner.step)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         if self.pusher is not None:  # a transfer the server takes part in is never cut
             self.pusher.wait_landed()
         if self.process is not None:

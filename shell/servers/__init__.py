@@ -1,26 +1,47 @@
-"""Everything that knows about the vLLM server the run uses: its outages and the trust the
-trainer and the rollout process share (:mod:`.outages`), and the cores it gets when it runs on
-this host (:mod:`.cpu_sharing`), and how to reach it (:class:`ServerSettings`, the one maker
-of clients).
+"""Everything that knows about the vLLM servers the run uses: their outages and the trust the
+trainer and the rollout process share (:mod:`.outages`), the cores they get when they run on
+this host (:mod:`.cpu_sharing`), how to reach them (:class:`ServerSettings`, the one maker of
+clients), whether they can stand in for each other (:mod:`.checks`), which one a group goes
+to (:mod:`.routing`) and, with several, the watch over those out of routing (:mod:`.watch`).
 """
 
 from __future__ import annotations
 
+from asyncgrpo.shell.servers.checks import check_servers_match
 from asyncgrpo.shell.servers.cpu_sharing import (
     cpus_shared_with_server,
     release_process,
     server_cpus_for,
+    servers_cpus_for,
 )
 from asyncgrpo.shell.servers.endpoint import ServerSettings
-from asyncgrpo.shell.servers.outages import RolloutGate, ServerGone, SharedTrust, wait_for_server
+from asyncgrpo.shell.servers.outages import (
+    RolloutGate,
+    ServerGone,
+    ServerOut,
+    SharedServers,
+    SharedTrust,
+    wait_for_server,
+    wait_for_servers,
+)
+from asyncgrpo.shell.servers.routing import PooledServer, ServerPool
+from asyncgrpo.shell.servers.watch import ServerWatch
 
 __all__ = [
+    "PooledServer",
     "RolloutGate",
     "ServerGone",
+    "ServerOut",
+    "ServerPool",
     "ServerSettings",
+    "ServerWatch",
+    "SharedServers",
     "SharedTrust",
+    "check_servers_match",
     "cpus_shared_with_server",
     "release_process",
     "server_cpus_for",
+    "servers_cpus_for",
     "wait_for_server",
+    "wait_for_servers",
 ]

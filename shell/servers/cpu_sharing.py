@@ -20,7 +20,13 @@ from urllib.parse import urlsplit
 import structlog
 import torch
 
-from asyncgrpo.core.cpu_plan import CpuPlan, format_cpu_list, is_local_host, plan_cpus
+from asyncgrpo.core.cpu_plan import (
+    CpuPlan,
+    format_cpu_list,
+    is_local_host,
+    plan_cpus,
+    split_server_cpus,
+)
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 log = structlog.get_logger("asyncgrpo.cpu")
@@ -48,6 +54,12 @@ def server_cpus_for(config: AsyncGRPOConfig) -> tuple[int, ...]:
     return plan_for(config, server_local=True).server_cpus
 
 
+def servers_cpus_for(config: AsyncGRPOConfig, servers: int) -> tuple[tuple[int, ...], ...]:
+    """The cores of each of ``servers`` local servers asyncgrpo starts: the plan's server
+    cores split between them (:func:`~asyncgrpo.core.cpu_plan.split_server_cpus`)."""
+    return split_server_cpus(server_cpus_for(config), servers)
+
+
 @contextlib.contextmanager
 def cpus_shared_with_server(
     config: AsyncGRPOConfig, device: torch.device
@@ -68,7 +80,7 @@ def share_cpus_with_server(config: AsyncGRPOConfig, device: torch.device) -> Cpu
     Returns the plan applied, or None on an accelerator (nothing to share)."""
     if device.type != "cpu":
         return None
-    plan = plan_for(config, server_on_host(config.vllm_server_base_url))
+    plan = plan_for(config, any(server_on_host(url) for url in config.server_urls))
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     if plan.rank_cpus:
         os.sched_setaffinity(0, plan.rank_cpus[rank])

@@ -1,5 +1,5 @@
-"""How the run reaches its vLLM server: :class:`ServerSettings`, built once from the config, is
-the one place that makes clients of the server (the trainer's, the weight sync's, the rollout
+"""How the run reaches its vLLM servers: :class:`ServerSettings`, built once from the config, is
+the one place that makes clients of them (the trainer's, the weight sync's, the rollout
 process's)."""
 
 from __future__ import annotations
@@ -15,29 +15,40 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 
 @attrs.frozen
 class ServerSettings:
-    """The server's address and how long the run waits for it.
+    """The servers' addresses and how long the run waits for them.
 
     Attributes:
-        base_url: ``vllm_server_base_url``.
+        urls: the servers ``vllm_server_base_url`` names, in order (one for most runs).
         timeout_s: ``vllm_server_timeout``: a call's tries together, the longest silence, and
-            how long a server that went away may take to come back.
+            how long a server that went away may take to come back (with several servers: how
+            long the run goes on with none).
         stall_s: ``vllm_server_stall_timeout``: an unanswered call probes the server after this.
         api_key: ``vllm_server_api_key``, else ``VLLM_API_KEY``: every request carries it
             (docs/security.md).
     """
 
-    base_url: str
+    urls: tuple[str, ...] = attrs.field(converter=tuple)
     timeout_s: float
     stall_s: float
     api_key: str | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def of(cls, config: AsyncGRPOConfig) -> ServerSettings:
-        return cls(config.vllm_server_base_url, config.vllm_server_timeout,
+        return cls(config.server_urls, config.vllm_server_timeout,
                    config.vllm_server_stall_timeout, config.server_api_key)  # fmt: skip
 
-    def client(self, model: str, **options: Any) -> VLLMClient:
-        """A new client of the server for ``model`` (``options``: the client's, e.g. a gate or
-        the connection pool's size), sending the API key when there is one."""
-        return VLLMClient(self.base_url, model, timeout_s=self.timeout_s, stall_s=self.stall_s,
-                          headers=bearer(self.api_key), **options)  # fmt: skip
+    @property
+    def base_url(self) -> str:
+        """The first server's URL (the only one of a run with one server)."""
+        return self.urls[0]
+
+    @property
+    def count(self) -> int:
+        return len(self.urls)
+
+    def client(self, model: str, server: int = 0, **options: Any) -> VLLMClient:
+        """A new client of server ``server`` for ``model`` (``options``: the client's, e.g. a
+        gate or the connection pool's size), sending the API key when there is one."""
+        return VLLMClient(self.urls[server], model, timeout_s=self.timeout_s,
+                          stall_s=self.stall_s, headers=bearer(self.api_key),
+                          **options)  # fmt: skip

@@ -1,6 +1,14 @@
 """Surviving a vLLM server restart: the state the trainer and the rollout process share, the
 rollout side's gate, and the trainer side's wait for the server.
 
+A run with several servers keeps one record per server (:class:`SharedServers`: each server's
+:class:`SharedTrust` and the trainer's version that landed on it). There a server that goes
+away is only taken out of routing: its gate (``reroute``) raises :class:`ServerOut` instead of
+waiting, and the rollout loop generates the groups it held again on another server with the
+same seeds; the trainer pushes its current weights to it once it answers again
+(:mod:`.watch`), and only while none of them serves does the run wait, and finally fail
+(:func:`wait_for_servers`).
+
 The decisions are :mod:`asyncgrpo.core.server_outage`'s; this module holds the shared
 counters (:class:`SharedTrust`, in shared memory across the process boundary) and the waits:
 
@@ -19,7 +27,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import anyio
 import structlog
@@ -40,11 +48,24 @@ class ServerGone(VLLMError):
     """The vLLM server did not come back within ``vllm_server_timeout``."""
 
 
+class ServerOut(VLLMError):
+    """A server of a run with several went away (or holds unknown weights): what was being
+    generated there is generated again on another server."""
+
+    def __init__(self, url: str, cause: str = "") -> None:
+        super().__init__(
+            f"the vLLM server at {url} is out of routing" + (f": {cause}" if cause else "")
+        )
+        self.url = url
+
+
 class SharedTrust:
     """:class:`~asyncgrpo.core.server_outage.ServerTrust` in shared memory, plus when the
     pending outage was first seen (``time.time()`` seconds, comparable across processes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "", pooled: bool = False) -> None:
+        self.url = url  # named in the logs
+        self.pooled = pooled  # one of several servers: an outage takes it out of routing
         # a plain lock, not the default RLock: if a process dies holding it (a SIGKILLed rollout
         # process), another may take it over after LOCK_TIMEOUT_S instead of waiting forever
         self._lock = _CONTEXT.Lock()
@@ -88,7 +109,11 @@ class SharedTrust:
             before = self._read()
             after = server_outage.outage_seen(before)
             self._write(before, after, since)
-        if after != before:
+        if after != before and self.pooled:
+            log.warning("vLLM server out of routing: its groups are generated again on the "
+                        "other servers, and it gets the trainer's weights when it answers again",
+                        server=self.url, seen_by=where, cause=cause[:300])  # fmt: skip
+        elif after != before:
             log.warning("vLLM server unreachable; waiting for it, then the trainer pushes its "
                         "weights and what was in flight is generated again", seen_by=where,
                         cause=cause[:300])  # fmt: skip
@@ -103,8 +128,8 @@ class SharedTrust:
         if after != before:
             log.warning("vLLM server restarted (its identity changed, no request failed); the "
                         "trainer pushes its weights and what was in flight is generated again",
-                        seen_by=where, identity=identity,
-                        pushed_to=before.identity)  # fmt: skip
+                        seen_by=where, identity=identity, pushed_to=before.identity,
+                        **({"server": self.url} if self.pooled else {}))  # fmt: skip
         return after
 
     def pushed(self, covering: int, identity: float | None = None) -> ServerTrust:
@@ -117,20 +142,69 @@ class SharedTrust:
         return after
 
 
+class SharedServers:
+    """The run's record of each of its servers, shared with the rollout process: the server's
+    :class:`SharedTrust` and the trainer's version that landed on it (written by the trainer
+    only, read by the rollout process).
+
+    Args:
+        urls: the run's servers, in order.
+        first: the first server's record, when it exists already.
+    """
+
+    def __init__(self, urls: Sequence[str] = ("",), first: SharedTrust | None = None) -> None:
+        pooled = len(urls) > 1
+        trusts = [SharedTrust(url, pooled) for url in urls]
+        if first is not None:
+            trusts[0] = first
+        self.urls = tuple(urls)
+        self.trusts = tuple(trusts)
+        self._versions = _CONTEXT.Array("q", len(urls), lock=False)
+
+    def __len__(self) -> int:
+        return len(self.trusts)
+
+    def version(self, server: int) -> int:
+        """The trainer's version that landed on ``server`` (0 before the first push)."""
+        return int(self._versions[server])
+
+    def set_version(self, server: int, version: int) -> None:
+        self._versions[server] = version
+
+    def routable(self, server: int) -> bool:
+        """The trainer's weights are known to be on ``server`` (no outage pending)."""
+        return server_outage.weights_known(self.trusts[server].read())
+
+    def out(self) -> tuple[int, ...]:
+        """The servers with an outage pending, in order."""
+        return tuple(i for i in range(len(self)) if not self.routable(i))
+
+    def all_gone_since(self) -> float | None:
+        """When the last server went away, if none is routable (``time.time()`` seconds),
+        else ``None`` (:func:`~asyncgrpo.core.server_outage.all_gone_since`)."""
+        return server_outage.all_gone_since(
+            [None if self.routable(i) else self.trusts[i].down_since() for i in range(len(self))]
+        )
+
+
 class RolloutGate:
     """The rollout process's :class:`~asyncgrpo.adapters.vllm_client.ServerGate`.
 
-    Requests wait while an outage is pending, logging every 30 s.
+    Requests wait while an outage is pending, logging every 30 s; a gate that ``reroute``s
+    (one of several servers) raises :class:`ServerOut` instead, so that the group is generated
+    again on another server.
 
     Args:
         trust: the counters shared with the trainer.
         timeout_s: ``vllm_server_timeout``; the gate gives up ``2 x timeout_s`` after the outage
             began (the trainer gives up after ``timeout_s`` and stops this process first).
+        reroute: raise :class:`ServerOut` instead of waiting for the server.
     """
 
-    def __init__(self, trust: SharedTrust, timeout_s: float) -> None:
+    def __init__(self, trust: SharedTrust, timeout_s: float, reroute: bool = False) -> None:
         self.trust = trust
         self.timeout_s = timeout_s
+        self.reroute = reroute
         self._logged_at = 0.0  # one line per 30 s for all the requests that wait
         self._warned_no_identity = False
 
@@ -138,6 +212,8 @@ class RolloutGate:
         trust = self.trust.read()
         if server_outage.weights_known(trust):
             return trust.outages
+        if self.reroute:
+            raise ServerOut(self.trust.url, "an outage is pending")
         clock = OutageClock(down_since=self.trust.down_since())
         while not server_outage.weights_known(trust := self.trust.read()):
             decision = server_outage.next_wait(clock, time.time(), 2 * self.timeout_s,
@@ -158,6 +234,8 @@ class RolloutGate:
 
     async def unreachable(self, error: BaseException) -> None:
         self.trust.outage(f"{type(error).__name__}: {error}", "rollout process")
+        if self.reroute:
+            raise ServerOut(self.trust.url, f"{type(error).__name__}: {error}") from error
         await self.enter()
 
     def trusted(self, started: int) -> bool:
@@ -202,3 +280,41 @@ async def wait_for_server(client: VLLMClient, down_since: float, timeout_s: floa
             "and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
         ) from None
     return time.time() - down_since
+
+
+async def wait_for_servers(
+    clients: Sequence[VLLMClient], down_since: float, timeout_s: float, probe_timeout_s: float = 5.0
+) -> tuple[tuple[int, ...], float]:
+    """:func:`wait_for_server` for a run whose servers are all away: probe them together until
+    at least one answers and serves the model; returns the indices of those that do and the
+    seconds waited since ``down_since`` (when the last of them went away).
+
+    Raises:
+        ServerGone: ``timeout_s`` passed since ``down_since`` with none back; names them all.
+    """
+    if len(clients) == 1:
+        return (0,), await wait_for_server(clients[0], down_since, timeout_s, probe_timeout_s)
+    remaining = max(timeout_s - (time.time() - down_since), 1e-3)
+    policy = RetryPolicy(deadline_s=remaining, first_backoff_s=0.5, max_backoff_s=5.0)
+    urls = ", ".join(c.base_url for c in clients)
+    counter = RetryCounter("waiting for the vLLM servers", policy, url=urls)
+    answered: list[bool] = [False] * len(clients)
+
+    async def probe(index: int) -> None:
+        answered[index] = await clients[index].healthy(min(probe_timeout_s, timeout_s))
+
+    try:
+        async for attempt in retrying(policy, lambda e: isinstance(e, _NotBack), counter):
+            with attempt:
+                async with anyio.create_task_group() as group:
+                    for index in range(len(clients)):
+                        group.start_soon(probe, index)
+                if not any(answered):
+                    raise _NotBack
+    except _NotBack:
+        raise ServerGone(
+            f"none of the run's vLLM servers ({urls}) has answered for "
+            f"{time.time() - down_since:.0f} s (vllm_server_timeout={timeout_s:.0f} s); restart "
+            "them and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
+        ) from None
+    return tuple(i for i, ok in enumerate(answered) if ok), time.time() - down_since

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from asyncgrpo.shell.weights.parity import ParityGuard
 from asyncgrpo.shell.weights.paths import WeightSync, free_bytes, open_weight_sync
-from asyncgrpo.shell.weights.push import Pushed, WeightPusher
+from asyncgrpo.shell.weights.push import Pushed, Resynced, WeightPusher
 
 __all__ = [
     "ParityGuard",
     "Pushed",
+    "Resynced",
     "WeightPusher",
     "WeightSync",
     "free_bytes",

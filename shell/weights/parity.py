@@ -67,7 +67,7 @@ class ParityGuard:
             limit = [weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))]
         if learner.world_size > 1:
             dist.broadcast_object_list(limit, src=0)
-        return cls(float(limit[0]), args.foreign_weights_steps, args.vllm_server_base_url,
+        return cls(float(limit[0]), args.foreign_weights_steps, ", ".join(args.server_urls),
                    learner.rank == 0, args.foreign_weights_checked_steps)  # fmt: skip
 
     def check(self, gap: float | None, step: int) -> None:

@@ -1,7 +1,10 @@
-"""How the trainer's weights reach the vLLM server: one :class:`WeightSync` object per run.
+"""How the trainer's weights reach the vLLM servers: one :class:`WeightSync` object per run.
 
 Three implementations share the protocol (``start``, ``sync(version)``, ``reconnect``,
-``close`` and what they report):
+``close`` and what they report). Each push names the servers it goes to and returns each
+one's outcome (:data:`Landing`); with several servers the push reaches them in parallel, the
+weights gathered once (the disk path writes one file that every server reloads, the engines
+have one transfer group per server, an adapter is written once and loaded on each):
 
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
   (:class:`~asyncgrpo.adapters.weight_transfer.DiskReload`);
@@ -19,8 +22,12 @@ timings.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterable
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +41,13 @@ from torch import Tensor
 
 from asyncgrpo.adapters.vllm_client import VLLMClient
 from asyncgrpo.adapters.vllm_replies import ServerTransfer, VLLMError
-from asyncgrpo.adapters.weight_transfer import AdapterSync, DiskReload, SyncTimings
+from asyncgrpo.adapters.weight_transfer import (
+    AdapterSync,
+    DiskReload,
+    SyncTimings,
+    slowest,
+    write_safetensors,
+)
 from asyncgrpo.core import weight_sync
 from asyncgrpo.shell.servers import ServerSettings
 
@@ -47,6 +60,40 @@ log = structlog.get_logger("asyncgrpo.weight_sync")
 ADAPTER_PREFIX = "asyncgrpo-policy"
 ADAPTER = "adapter"
 HOST_MEMORY = "host memory"
+
+Landing = dict[int, SyncTimings | Exception]
+"""A push's outcome on each server it was sent to (rank 0): its timings, or why it failed."""
+Client = Callable[[int], VLLMClient]
+"""Makes a new client of server ``i``."""
+
+
+def landed_timings(landing: Landing) -> SyncTimings | None:
+    """The timings of the servers a push landed on (each phase's longest), or None."""
+    timings = [t for t in landing.values() if isinstance(t, SyncTimings)]
+    return slowest(timings) if timings else None
+
+
+def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings]) -> Landing:
+    """``call(i)`` for every server ``i``, in parallel threads when there are several (one is
+    called on this thread); each outcome or its exception."""
+    results: Landing = {}
+
+    def one(index: int) -> None:
+        try:
+            results[index] = call(index)
+        except Exception as error:  # that server's outcome; the others go on
+            results[index] = error
+
+    if len(servers) == 1:
+        one(servers[0])
+        return results
+    threads = [threading.Thread(target=one, args=(i,), name=f"asyncgrpo-push-{i}", daemon=True)
+               for i in servers]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {i: results[i] for i in servers}
 
 
 class WeightSync(Protocol):
@@ -64,23 +111,26 @@ class WeightSync(Protocol):
     def start(self) -> None:
         """Open what the path needs for the run (collective)."""
 
-    def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
-        """Push the current policy as ``version`` (collective); rank 0 returns the timings,
-        ``barrier_s`` being the time already spent waiting for the other processes."""
+    def sync(self, version: int, barrier_s: float = 0.0,
+             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+        """Push the current policy as ``version`` to ``servers`` (collective); rank 0 returns
+        each server's outcome, ``barrier_s`` being the time already spent waiting for the other
+        processes. A failure outside the servers (a write, a gather) raises."""
 
     def snapshot(self, version: int) -> Snapshot | None:
         """Copy what a push of ``version`` sends, so that training may go on while it is sent
         (collective; rank 0 gets the copy, the others ``None``). Only after a first
         :meth:`sync`."""
 
-    def send(self, snapshot: Snapshot) -> SyncTimings:
-        """Push a snapshot to the server (rank 0 only, from any thread)."""
+    def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
+        """Push a snapshot to ``servers`` (rank 0 only, from any thread)."""
 
     def snapshot_size(self) -> tuple[int, str]:
         """The bytes a snapshot takes, and where it lives (for the overlap decision)."""
 
-    def reconnect(self) -> None:
-        """After the server went away and came back: open the path again (collective)."""
+    def reconnect(self, servers: Sequence[int] = (0,)) -> None:
+        """After ``servers`` went away and came back: open the path to them again
+        (collective)."""
 
     def close(self) -> None:
         """Release what :meth:`start` opened; the server keeps serving."""
@@ -101,6 +151,11 @@ def _copied(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
     return {name: tensor.detach().clone() for name, tensor in weights}
 
 
+def _sent(timings: SyncTimings | None) -> SyncTimings:
+    assert timings is not None, "the sending rank gets timings"
+    return timings
+
+
 def free_bytes(where: str) -> int | None:
     """Memory free now ``where`` a snapshot would live: :data:`HOST_MEMORY` (available RAM) or
     a CUDA device such as ``"cuda:0"``; ``None`` when it cannot be measured."""
@@ -117,12 +172,13 @@ def _synced_bytes(learner: Learner) -> int:
 
 
 class DiskWeights:
-    """Merged weights through safetensors in ``directory`` and the server's reload."""
+    """Merged weights through safetensors in ``directory`` (written once) and each server's
+    reload."""
 
     backend = weight_sync.DISK
     lora_name = None
 
-    def __init__(self, learner: Learner, client: Callable[[], VLLMClient], directory: Path):
+    def __init__(self, learner: Learner, client: Client, directory: Path):
         self.learner = learner
         self.client = client
         self.directory = directory
@@ -130,31 +186,38 @@ class DiskWeights:
     def start(self) -> None:
         pass
 
-    def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
+    def sync(self, version: int, barrier_s: float = 0.0,
+             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
         state = self.learner.export.synced_state_dict()  # a collective on every rank
         if self.learner.rank != 0:
             return None
-        return self._push(state, barrier_s)
+        return self._push(state, barrier_s, servers)
 
     def snapshot(self, version: int) -> Snapshot | None:
         state = self.learner.export.synced_state_dict()  # a collective on every rank
         return Snapshot(version, _copied(state.items())) if self.learner.rank == 0 else None
 
-    def send(self, snapshot: Snapshot) -> SyncTimings:
+    def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
         assert snapshot.weights is not None
-        return self._push(snapshot.weights, 0.0)
+        return self._push(snapshot.weights, 0.0, servers)
 
     def snapshot_size(self) -> tuple[int, str]:
         return _synced_bytes(self.learner), HOST_MEMORY
 
-    def _push(self, state: dict[str, Tensor], barrier_s: float) -> SyncTimings:
-        async def push() -> SyncTimings:
-            async with self.client() as client:
-                return await DiskReload(client, self.directory).sync(state, barrier_s)
+    def _push(self, state: dict[str, Tensor], barrier_s: float,
+              servers: Sequence[int]) -> Landing:  # fmt: skip
+        """One write, then every server reloads it in parallel (a failed write raises)."""
+        written = time.monotonic()
+        write_safetensors(state, self.directory)
+        write_s = time.monotonic() - written
 
-        return anyio.run(push)
+        async def reload(index: int) -> SyncTimings:
+            async with self.client(index) as client:
+                return await DiskReload(client, self.directory).reload(barrier_s, write_s)
 
-    def reconnect(self) -> None:
+        return each_server(servers, lambda index: anyio.run(reload, index))
+
+    def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         pass
 
     def close(self) -> None:
@@ -162,32 +225,53 @@ class DiskWeights:
 
 
 class EngineWeights:
-    """Merged weights streamed through the server's weight-transfer engine."""
+    """Merged weights streamed through each server's weight-transfer engine (one transfer
+    group per server). With one server the weights stream straight from the gathers; with
+    several they are gathered once into a snapshot and sent to every server in parallel."""
 
     lora_name = None
 
-    def __init__(self, learner: Learner, args: Any, client: Callable[[], VLLMClient],
+    def __init__(self, learner: Learner, args: Any, client: Client,
                  backend: str, server_workers: int) -> None:  # fmt: skip
         self.learner = learner
         self.args = args
         self.client = client
         self.backend = backend
         self.server_workers = server_workers
-        self.engine: EngineSync | None = None
+        self.urls: tuple[str, ...] = tuple(args.server_urls)
+        self.engines: dict[int, EngineSync] = {}
+
+    @property
+    def engine(self) -> EngineSync | None:
+        """The first server's engine (the only one of a run with one server)."""
+        return self.engines.get(0)
 
     def start(self) -> None:
+        for index in range(len(self.urls)):
+            self._start(index)
+
+    def _start(self, index: int) -> None:
         from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
 
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
-        self.engine = EngineSync(self.args.vllm_server_base_url, self.client, self.backend,
-                                 source, workers=self.server_workers, rank=self.learner.rank,
-                                 timeout_s=self.args.vllm_server_timeout,
-                                 api_key=self.args.server_api_key)  # fmt: skip
+        self.engines[index] = EngineSync(
+            self.urls[index], functools.partial(self.client, index), self.backend, source,
+            workers=self.server_workers, rank=self.learner.rank,
+            timeout_s=self.args.vllm_server_timeout, api_key=self.args.server_api_key,
+        )  # fmt: skip
 
-    def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
-        if self.engine is None:
+    def sync(self, version: int, barrier_s: float = 0.0,
+             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+        if not self.engines:
             raise RuntimeError("EngineWeights.sync called before start()")
-        return self.engine.sync(barrier_s)
+        if len(self.urls) > 1:  # gathered once, sent to each
+            snapshot = self.snapshot(version)
+            return self.send(snapshot, servers) if snapshot is not None else None
+        engine = self.engines[0]
+        if self.learner.rank != 0:
+            engine.sync(barrier_s)
+            return None
+        return each_server(servers, lambda index: _sent(engine.sync(barrier_s)))
 
     def snapshot(self, version: int) -> Snapshot | None:
         weights = self.learner.export.iter_weights()  # a collective on every rank
@@ -197,42 +281,59 @@ class EngineWeights:
             return None
         return Snapshot(version, _copied(weights))
 
-    def send(self, snapshot: Snapshot) -> SyncTimings:
-        if self.engine is None:
+    def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
+        if not self.engines:
             raise RuntimeError("EngineWeights.send called before start()")
         assert snapshot.weights is not None
-        return self.engine.send_snapshot(list(snapshot.weights.items()))
+        weights = list(snapshot.weights.items())
+        return each_server(servers, lambda index: self.engines[index].send_snapshot(weights))
 
     def snapshot_size(self) -> tuple[int, str]:
         where = str(self.learner.device) if self.backend == weight_sync.NCCL else HOST_MEMORY
         return _synced_bytes(self.learner), where
 
-    def reconnect(self) -> None:
+    def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         """A restarted server has no group with the trainer: leave the old one, join anew."""
-        self.close()
-        self.engine = None
-        self.start()
+        for index in servers:
+            self._close(index)
+            self._start(index)
 
     def close(self) -> None:
-        if self.engine is None:
+        for index in list(self.engines):
+            self._close(index)
+
+    def _close(self, index: int) -> None:
+        engine = self.engines.pop(index, None)
+        if engine is None:
             return
         try:
-            self.engine.close()
+            engine.close()
         except Exception as error:  # the run's outcome stands; the server keeps serving
-            log.warning("could not leave the weight-transfer group", error=str(error)[:300])
+            log.warning("could not leave the weight-transfer group", server=self.urls[index],
+                        error=str(error)[:300])  # fmt: skip
 
 
 class AdapterWeights:
-    """A PEFT model's LoRA adapter, one served version per sync; ``merged`` takes over if the
-    server refuses the first adapter (no ``--enable-lora``)."""
+    """A PEFT model's LoRA adapter, one served version per sync, written once and loaded on
+    each server; ``merged`` takes over if the servers refuse the first adapter (no
+    ``--enable-lora``)."""
 
-    def __init__(self, learner: Learner, client: Callable[[], VLLMClient], directory: Path,
-                 keep: int, merged: WeightSync) -> None:  # fmt: skip
+    def __init__(self, learner: Learner, client: Client, directory: Path,
+                 keep: int, merged: WeightSync, servers: int = 1) -> None:  # fmt: skip
         self.learner = learner
         self.client = client
-        self.adapters = AdapterSync(directory, ADAPTER_PREFIX, keep=keep)
+        self.keep = keep
+        # one record of loaded versions per server; with several, the directories go when no
+        # server needs them any more (_prune), not when one server unloads them
+        self.loaded = [AdapterSync(directory, ADAPTER_PREFIX, keep=keep,
+                                   remove_files=servers == 1) for _ in range(servers)]  # fmt: skip
         self.merged = merged
         self.adapter_mode: bool | None = None  # None until the first sync decides
+
+    @property
+    def adapters(self) -> AdapterSync:
+        """The first server's adapter versions (the only one of a run with one server)."""
+        return self.loaded[0]
 
     @property
     def backend(self) -> str:
@@ -245,12 +346,13 @@ class AdapterWeights:
     def start(self) -> None:
         self.merged.start()
 
-    def sync(self, version: int, barrier_s: float = 0.0) -> SyncTimings | None:
+    def sync(self, version: int, barrier_s: float = 0.0,
+             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
         if self.adapter_mode is None:
-            return self._first_sync(version, barrier_s)
+            return self._first_sync(version, barrier_s, servers)
         if self.adapter_mode:
-            return self._adapter_sync(version, barrier_s)
-        return self.merged.sync(version, barrier_s)
+            return self._adapter_sync(version, barrier_s, servers)
+        return self.merged.sync(version, barrier_s, servers)
 
     def snapshot(self, version: int) -> Snapshot | None:
         if self.adapter_mode is None:
@@ -260,37 +362,62 @@ class AdapterWeights:
         self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
         return Snapshot(version, None) if self.learner.rank == 0 else None
 
-    def send(self, snapshot: Snapshot) -> SyncTimings:
+    def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
         if not self.adapter_mode:
-            return self.merged.send(snapshot)
-        return self._load(snapshot.version, 0.0)
+            return self.merged.send(snapshot, servers)
+        return self._load(snapshot.version, 0.0, servers)
 
     def snapshot_size(self) -> tuple[int, str]:
         if self.adapter_mode is False:
             return self.merged.snapshot_size()
         return 0, HOST_MEMORY  # the adapter is written to disk, nothing stays in memory
 
-    def _adapter_sync(self, version: int, barrier_s: float) -> SyncTimings | None:
+    def _adapter_sync(self, version: int, barrier_s: float,
+                      servers: Sequence[int]) -> Landing | None:  # fmt: skip
         self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
         if self.learner.rank != 0:
             return None
-        return self._load(version, barrier_s)
+        return self._load(version, barrier_s, servers)
 
-    def _load(self, version: int, barrier_s: float) -> SyncTimings:
-        async def load() -> SyncTimings:
-            async with self.client() as client:
-                return await self.adapters.sync(client, version, barrier_s)
+    def _load(self, version: int, barrier_s: float, servers: Sequence[int]) -> Landing:
+        async def load(index: int) -> SyncTimings:
+            async with self.client(index) as client:
+                return await self.loaded[index].sync(client, version, barrier_s)
 
-        return anyio.run(load)
+        landing = each_server(servers, lambda index: anyio.run(load, index))
+        self._prune()
+        return landing
 
-    def _first_sync(self, version: int, barrier_s: float) -> SyncTimings | None:
+    def _prune(self) -> None:
+        """Remove the directories of versions older than the oldest any server keeps: the ones
+        each server unloaded (with several servers they share the directory), and any written
+        for a push that never landed (the server went away first). A newer version written
+        for a push still to come stays."""
+        kept = self._kept()
+        if not kept:
+            return
+        for path in self.adapters.directory.glob("v*"):
+            number = path.name[1:]
+            if number.isdigit() and int(number) < min(kept):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _kept(self) -> list[int]:
+        held = sorted(set().union(*(set(a.loaded) for a in self.loaded)))
+        return held[-self.keep :]
+
+    def _first_sync(self, version: int, barrier_s: float,
+                    servers: Sequence[int]) -> Landing | None:  # fmt: skip
         outcome: list[Any] = [None]
         try:
-            outcome = [self._adapter_sync(version, barrier_s)]
+            landing = self._adapter_sync(version, barrier_s, servers)
+            refused = [e for e in (landing or {}).values() if isinstance(e, VLLMError)]
+            if refused:
+                raise refused[0]
+            outcome = [landing]
         except VLLMError as error:
             log.warning("the server refused a LoRA adapter; syncing merged weights instead "
                         "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
-                        f"for adapter sync, --max-loras >= {self.adapters.keep + 1})",
+                        f"for adapter sync, --max-loras >= {self.keep + 1})",
                         error=str(error)[:300])  # fmt: skip
             outcome = [False]
         if self.learner.world_size > 1:
@@ -298,20 +425,24 @@ class AdapterWeights:
         self.adapter_mode = outcome[0] is not False
         if self.adapter_mode:
             return outcome[0] if self.learner.rank == 0 else None
-        return self.merged.sync(version, barrier_s)
+        return self.merged.sync(version, barrier_s, servers)
 
-    def reconnect(self) -> None:
+    def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         """Open the merged path again and (rank 0) load the kept adapter versions again: a
         restarted server has none, and rollouts name the version they started under."""
-        self.merged.reconnect()
+        self.merged.reconnect(servers)
         if not self.adapter_mode or self.learner.rank != 0:
             return
+        if len(self.loaded) > 1:  # what the servers in routing hold: the kept versions
+            for index in servers:
+                self.loaded[index].loaded = self._kept()
 
-        async def restore() -> None:
-            async with self.client() as client:
-                await self.adapters.restore(client)
+        async def restore(index: int) -> None:
+            async with self.client(index) as client:
+                await self.loaded[index].restore(client)
 
-        anyio.run(restore)
+        for index in servers:
+            anyio.run(restore, index)
 
     def close(self) -> None:
         self.merged.close()
@@ -319,11 +450,14 @@ class AdapterWeights:
 
 def open_weight_sync(learner: Learner, args: Any, model_name: str,
                      output_dir: Path) -> WeightSync:  # fmt: skip
-    """Choose the run's path (rank 0 asks the server; every rank gets the choice, or the
-    error, e.g. a backend the server lacks) and build it, not yet started."""
+    """Choose the run's path (rank 0 asks the first server, whose flags every other server
+    shares: :func:`~asyncgrpo.shell.servers.check_servers_match`; every rank gets the choice,
+    or the error, e.g. a backend the server lacks) and build it, not yet started."""
+    settings = ServerSettings.of(args)
 
-    def client() -> VLLMClient:
-        return ServerSettings.of(args).client(model_name)
+    def client(server: int = 0) -> VLLMClient:
+        # with other servers to turn to, a hung one fails its push after the stall timeout
+        return settings.client(model_name, server, stall_outage=settings.count > 1)
 
     outcome: list[Any] = [None, None]  # [choice or error, server workers]
     if learner.rank == 0:
@@ -350,7 +484,8 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
     if not learner.is_peft:
         return merged
     return AdapterWeights(learner, client, output_dir / ".vllm_lora",
-                          keep=args.max_staleness + 1, merged=merged)  # fmt: skip
+                          keep=args.max_staleness + 1, merged=merged,
+                          servers=settings.count)  # fmt: skip
 
 
 async def _describe_server(client: Callable[[], VLLMClient]) -> ServerTransfer | None:

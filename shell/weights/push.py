@@ -1,5 +1,11 @@
 """The run's weight pushes: after a step, and again after the vLLM server went away.
 
+With several servers each push goes to every server in routing, in parallel, and lands on
+each on its own: a server the push fails on (or that restarted) goes out of routing alone,
+and the push counts on the others; a server back in the run gets the current weights through
+:meth:`WeightPusher.resync` before it is routed to again. Only when a push lands nowhere does
+the run wait for a server, as with one.
+
 :class:`WeightPusher` pushes the policy through the run's
 :class:`~asyncgrpo.shell.weights.paths.WeightSync` and tells the run what landed
 (:class:`Pushed`); the run passes the version on to the rollout process. A push that fails
@@ -20,7 +26,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -33,8 +39,8 @@ from asyncgrpo.adapters.vllm_client import ServerNotAnswering, VLLMClient, VLLME
 from asyncgrpo.adapters.weight_transfer import SyncTimings
 from asyncgrpo.core import server_outage
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.servers import ServerGone, SharedTrust, wait_for_server
-from asyncgrpo.shell.weights.paths import Snapshot, WeightSync
+from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers
+from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
 
 log = structlog.get_logger("asyncgrpo.trainer")
 
@@ -56,39 +62,54 @@ _RESTARTED = "restarted"  # rank 0 to every rank: the server restarted since the
 
 
 @attrs.frozen
+class Resynced:
+    """A server a push after an outage landed on (rank 0).
+
+    Attributes:
+        server: its index in the run's servers.
+        covering: the outages seen before the push: once the rollout process knows the
+            version, record them covered (``trust.pushed(covering, identity)``) so that
+            rollouts go on there.
+        identity: the server's identity the push landed on.
+    """
+
+    server: int
+    covering: int
+    identity: float | None
+
+
+@attrs.frozen
 class Pushed:
-    """A push that landed: the policy of ``version`` is on the server.
+    """A push that landed: the policy of ``version`` is on ``servers``.
 
     Attributes:
         version: the learner's step whose weights were pushed.
-        timings: the server side's seconds (rank 0; None on other ranks).
-        resynced: the push followed an outage (the server went away or restarted).
-        covering: after a resync, the outages seen before the push (rank 0): once the rollout
-            process knows ``version``, record them covered (``trust.pushed(covering,
-            identity)``) so that rollouts go on.
-        identity: after a resync, the server's identity the push landed on (rank 0).
+        timings: the server side's seconds (rank 0; None on other ranks; with several
+            servers each phase's longest).
+        resynced: the servers the push reached after an outage (rank 0; empty for a push
+            after a step).
         push_s: a push beside training (:meth:`WeightPusher.push_beside`): its own seconds,
             from the snapshot to the landing (rank 0).
+        servers: the servers it landed on (rank 0).
     """
 
     version: int
     timings: SyncTimings | None
-    resynced: bool = False
-    covering: int = 0
-    identity: float | None = None
+    resynced: tuple[Resynced, ...] = ()
     push_s: float | None = None
+    servers: tuple[int, ...] = (0,)
 
 
 class WeightPusher:
-    """Pushes the learner's weights to the server; every method is collective.
+    """Pushes the learner's weights to the servers; every method is collective.
 
     Args:
         weights: the run's sync path, started.
         learner: whose step names the version and whose processes take part.
-        trust: the run's trust record (rank 0; None elsewhere).
-        client: a new client of the server.
+        servers: the run's records of its servers (rank 0; None elsewhere).
+        client: makes a new client of server ``i`` (keyword arguments: the client's options).
         server_timeout_s: ``vllm_server_timeout``, how long a server that went away may take
-            to come back.
+            to come back (with several: how long the run may have none).
         uninterruptible: a context in which a signal waits (a transfer the server takes part
             in must not be cut).
     """
@@ -97,14 +118,14 @@ class WeightPusher:
         self,
         weights: WeightSync,
         learner: Learner,
-        trust: SharedTrust | None,
-        client: Callable[[], VLLMClient],
+        servers: SharedServers | None,
+        client: Callable[..., VLLMClient],
         server_timeout_s: float,
         uninterruptible: Callable[[], contextlib.AbstractContextManager[Any]],
     ) -> None:
         self.weights = weights
         self.learner = learner
-        self.trust = trust
+        self.servers = servers
         self.rank0 = learner.rank == 0
         self._client = client
         self.server_timeout_s = server_timeout_s
@@ -113,43 +134,58 @@ class WeightPusher:
         self._waiting: Snapshot | None = None  # the next snapshot to send
         self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
 
+    @property
+    def count(self) -> int:
+        """The run's servers (rank 0)."""
+        assert self.servers is not None
+        return len(self.servers)
+
     def push(self, at_start: bool = False) -> Pushed | None:
-        """Push the current policy to the server (collective; rank 0 talks to the server).
+        """Push the current policy to the servers in routing (collective; rank 0 talks to
+        them).
 
         Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a server that
-        restarted since the last push (rank 0 reads its identity first, and every process
-        learns it), or a push that failed, is taken as the server going away: it is recorded,
-        and the next step waits for the server and pushes again (:meth:`resync`) before any
-        sample is trusted; a server that is there and still refuses fails the resync.
-        ``at_start`` (the server must be there), it fails the run on every process.
+        restarted since the last push (rank 0 reads its identity first), or that the push
+        failed on, is taken as gone: it is recorded; with several servers it leaves routing and
+        the push counts on the others, and when the push landed nowhere the next step waits
+        for a server and pushes again (:meth:`resync`) before any sample is trusted; a server
+        that is there and still refuses fails the resync. ``at_start`` (every server must be
+        there), it fails the run on every process.
 
         Returns:
-            what landed, or None when the server went away (the next step resyncs).
+            what landed, or None when it landed on no server (the next step resyncs).
         """
         start = time.monotonic()
-        before: list[Any] = [None]  # rank 0: the server's identity, or _RESTARTED
+        plan: list[Any] = [None]  # rank 0: each target's identity, or _RESTARTED
         if self.rank0:
-            before = [self._identity_before_push(at_start)]
+            plan = [self._targets(at_start)]
         if self.learner.world_size > 1:
-            dist.broadcast_object_list(before, src=0)  # every process pushes, or none
-        if before[0] == _RESTARTED:
+            dist.broadcast_object_list(plan, src=0)  # every process pushes, or none
+        if plan[0] == _RESTARTED:
             return None
-        timings, error = None, None
+        targets: dict[int, float | None] = plan[0]
+        landing: Landing | None = None
+        error: Exception | None = None
         try:
             with self._uninterruptible():  # the server takes part in a transfer: never cut it
-                timings = self.weights.sync(self.learner.step, time.monotonic() - start)
+                landing = self.weights.sync(self.learner.step, time.monotonic() - start,
+                                            tuple(targets))  # fmt: skip
             if self.rank0:
-                self._landed(before[0], at_start)
+                assert landing is not None
+                landing = self._check_landing(targets, landing, at_start)
+                error = self._nowhere(landing, at_start)
         except Exception as failed:
             error = failed
         failure = self._agreed(error)
         if failure is None:
-            return Pushed(self.learner.step, timings)
+            landed = self._record_failures(landing, "trainer weight sync") if self.rank0 else ()
+            return Pushed(self.learner.step, landed_timings(landing) if landing else None,
+                          servers=landed)  # fmt: skip
         silent = failure.startswith(ServerNotAnswering.__name__)  # for the whole timeout
         if at_start or silent:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
         if self.rank0:
-            self._outage(failure, "trainer weight sync")
+            self._outage_on(tuple(targets), landing, failure, "trainer weight sync")
         return None
 
     def push_beside(self, on_landed: Callable[[Pushed], None]) -> bool:
@@ -157,15 +193,16 @@ class WeightPusher:
 
         Every process takes part in a snapshot of the weights (:meth:`WeightSync.snapshot`);
         rank 0 hands it to its push thread and returns at once, as the other processes do. The
-        thread reads the server's identity first (a server that restarted since the last push
-        is an outage: nothing is sent, and the next step resyncs), sends, and reads it again.
-        Pushes land in order: while one is in flight the newest snapshot waits for it (an older
-        waiting one is replaced, never sent), so the step never waits for the server, at most
-        two snapshots exist, and the server gets the newest weights as soon as it can take
-        them. When a push lands the thread calls ``on_landed``; the rollout process must learn
-        the version only then, so that staleness counts from the weights the server holds. A
-        push that fails is an outage recorded from when it began (the next step resyncs,
-        pushing the current weights).
+        thread reads the identity of each server in routing first (one that restarted since
+        the last push is an outage: nothing is sent to it; with none left, the next step
+        resyncs), sends to the others, and reads their identities again. Pushes land in order:
+        while one is in flight the newest snapshot waits for it (an older waiting one is
+        replaced, never sent), so the step never waits for the servers, at most two snapshots
+        exist, and the servers get the newest weights as soon as they can take them. When a
+        push lands the thread calls ``on_landed``; the rollout process must learn the version
+        only then, so that staleness counts from the weights the server holds. A push that
+        fails on a server is an outage of that server recorded from when it began (with none
+        left, the next step resyncs, pushing the current weights).
 
         Returns:
             whether a waiting snapshot was replaced (rank 0).
@@ -187,7 +224,7 @@ class WeightPusher:
 
     def _send_waiting(self, on_landed: Callable[[Pushed], None]) -> None:
         """Rank 0's push thread: send the waiting snapshots in order until none waits; check
-        that one server took each; report each that landed."""
+        that one server took each push on each server; report each that landed."""
         while True:
             with self._queue_lock:
                 snapshot, self._waiting = self._waiting, None
@@ -195,20 +232,22 @@ class WeightPusher:
                     self._sender = None
                     return
             began, started = time.time(), time.monotonic()
-            before = self._identity_before_push(at_start=False)
-            if before == _RESTARTED:  # recorded as an outage: the resync pushes anew
+            targets = self._targets(at_start=False)
+            if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
                 self._stop_sending()
                 return
+            assert isinstance(targets, dict)
             try:
-                timings = self.weights.send(snapshot)
-                self._landed(before, at_start=False)
-            except Exception as error:
-                assert self.trust is not None
-                self.trust.outage(f"{type(error).__name__}: {error}", "trainer weight push",
-                                  since=began)  # fmt: skip
-                self._stop_sending()
+                landing = self._check_landing(targets, self.weights.send(snapshot, tuple(targets)),
+                                              at_start=False)  # fmt: skip
+            except Exception as error:  # outside the servers (a write): it reached none
+                landing = dict.fromkeys(targets, error)
+            landed = self._record_failures(landing, "trainer weight push", since=began)
+            if not landed:
+                self._stop_sending()  # the resync pushes anew
                 return
-            on_landed(Pushed(snapshot.version, timings, push_s=time.monotonic() - started))
+            on_landed(Pushed(snapshot.version, landed_timings(landing),
+                             push_s=time.monotonic() - started, servers=landed))  # fmt: skip
 
     def _stop_sending(self) -> None:
         with self._queue_lock:
@@ -225,94 +264,170 @@ class WeightPusher:
                 return time.monotonic() - started
             sender.join()
 
-    def _identity_before_push(self, at_start: bool) -> Any:
-        """Rank 0: the server's identity, recorded against the last push's; :data:`_RESTARTED`
-        when an outage is pending (seen now or before). Never raises: at start a server that
-        does not answer is left to the push to report."""
-        assert self.trust is not None
-        try:
-            identity = self._read_identity()
-        except Exception as error:
+    def _targets(self, at_start: bool) -> dict[int, float | None] | str:
+        """Rank 0: the servers a push goes to, each with its identity read now: at start every
+        server (one that does not answer is left to the push to report); mid-run those in
+        routing whose identity is still the one pushed to (one that restarted, or does not
+        answer, is recorded as an outage and left out). :data:`_RESTARTED` when none is left.
+        Never raises."""
+        assert self.servers is not None
+        targets: dict[int, float | None] = {}
+        for index in range(self.count):
             if at_start:
-                return None
-            self._outage(f"{type(error).__name__}: {error}", "trainer before a weight push")
-            return _RESTARTED
-        if at_start:  # the run's first push: nothing to compare with yet
-            return identity
-        trust = self.trust.identity_seen(identity, "trainer before a weight push")
-        return identity if server_outage.weights_known(trust) else _RESTARTED
+                try:
+                    targets[index] = self._read_identity(index)
+                except Exception:
+                    targets[index] = None
+                continue
+            if not self.servers.routable(index):
+                continue
+            trust = self.servers.trusts[index]
+            try:
+                identity = self._read_identity(index)
+            except Exception as error:
+                trust.outage(f"{type(error).__name__}: {error}", "trainer before a weight push")
+                continue
+            if server_outage.weights_known(
+                trust.identity_seen(identity, "trainer before a weight push")
+            ):
+                targets[index] = identity
+        return targets or _RESTARTED
 
-    def _landed(self, before: float | None, at_start: bool) -> None:
-        """Rank 0: raise unless the server's identity after a push is the one read before it
-        (a restart during the push); at start the run's trust learns it."""
-        assert self.trust is not None
-        after = self._read_identity()
-        if not server_outage.push_landed(before, after):
-            raise VLLMError("the vLLM server restarted during the weight push")
-        if at_start:
-            self.trust.pushed(0, after)
+    def _check_landing(self, targets: dict[int, float | None], landing: Landing,
+                       at_start: bool) -> Landing:  # fmt: skip
+        """Rank 0: a push landed on a server only if its identity after the push is the one
+        read before it (else it restarted during the push); at start each server's record
+        learns it."""
+        assert self.servers is not None
+        checked: Landing = dict(landing)
+        for index, outcome in landing.items():
+            if isinstance(outcome, Exception):
+                continue
+            try:
+                after = self._read_identity(index)
+                if not server_outage.push_landed(targets.get(index), after):
+                    raise VLLMError("the vLLM server restarted during the weight push")
+            except Exception as error:
+                checked[index] = error
+                continue
+            if at_start:
+                self.servers.trusts[index].pushed(0, after)
+        return checked
 
-    def _read_identity(self) -> float | None:
+    def _nowhere(self, landing: Landing, at_start: bool) -> Exception | None:
+        """Rank 0: the error of a push that failed as a whole: it landed on no server, or (at
+        start, where every server must take it) on not all of them; else None."""
+        failed = [(i, e) for i, e in landing.items() if isinstance(e, Exception)]
+        if not failed or (not at_start and len(failed) < len(landing)):
+            return None
+        index, error = failed[0]
+        if self.count == 1:
+            return error
+        assert self.servers is not None
+        named = VLLMError(f"the weight push to the vLLM server at {self.servers.urls[index]} "
+                          f"failed: {type(error).__name__}: {error}")  # fmt: skip
+        named.__cause__ = error
+        return named
+
+    def _record_failures(self, landing: Landing | None, where: str,
+                         since: float | None = None) -> tuple[int, ...]:  # fmt: skip
+        """Rank 0: record an outage of each server the push failed on; the servers it landed
+        on."""
+        assert self.servers is not None and landing is not None
+        for index, outcome in landing.items():
+            if isinstance(outcome, Exception):
+                self.servers.trusts[index].outage(f"{type(outcome).__name__}: {outcome}", where,
+                                                  since=since)  # fmt: skip
+        return tuple(i for i, outcome in landing.items() if not isinstance(outcome, Exception))
+
+    def _outage_on(self, targets: tuple[int, ...], landing: Landing | None, failure: str,
+                   where: str) -> None:  # fmt: skip
+        """Rank 0: a push that failed as a whole: an outage of each server it went to (its own
+        failure when it has one)."""
+        assert self.servers is not None
+        for index in targets:
+            outcome = (landing or {}).get(index)
+            cause = (f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, Exception)
+                     else failure)  # fmt: skip
+            self.servers.trusts[index].outage(cause, where)
+
+    def _read_identity(self, server: int = 0) -> float | None:
+        # with other servers to turn to, a server that does not answer is out at once (one
+        # retry), instead of holding the step for the retry policy's backoffs
+        options = {"max_retries": 1, "stall_outage": True} if self.count > 1 else {}
+
         async def read() -> float | None:
-            async with self._client() as client:
+            async with self._client(server, **options) as client:
                 return await client.server_identity()
 
         return anyio.run(read)
 
-    def _outage(self, cause: str, where: str) -> None:
-        assert self.trust is not None
-        self.trust.outage(cause, where)
+    def resync(self, servers: Sequence[int] | None = None, attempts: int = 3) -> Pushed | None:
+        """Push the current weights to servers back from an outage, then cover the outages
+        seen before the push on each (collective); the identity read before and after the push
+        is the one later readings compare with.
 
-    def resync(self, attempts: int = 3) -> Pushed:
-        """Wait for the server (rank 0, up to ``vllm_server_timeout`` from the outage; every
-        process raises :class:`ServerGone` when it stays away), then every process reconnects
-        and pushes the current weights, each stage's outcome agreed by all; the outages seen
-        before the push are then covered (collective), and the server's identity, read before
-        and after the push, is the one later readings compare with. A push that fails while
-        the server answers (or a server that restarted again during it) is tried ``attempts``
-        times under the retry policy (the same on every process: attempts, not time), then
-        raised."""
+        ``servers=None``: no server is in routing. Rank 0 waits for them (up to
+        ``vllm_server_timeout`` from when the last went away; every process raises
+        :class:`ServerGone` when none comes back), then pushes to those that answer; a push
+        that lands nowhere while they answer (or a server that restarted again during it) is
+        tried ``attempts`` times under the retry policy (the same on every process: attempts,
+        not time), then raised. ``servers`` given (a run with several, the others in routing):
+        one try; a server it fails on stays out of routing and is tried again when it answers
+        (returns None when it landed nowhere)."""
         self.wait_landed()
+        if servers is not None:
+            try:
+                return self._resync_once(tuple(servers))
+            except _PushFailed:
+                return None
         policy = RetryPolicy(deadline_s=math.inf, max_attempts=attempts, first_backoff_s=1.0)
         counter = RetryCounter("pushing the weights again after an outage", policy)
         try:
             for attempt in retrying_blocking(policy, _push_failed, counter):
                 with attempt:
-                    return self._resync_once()
+                    return self._resync_once(None)
         except _PushFailed as failed:
             raise failed.error or RuntimeError(
                 f"weight push after an outage failed: {failed}"
             ) from None
         raise AssertionError("unreachable: the retry loop returns or raises")
 
-    def _resync_once(self) -> Pushed:
+    def _resync_once(self, servers: tuple[int, ...] | None) -> Pushed:
         """One try of :meth:`resync` (collective); raises :class:`_PushFailed` on every process
-        when a stage failed on any, after recording it as an outage (rank 0)."""
-        covering = self._wait_everywhere()
-        timings, error, before, identity = None, None, None, None
+        when it landed on no server (or a stage failed on any process), after recording it as
+        an outage (rank 0)."""
+        back, covering = self._wait_everywhere(servers)
+        landing: Landing | None = None
+        error: Exception | None = None
+        before: dict[int, float | None] = {}
         try:
-            before = self._read_identity() if self.rank0 else None
-            self.weights.reconnect()
+            if self.rank0:
+                before = {i: self._read_identity(i) for i in back}
+            self.weights.reconnect(back)
         except Exception as failed:
             error = failed
         failure = self._agreed(error)
         if failure is None:
             try:
                 with self._uninterruptible():
-                    timings = self.weights.sync(self.learner.step)
+                    landing = self.weights.sync(self.learner.step, servers=back)
                 if self.rank0:
-                    identity = self._read_identity()
-                    if not server_outage.push_landed(before, identity):
-                        raise VLLMError("the vLLM server restarted during the weight push")
+                    assert landing is not None
+                    landing = self._check_landing(before, landing, at_start=False)
+                    error = self._nowhere(landing, at_start=False)
             except Exception as failed:
                 error = failed
             failure = self._agreed(error)
         if failure is not None:
             if self.rank0:
-                self._outage(failure, "resync")
+                self._outage_on(back, landing, failure, "resync")
             raise _PushFailed(failure, error)
-        return Pushed(self.learner.step, timings, resynced=True, covering=covering,
-                      identity=identity)  # fmt: skip
+        landed = self._record_failures(landing, "resync") if self.rank0 else ()
+        # the identity read before the push, found again after it (_check_landing)
+        resynced = tuple(Resynced(i, covering[i], before.get(i)) for i in landed)
+        return Pushed(self.learner.step, landed_timings(landing) if landing else None,
+                      resynced=resynced, servers=landed)  # fmt: skip
 
     def _agreed(self, error: Exception | None) -> str | None:
         """The outcome of a collective stage on every process: ``None`` when it succeeded on
@@ -325,36 +440,61 @@ class WeightPusher:
         return next((f if rank == 0 else f"rank {rank}: {f}" for rank, f in enumerate(failures)
                      if f is not None), None)  # fmt: skip
 
-    def _wait_everywhere(self) -> int:
-        """Rank 0 waits for the server (:meth:`_wait_for_server`); every process then raises
-        :class:`ServerGone` if it stayed away. The outages covered (rank 0; 0 elsewhere)."""
-        covering, gone = 0, None
+    def _wait_everywhere(
+        self, servers: tuple[int, ...] | None
+    ) -> tuple[tuple[int, ...], dict[int, int]]:
+        """Rank 0 waits for the servers when none is in routing (:meth:`_wait_for_servers`),
+        or takes ``servers`` as they are; every process then learns which servers the push
+        goes to, or raises :class:`ServerGone` if none came back. The outages covered per
+        server (rank 0; empty elsewhere)."""
+        covering: dict[int, int] = {}
+        back: tuple[int, ...] = ()
+        gone = None
         if self.rank0:
+            assert self.servers is not None
             try:
-                covering = self._wait_for_server()
+                if servers is None:
+                    back, covering = self._wait_for_servers()
+                else:
+                    back = servers
+                    covering = {i: self.servers.trusts[i].read().outages for i in servers}
             except ServerGone as error:
                 gone = error
         if self.learner.world_size > 1:
-            verdict = [None if gone is None else str(gone)]
+            verdict = [None if gone is None else str(gone), back]
             dist.broadcast_object_list(verdict, src=0)
             if verdict[0] is not None and gone is None:
                 raise ServerGone(verdict[0])
+            back = tuple(verdict[1])
         if gone is not None:
             raise gone
-        return covering
+        return back, covering
 
-    def _wait_for_server(self) -> int:
-        """Rank 0: wait until the server answers; the outages seen before the wait."""
-        assert self.trust is not None
-        trust = self.trust
-        covering = trust.read().outages
+    def _wait_for_servers(self) -> tuple[tuple[int, ...], dict[int, int]]:
+        """Rank 0: wait until a server out of routing answers; those that do, and the outages
+        seen on each before the wait."""
+        assert self.servers is not None
+        records = self.servers
+        out = records.out() or tuple(range(self.count))
+        covering = {i: records.trusts[i].read().outages for i in out}
+        if self.count == 1:
+            down_since = records.trusts[0].down_since()
+        else:
+            down_since = records.all_gone_since() or time.time()
 
-        async def wait() -> float:
-            async with self._client() as client:
-                return await wait_for_server(client, trust.down_since(),
-                                             self.server_timeout_s)  # fmt: skip
+        async def wait() -> tuple[tuple[int, ...], float]:
+            clients = [self._client(i) for i in out]
+            try:
+                return await wait_for_servers(clients, down_since, self.server_timeout_s)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for client in clients:
+                        await client.aclose()
 
-        down_s = anyio.run(wait)
+        answered, down_s = anyio.run(wait)
+        back = tuple(out[i] for i in answered)
         log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
-                 step=self.learner.step)  # fmt: skip
-        return covering
+                 step=self.learner.step,
+                 **({"servers": [records.urls[i] for i in back]} if self.count > 1
+                    else {}))  # fmt: skip
+        return back, {i: covering[i] for i in back}

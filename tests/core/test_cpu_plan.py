@@ -87,3 +87,19 @@ def test_bad_settings_name_the_field() -> None:
 def test_local_hosts() -> None:
     assert is_local_host("localhost") and is_local_host("myhost", ["myhost"])
     assert not is_local_host("10.0.0.7", ["myhost"])
+
+
+@given(st.lists(st.integers(0, 63), max_size=16, unique=True), st.integers(1, 8))
+def test_local_servers_split_the_server_cores(cores, servers) -> None:
+    from asyncgrpo.core.cpu_plan import split_server_cpus
+
+    shares = split_server_cpus(cores, servers)
+    assert len(shares) == servers
+    if not cores:
+        assert shares == ((),) * servers
+        return
+    assert all(shares)  # every server gets a core
+    assert set().union(*shares) == set(cores)
+    if len(cores) >= servers:  # disjoint, near-equal
+        assert sum(len(s) for s in shares) == len(cores)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1

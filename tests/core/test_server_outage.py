@@ -189,3 +189,14 @@ def test_an_unknown_identity_says_nothing(outages, trusted, seen) -> None:
 @given(st.one_of(st.none(), st.floats(0, 1e10)), st.one_of(st.none(), st.floats(0, 1e10)))
 def test_a_push_landed_only_when_one_server_took_it(before, after) -> None:
     assert push_landed(before, after) == (before == after)
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(0, 1e6)), min_size=1, max_size=6))
+def test_a_pool_is_gone_only_when_every_server_is_and_since_the_last_went(down) -> None:
+    from asyncgrpo.core.server_outage import all_gone_since
+
+    since = all_gone_since(down)
+    if any(d is None for d in down):
+        assert since is None
+    else:
+        assert since == max(down)

@@ -43,3 +43,66 @@ def test_plot_writes_a_png_of_a_run(tmp_path, capsys) -> None:
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert main(["plot", str(tmp_path / "missing")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_several_simulated_servers_share_the_groups_and_shorten_a_generation_bound_step(
+    tmp_path,
+) -> None:
+    """Generation-bound (max_staleness 0, a slow generator): a second server of the same
+    throughput takes groups and the step gets shorter; one server logs no per-server metric."""
+    from asyncgrpo.core.calibration import pipeline_figures
+
+    steps = {}
+    for servers in (1, 2):
+        config = SimulationConfig(max_steps=30, max_staleness=0, num_servers=servers,
+                                  generation_tokens_per_s=1500.0, logging_steps=10)  # fmt: skip
+        windows = simulate(config, tmp_path / str(servers), progress=False)
+        steps[servers] = pipeline_figures(windows).step_s
+        groups = [sum(w.get(f"rollout/server/{i}/groups_count", 0) for w in windows)
+                  for i in range(2)]  # fmt: skip
+        assert (min(groups) > 0) == (servers == 2), groups
+    assert steps[2] < 0.8 * steps[1], steps
+
+
+def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_servers(
+    tmp_path, capsys
+) -> None:
+    """A "measured" run (a simulation of known throughputs written as a sweep run) calibrates
+    the simulator; the curve predicts that run's step time at its own number of servers and
+    shorter steps with more, down to what training alone costs."""
+    from asyncgrpo.shell.commands.calibrate import predict_servers
+
+    run = tmp_path / "measured"
+    simulate(SimulationConfig(max_steps=40, max_staleness=0, generation_tokens_per_s=2000.0,
+                              logging_steps=5, dataset_size=10_000), run,
+             progress=False)  # fmt: skip
+    # what a real run logs and the simulator does not: the simulated completion lengths
+    lengths = {"completions/mean_length": 68.0, "completions/min_length": 8.0,
+               "completions/max_length": 128.0}  # fmt: skip
+    rows = [dict(row, **lengths) for row in read_metrics(run)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = {"output_dir": str(run), "max_staleness": 0, "num_generations": 8,
+              "token_budget": 4096, "logging_steps": 5}  # fmt: skip
+    (run / "run_spec.json").write_text(json.dumps({"config": config}))
+    points = predict_servers(run, [1, 2, 4], tmp_path / "predicted")
+    measured = read_metrics(run)
+    from asyncgrpo.core.calibration import pipeline_figures
+
+    assert abs(points[0].step_s / pipeline_figures(measured).step_s - 1) < 0.1
+    assert points[0].step_s > points[1].step_s > points[2].step_s
+    assert points[0].samples_per_s < points[1].samples_per_s < points[2].samples_per_s
+    argv = ["simulate", "--output-dir", str(tmp_path / "cli"), "--calibrate", str(run),
+            "--predict-servers", "1", "2"]  # fmt: skip
+    assert main(argv) == 0
+    assert "| servers | predicted step s |" in capsys.readouterr().out
+
+
+def test_plot_draws_a_panel_per_server_metric_of_a_run_with_several(tmp_path) -> None:
+    from asyncgrpo.shell.commands.plot import server_panels
+
+    simulate(SimulationConfig(max_steps=10, num_servers=3, logging_steps=5), tmp_path,
+             progress=False)  # fmt: skip
+    panels = server_panels(read_metrics(tmp_path))
+    assert panels[0] == ("groups per window, by server",
+                         [f"rollout/server/{i}/groups_count" for i in range(3)])  # fmt: skip
+    assert main(["plot", str(tmp_path)]) == 0

@@ -1,0 +1,34 @@
+"""At the start of a run with several servers: can every server stand in for the first?
+
+Each server is asked what it offers (``/v1/models``, ``/server_info``, with top-k/top-p the
+token endpoint) and :func:`~asyncgrpo.core.server_match.check_servers` names the first server
+and flag that differ; the run fails there, before any weight is pushed.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from asyncgrpo.core.server_match import ServerFlags, check_servers
+from asyncgrpo.shell.servers.endpoint import ServerSettings
+
+
+def check_servers_match(settings: ServerSettings, model: str, candidate_sets: bool) -> None:
+    """Raise :class:`~asyncgrpo.core.server_match.ServerMismatch` naming the server and the
+    flag when a server of the run does not serve ``model`` as the first one does
+    (``candidate_sets``: the run samples under top-k/top-p, so the token endpoint counts)."""
+    if settings.count < 2:
+        return
+    flags: list[ServerFlags | None] = [None] * settings.count
+
+    async def read(index: int) -> None:
+        async with settings.client(model, index) as client:
+            flags[index] = await client.server_flags(probe_token_endpoint=candidate_sets)
+
+    async def read_all() -> None:
+        async with anyio.create_task_group() as group:
+            for index in range(settings.count):
+                group.start_soon(read, index)
+
+    anyio.run(read_all)
+    check_servers(settings.urls, [f for f in flags if f is not None], model)

@@ -1,0 +1,91 @@
+"""The servers wing without a server: the rerouting gate, the rollout side's pool of servers,
+the records shared with the rollout process, and a push's fan-out to several servers."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from asyncgrpo.adapters.weight_transfer import SyncTimings
+from asyncgrpo.core.pacing import LoadCap
+from asyncgrpo.shell.servers import RolloutGate, ServerOut, ServerPool, SharedServers
+from asyncgrpo.shell.weights.paths import each_server, landed_timings
+
+
+def test_a_rerouting_gate_sends_the_group_elsewhere_instead_of_waiting() -> None:
+    servers = SharedServers(["http://a:1", "http://b:2"])
+    gate = RolloutGate(servers.trusts[1], timeout_s=60.0, reroute=True)
+
+    async def scenario() -> None:
+        assert await gate.enter() == 0  # trusted: requests go
+        with pytest.raises(ServerOut, match="http://b:2 is out of routing: OSError: gone"):
+            await gate.unreachable(OSError("gone"))
+        with pytest.raises(ServerOut, match="an outage is pending"):
+            await gate.enter()
+
+    anyio.run(scenario)
+    assert servers.out() == (1,) and servers.routable(0)
+    assert servers.all_gone_since() is None
+    servers.trusts[0].outage("gone too", "test")
+    since = servers.all_gone_since()
+    assert since is not None and since == max(t.down_since() for t in servers.trusts)
+    servers.trusts[1].pushed(servers.trusts[1].read().outages)
+    assert servers.out() == (0,)
+
+
+def test_versions_are_kept_per_server() -> None:
+    servers = SharedServers(["http://a:1", "http://b:2", "http://c:3"])
+    servers.set_version(1, 7)
+    assert [servers.version(i) for i in range(3)] == [0, 7, 0]
+
+
+def pool(count: int, ceiling: int, routable=lambda i: True, versions=lambda i: 0) -> ServerPool:
+    return ServerPool([None] * count, ceiling, versions, routable)  # type: ignore[list-item]
+
+
+def test_the_pool_routes_to_the_least_loaded_and_keeps_the_ceiling_over_all_servers() -> None:
+    servers = pool(2, ceiling=16)
+    for server in servers.servers:
+        server.cap = LoadCap(12)
+    chosen = []
+    for _ in range(4):  # groups of 4 rollouts
+        index = servers.route(steps_taken=0, max_staleness=0)
+        assert index is not None
+        servers[index].reserved += 4
+        chosen.append(index)
+    assert sorted(chosen) == [0, 0, 1, 1]
+    assert servers.route(0, 0) is None  # 16 reserved: the ceiling of both together
+    servers[0].in_flight = 12
+    assert not servers.admits(0) and servers.admits(1)  # its own cap
+    servers[1].in_flight = 4
+    assert not servers.admits(1)  # 16 in flight over both
+
+
+def test_the_pool_skips_a_server_out_of_routing_or_behind() -> None:
+    out = {1}
+    servers = pool(3, 64, routable=lambda i: i not in out, versions=lambda i: 2 if i == 2 else 3)
+    assert servers.route(steps_taken=3, max_staleness=0) == 0
+    servers[0].reserved = 8
+    assert servers.route(steps_taken=3, max_staleness=0) == 0  # 1 is out, 2 is behind
+    assert servers.route(steps_taken=3, max_staleness=1) == 2
+    assert pool(1, 64).observations(1.0) == []  # one server: the rollout/* metrics are its own
+    names = {o.name for o in servers.observations(1.0)}
+    assert "rollout/server/2/generated_tokens_per_s" in names
+
+
+def test_a_push_reaches_every_server_in_parallel_and_keeps_each_outcome() -> None:
+    started, release = threading.Barrier(3), threading.Event()
+
+    def push(index: int) -> SyncTimings:
+        started.wait(10)  # all three are in flight together
+        if index == 1:
+            raise OSError("server 1 gone")
+        release.wait(0)
+        return SyncTimings(0.1 * index, 0.0, 0.5, 0.2)
+
+    landing = each_server([0, 1, 2], push)
+    assert list(landing) == [0, 1, 2] and isinstance(landing[1], OSError)
+    assert landed_timings(landing) == SyncTimings(0.2, 0.0, 0.5, 0.2)
+    assert landed_timings({0: OSError("x")}) is None
