@@ -17,16 +17,19 @@ window, each value the mean over the window's steps, as the trainer logs them):
   is positive and at least three standard errors (:data:`SUPPORT`); otherwise it is dropped
   (0) and the rest refitted. A run whose steps all forward about the same number of tokens
   cannot tell a fixed cost from a per-token cost, so it gets no fixed cost.
-* **weight push**: seconds per sync, ``perf/weight_sync_s`` (0 on steps without a sync)
-  summed over the steps and divided by the syncs (``steps / weight_sync_steps``).
+* **weight push**: seconds per sync the server stands still, ``perf/weight_sync_s`` (0 on
+  steps without a sync), or ``perf/weight_push_s`` where the push runs beside the step
+  (``weight_push_overlap``) and is longer, summed over the steps and divided by the syncs
+  (``steps / weight_sync_steps``).
 * **generation**: completion tokens per second while the generator is busy. Tokens generated
   per step are ``batch/trained_tokens_per_step / (1 - frac_reward_zero_std)`` (groups without
   reward spread are generated, then dropped) plus the stale drops'
   (``sample/dropped_stale_count x sample/trained_tokens_mean``). The generator's busy time per
   step is, at ``max_staleness`` 0 (no overlap: generation runs only while the trainer waits),
-  ``perf/rollout_wait_s``; with overlap it is known only in windows where the trainer waited
-  (``rollout_wait_s >= min_wait_frac x step_s``: the generator is the bottleneck, so it was
-  busy all the step but the push, ``step_s - weight_sync_s``). A run whose trainer never
+  ``perf/rollout_wait_s`` less the part of a push beside the step that the wait covered (the
+  next samples wait for it to land); with overlap it is known only in windows where the
+  trainer waited (``rollout_wait_s >= min_wait_frac x step_s``: the generator is the
+  bottleneck, so it was busy all the step but the push). A run whose trainer never
   waits, or waits in fewer than half its windows, does not identify the generator's
   throughput (only that it is fast enough): then the fit is None, with the reason.
 
@@ -71,6 +74,7 @@ import numpy as np
 STEP = "perf/step_s"
 WAIT = "perf/rollout_wait_s"
 SYNC = "perf/weight_sync_s"
+PUSH = "perf/weight_push_s"
 CHECKPOINT = "perf/checkpoint_s"
 FORWARDED = "batch/forwarded_tokens_per_step"
 SAMPLES = "batch/samples_per_step"
@@ -107,6 +111,9 @@ class Window:
         forwarded_tokens, samples, trained_tokens: per step.
         zero_std_frac: groups dropped for no reward spread (0 if not logged).
         stale_tokens: tokens of samples dropped as stale, per step (0 if not logged).
+        push_s: ``perf/weight_push_s``: a push beside the step (``weight_push_overlap``), from
+            its snapshot to its landing on the server, which stands still meanwhile (0 if not
+            logged: the push is inside ``sync_s``).
     """
 
     steps: int
@@ -119,11 +126,18 @@ class Window:
     trained_tokens: float | None
     zero_std_frac: float
     stale_tokens: float
+    push_s: float = 0.0
 
     @property
     def train_s(self) -> float:
         """Seconds per step spent neither waiting, pushing weights nor checkpointing."""
         return self.step_s - self.wait_s - self.sync_s - self.checkpoint_s
+
+    @property
+    def server_paused_s(self) -> float:
+        """Seconds per step the server stood still for a push: the push inside the step
+        (``sync_s``) or beside it (``push_s``), whichever is longer."""
+        return max(self.sync_s, self.push_s)
 
     @property
     def generated_tokens(self) -> float | None:
@@ -169,6 +183,7 @@ def windows_from_rows(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) 
                 trained_tokens=_number(row, TRAINED),
                 zero_std_frac=_number(row, ZERO_STD) or 0.0,
                 stale_tokens=stale,
+                push_s=_number(row, PUSH) or 0.0,
             )
         )
     return out
@@ -336,7 +351,7 @@ def fit_weight_sync(windows: Sequence[Window], weight_sync_steps: int = 1) -> Ra
     if not windows:
         return RateFit(None, math.nan, 0, "no windows")
     steps = np.array([float(w.steps) for w in windows])
-    per_sync = np.array([w.sync_s * weight_sync_steps for w in windows])
+    per_sync = np.array([w.server_paused_s * weight_sync_steps for w in windows])
     value = float(np.average(per_sync, weights=steps))
     if value <= 0:
         return RateFit(None, math.nan, len(windows), f"no {SYNC} in this run")
@@ -371,10 +386,10 @@ def fit_generation(
         if tokens is None:
             continue
         counted += 1
-        if max_staleness == 0:
-            busy = w.wait_s
+        if max_staleness == 0:  # a push beside the step lands while the trainer waits
+            busy = w.wait_s - max(0.0, w.push_s - w.sync_s)
         elif w.wait_s >= min_wait_frac * w.step_s:
-            busy = w.step_s - w.sync_s
+            busy = w.step_s - w.server_paused_s
         else:
             continue
         if busy > 0:

@@ -71,9 +71,13 @@ def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,
         return statistics.median(values) if values else default
 
     completion = median("completions/mean_length", config.max_completion_length)
-    forwarded = median("batch/forwarded_tokens_per_step", 0.0)
-    samples = median("batch/samples_per_step", 1.0)
-    prompt = max(1, round(forwarded / max(samples, 1.0) - completion))
+    # a sample's own tokens, its prompt unshared (a step's forwarded tokens share each group's
+    # prompt, so they undercount a prompt by the group's size)
+    sample = median("sample/forwarded_tokens_mean", 0.0)
+    if not sample:
+        forwarded = median("batch/forwarded_tokens_per_step", 0.0)
+        sample = forwarded / max(median("batch/samples_per_step", 1.0), 1.0)
+    prompt = max(1, round(sample - completion))
     shortest = max(1, round(median("completions/min_length", completion)))
     longest = max(shortest, round(median("completions/max_length", completion)))
     budget = config.token_budget or (prompt + config.max_completion_length)
@@ -120,7 +124,9 @@ def calibrate_and_predict(
     predictions = []
     for run in [Path(calibration_run), *map(Path, predict)]:
         simulation = simulation_of(run, fitted)
-        simulated = simulate(simulation, Path(output_dir) / run.name, progress=False)
+        # a sweep's runs are <settings>/seed=<n>: both name the simulation's directory
+        simulated = simulate(simulation, Path(output_dir) / run.parent.name / run.name,
+                             progress=False)  # fmt: skip
         errors = compare_figures(pipeline_figures(simulated), pipeline_figures(read_metrics(run)))
         settings = {"max_staleness": simulation.max_staleness,
                     "num_servers": simulation.num_servers}  # fmt: skip

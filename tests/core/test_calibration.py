@@ -1,5 +1,6 @@
 import math
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -137,6 +138,20 @@ def test_with_overlap_the_generator_is_fitted_where_the_trainer_waited(
         assert fit.generation_tokens_per_s is None
         assert "generation_tokens_per_s" not in fit.simulator_settings()
         assert ("never waited" if waited == 0 else f"only {waited} of") in fit.generation.note
+
+
+def test_a_push_beside_the_step_is_the_servers_pause_not_generation():
+    """With ``weight_push_overlap`` the step's sync is only the snapshot; at max_staleness 0 the
+    trainer's wait covers the push's landing (the server stands still) before generating."""
+    from asyncgrpo.core.calibration import Window, fit_weight_sync
+
+    beside = Window(1, 1.0, 0.6, 0.01, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.21)
+    inside = Window(1, 1.0, 0.4, 0.21, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.0)
+    for window in (beside, inside):
+        assert fit_generation([window], max_staleness=0).value == pytest.approx(600 / 0.4)
+        assert fit_weight_sync([window]).value == pytest.approx(0.21)
+    # a wrong reading, the wait as all generation, would fit 1000 tokens/s
+    assert fit_generation([attrs.evolve(beside, push_s=0.0)], max_staleness=0).value == 1000.0
 
 
 def test_a_slow_generator_is_fitted_and_a_fast_one_is_not():
