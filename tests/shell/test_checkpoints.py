@@ -210,6 +210,7 @@ def in_private_mount_namespace() -> list[str]:
     return prefix
 
 
+@pytest.mark.slow  # a real save onto a full filesystem: about 9 s
 def test_a_full_disk_is_named_through_the_real_save_path(tiny_qwen3, tmp_path) -> None:
     """A real learner's checkpoint (torch's distributed checkpoint, ~6.9 MB for the tiny
     Qwen3) saved twice onto a 10 MiB tmpfs: the first fits, the second fills the disk. torch

@@ -33,6 +33,7 @@ def run_child(url: str, mode: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a learner in a subprocess: about 9 s
 def test_a_trainer_beside_a_local_server_runs_on_its_own_cores_with_matching_threads() -> None:
     cores = sorted(os.sched_getaffinity(0))
     assert len(cores) >= 2, "CI machines have two cores or more"
@@ -45,6 +46,7 @@ def test_a_trainer_beside_a_local_server_runs_on_its_own_cores_with_matching_thr
     assert server_cpus_for(config) == plan.server_cpus
 
 
+@pytest.mark.slow  # a learner in a subprocess: about 9 s
 def test_off_and_remote_servers_leave_the_affinity_alone() -> None:
     cores = sorted(os.sched_getaffinity(0))
     assert run_child("http://127.0.0.1:8000", "off")["cpus"] == cores

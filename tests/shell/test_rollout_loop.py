@@ -363,6 +363,7 @@ def test_environments_are_routed_reset_rewarded_and_reused(vllm_server, tiny_qwe
     assert Counter.instances <= 2  # reused across episodes, at most one per concurrent slot
 
 
+@pytest.mark.slow  # the real retry back-off: about 15 s
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3) -> None:
     """Nothing listens on the port (a stopped server): the loop retries, then raises."""
     from asyncgrpo.adapters.vllm_client import VLLMError

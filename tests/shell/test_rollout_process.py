@@ -311,6 +311,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a spawned rollout process: about 10 s
 def test_a_reward_function_defined_under_the_main_guard_is_named_with_the_fix(
     tiny_qwen3, tmp_path
 ) -> None:

@@ -5,6 +5,8 @@ import multiprocessing as mp
 import os
 import signal
 
+import pytest
+
 from asyncgrpo.shell.servers import SharedTrust, outages
 
 
@@ -13,6 +15,7 @@ def die_holding_the_lock(trust: SharedTrust) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow  # waits out the lock timeout: about 6 s
 def test_a_process_killed_holding_the_lock_does_not_block_the_other(monkeypatch) -> None:
     monkeypatch.setattr(outages, "LOCK_TIMEOUT_S", 0.5)
     trust = SharedTrust()

@@ -201,6 +201,7 @@ def test_a_killed_rollout_process_is_restarted_then_the_run_fails_past_the_limit
     assert sum(r.get("rollout/process_restart_count", 0) for r in rows) == 1, rows
 
 
+@pytest.mark.slow  # the real retry back-off: about 15 s
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path) -> None:
     class Dead:
         base_url = f"http://127.0.0.1:{free_port()}"
