@@ -31,6 +31,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of the kept 
 policy), ``objective/proximal_gap`` (mean ``|log pi - log pi_prox|``).
 
 Example:
+    >>> import torch
     >>> from asyncgrpo.core.objectives.base import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.1, 0.9])), advantages=torch.tensor([1.0, 1.0]),
@@ -41,49 +42,14 @@ Example:
 
 from __future__ import annotations
 
-import attrs
-import torch
-from torch import Tensor
-
-from asyncgrpo.core.objectives.base import Needs, ObjectiveSettings, TokenInputs
-from asyncgrpo.core.objectives.weights import (
-    MASKED_FRACTION,
-    behaviour_log_ratio,
-    decoupled_loss,
-    decoupled_metrics,
-    fraction,
-    keep_in_range,
-    masked_weight,
-)
+from asyncgrpo.core.objectives.base import ObjectiveSettings
+from asyncgrpo.core.objectives.weights import MaskedWeightObjective, plain_needs
 
 
-@attrs.frozen
-class DecoupledPPO:
-    """AReaL's decoupled PPO (see the module docstring)."""
-
-    name: str
-    needs: Needs
-
-    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
-        """``(w, keep)``: float [N] detached ``pi_prox / mu`` where kept (0 elsewhere), bool [N]
-        ``w <= behav_imp_weight_cap``."""
-        log_w = behaviour_log_ratio(inputs)
-        keep = keep_in_range(log_w, 0.0, settings.behav_imp_weight_cap)
-        return masked_weight(log_w, keep), keep
-
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
-        """float [N]: ``1[w <= cap] w * ppo_t``."""
-        return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
-
-    @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
-        """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
-        weight, keep = self.weight(inputs, settings)
-        return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
+def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:
+    """``[0, behav_imp_weight_cap]``: a weight over the cap drops the token."""
+    return 0.0, settings.behav_imp_weight_cap
 
 
-DECOUPLED_PPO = DecoupledPPO(
-    name="decoupled_ppo",
-    needs=Needs(sampler_topk=False, proximal_logp=False, whole_samples=False, batch_coupled=False),
-)
+DECOUPLED_PPO = MaskedWeightObjective("decoupled_ppo", "token", plain_needs(False), keep_range)
 OBJECTIVES = (DECOUPLED_PPO,)

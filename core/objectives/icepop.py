@@ -23,6 +23,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``M(k)``)
 in its runs), ``objective/clipped_fraction``, ``objective/proximal_gap``.
 
 Example:
+    >>> import torch
     >>> from asyncgrpo.core.objectives.base import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9, 0.01])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9, 0.5])),
@@ -34,48 +35,14 @@ Example:
 
 from __future__ import annotations
 
-import attrs
-import torch
-from torch import Tensor
-
-from asyncgrpo.core.objectives.base import Needs, ObjectiveSettings, TokenInputs
-from asyncgrpo.core.objectives.weights import (
-    MASKED_FRACTION,
-    behaviour_log_ratio,
-    decoupled_loss,
-    decoupled_metrics,
-    fraction,
-    keep_in_range,
-    masked_weight,
-)
+from asyncgrpo.core.objectives.base import ObjectiveSettings
+from asyncgrpo.core.objectives.weights import MaskedWeightObjective, plain_needs
 
 
-@attrs.frozen
-class IcePop:
-    """IcePop (see the module docstring)."""
-
-    name: str
-    needs: Needs
-
-    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
-        """``(M(k), keep)``: float [N] detached, and bool [N] ``alpha <= k <= beta``."""
-        log_k = behaviour_log_ratio(inputs)
-        keep = keep_in_range(log_k, settings.icepop_alpha, settings.icepop_beta)
-        return masked_weight(log_k, keep), keep
-
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
-        """float [N]: ``M(k) * ppo_t``."""
-        return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
-
-    @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
-        """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
-        weight, keep = self.weight(inputs, settings)
-        return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
+def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:
+    """``[icepop_alpha, icepop_beta]``."""
+    return settings.icepop_alpha, settings.icepop_beta
 
 
-ICEPOP = IcePop(
-    name="icepop",
-    needs=Needs(sampler_topk=False, proximal_logp=False, whole_samples=False, batch_coupled=False),
-)
+ICEPOP = MaskedWeightObjective("icepop", "token", plain_needs(False), keep_range)
 OBJECTIVES = (ICEPOP,)

@@ -29,6 +29,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 ``objective/proximal_gap``.
 
 Example:
+    >>> import torch
     >>> from asyncgrpo.core.objectives.base import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9])), advantages=torch.tensor([1.0, 1.0]),
@@ -41,70 +42,24 @@ Example:
 
 from __future__ import annotations
 
-import attrs
-import torch
-from torch import Tensor
-
-from asyncgrpo.core.objectives.base import Needs, ObjectiveSettings, TokenInputs
-from asyncgrpo.core.objectives.weights import (
-    MASKED_FRACTION,
-    Level,
-    behaviour_log_ratio,
-    decoupled_loss,
-    decoupled_metrics,
-    fraction,
-    keep_in_range,
-    level_log_ratio,
-    masked_weight,
-)
+from asyncgrpo.core.objectives.base import ObjectiveSettings
+from asyncgrpo.core.objectives.weights import MaskedWeightObjective, plain_needs
 
 
-@attrs.frozen
-class MaskedIS:
-    """MIS at one level (see the module docstring).
-
-    Attributes:
-        name: registry key.
-        level: how token ratios combine into the weight.
-        needs: what the shell provides.
-    """
-
-    name: str
-    level: Level
-    needs: Needs
-
-    def keep_range(self, settings: ObjectiveSettings) -> tuple[float, float]:
-        """``(clip_min, clip_max)`` of this level."""
-        return (
-            getattr(settings, f"mis_{self.level}_clip_min"),
-            getattr(settings, f"mis_{self.level}_clip_max"),
-        )
-
-    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
-        """``(w, keep)``: float [N] detached ``rho`` inside the keep range (0 outside) and bool
-        [N] whether the token is kept."""
-        log_rho = level_log_ratio(behaviour_log_ratio(inputs), inputs.sample_index, self.level)
-        keep = keep_in_range(log_rho, *self.keep_range(settings))
-        return masked_weight(log_rho, keep), keep
-
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
-        """float [N]: ``w * ppo_t``."""
-        return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
-
-    @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
-        """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
-        weight, keep = self.weight(inputs, settings)
-        return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
+def token_range(settings: ObjectiveSettings) -> tuple[float, float]:
+    return settings.mis_token_clip_min, settings.mis_token_clip_max
 
 
-def _needs(whole_samples: bool) -> Needs:
-    return Needs(
-        sampler_topk=False, proximal_logp=False, whole_samples=whole_samples, batch_coupled=False
-    )
+def sequence_range(settings: ObjectiveSettings) -> tuple[float, float]:
+    return settings.mis_sequence_clip_min, settings.mis_sequence_clip_max
 
 
-MIS_TOKEN = MaskedIS("mis_token", "token", _needs(whole_samples=False))
-MIS_SEQUENCE = MaskedIS("mis_sequence", "sequence", _needs(whole_samples=True))
-MIS_GEOMETRIC = MaskedIS("mis_geometric", "geometric", _needs(whole_samples=True))
+def geometric_range(settings: ObjectiveSettings) -> tuple[float, float]:
+    return settings.mis_geometric_clip_min, settings.mis_geometric_clip_max
+
+
+MIS_TOKEN = MaskedWeightObjective("mis_token", "token", plain_needs(False), token_range)
+MIS_SEQUENCE = MaskedWeightObjective("mis_sequence", "sequence", plain_needs(True), sequence_range)
+MIS_GEOMETRIC = MaskedWeightObjective("mis_geometric", "geometric", plain_needs(True),
+                                      geometric_range)  # fmt: skip
 OBJECTIVES = (MIS_TOKEN, MIS_SEQUENCE, MIS_GEOMETRIC)

@@ -61,6 +61,7 @@ from asyncgrpo.core.objectives.weights import (
     fraction,
     level_log_ratio,
     log_bound,
+    plain_needs,
     truncated_weight,
 )
 
@@ -107,13 +108,7 @@ class TruncatedIS:
         )
 
 
-def _needs(whole_samples: bool) -> Needs:
-    return Needs(
-        sampler_topk=False, proximal_logp=False, whole_samples=whole_samples, batch_coupled=False
-    )
-
-
-TIS_TOKEN = TruncatedIS("tis_token", "token", _needs(whole_samples=False))
-TIS_SEQUENCE = TruncatedIS("tis_sequence", "sequence", _needs(whole_samples=True))
-TIS_GEOMETRIC = TruncatedIS("tis_geometric", "geometric", _needs(whole_samples=True))
+TIS_TOKEN = TruncatedIS("tis_token", "token", plain_needs(False))
+TIS_SEQUENCE = TruncatedIS("tis_sequence", "sequence", plain_needs(True))
+TIS_GEOMETRIC = TruncatedIS("tis_geometric", "geometric", plain_needs(True))
 OBJECTIVES = (TIS_TOKEN, TIS_SEQUENCE, TIS_GEOMETRIC)

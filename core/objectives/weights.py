@@ -28,13 +28,15 @@ The objective metrics (each a float over one call's tokens; record it with weigh
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
+import attrs
 import torch
 from torch import Tensor
 
 from asyncgrpo.core.loss_inputs import LossConfig
-from asyncgrpo.core.objectives.base import ObjectiveSettings, TokenInputs, metric_values
+from asyncgrpo.core.objectives.base import Needs, ObjectiveSettings, TokenInputs, metric_values
 
 Level = Literal["token", "sequence", "geometric"]
 """How token log-ratios become a weight: per token, summed over the sample (the product of its
@@ -272,3 +274,47 @@ def behaviour_log_ratio(inputs: TokenInputs) -> Tensor:
         [0.5]
     """
     return (inputs.proximal() - inputs.sampler_logp).detach()
+
+
+def plain_needs(whole_samples: bool) -> Needs:
+    """What an objective over the sampled tokens' log-probs needs: no top-K, no proximal
+    forward, no statistic over the call; ``whole_samples`` for sequence-level weights."""
+    return Needs(sampler_topk=False, proximal_logp=False, whole_samples=whole_samples,
+                 batch_coupled=False)  # fmt: skip
+
+
+@attrs.frozen
+class MaskedWeightObjective:
+    """A decoupled loss whose detached weight is the behaviour ratio at ``level`` where it lies
+    in ``bounds(settings)`` and 0 elsewhere: ``loss_t = w_t * ppo_t``. MIS
+    (:mod:`~asyncgrpo.core.objectives.mis`), IcePop and decoupled PPO are instances; their
+    modules hold the formulas and sources.
+
+    Attributes:
+        name: registry key.
+        level: how token ratios combine into the weight.
+        needs: what the shell provides.
+        bounds: the keep range ``(low, high)`` of the ratio, from the settings.
+    """
+
+    name: str
+    level: Level
+    needs: Needs
+    bounds: Callable[[ObjectiveSettings], tuple[float, float]]
+
+    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
+        """``(w, keep)``: float [N] detached ratio inside the keep range (0 outside) and bool
+        [N] whether the token is kept."""
+        log_ratio = level_log_ratio(behaviour_log_ratio(inputs), inputs.sample_index, self.level)
+        keep = keep_in_range(log_ratio, *self.bounds(settings))
+        return masked_weight(log_ratio, keep), keep
+
+    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+        """float [N]: ``w * ppo_t``."""
+        return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
+
+    @torch.no_grad()
+    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+        """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
+        weight, keep = self.weight(inputs, settings)
+        return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
