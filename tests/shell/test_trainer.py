@@ -148,6 +148,32 @@ def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_p
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
 
 
+def constant_reward(completions, **kwargs) -> list[float]:
+    """Every completion scores 1.0: no group has reward spread, as after a collapse."""
+    return [1.0] * len(completions)
+
+
+def test_a_run_without_reward_spread_warns_then_stops_with_a_checkpoint(served, tmp_path) -> None:
+    """Nothing to learn from: one warning with the figures after 3 spreadless steps, then
+    ``stop_after_spreadless_steps`` ends the run with a checkpoint instead of spinning."""
+    server, path = served
+    trainer = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=constant_reward,
+        args=config(server, tmp_path, max_steps=50, stop_after_spreadless_steps=5),
+        train_dataset=dataset(),
+    )
+    with capture_logs() as logs:
+        output = trainer.train()
+    warned = [e for e in logs if e["event"].startswith("no reward spread left")]
+    stopped = [e for e in logs if e["event"].startswith("stopping: no reward spread")]
+    assert [e["spreadless_steps"] for e in warned] == [3], logs
+    assert [e["spreadless_steps"] for e in stopped] == [5], logs
+    assert warned[0]["zero_spread_share"] == 1.0
+    assert output.global_step == 0
+    assert (tmp_path / "run" / "checkpoint-0" / "rollout_state.json").is_file()
+
+
 class CrashingLoop(AsyncRolloutLoop):
     def filter_prompt(self, row_index, row, epoch):
         raise OSError("disk on fire")
