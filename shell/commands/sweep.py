@@ -321,8 +321,8 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
 
 
 def _given(sweep: Sweep, run: PlannedRun) -> set[str]:
-    """The config fields a run sets (the rest keep their defaults, whatever version reads
-    the spec)."""
+    """The config fields a run sets (the rest keep their defaults, whatever version of
+    asyncgrpo reads the run's ``run_spec.json``)."""
     return {*sweep.base, *run.settings, *SET_BY_SWEEP, "max_steps", "save_steps",
             "save_total_limit", "disable_tqdm", "stop_after_spreadless_steps"}  # fmt: skip
 
