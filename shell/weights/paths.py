@@ -396,9 +396,10 @@ class AdapterWeights:
         kept = self._kept()
         if not kept:
             return
+        oldest = min(kept)
         for path in self.adapters.directory.glob("v*"):
             number = path.name[1:]
-            if number.isdigit() and int(number) < min(kept):
+            if number.isdigit() and int(number) < oldest:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _kept(self) -> list[int]:
