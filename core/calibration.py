@@ -46,8 +46,8 @@ simulator as it is has no fixed step cost and no push:
 :meth:`Calibration.simulator_settings` gives either the values for a simulator that models
 them or one throughput that folds them in.
 
-:func:`pipeline_figures` reads the figures a prediction is scored on from a run's (or a
-simulation's) windows; :func:`compare_figures` gives predicted-against-measured errors.
+:mod:`asyncgrpo.core.prediction_figures` scores a prediction: the figures read from a run's
+(or a simulation's) windows, predicted against measured.
 
 Example:
     >>> rows = [{"step": s, "perf/step_s": 0.1 + 0.2 + t / 5000 + 0.05,
@@ -93,7 +93,8 @@ MAX_ZERO_STD = 0.9
 tokens were generated (a division by nearly zero) and are left out of the generation fit."""
 
 
-def _number(row: Mapping[str, Any], key: str) -> float | None:
+def metric_number(row: Mapping[str, Any], key: str) -> float | None:
+    """``row[key]`` as a finite float; None when missing, a string or not finite."""
     value = row.get(key)
     if value is None or isinstance(value, str):
         return None
@@ -166,24 +167,24 @@ def windows_from_rows(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) 
         steps, previous = step - previous, step
         if index < skip_windows:
             continue
-        step_s, forwarded = _number(row, STEP), _number(row, FORWARDED)
+        step_s, forwarded = metric_number(row, STEP), metric_number(row, FORWARDED)
         if step_s is None or forwarded is None or steps < 1:
             continue
-        drops, sample_tokens = _number(row, STALE_DROPS), _number(row, SAMPLE_TOKENS)
+        drops, sample_tokens = metric_number(row, STALE_DROPS), metric_number(row, SAMPLE_TOKENS)
         stale = (drops or 0.0) * (sample_tokens or 0.0) / steps
         out.append(
             Window(
                 steps=steps,
                 step_s=step_s,
-                wait_s=_number(row, WAIT) or 0.0,
-                sync_s=_number(row, SYNC) or 0.0,
-                checkpoint_s=_number(row, CHECKPOINT) or 0.0,
+                wait_s=metric_number(row, WAIT) or 0.0,
+                sync_s=metric_number(row, SYNC) or 0.0,
+                checkpoint_s=metric_number(row, CHECKPOINT) or 0.0,
                 forwarded_tokens=forwarded,
-                samples=_number(row, SAMPLES),
-                trained_tokens=_number(row, TRAINED),
-                zero_std_frac=_number(row, ZERO_STD) or 0.0,
+                samples=metric_number(row, SAMPLES),
+                trained_tokens=metric_number(row, TRAINED),
+                zero_std_frac=metric_number(row, ZERO_STD) or 0.0,
                 stale_tokens=stale,
-                push_s=_number(row, PUSH) or 0.0,
+                push_s=metric_number(row, PUSH) or 0.0,
             )
         )
     return out
@@ -510,119 +511,3 @@ def calibrate(
 
 
 # ------------------------------------------------------------------ predicted vs measured
-
-
-@attrs.frozen
-class PipelineFigures:
-    """What a prediction is scored on, over a run's windows (weighted by their steps).
-
-    Attributes:
-        step_s: mean ``perf/step_s``.
-        staleness: mean ``sample/staleness_mean`` (None if not logged).
-        trainer_idle_frac: summed ``perf/rollout_wait_s`` over summed ``perf/step_s``.
-        generator_idle_frac: the share of the run the generator ran no request (None when not
-            measured: the trainer does not log it; a poller of the server's /metrics or the
-            simulator gives it).
-    """
-
-    step_s: float
-    staleness: float | None
-    trainer_idle_frac: float
-    generator_idle_frac: float | None = None
-
-
-def pipeline_figures(
-    rows: Sequence[Mapping[str, Any]],
-    generator_idle_frac: float | None = None,
-    skip_windows: int = 1,
-) -> PipelineFigures:
-    """The figures of a run's (or a simulation's) windows after the first ``skip_windows``.
-
-    Example:
-        >>> rows = [{"step": 2, "perf/step_s": 1.0, "perf/rollout_wait_s": 0.5},
-        ...         {"step": 4, "perf/step_s": 2.0, "perf/rollout_wait_s": 0.5,
-        ...          "sample/staleness_mean": 1.0}]
-        >>> pipeline_figures(rows, skip_windows=0)
-        PipelineFigures(step_s=1.5, staleness=1.0, trainer_idle_frac=0.3333333333333333, \
-generator_idle_frac=None)
-    """
-    step_total = wait_total = steps_total = 0.0
-    stale_total = stale_steps = 0.0
-    previous = 0
-    for index, row in enumerate(rows):
-        step = int(row["step"])
-        steps, previous = step - previous, step
-        step_s = _number(row, STEP)
-        if index < skip_windows or step_s is None or steps < 1:
-            continue
-        step_total += step_s * steps
-        wait_total += (_number(row, WAIT) or 0.0) * steps
-        steps_total += steps
-        staleness = _number(row, STALENESS)
-        if staleness is not None:
-            stale_total += staleness * steps
-            stale_steps += steps
-    if steps_total == 0:
-        raise ValueError(f"no window with {STEP} to score")
-    return PipelineFigures(
-        step_s=step_total / steps_total,
-        staleness=stale_total / stale_steps if stale_steps else None,
-        trainer_idle_frac=wait_total / step_total if step_total > 0 else 0.0,
-        generator_idle_frac=generator_idle_frac,
-    )
-
-
-@attrs.frozen
-class FigureError:
-    """One figure, predicted against measured.
-
-    Attributes:
-        name: ``step_s``, ``staleness``, ``trainer_idle_frac`` or ``generator_idle_frac``.
-        predicted, measured: the values.
-        absolute: ``predicted - measured``.
-        relative: ``(predicted - measured) / measured``; None when measured is 0 (a relative
-            error of an idle share of 0, or of staleness 0, means nothing: read ``absolute``).
-    """
-
-    name: str
-    predicted: float
-    measured: float
-    absolute: float
-    relative: float | None
-
-
-def compare_figures(
-    predicted: PipelineFigures, measured: PipelineFigures
-) -> tuple[FigureError, ...]:
-    """Predicted against measured, for each figure both sides have.
-
-    Example:
-        >>> predicted, measured = PipelineFigures(1.1, 0.5, 0.2), PipelineFigures(1.0, 0.0, 0.25)
-        >>> errors = compare_figures(predicted, measured)
-        >>> [(e.name, round(e.absolute, 3), e.relative and round(e.relative, 3)) for e in errors]
-        [('step_s', 0.1, 0.1), ('staleness', 0.5, None), ('trainer_idle_frac', -0.05, -0.2)]
-    """
-    out = []
-    for field in attrs.fields(PipelineFigures):
-        p, m = getattr(predicted, field.name), getattr(measured, field.name)
-        if p is None or m is None:
-            continue
-        relative = (p - m) / m if m != 0 else None
-        out.append(FigureError(field.name, p, m, p - m, relative))
-    return tuple(out)
-
-
-def worst_relative_error(
-    errors: Sequence[FigureError], names: Sequence[str] = ("step_s",)
-) -> float:
-    """The largest absolute relative error among ``names`` (the held-out goal is step time
-    within 10%); NaN when none of them has a relative error.
-
-    Example:
-        >>> predicted, measured = PipelineFigures(1.1, None, 0.2), PipelineFigures(1.0, None, 0.25)
-        >>> errors = compare_figures(predicted, measured)
-        >>> round(worst_relative_error(errors, ["step_s", "trainer_idle_frac"]), 3)
-        0.2
-    """
-    found = [abs(e.relative) for e in errors if e.name in names and e.relative is not None]
-    return max(found) if found else math.nan

@@ -8,7 +8,7 @@ trainer waited for samples, always so at ``max_staleness`` 0). Each predicted ru
 with its own settings (from the ``run_spec.json`` of a sweep's run: ``max_staleness``,
 ``num_generations``, ...; its prompt and completion lengths from its metrics) and the fitted
 throughputs, and its step time, staleness and trainer idle are compared with the measured
-ones (:func:`asyncgrpo.core.calibration.compare_figures`).
+ones (:func:`asyncgrpo.core.prediction_figures.compare_figures`).
 
 The generator's throughput is fitted per server (the calibration run's over its number of
 servers), and each run is simulated with its own number of servers; ``--predict-servers N
@@ -26,13 +26,8 @@ from typing import Any
 
 import attrs
 
-from asyncgrpo.core.calibration import (
-    Calibration,
-    FigureError,
-    calibrate,
-    compare_figures,
-    pipeline_figures,
-)
+from asyncgrpo.core.calibration import Calibration, calibrate
+from asyncgrpo.core.prediction_figures import FigureError, compare_figures, pipeline_figures
 from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.commands.sweep import RUN_SPEC, SweepError
 from asyncgrpo.shell.config import AsyncGRPOConfig

@@ -6,13 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.core.calibration import (
+from asyncgrpo.core.calibration import calibrate, fit_generation, windows_from_rows
+from asyncgrpo.core.prediction_figures import (
     PipelineFigures,
-    calibrate,
     compare_figures,
-    fit_generation,
     pipeline_figures,
-    windows_from_rows,
     worst_relative_error,
 )
 
