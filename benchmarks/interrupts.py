@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 FIRST_CHECKPOINT_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 120

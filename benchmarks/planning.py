@@ -4,7 +4,7 @@ the step queue's planning cost per step as its buffer grows.
 Planner: 128 groups of G=8 rollouts, 256-token prompts, completions uniform in 64-512 tokens,
 token budget 4,096, 2 processes x 4 accumulation steps per plan. Prints medians over repeats.
 
-Re-planning (:mod:`asyncgrpo.core.step_queue`): 8-sample groups of ~330 tokens, budget 16,384,
+Re-planning (:mod:`asyncgrpo.core.run.step_queue`): 8-sample groups of ~330 tokens, budget 16,384,
 4 processes; with 64 to 8,192 samples buffered, re-planning the whole buffer with ``plan_step``
 (what the trainer did after every drain before the queue kept its plan), the queue's cost for
 one group to arrive, and for one step to be taken (the next step is planned afresh); then the
@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from asyncgrpo.core import step_queue
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.planner import batch_metrics, plan_step
+from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.run import step_queue
+from asyncgrpo.core.run.planner import batch_metrics, plan_step
 
 
 def make_samples(

@@ -21,11 +21,11 @@ from pathlib import Path
 import anyio
 import torch
 
-from asyncgrpo.adapters.models import load_causal_lm, save_tiny_model
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import write_safetensors
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm, save_tiny_model
+from asyncgrpo.adapters.transfer.files import write_safetensors
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.servers import server_cpus_for
 

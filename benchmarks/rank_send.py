@@ -15,7 +15,7 @@ Bytes are the pickled payload rank 0 sends per step: ``(ranks - 1) x`` the whole
 ``broadcast``; for ``scatter`` ``(ranks - 1) x`` the largest process's rows (gloo's scatter pads
 every part to the largest). Seconds are ``perf/send_s`` as the trainer measures it (from before
 the send to having the rows, pickling included), the slowest process of each repeat, median
-over repeats. The row representation is whatever :mod:`asyncgrpo.core.packing` builds.
+over repeats. The row representation is whatever :mod:`asyncgrpo.core.packing.tree` builds.
 
     .venv/bin/python benchmarks/rank_send.py
 """
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from asyncgrpo.core.packing import pack_row
+from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 
 VOCAB = 32_000

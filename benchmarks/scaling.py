@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_server import ServerSpec
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.commands.demo import demo_dataset, digit_fraction_reward
 from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig

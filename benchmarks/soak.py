@@ -39,9 +39,9 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_auth import new_api_key
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.auth import new_api_key
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import QUESTIONS
 from asyncgrpo.shell.servers import server_cpus_for
 

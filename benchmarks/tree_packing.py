@@ -10,8 +10,9 @@ The default model is a tiny Qwen3 with hidden 256 and 4 layers (random weights, 
 than the test model (hidden 128, 2 layers) so that the decoder rather than per-call overhead
 dominates; ``--hidden 128 --layers 2`` runs the test model. ``--model-family qwen3-next``
 runs a tiny Qwen3-Next hybrid instead (alternating gated DeltaNet and gated attention layers,
-routed experts; the tree-aware DeltaNet forward of :mod:`asyncgrpo.adapters.gated_delta_net`),
-where the FLOP estimate, written for plain decoders, is left out.
+routed experts; the tree-aware DeltaNet forward of
+:mod:`asyncgrpo.adapters.kernels.gated_delta_net`), where the FLOP estimate, written for plain
+decoders, is left out.
 
     .venv/bin/python benchmarks/tree_packing.py
     .venv/bin/python benchmarks/tree_packing.py --model-family qwen3-next
@@ -26,10 +27,10 @@ import tempfile
 import numpy as np
 import torch
 
-from asyncgrpo.adapters.models import load_causal_lm, save_tiny_model
-from asyncgrpo.core.packing import PackedRow, pack_row
-from asyncgrpo.core.planner import attention_cost, batch_metrics
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm, save_tiny_model
+from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.run.planner import attention_cost, batch_metrics
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import anyio
 import torch
 
-from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-from asyncgrpo.adapters.models import load_causal_lm, save_tiny_model
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload, SyncTimings
-from asyncgrpo.core.weight_sync import GLOO
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm, save_tiny_model
+from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
+from asyncgrpo.adapters.transfer.files import DiskReload, SyncTimings
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.core.weights.sync import GLOO
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ sampler's per-token tables (candidate sets, top log-probs) are the dense arrays 
 :mod:`asyncgrpo.core.sampler_tables`.
 
 The learner-facing records are the project's own: :class:`TrainingSequence` (one reconciled
-sequence of a rollout, see :mod:`asyncgrpo.core.reconcile`) and :class:`TrainingSample` (a
+sequence of a rollout, see :mod:`asyncgrpo.core.rollout.reconcile`) and :class:`TrainingSample` (a
 sequence with its advantage and provenance). Their per-token arrays are read-only numpy arrays,
 aligned with ``input_ids``.
 
@@ -175,7 +175,7 @@ class Rollout:
             reward functions as ``completions``.
         completion_ids: token ids of the generated completion; passed as ``completion_ids``.
         turns: the sampling requests of the rollout, in order. Training sequences are built
-            from them (:func:`asyncgrpo.core.reconcile.reconcile_turns`).
+            from them (:func:`asyncgrpo.core.rollout.reconcile.reconcile_turns`).
         tool_call_count: tool calls made during the rollout.
         tool_failure_count: failed tool calls (unknown name or exception).
         reward: a reward computed during generation; added to the other sources. ``None``
@@ -305,7 +305,7 @@ class TrainingSample:
         group_id: the group, counted from 0 by the rollout loop.
         row_index: the prompt's row in the training dataset.
         prompt_position: the prompt's position in the stream of prompts
-            (``epoch * len(dataset) + order index``; see :mod:`asyncgrpo.core.cursor`).
+            (``epoch * len(dataset) + order index``; see :mod:`asyncgrpo.core.rollout.cursor`).
         rollout_id: the rollout this sequence came from.
         queued_at: ``time.monotonic()`` when the sample was put on the rollout queue.
     """

@@ -12,8 +12,8 @@ import tempfile
 import anyio
 from transformers import AutoTokenizer
 
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.core.metrics import MetricWindow, record, summarize
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome

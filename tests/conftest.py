@@ -11,13 +11,13 @@ from hypothesis import settings
 from replying_model import save_replying_model
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-from asyncgrpo.adapters import vllm_server as server_module
-from asyncgrpo.adapters.hybrid_models import tiny_vision_language_config
-from asyncgrpo.adapters.models import save_tiny_model
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.models.hybrid import tiny_vision_language_config
 from asyncgrpo.adapters.process_group import init_distributed
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm import server as server_module
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 # The machines that run this suite are small and shared: a per-example deadline measures
 # the neighbours, not the code. Speed is measured by the benchmarks instead.

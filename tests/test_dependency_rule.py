@@ -98,7 +98,7 @@ def test_the_rule_checker_catches_violations() -> None:
     assert core_violation("torch.distributed") is not None
     assert core_violation("subprocess") is not None
     assert core_violation("asyncgrpo.shell.commands.cli") is not None
-    assert core_violation("asyncgrpo.adapters.vllm_client") is not None
+    assert core_violation("asyncgrpo.adapters.vllm.client") is not None
     assert core_violation("numpy") is None
     assert core_violation("asyncgrpo.core.records") is None
     assert core_violation("collections.abc") is None

@@ -9,10 +9,10 @@ import dataclasses
 import attrs
 import pytest
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.core.loss_inputs import LossConfig
-from asyncgrpo.core.objectives import ObjectiveSettings, example_settings
-from asyncgrpo.core.step_queue import QueueSettings
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.core.loss.inputs import LossConfig
+from asyncgrpo.core.loss.objectives import ObjectiveSettings, example_settings
+from asyncgrpo.core.run.step_queue import QueueSettings
 from asyncgrpo.shell.commands.simulate import SimulationConfig
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.servers import ServerSettings
@@ -60,7 +60,7 @@ def test_a_component_default_is_the_configs(cls: type) -> None:
 
 
 def test_the_objectives_example_settings_are_the_configs_defaults() -> None:
-    """The worked examples' settings (core.objectives.example_settings) are the defaults."""
+    """The worked examples' settings (core.loss.objectives.example_settings) are the defaults."""
     assert example_settings() == AsyncGRPOConfig(output_dir="x").objective_settings()
 
 

@@ -1,14 +1,14 @@
 """``asyncgrpo simulate --calibrate RUN [--predict RUN ...]``: fit the simulator to a real run, then
 predict other runs of the same task and score the predictions.
 
-The fit (:func:`asyncgrpo.core.calibration.calibrate`) reads the run's ``metrics.jsonl``:
-training throughput per forwarded token with a fixed and a per-sample cost where the data
-supports them, the push's seconds, and the generator's throughput (identified when the
+The fit (:func:`asyncgrpo.core.experiments.calibration.calibrate`) reads the run's
+``metrics.jsonl``: training throughput per forwarded token with a fixed and a per-sample cost where
+the data supports them, the push's seconds, and the generator's throughput (identified when the
 trainer waited for samples, always so at ``max_staleness`` 0). Each predicted run is simulated
 with its own settings (from the ``run_spec.json`` of a sweep's run: ``max_staleness``,
 ``num_generations``, ...; its prompt and completion lengths from its metrics) and the fitted
 throughputs, and its step time, staleness and trainer idle are compared with the measured
-ones (:func:`asyncgrpo.core.prediction_figures.compare_figures`).
+ones (:func:`asyncgrpo.core.experiments.prediction_figures.compare_figures`).
 
 The generator's throughput is fitted per server (the calibration run's over its number of
 servers), and each run is simulated with its own number of servers; ``--predict-servers N
@@ -26,8 +26,12 @@ from typing import Any
 
 import attrs
 
-from asyncgrpo.core.calibration import Calibration, calibrate
-from asyncgrpo.core.prediction_figures import FigureError, compare_figures, pipeline_figures
+from asyncgrpo.core.experiments.calibration import Calibration, calibrate
+from asyncgrpo.core.experiments.prediction_figures import (
+    FigureError,
+    compare_figures,
+    pipeline_figures,
+)
 from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.commands.sweep import RUN_SPEC, SweepError
 from asyncgrpo.shell.config import AsyncGRPOConfig

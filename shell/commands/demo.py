@@ -21,9 +21,9 @@ from typing import Any
 
 from datasets import Dataset
 
-from asyncgrpo.adapters.models import save_tiny_model
-from asyncgrpo.adapters.vllm_auth import new_api_key
-from asyncgrpo.adapters.vllm_server import ServerSpec
+from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.vllm.auth import new_api_key
+from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
@@ -90,7 +90,7 @@ def run_demo(
     """Build the tiny model, start the server(s), train; metrics land in ``output_dir``.
 
     ``overrides`` replaces :func:`demo_config` fields (benchmarks compare settings this way);
-    the servers share the cores :mod:`asyncgrpo.core.cpu_plan` leaves them (``servers``: how
+    the servers share the cores :mod:`asyncgrpo.core.servers.cpu_plan` leaves them (``servers``: how
     many to start; each group goes to one of them, docs/scaling.md). ``model_family`` is one
     of :data:`MODEL_FAMILIES`."""
     if servers < 1:

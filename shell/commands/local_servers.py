@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 
 @contextlib.contextmanager

@@ -3,12 +3,12 @@
 Generation and training are simulated (a generator with a fixed token throughput shared by
 the groups in flight, a trainer with a fixed throughput, and a toy policy whose success
 probability on a prompt is ``sigmoid(skill - difficulty)``), but every decision is the core's:
-which groups start (:mod:`asyncgrpo.core.pacing`), how a group is scored
-(:mod:`asyncgrpo.core.advantages`), how turns become samples
-(:mod:`asyncgrpo.core.reconcile`, :mod:`asyncgrpo.core.scoring`, as the rollout loop builds
-them), which samples are too stale and when a step is taken with
-which samples (:mod:`asyncgrpo.core.step_queue`, the trainer's own queue and planner), which
-prompts are consumed (:mod:`asyncgrpo.core.cursor`) and how metrics aggregate
+which groups start (:mod:`asyncgrpo.core.rollout.pacing`), how a group is scored
+(:mod:`asyncgrpo.core.rollout.advantages`), how turns become samples
+(:mod:`asyncgrpo.core.rollout.reconcile`, :mod:`asyncgrpo.core.rollout.scoring`, as the rollout loop
+builds them), which samples are too stale and when a step is taken with
+which samples (:mod:`asyncgrpo.core.run.step_queue`, the trainer's own queue and planner), which
+prompts are consumed (:mod:`asyncgrpo.core.rollout.cursor`) and how metrics aggregate
 (:mod:`asyncgrpo.core.metrics`).
 
 Use it to see how ``max_staleness``, throughputs and batch sizes trade staleness against
@@ -16,7 +16,7 @@ trainer idle time before spending compute. Time is simulated: a run takes about 
 
 With ``num_servers`` > 1 the generator is that many servers, each with its own throughput
 shared by its groups; every group goes to one of them by the rollout loop's own routing
-(:func:`asyncgrpo.core.routing.route_group`), and a push pauses them all.
+(:func:`asyncgrpo.core.servers.routing.route_group`), and a push pauses them all.
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ import numpy as np
 import structlog
 from tqdm import tqdm
 
-from asyncgrpo.core import advantages, cursor, metrics, pacing, routing, step_queue
-from asyncgrpo.core.reconcile import reconcile_turns
+from asyncgrpo.core import metrics
 from asyncgrpo.core.records import TrainingSample, TurnRecord
-from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.core.rollout import advantages, cursor, pacing
+from asyncgrpo.core.rollout.reconcile import reconcile_turns
+from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
+from asyncgrpo.core.run import step_queue
+from asyncgrpo.core.servers import routing
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import MetricsFile
 
@@ -63,7 +66,7 @@ class SimulationConfig:
         min_completion_tokens, max_completion_tokens: completion lengths, uniform.
         generation_tokens_per_s: generator throughput shared by all groups in flight (with
             several servers: each server's, shared by its groups).
-        num_servers: generation servers, each group routed to one (core.routing).
+        num_servers: generation servers, each group routed to one (core.servers.routing).
         training_tokens_per_s: trainer throughput in forwarded tokens (shared prefixes
             counted once, as the planner packs them).
         training_fixed_s: seconds every step takes beyond its tokens (planning, optimizer).

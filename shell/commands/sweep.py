@@ -36,7 +36,7 @@ skips finished runs, resumes an interrupted one from its last checkpoint (``save
 scratch without one) and leaves failed ones (``--retry-failed`` runs them again). Runs whose
 servers would be the same share one server, started by the sweep with the cores the CPU plan
 gives a server (or ``--vllm-url``, once per server to use: runs then go side by side, one per
-server). Settings interleave (:mod:`asyncgrpo.core.sweep_plan`).
+server). Settings interleave (:mod:`asyncgrpo.core.experiments.sweep_plan`).
 
 From Python, :func:`run_sweep` (``asyncgrpo.experiments.run_sweep``) does the same.
 """
@@ -61,7 +61,7 @@ import attrs
 import structlog
 from transformers import TrainerCallback
 
-from asyncgrpo.core.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
+from asyncgrpo.core.experiments.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
 from asyncgrpo.shell.config import AsyncGRPOConfig, read_config
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.run import checkpoints, signals_interrupt
@@ -343,7 +343,7 @@ def _model_dir(sweep: Sweep, out: Path) -> str:
     name = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
     path = out / "models" / f"tiny-{architecture}{',' + name if name else ''}"
     if not (path / "config.json").exists():
-        from asyncgrpo.adapters.models import save_tiny_model
+        from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 
         seed = int(options.pop("seed", 0))
         save_tiny_model(path, architecture, seed=seed, **options)
@@ -357,7 +357,7 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
     if urls:
         yield list(urls)
         return
-    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+    from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
     from asyncgrpo.shell.servers import server_cpus_for
 
     config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),

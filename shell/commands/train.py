@@ -198,8 +198,8 @@ def build_config(settings: TrainSettings, base_url: str | None = None,
 
 def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
-    from asyncgrpo.adapters.vllm_auth import new_api_key
-    from asyncgrpo.adapters.vllm_server import ServerSpec
+    from asyncgrpo.adapters.vllm.auth import new_api_key
+    from asyncgrpo.adapters.vllm.server import ServerSpec
     from asyncgrpo.shell.commands.local_servers import local_servers
     from asyncgrpo.shell.run import AsyncGRPOTrainer
     from asyncgrpo.shell.servers import servers_cpus_for

@@ -44,7 +44,7 @@ A vLLM CPU worker keeps its cores busy while it generates. Beside it, a trainer 
 runs one intra-op thread per core waits on a descheduled thread at every small op: on this
 2-core machine the demo's step took 2.5 s instead of 0.36 s
 ([benchmarks](benchmarks.md#cpu-sharing-benchmarkscpu_sharingpy)). With `cpu_sharing="auto"`
-(the default) the cores are split on purpose by `asyncgrpo.core.cpu_plan.plan_cpus`, a pure
+(the default) the cores are split on purpose by `asyncgrpo.core.servers.cpu_plan.plan_cpus`, a pure
 function of the visible cores (`os.sched_getaffinity`), the local trainer ranks (torchrun's
 `LOCAL_WORLD_SIZE`) and `server_cpus`:
 

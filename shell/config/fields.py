@@ -31,18 +31,18 @@ from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_auth import API_KEY_ENV
-from asyncgrpo.core.cpu_plan import check_cpu_sharing
-from asyncgrpo.core.objectives import (
+from asyncgrpo.adapters.vllm.auth import API_KEY_ENV
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.core.loss.objectives import (
     Objective,
     ObjectiveSettings,
     loss_type_from,
     objective_for,
 )
-from asyncgrpo.core.routing import server_urls
-from asyncgrpo.core.weight_parity import FOREIGN_WINDOW
-from asyncgrpo.core.weight_sync import WEIGHT_TRANSFER_BACKENDS, check_backend
+from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
+from asyncgrpo.core.servers.routing import server_urls
+from asyncgrpo.core.weights.parity import FOREIGN_WINDOW
+from asyncgrpo.core.weights.sync import WEIGHT_TRANSFER_BACKENDS, check_backend
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.config.files import read_config
 from asyncgrpo.shell.config.rules import field_names
@@ -483,7 +483,7 @@ class AsyncGRPOConfig(TrainingArguments):
 
     def objective(self) -> Objective:
         """The policy objective ``loss_type`` (or ``score_centering``) names
-        (:mod:`asyncgrpo.core.objectives`)."""
+        (:mod:`asyncgrpo.core.loss.objectives`)."""
         try:
             return objective_for(loss_type_from(self.loss_type, self.score_centering))
         except ValueError as error:
@@ -501,7 +501,7 @@ class AsyncGRPOConfig(TrainingArguments):
     @property
     def server_urls(self) -> tuple[str, ...]:
         """The servers ``vllm_server_base_url`` names, in order
-        (:func:`~asyncgrpo.core.routing.server_urls`)."""
+        (:func:`~asyncgrpo.core.servers.routing.server_urls`)."""
         return server_urls(self.vllm_server_base_url)
 
     @property

@@ -20,10 +20,10 @@ import torch.distributed as dist
 from peft import PeftModel
 from torch import Tensor, nn
 
-from asyncgrpo.adapters.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
-from asyncgrpo.adapters.models import checkpoint_named, save_weights_as_model
-from asyncgrpo.adapters.peft_models import adapter_state_dict, merged_state_dict
-from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
+from asyncgrpo.adapters.models.causal_lm import checkpoint_named, save_weights_as_model
+from asyncgrpo.adapters.models.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
+from asyncgrpo.adapters.models.lora import adapter_state_dict, merged_state_dict
+from asyncgrpo.adapters.models.vision_language import frozen_prefixes, is_synced_weight
 
 
 class WeightExport:

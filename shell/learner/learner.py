@@ -2,13 +2,13 @@
 
 Every process of a ``torchrun`` job (or a lone process) owns one :class:`Learner`. A step is
 one call of :meth:`Learner.train_step` with this process's tree-packed row of each micro-batch
-(:mod:`asyncgrpo.core.planner`); every process must call it with the same number of
+(:mod:`asyncgrpo.core.run.planner`); every process must call it with the same number of
 micro-batches, since the sharded forward and backward are collective.
 
 The pieces live where their seams are: the process group in
 :mod:`asyncgrpo.adapters.process_group`; FSDP2 sharding, precision, and gradients summed (not
-averaged) over processes in :mod:`asyncgrpo.adapters.fsdp`; the packed forward and the MoE
-auxiliary loss in :mod:`asyncgrpo.adapters.packed_policy`; optimizer and schedule in
+averaged) over processes in :mod:`asyncgrpo.adapters.models.fsdp`; the packed forward and the MoE
+auxiliary loss in :mod:`asyncgrpo.adapters.kernels.packed_policy`; optimizer and schedule in
 :mod:`asyncgrpo.shell.learner.optimization`; the checkpoint files in
 :mod:`asyncgrpo.shell.learner.checkpoint`. LoRA adapters are initialised under
 ``config.seed``, so every process starts from identical weights.
@@ -19,7 +19,7 @@ multiplied by 0, so that its all-gathers and reduce-scatters pair with the other
 it adds 0 to every gradient, 0 trained tokens to the global count and no metrics.
 
 **Precision.** ``bf16`` (default: on with CUDA, off on CPU) trains in FSDP2 mixed precision
-with fp32 master weights (see :mod:`asyncgrpo.adapters.fsdp`). Exported weights
+with fp32 master weights (see :mod:`asyncgrpo.adapters.models.fsdp`). Exported weights
 (``learner.export``, a :class:`~asyncgrpo.shell.learner.export.WeightExport`) are in bf16
 then, as TRL's AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master
 weights.
@@ -42,17 +42,10 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, set_seed
 
-from asyncgrpo.adapters.attention import enable_tree_attention
-from asyncgrpo.adapters.attention_layout import Backend
-from asyncgrpo.adapters.fsdp import (
-    clip_gradients,
-    mixed_precision,
-    shard,
-    upcast_trainable,
-    uses_bf16,
-)
-from asyncgrpo.adapters.packed_forward import DEFAULT_CHUNK_SIZE
-from asyncgrpo.adapters.packed_policy import (
+from asyncgrpo.adapters.kernels.attention import enable_tree_attention
+from asyncgrpo.adapters.kernels.layout import Backend
+from asyncgrpo.adapters.kernels.packed_forward import DEFAULT_CHUNK_SIZE
+from asyncgrpo.adapters.kernels.packed_policy import (
     PackedPolicy,
     RouterAuxLoss,
     candidate_mask,
@@ -60,16 +53,23 @@ from asyncgrpo.adapters.packed_policy import (
     empty_sampler_topk,
     sampler_topk,
 )
-from asyncgrpo.adapters.peft_models import wrap_with_lora
+from asyncgrpo.adapters.models.fsdp import (
+    clip_gradients,
+    mixed_precision,
+    shard,
+    upcast_trainable,
+    uses_bf16,
+)
+from asyncgrpo.adapters.models.lora import wrap_with_lora
 from asyncgrpo.adapters.process_group import default_device, init_distributed
-from asyncgrpo.core.loss_inputs import SamplerTopK
-from asyncgrpo.core.loss_metrics import loss_metrics
-from asyncgrpo.core.losses import normalize_loss
+from asyncgrpo.core.loss.inputs import SamplerTopK
+from asyncgrpo.core.loss.losses import normalize_loss
+from asyncgrpo.core.loss.metrics import loss_metrics
+from asyncgrpo.core.loss.objectives import TokenInputs
+from asyncgrpo.core.loss.objectives.weights import trl_loss_config
 from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
-from asyncgrpo.core.objectives import TokenInputs
-from asyncgrpo.core.objectives.weights import trl_loss_config
-from asyncgrpo.core.packing import PackedRow
-from asyncgrpo.core.weight_parity import STALENESS0_GAP, staleness0_gap
+from asyncgrpo.core.packing.tree import PackedRow
+from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
 from asyncgrpo.shell.learner.export import WeightExport
@@ -84,7 +84,7 @@ class StepOutput:
 
     Attributes:
         metrics: one value per name (``summarize(window)``): the loss metrics of
-            :func:`~asyncgrpo.core.loss_metrics.loss_metrics` (means over the step's trained tokens
+            :func:`~asyncgrpo.core.loss.metrics.loss_metrics` (means over the step's trained tokens
             on all processes, extremes for ``_min``/``_max``), ``loss`` (the step's objective,
             summed over processes and micro-batches), ``grad_norm`` (before clipping),
             ``learning_rate`` (of this step), ``aux_loss`` (MoE only; unscaled, mean over
@@ -114,7 +114,7 @@ class Learner:
 
     Args:
         model: a causal LM with identical weights on every process (e.g. from
-            :func:`asyncgrpo.adapters.models.load_causal_lm`), on the CPU or the device.
+            :func:`asyncgrpo.adapters.models.causal_lm.load_causal_lm`), on the CPU or the device.
         config: learning rate, schedule, AdamW, clipping, precision, loss hyperparameters.
         peft_config: a LoraConfig to train adapters instead of the full model.
         optimizers: ``(optimizer, scheduler)`` built over ``model.parameters()`` (either may

@@ -2,9 +2,9 @@
 
 It runs inside the rollout process (:mod:`asyncgrpo.shell.rollout.process`) and talks to the
 trainer only through :class:`~asyncgrpo.shell.rollout.messages.Channels`. For every prompt
-position (:mod:`asyncgrpo.core.cursor`) it asks ``filter_prompt``, waits for the staleness
-allowance (:mod:`asyncgrpo.core.pacing`), runs ``num_generations`` rollouts (each holding one
-slot under the vLLM load cap), and hands the finished group to the scoring task, which sums the
+position (:mod:`asyncgrpo.core.rollout.cursor`) it asks ``filter_prompt``, waits for the staleness
+allowance (:mod:`asyncgrpo.core.rollout.pacing`), runs ``num_generations`` rollouts (each holding
+one slot under the vLLM load cap), and hands the finished group to the scoring task, which sums the
 rewards, calls ``compute_advantages``, drops zero-signal groups, reconciles turns into samples
 and publishes them.
 
@@ -48,18 +48,18 @@ import attrs
 import numpy as np
 import structlog
 
-from asyncgrpo.adapters.vllm_client import (
+from asyncgrpo.adapters.transfer.files import adapter_name
+from asyncgrpo.adapters.vllm.client import (
     PromptTooLongError,
     ServerGate,
     VLLMClient,
 )
-from asyncgrpo.adapters.weight_transfer import adapter_name
-from asyncgrpo.core import cursor, pacing, sample_wait
-from asyncgrpo.core.activity import Activity, describe_activities
-from asyncgrpo.core.advantages import standardize_rewards
-from asyncgrpo.core.candidate_sets import plan_candidate_sets
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
+from asyncgrpo.core.rollout import cursor, pacing, sample_wait
+from asyncgrpo.core.rollout.activity import Activity, describe_activities
+from asyncgrpo.core.rollout.advantages import standardize_rewards
+from asyncgrpo.core.rollout.candidate_sets import plan_candidate_sets
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.messages import Channels, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
@@ -130,7 +130,7 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
 @attrs.define
 class _RolloutKey:
     """Which rollout a task generates (its prompt position and index in the group) and how many
-    requests it has sent, for :func:`asyncgrpo.core.cursor.request_seed`."""
+    requests it has sent, for :func:`asyncgrpo.core.rollout.cursor.request_seed`."""
 
     position: int
     index: int
@@ -257,7 +257,7 @@ class AsyncRolloutLoop:
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
         """Sample one reply with the config's sampling settings (one vLLM request).
 
-        The request's seed is :func:`~asyncgrpo.core.cursor.request_seed` of the prompt's
+        The request's seed is :func:`~asyncgrpo.core.rollout.cursor.request_seed` of the prompt's
         position, the rollout's index and the turn, so a resumed run samples the same way."""
         if self.client is None:
             raise RuntimeError("generate_one_turn called before the loop started")
@@ -408,13 +408,14 @@ class AsyncRolloutLoop:
         return server
 
     def _route(self) -> int | None:
-        """The server the next group would go to (:func:`~asyncgrpo.core.routing.route_group`)."""
+        """The server the next group would go to
+        (:func:`~asyncgrpo.core.servers.routing.route_group`)."""
         assert self.pool is not None
         return self.pool.route(self.channels.steps_taken(), self.config.max_staleness)
 
     def _allowance_admits(self, server: int = 0) -> bool:
         """Whether the staleness allowance admits a group on ``server`` now
-        (:func:`~asyncgrpo.core.pacing.may_start_group`)."""
+        (:func:`~asyncgrpo.core.rollout.pacing.may_start_group`)."""
         taken = self.channels.tokens_taken()
         self._ledger = pacing.samples_taken(self._ledger, taken - self._taken_seen)
         self._taken_seen = taken
@@ -615,7 +616,8 @@ class AsyncRolloutLoop:
 
     async def _plan_candidate_sets(self) -> None:
         """Read from the server whether it can return candidate sets; warn once if top-k/top-p
-        needs them and it cannot (:func:`~asyncgrpo.core.candidate_sets.plan_candidate_sets`)."""
+        needs them and it cannot
+        (:func:`~asyncgrpo.core.rollout.candidate_sets.plan_candidate_sets`)."""
         assert self.client is not None
         support = await self.client.candidate_set_support()
         plan = plan_candidate_sets(support, self.config.top_k, self.config.top_p,

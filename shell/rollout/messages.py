@@ -20,7 +20,7 @@ from asyncgrpo.core.records import TrainingSample
 class GroupOutcome:
     """A group's result for the trainer: its samples (none if filtered or dropped) and, with
     ``log_completions``, its ``(prompt, completion, reward)`` texts; without samples,
-    ``dropped`` says why (a reason of :mod:`asyncgrpo.core.sample_wait`: zero reward spread,
+    ``dropped`` says why (a reason of :mod:`asyncgrpo.core.rollout.sample_wait`: zero reward spread,
     a prompt too long for the server, rejected by ``filter_prompt``)."""
 
     position: int

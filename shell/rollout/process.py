@@ -6,7 +6,7 @@ back with the child's traceback, a missing heartbeat for ``rollout_worker_timeou
 raises, and :meth:`RolloutProcess.stop` cancels the in-flight requests and joins it.
 
 Nothing hangs silently: the heartbeat carries what the loop is doing (the calls in flight, see
-:mod:`asyncgrpo.core.activity`). While the trainer waits for samples and none comes, it logs
+:mod:`asyncgrpo.core.rollout.activity`). While the trainer waits for samples and none comes, it logs
 that report every ``LONG_WAIT_LOG_S`` seconds, and after ``rollout_worker_timeout`` seconds it
 raises with it (a reward function, tool or environment call that never returns blocks only its
 worker thread, so the heartbeat alone would go on beating). The child dies with the trainer
@@ -36,9 +36,9 @@ import attrs
 import structlog
 
 from asyncgrpo.adapters.parent_death import die_with_parent
-from asyncgrpo.core import sample_wait
-from asyncgrpo.core.cursor import PromptCursor, restart_cursor
 from asyncgrpo.core.metrics import value
+from asyncgrpo.core.rollout import sample_wait
+from asyncgrpo.core.rollout.cursor import PromptCursor, restart_cursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
@@ -306,7 +306,7 @@ class RolloutProcess:
 
     While the trainer waits for samples, a child that sends nothing at all for ``timeout_s``
     is hung (:class:`RolloutWorkerError`); one whose groups arrive but are all dropped is not,
-    and the wait is logged with the counts (:mod:`asyncgrpo.core.sample_wait`).
+    and the wait is logged with the counts (:mod:`asyncgrpo.core.rollout.sample_wait`).
     """
 
     def __init__(
@@ -418,7 +418,7 @@ class RolloutProcess:
 
     def step_consumed(self, tokens: float) -> None:
         """Report the step size the staleness allowance is measured in: the unpacked tokens a
-        full step holds (:attr:`asyncgrpo.core.step_queue.StepQueue.tokens_per_step`)."""
+        full step holds (:attr:`asyncgrpo.core.run.step_queue.StepQueue.tokens_per_step`)."""
         self._shared.step_tokens.value = float(tokens)
         self._shared.wakeup.notify()
 
@@ -427,7 +427,7 @@ class RolloutProcess:
         included (call before releasing that step's tokens with :meth:`samples_taken`).
         Groups started while the server's policy is more than ``max_staleness`` behind it could
         only be dropped as stale, so the loop starts none
-        (:func:`asyncgrpo.core.pacing.may_start_group`)."""
+        (:func:`asyncgrpo.core.rollout.pacing.may_start_group`)."""
         self._shared.steps_taken.value = steps
         self._shared.wakeup.notify()
 

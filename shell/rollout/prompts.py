@@ -1,6 +1,6 @@
 """The rollout loop's prompts: which dataset row a prompt position reads, and its messages.
 
-Positions count prompts over epochs (:mod:`asyncgrpo.core.cursor`); without a dataset (an
+Positions count prompts over epochs (:mod:`asyncgrpo.core.rollout.cursor`); without a dataset (an
 environment makes its own prompts) every position is a fresh, empty row of epoch 0.
 
 Every row is checked where the trainer is built (:func:`check_row`, called by
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from asyncgrpo.core import cursor
+from asyncgrpo.core.rollout import cursor
 
 PROMPT_FIX = 'Write each prompt as [{"role": "user", "content": "..."}]'
 

@@ -3,9 +3,9 @@ summed, the advantages computed, the samples built and the group's metrics gathe
 
 The reward functions of a group run concurrently (synchronous ones in threads); a raising
 function fails the run with its name, and its values are checked by
-:func:`asyncgrpo.core.scoring.check_reward_values`. The environments' ``get_reward`` values
+:func:`asyncgrpo.core.rollout.scoring.check_reward_values`. The environments' ``get_reward`` values
 are a column per environment type. The samples are built by
-:func:`asyncgrpo.core.scoring.group_samples`, as the simulator builds them.
+:func:`asyncgrpo.core.rollout.scoring.group_samples`, as the simulator builds them.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import anyio
 import attrs
 import numpy as np
 
-from asyncgrpo.core import sample_wait
-from asyncgrpo.core.advantages import score_group, sum_rewards
-from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import Rollout, RolloutGroup
-from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations
-from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.core.rollout import sample_wait
+from asyncgrpo.core.rollout.advantages import score_group, sum_rewards
+from asyncgrpo.core.rollout.metrics import GroupFacts, group_observations
+from asyncgrpo.core.rollout.reconcile import reconcile_turns
+from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
 from asyncgrpo.shell.rollout.messages import GroupOutcome
 from asyncgrpo.shell.rollout.tools import is_async, reward_names
 

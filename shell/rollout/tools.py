@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from asyncgrpo.adapters.chat import (
+from asyncgrpo.adapters.models.chat import (
     ToolCall,
     assistant_message,
     environment_tools,

@@ -30,7 +30,7 @@ import attrs
 import structlog
 from torch.distributed.checkpoint.api import CheckpointException
 
-from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.core.rollout.cursor import PromptCursor
 from asyncgrpo.shell.learner import UnreadableCheckpoint, check_learner_files
 
 log = structlog.get_logger("asyncgrpo.checkpoints")

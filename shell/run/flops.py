@@ -1,6 +1,6 @@
 """``perf/fwd_bwd_mfu``: the model FLOPs of a step's rows over fwd+bwd time and a peak.
 
-The FLOP count is :mod:`asyncgrpo.core.flops`; this module reads the model's shape from its
+The FLOP count is :mod:`asyncgrpo.core.packing.flops`; this module reads the model's shape from its
 config and finds the peak: a listed GPU's datasheet peak for the training dtype, otherwise (a
 CPU, an unlisted GPU) the best of a few square matmuls timed at start with the trainer's
 threads, which is what this machine actually reaches, not a datasheet figure.
@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from asyncgrpo.core.flops import (
+from asyncgrpo.core.packing.flops import (
     ModelShape,
     gpu_peak_flops,
     matmul_flops,
     query_key_pairs,
     train_flops,
 )
-from asyncgrpo.core.packing import PackedRow
+from asyncgrpo.core.packing.tree import PackedRow
 
 PROBE_SIZE = 512
 PROBE_REPEATS = 8

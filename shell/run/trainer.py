@@ -29,8 +29,8 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler
 from transformers.utils import logging as transformers_logging
 
-from asyncgrpo.adapters.architecture_support import check_tree_packing_support
-from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
 from asyncgrpo.shell.config import rules as config_rules
@@ -50,7 +50,7 @@ from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun, TrainOutput
 from asyncgrpo.shell.servers import cpus_shared_with_server
 
 if TYPE_CHECKING:
-    from asyncgrpo.core.cpu_plan import CpuPlan
+    from asyncgrpo.core.servers.cpu_plan import CpuPlan
 
 
 _FIXED_AT_CONSTRUCTION = ("model_init_kwargs", "dtype", "trust_remote_code")

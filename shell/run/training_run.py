@@ -3,7 +3,7 @@
 One step, on rank 0:
 
 1. take the rollout process's messages: groups (their samples enter the step queue,
-   :mod:`asyncgrpo.core.step_queue`, the prompt cursor records their outcome) and loop reports
+   :mod:`asyncgrpo.core.run.step_queue`, the prompt cursor records their outcome) and loop reports
    (metrics) until the queue is ready; the wait is ``perf/rollout_wait_s``. The queue drops
    samples more than ``max_staleness`` versions old (``sample/dropped_stale_count``) or longer
    than ``token_budget`` (``batch/dropped_oversize_count``) and keeps the next step planned;
@@ -41,22 +41,17 @@ from transformers import (
     TrainerControl,
 )
 
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.core import (
-    collapse,
-    cursor,
-    metrics,
-    schedule,
-    server_outage,
-    step_queue,
-    step_time,
-    weight_sync,
-)
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.planner import batch_metrics
-from asyncgrpo.core.rollout_metrics import sample_observations
-from asyncgrpo.core.sample_wait import OVERSIZE, STALE
-from asyncgrpo.core.weight_parity import STALENESS0_GAP
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.core import metrics
+from asyncgrpo.core.packing.tree import pack_row
+from asyncgrpo.core.rollout import cursor
+from asyncgrpo.core.rollout.metrics import sample_observations
+from asyncgrpo.core.rollout.sample_wait import OVERSIZE, STALE
+from asyncgrpo.core.run import collapse, schedule, step_queue, step_time
+from asyncgrpo.core.run.planner import batch_metrics
+from asyncgrpo.core.servers import outage as server_outage
+from asyncgrpo.core.weights import sync as weight_sync
+from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome, LoopSpec, RolloutProcess
 from asyncgrpo.shell.run import checkpoints
@@ -87,7 +82,7 @@ from asyncgrpo.shell.weights import (
 )
 
 if TYPE_CHECKING:
-    from asyncgrpo.core.cpu_plan import CpuPlan
+    from asyncgrpo.core.servers.cpu_plan import CpuPlan
     from asyncgrpo.shell.config import AsyncGRPOConfig
 
 log = structlog.get_logger("asyncgrpo.trainer")

@@ -1,7 +1,7 @@
 """At the start of a run with several servers: can every server stand in for the first?
 
 Each server is asked what it offers (``/v1/models``, ``/server_info``, with top-k/top-p the
-token endpoint) and :func:`~asyncgrpo.core.server_match.check_servers` names the first server
+token endpoint) and :func:`~asyncgrpo.core.servers.match.check_servers` names the first server
 and flag that differ; the run fails there, before any weight is pushed.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import anyio
 
-from asyncgrpo.core.server_match import ServerFlags, check_servers
+from asyncgrpo.core.servers.match import ServerFlags, check_servers
 from asyncgrpo.shell.servers.endpoint import ServerSettings
 
 
 def check_servers_match(settings: ServerSettings, model: str, candidate_sets: bool) -> None:
-    """Raise :class:`~asyncgrpo.core.server_match.ServerMismatch` naming the server and the
+    """Raise :class:`~asyncgrpo.core.servers.match.ServerMismatch` naming the server and the
     flag when a server of the run does not serve ``model`` as the first one does
     (``candidate_sets``: the run samples under top-k/top-p, so the token endpoint counts)."""
     if settings.count < 2:

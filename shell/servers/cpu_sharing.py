@@ -1,4 +1,5 @@
-"""Apply :mod:`asyncgrpo.core.cpu_plan` to this process and to a server started on this host.
+"""Apply :mod:`asyncgrpo.core.servers.cpu_plan` to this process and to a server started on this
+host.
 
 The trainer enters :func:`cpus_shared_with_server` for a ``train()`` call, before it builds
 its learner (and restores this process's affinity and threads after it): on CPU,
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit
 import structlog
 import torch
 
-from asyncgrpo.core.cpu_plan import (
+from asyncgrpo.core.servers.cpu_plan import (
     CpuPlan,
     format_cpu_list,
     is_local_host,
@@ -56,7 +57,7 @@ def server_cpus_for(config: AsyncGRPOConfig) -> tuple[int, ...]:
 
 def servers_cpus_for(config: AsyncGRPOConfig, servers: int) -> tuple[tuple[int, ...], ...]:
     """The cores of each of ``servers`` local servers asyncgrpo starts: the plan's server
-    cores split between them (:func:`~asyncgrpo.core.cpu_plan.split_server_cpus`)."""
+    cores split between them (:func:`~asyncgrpo.core.servers.cpu_plan.split_server_cpus`)."""
     return split_server_cpus(server_cpus_for(config), servers)
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 
-from asyncgrpo.adapters.vllm_auth import bearer
-from asyncgrpo.adapters.vllm_client import VLLMClient
+from asyncgrpo.adapters.vllm.auth import bearer
+from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 

@@ -9,10 +9,10 @@ same seeds; the trainer pushes its current weights to it once it answers again
 (:mod:`.watch`), and only while none of them serves does the run wait, and finally fail
 (:func:`wait_for_servers`).
 
-The decisions are :mod:`asyncgrpo.core.server_outage`'s; this module holds the shared
+The decisions are :mod:`asyncgrpo.core.servers.outage`'s; this module holds the shared
 counters (:class:`SharedTrust`, in shared memory across the process boundary) and the waits:
 
-- the rollout process (:class:`RolloutGate`, a :class:`~asyncgrpo.adapters.vllm_client.ServerGate`)
+- the rollout process (:class:`RolloutGate`, a :class:`~asyncgrpo.adapters.vllm.client.ServerGate`)
   records an outage when a request finds the server gone or the server's identity changed (a
   restart no request saw), sends nothing while the trainer's weights are not known to be on
   the server, and has requests that crossed an outage re-issued;
@@ -32,10 +32,10 @@ from collections.abc import Iterator, Sequence
 import anyio
 import structlog
 
-from asyncgrpo.adapters.retries import RetryCounter, RetryPolicy, retrying
-from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
-from asyncgrpo.core import server_outage
-from asyncgrpo.core.server_outage import OutageClock, ServerTrust
+from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying
+from asyncgrpo.core.servers import outage as server_outage
+from asyncgrpo.core.servers.outage import OutageClock, ServerTrust
 
 log = structlog.get_logger("asyncgrpo.server_watch")
 _CONTEXT = mp.get_context("spawn")
@@ -60,7 +60,7 @@ class ServerOut(VLLMError):
 
 
 class SharedTrust:
-    """:class:`~asyncgrpo.core.server_outage.ServerTrust` in shared memory, plus when the
+    """:class:`~asyncgrpo.core.servers.outage.ServerTrust` in shared memory, plus when the
     pending outage was first seen (``time.time()`` seconds, comparable across processes)."""
 
     def __init__(self, url: str = "", pooled: bool = False) -> None:
@@ -181,14 +181,14 @@ class SharedServers:
 
     def all_gone_since(self) -> float | None:
         """When the last server went away, if none is routable (``time.time()`` seconds),
-        else ``None`` (:func:`~asyncgrpo.core.server_outage.all_gone_since`)."""
+        else ``None`` (:func:`~asyncgrpo.core.servers.outage.all_gone_since`)."""
         return server_outage.all_gone_since(
             [None if self.routable(i) else self.trusts[i].down_since() for i in range(len(self))]
         )
 
 
 class RolloutGate:
-    """The rollout process's :class:`~asyncgrpo.adapters.vllm_client.ServerGate`.
+    """The rollout process's :class:`~asyncgrpo.adapters.vllm.client.ServerGate`.
 
     Requests wait while an outage is pending, logging every 30 s; a gate that ``reroute``s
     (one of several servers) raises :class:`ServerOut` instead, so that the group is generated

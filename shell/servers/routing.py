@@ -1,9 +1,9 @@
 """The rollout process's side of the run's servers: a client of each, its load, its cap.
 
 :class:`ServerPool` holds per server (:class:`PooledServer`) the client (with its gate), the
-load cap adapted from that server's own ``/metrics`` (:mod:`asyncgrpo.core.pacing`), the
+load cap adapted from that server's own ``/metrics`` (:mod:`asyncgrpo.core.rollout.pacing`), the
 rollouts routed to it (``reserved``) and those holding a slot there (``in_flight``), and what
-it generated. :meth:`ServerPool.route` asks :func:`asyncgrpo.core.routing.route_group` which
+it generated. :meth:`ServerPool.route` asks :func:`asyncgrpo.core.servers.routing.route_group` which
 server the next group goes to; ``max_concurrent_rollouts`` bounds the rollouts of all servers
 together. A run with one server has a pool of one, routed to whenever the old single-server
 rules admit a group. With several, :meth:`ServerPool.observations` adds per-server metrics
@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 import anyio
 import attrs
 
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_replies import ServerMetrics
-from asyncgrpo.core import pacing, routing
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.replies import ServerMetrics
 from asyncgrpo.core.metrics import Observation, ratio, value
+from asyncgrpo.core.rollout import pacing
+from asyncgrpo.core.servers import routing
 from asyncgrpo.shell.servers.outages import ServerOut
 
 
@@ -105,7 +106,7 @@ class ServerPool:
 
     def route(self, steps_taken: int, max_staleness: int) -> int | None:
         """The server the next group goes to, or ``None`` (no room under
-        ``max_concurrent_rollouts``, or no eligible server: :func:`~asyncgrpo.core.routing.
+        ``max_concurrent_rollouts``, or no eligible server: :func:`~asyncgrpo.core.servers.routing.
         route_group`)."""
         if self.reserved >= self.max_concurrent_rollouts:
             return None

@@ -1,5 +1,5 @@
 """Foreign weights on the vLLM server: the trainer's side of
-:mod:`asyncgrpo.core.weight_parity`.
+:mod:`asyncgrpo.core.weights.parity`.
 
 After each step the trainer hands :class:`ParityGuard` the step's mean staleness-0 log-prob gap
 (``sampling/staleness0_logp_difference/mean``). Above what the trainer's and the server's dtypes
@@ -19,8 +19,8 @@ import anyio
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.core import weight_parity
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.core.weights import parity as weight_parity
 
 log = structlog.get_logger("asyncgrpo.foreign_weights")
 
@@ -33,7 +33,7 @@ class ParityGuard:
     """Counts the steps whose staleness-0 gap exceeds ``limit`` (nats); see the module doc.
 
     Args:
-        limit: :func:`~asyncgrpo.core.weight_parity.parity_limit` of the two dtypes.
+        limit: :func:`~asyncgrpo.core.weights.parity.parity_limit` of the two dtypes.
         patience: ``foreign_weights_steps`` (0 only warns).
         server_url: named in the warning and the error.
         rank0: whether this process logs.

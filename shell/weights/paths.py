@@ -7,15 +7,15 @@ weights gathered once (the disk path writes one file that every server reloads, 
 have one transfer group per server, an adapter is written once and loaded on each):
 
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
-  (:class:`~asyncgrpo.adapters.weight_transfer.DiskReload`);
+  (:class:`~asyncgrpo.adapters.transfer.files.DiskReload`);
 - :class:`EngineWeights`: streamed through the server's weight-transfer engine, ``nccl`` or
-  ``asyncgrpo_gloo`` (:class:`~asyncgrpo.adapters.engine_transfer.EngineSync`);
+  ``asyncgrpo_gloo`` (:class:`~asyncgrpo.adapters.transfer.engine.EngineSync`);
 - :class:`AdapterWeights`: a PEFT model's LoRA adapter, loaded by a server started with
-  ``--enable-lora`` (:class:`~asyncgrpo.adapters.weight_transfer.AdapterSync`); it falls back
+  ``--enable-lora`` (:class:`~asyncgrpo.adapters.transfer.files.AdapterSync`); it falls back
   to merged weights through another :class:`WeightSync` if the server refuses the first adapter.
 
 :func:`open_weight_sync` asks the server which engine it runs (rank 0) and builds the object on
-every rank; :func:`~asyncgrpo.core.weight_sync.choose_weight_transfer` makes the choice. Every
+every rank; :func:`~asyncgrpo.core.weights.sync.choose_weight_transfer` makes the choice. Every
 method is a collective over the trainer's processes; rank 0 talks to the server and gets the
 timings.
 """
@@ -39,20 +39,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_replies import ServerTransfer, VLLMError
-from asyncgrpo.adapters.weight_transfer import (
+from asyncgrpo.adapters.transfer.files import (
     AdapterSync,
     DiskReload,
     SyncTimings,
     slowest,
     write_safetensors,
 )
-from asyncgrpo.core import weight_sync
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.replies import ServerTransfer, VLLMError
+from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.shell.servers import ServerSettings
 
 if TYPE_CHECKING:
-    from asyncgrpo.adapters.engine_transfer import EngineSync
+    from asyncgrpo.adapters.transfer.engine import EngineSync
     from asyncgrpo.shell.learner import Learner
 
 log = structlog.get_logger("asyncgrpo.weight_sync")
@@ -251,7 +251,7 @@ class EngineWeights:
             self._start(index)
 
     def _start(self, index: int) -> None:
-        from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
+        from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
 
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
         self.engines[index] = EngineSync(

@@ -34,10 +34,10 @@ import attrs
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.retries import RetryCounter, RetryPolicy, retrying_blocking
-from asyncgrpo.adapters.vllm_client import ServerNotAnswering, VLLMClient, VLLMError
-from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core import server_outage
+from asyncgrpo.adapters.transfer.files import SyncTimings
+from asyncgrpo.adapters.vllm.client import ServerNotAnswering, VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_blocking
+from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings

@@ -8,13 +8,13 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.architecture_support import (
+from asyncgrpo.adapters.kernels.architecture_support import (
     UnsupportedArchitectureError,
     check_tree_packing_support,
 )
-from asyncgrpo.adapters.attention import enable_tree_attention, tree_attention_forward
-from asyncgrpo.adapters.hybrid_models import tiny_hybrid_config
-from asyncgrpo.adapters.models import tiny_config
+from asyncgrpo.adapters.kernels.attention import enable_tree_attention, tree_attention_forward
+from asyncgrpo.adapters.models.causal_lm import tiny_config
+from asyncgrpo.adapters.models.hybrid import tiny_hybrid_config
 
 SMALL = dict(
     vocab_size=64,

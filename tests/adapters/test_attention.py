@@ -8,22 +8,22 @@ from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from asyncgrpo.adapters.attention import (
+from asyncgrpo.adapters.kernels.attention import (
     TREE_ATTENTION,
     enable_tree_attention,
     tree_attention_forward,
     tree_layout,
 )
-from asyncgrpo.adapters.attention_backends import (
+from asyncgrpo.adapters.kernels.backends import (
     BackendUnavailableError,
     check_backend,
     default_backend,
 )
-from asyncgrpo.adapters.attention_layout import tree_mask_mod
-from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.core.attention_choice import cheaper_backend
-from asyncgrpo.core.flops import query_key_pairs
-from asyncgrpo.core.packing import pack_row
+from asyncgrpo.adapters.kernels.layout import tree_mask_mod
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.core.packing.attention_choice import cheaper_backend
+from asyncgrpo.core.packing.flops import query_key_pairs
+from asyncgrpo.core.packing.tree import pack_row
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 

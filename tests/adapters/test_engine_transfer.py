@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
-from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-from asyncgrpo.adapters.gloo_transfer import (
+from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
+from asyncgrpo.adapters.transfer.gloo import (
     GlooWorkerInitInfo,
     concurrently,
     open_group,
@@ -22,9 +22,9 @@ from asyncgrpo.adapters.gloo_transfer import (
     padded_nbytes,
     unpack,
 )
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_replies import ServerTransfer, server_transfer
-from asyncgrpo.adapters.vllm_server import free_port
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.replies import ServerTransfer, server_transfer
+from asyncgrpo.adapters.vllm.server import free_port
 
 from .test_weight_transfer import server_logprob_gap
 
@@ -177,7 +177,7 @@ def test_the_nccl_handshake_is_built_for_vllms_trainer_engine() -> None:
     """The NCCL path cannot run without GPUs; its init info is checked against vLLM's class."""
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-    from asyncgrpo.adapters.engine_transfer import _init_info
+    from asyncgrpo.adapters.transfer.engine import _init_info
 
     info = _init_info("nccl", "127.0.0.1", world_size=3, rank=1, timeout_s=60)
     assert isinstance(info, NCCLTrainerInitInfo) and info.backend == "nccl"
@@ -243,10 +243,10 @@ def test_the_plugin_is_an_entry_point_and_registers_the_backend_idempotently() -
         WeightTransferTrainerFactory,
     )
 
-    from asyncgrpo.adapters.vllm_plugin import register
+    from asyncgrpo.adapters.transfer.plugin import register
 
     plugins = entry_points(group="vllm.general_plugins")
-    assert "asyncgrpo.adapters.vllm_plugin:register" in {p.value for p in plugins}
+    assert "asyncgrpo.adapters.transfer.plugin:register" in {p.value for p in plugins}
     register()
     register()
     assert "asyncgrpo_gloo" in WeightTransferEngineFactory._registry

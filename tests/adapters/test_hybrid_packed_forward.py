@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-from asyncgrpo.adapters.attention import TREE_ATTENTION, enable_tree_attention
-from asyncgrpo.adapters.gated_delta_net import RECURRENT_LAYOUT_KWARG, conv_kernel_size
-from asyncgrpo.adapters.hybrid_models import tiny_hybrid_config, tiny_vision_language_config
-from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.recurrent_tree import segment_depths
+from asyncgrpo.adapters.kernels.attention import TREE_ATTENTION, enable_tree_attention
+from asyncgrpo.adapters.kernels.gated_delta_net import RECURRENT_LAYOUT_KWARG, conv_kernel_size
+from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs, row_tensors
+from asyncgrpo.adapters.models.hybrid import tiny_hybrid_config, tiny_vision_language_config
+from asyncgrpo.core.packing.recurrent_tree import segment_depths
+from asyncgrpo.core.packing.tree import pack_row
 
 VOCAB = 96
 PROMPT = np.random.default_rng(0).integers(0, VOCAB, 70).tolist()  # longer than a 64-token chunk

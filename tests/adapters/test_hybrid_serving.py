@@ -9,12 +9,12 @@ import anyio
 import pytest
 import torch
 
-from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm, save_tiny_model
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.adapters.models.causal_lm import build_tokenizer, load_causal_lm, save_tiny_model
+from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 

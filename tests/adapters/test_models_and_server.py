@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm, tiny_config
-from asyncgrpo.adapters.vllm_server import ServerSpec, ServerStartError, VLLMServer
+from asyncgrpo.adapters.models.causal_lm import build_tokenizer, load_causal_lm, tiny_config
+from asyncgrpo.adapters.vllm.server import ServerSpec, ServerStartError, VLLMServer
 
 
 def test_chat_template_is_prefix_preserving_with_tools() -> None:

@@ -10,12 +10,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.adapters.attention import enable_tree_attention
-from asyncgrpo.adapters.attention_backends import default_backend
-from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.adapters.packed_forward import packed_log_probs, row_tensors
-from asyncgrpo.core.loss_inputs import SamplerTopK
-from asyncgrpo.core.packing import pack_row
+from asyncgrpo.adapters.kernels.attention import enable_tree_attention
+from asyncgrpo.adapters.kernels.backends import default_backend
+from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs, row_tensors
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.core.loss.inputs import SamplerTopK
+from asyncgrpo.core.packing.tree import pack_row
 
 ROW = pack_row(
     [

@@ -7,10 +7,10 @@ import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 
-from asyncgrpo.adapters.chat import render_prompt
-from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
-from asyncgrpo.adapters.peft_models import wrap_with_lora
-from asyncgrpo.adapters.vision_language import frozen_prefixes, is_synced_weight
+from asyncgrpo.adapters.models.causal_lm import build_tokenizer, load_causal_lm
+from asyncgrpo.adapters.models.chat import render_prompt
+from asyncgrpo.adapters.models.lora import wrap_with_lora
+from asyncgrpo.adapters.models.vision_language import frozen_prefixes, is_synced_weight
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.optimization import build_optimizer
 

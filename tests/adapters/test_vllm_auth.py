@@ -1,6 +1,6 @@
 """A vLLM server with an API key: every route but the probes and metrics answers 401 without
 it, the dev-mode and weight-transfer routes included, whether the key is enforced by
-``--middleware asyncgrpo.adapters.vllm_auth.DevRoutesAuth`` (servers asyncgrpo starts) or by
+``--middleware asyncgrpo.adapters.vllm.auth.DevRoutesAuth`` (servers asyncgrpo starts) or by
 asyncgrpo's vLLM plugin over vLLM's own ``--api-key`` check (servers users start); a trainer
 given the key trains against it."""
 
@@ -11,8 +11,8 @@ import pytest
 from datasets import Dataset
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.vllm_auth import bearer, configured_keys, new_api_key
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.auth import bearer, configured_keys, new_api_key
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import (
+from asyncgrpo.adapters.vllm.client import (
     PromptTooLongError,
     VLLMClient,
     VLLMError,
 )
-from asyncgrpo.adapters.vllm_replies import parse_metrics
+from asyncgrpo.adapters.vllm.replies import parse_metrics
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 
 
 def run(coro_fn, *args):
@@ -112,7 +112,7 @@ def test_models_metrics_and_control_endpoints(vllm_server) -> None:
 
 def test_unreachable_server_is_retried_counted_and_raised_with_its_cause() -> None:
     """A stopped server refuses connections; the client retries, counts, then raises."""
-    from asyncgrpo.adapters.vllm_server import free_port
+    from asyncgrpo.adapters.vllm.server import free_port
 
     async def main():
         client = VLLMClient(

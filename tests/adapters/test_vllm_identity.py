@@ -2,7 +2,7 @@
 
 import anyio
 
-from asyncgrpo.adapters.vllm_identity import FreshIdentity
+from asyncgrpo.adapters.vllm.identity import FreshIdentity
 
 
 def test_callers_share_a_reading_begun_after_they_asked() -> None:
@@ -60,7 +60,7 @@ def test_a_client_is_freed_without_the_cycle_collector() -> None:
     import gc
     import weakref
 
-    from asyncgrpo.adapters.vllm_client import VLLMClient
+    from asyncgrpo.adapters.vllm.client import VLLMClient
 
     async def make_and_close() -> weakref.ref:
         client = VLLMClient("http://127.0.0.1:9", "m", timeout_s=1)

@@ -23,12 +23,12 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.scale_out.token_in_token_out.serving import ServingTokens
 from vllm.logprobs import Logprob
 
-from asyncgrpo.adapters import vllm_tokens
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient, VLLMError
-from asyncgrpo.adapters.vllm_tokens import TOKEN_ENDPOINT, parse_token_reply, token_request
-from asyncgrpo.core.candidate_sets import CandidateSetSupport
+from asyncgrpo.adapters.vllm import tokens as vllm_tokens
+from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.tokens import TOKEN_ENDPOINT, parse_token_reply, token_request
 from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.core.rollout.candidate_sets import CandidateSetSupport
 
 VOCAB, TOP_K, TEMPERATURE = 12, 6, 0.8
 

@@ -13,10 +13,10 @@ import torch
 from token_gate import allow
 from transformers import AutoModelForCausalLM
 
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 PROMPT = [1, 5, 9, 14, 3]
 

@@ -6,7 +6,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from asyncgrpo.core.advantages import (
+from asyncgrpo.core.rollout.advantages import (
     duplicate_frac,
     has_signal,
     score_group,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.attention_choice import (
+from asyncgrpo.core.packing.attention_choice import (
     DENSE,
     SEGMENTS,
     cheaper_backend,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.core.calibration import calibrate, fit_generation, windows_from_rows
-from asyncgrpo.core.prediction_figures import (
+from asyncgrpo.core.experiments.calibration import calibrate, fit_generation, windows_from_rows
+from asyncgrpo.core.experiments.prediction_figures import (
     PipelineFigures,
     compare_figures,
     pipeline_figures,
@@ -141,7 +141,7 @@ def test_with_overlap_the_generator_is_fitted_where_the_trainer_waited(
 def test_a_push_beside_the_step_is_the_servers_pause_not_generation():
     """With ``weight_push_overlap`` the step's sync is only the snapshot; at max_staleness 0 the
     trainer's wait covers the push's landing (the server stands still) before generating."""
-    from asyncgrpo.core.calibration import Window, fit_weight_sync
+    from asyncgrpo.core.experiments.calibration import Window, fit_weight_sync
 
     beside = Window(1, 1.0, 0.6, 0.01, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.21)
     inside = Window(1, 1.0, 0.4, 0.21, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.0)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.candidate_sets import (
+from asyncgrpo.core.rollout.candidate_sets import (
     SAMPLING_MASK_FLAG,
     SCALE_OUT_FLAG,
     CandidateSetSupport,

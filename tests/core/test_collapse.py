@@ -4,7 +4,7 @@ and stop the run only when asked."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.collapse import (
+from asyncgrpo.core.run.collapse import (
     SpreadSettings,
     SpreadWatch,
     Verdict,

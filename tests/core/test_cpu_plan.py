@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.cpu_plan import (
+from asyncgrpo.core.servers.cpu_plan import (
     AUTO,
     OFF,
     format_cpu_list,
@@ -91,7 +91,7 @@ def test_local_hosts() -> None:
 
 @given(st.lists(st.integers(0, 63), max_size=16, unique=True), st.integers(1, 8))
 def test_local_servers_split_the_server_cores(cores, servers) -> None:
-    from asyncgrpo.core.cpu_plan import split_server_cpus
+    from asyncgrpo.core.servers.cpu_plan import split_server_cpus
 
     shares = split_server_cpus(cores, servers)
     assert len(shares) == servers

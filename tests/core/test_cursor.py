@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.cursor import (
+from asyncgrpo.core.rollout.cursor import (
     PromptCursor,
     epoch_order,
     epochs_consumed,

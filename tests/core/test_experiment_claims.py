@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiment_claims import (
+from asyncgrpo.core.experiments.claims import (
     Claim,
     ClaimSyntaxError,
     Outcome,
@@ -17,7 +17,7 @@ from asyncgrpo.core.experiment_claims import (
     parse_claim,
     same_setting,
 )
-from asyncgrpo.core.experiment_curves import (
+from asyncgrpo.core.experiments.curves import (
     STATISTICS,
     CollapseRule,
     CurvePoint,

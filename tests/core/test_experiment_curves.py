@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiment_curves import (
+from asyncgrpo.core.experiments.curves import (
     Censored,
     CollapseRule,
     CurvePoint,

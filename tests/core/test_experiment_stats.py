@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiment_curves import Censored
-from asyncgrpo.core.experiment_stats import (
+from asyncgrpo.core.experiments.curves import Censored
+from asyncgrpo.core.experiments.stats import (
     as_numbers,
     bootstrap_interval,
     bootstrap_replicates,

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiment_claims import evaluate_claims, parse_claim
-from asyncgrpo.core.experiment_curves import Censored, CurvePoint, Run, RunCurve, Statistic
-from asyncgrpo.core.experiment_stats import summarize
-from asyncgrpo.core.experiment_table import (
+from asyncgrpo.core.experiments.claims import evaluate_claims, parse_claim
+from asyncgrpo.core.experiments.curves import Censored, CurvePoint, Run, RunCurve, Statistic
+from asyncgrpo.core.experiments.stats import summarize
+from asyncgrpo.core.experiments.table import (
     Table,
     comparison_table,
     format_number,

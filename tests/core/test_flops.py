@@ -5,15 +5,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packing_strategies import sample_sets
 
-from asyncgrpo.core.flops import (
+from asyncgrpo.core.packing.flops import (
     ModelShape,
     forward_flops,
     gpu_peak_flops,
     query_key_pairs,
     train_flops,
 )
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.step_time import STEP_PARTS, unaccounted_s, window_rates
+from asyncgrpo.core.packing.tree import pack_row
+from asyncgrpo.core.run.step_time import STEP_PARTS, unaccounted_s, window_rates
 
 shapes = st.builds(ModelShape, st.integers(1, 10**9), st.integers(1, 64), st.integers(1, 64),
                    st.integers(1, 256), st.integers(1, 8192), st.integers(1, 200_000))  # fmt: skip

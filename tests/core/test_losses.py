@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from micro_batch_loss import policy_loss
 
-from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
-from asyncgrpo.core.loss_metrics import loss_metrics
-from asyncgrpo.core.losses import clipped_surrogate, normalize_loss, token_log_probs
+from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.loss.losses import clipped_surrogate, normalize_loss, token_log_probs
+from asyncgrpo.core.loss.metrics import loss_metrics
 from asyncgrpo.core.metrics import MetricWindow, record, summarize, value
 
 LOSSES = settings(deadline=None, max_examples=60)

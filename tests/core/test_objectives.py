@@ -4,7 +4,7 @@ For every registered objective: the gradient of ``per_token_loss(...).sum()`` eq
 autograd gradient of the written-out formula (Python loops over tokens and samples, float64) on
 small random inputs; a deliberately wrong variant of the formula fails the same comparison
 (negative control); its metrics are finite, in range and agree with the formula. TRL's two
-objectives equal the functions of ``core.losses`` exactly. Then the registry, the
+objectives equal the functions of ``core.loss.losses`` exactly. Then the registry, the
 ``score_centering`` mapping and the input checks.
 
 Adding an objective: write its reference and a wrong variant below and add one line to
@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from torch import Tensor
 
-import asyncgrpo.core.objectives as objectives_package
-from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
-from asyncgrpo.core.losses import clipped_surrogate, score_centered_surrogate
-from asyncgrpo.core.objectives import (
+import asyncgrpo.core.loss.objectives as objectives_package
+from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.loss.losses import clipped_surrogate, score_centered_surrogate
+from asyncgrpo.core.loss.objectives import (
     OBJECTIVES,
     Needs,
     Objective,
@@ -699,7 +699,7 @@ def slice_case(case: Case, a: int, b: int) -> Case:
 @PROPERTY
 @given(case=cases())
 def test_m2po_bounds_the_second_moment_and_masks_no_more_than_needed(case: Case) -> None:
-    from asyncgrpo.core.objectives.m2po import m2po_keep, trust_region_tokens
+    from asyncgrpo.core.loss.objectives.m2po import m2po_keep, trust_region_tokens
 
     logp, _ = case.leaves(topk=False)
     inputs = case.inputs(logp, None)
@@ -930,7 +930,7 @@ def test_settings_have_no_defaults_and_allow_an_infinite_upper_bound() -> None:
     [info.name for info in pkgutil.iter_modules(objectives_package.__path__)],
 )
 def test_docstring_examples_of_every_objective_module(module: str) -> None:
-    loaded = importlib.import_module(f"asyncgrpo.core.objectives.{module}")
+    loaded = importlib.import_module(f"asyncgrpo.core.loss.objectives.{module}")
     result = doctest.testmod(loaded, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0, f"{module} has no worked example"
     assert result.failed == 0

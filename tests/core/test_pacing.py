@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.pacing import (
+from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.rollout.pacing import (
     GenerationLedger,
     LoadCap,
     ServerLoad,
@@ -19,7 +20,6 @@ from asyncgrpo.core.pacing import (
     samples_taken,
     token_allowance,
 )
-from asyncgrpo.core.records import TrainingSample, TrainingSequence
 
 
 def sample(version: int) -> TrainingSample:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from micro_batch_loss import policy_loss
 from packing_strategies import sample_sets
 
-from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK
-from asyncgrpo.core.packing import PackedRow, pack_row
+from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.packing.tree import PackedRow, pack_row
 
 VOCAB, DIM, MAX_POS = 6, 8, 32
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.core.packing import pack_row, shared_positions
+from asyncgrpo.core.packing.tree import pack_row, shared_positions
 
 P1, P2, P3, A1, A2, B1, B2 = 11, 12, 13, 21, 22, 31, 32
 

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.planner import added_cost, attention_cost, batch_metrics, plan_step
+from asyncgrpo.core.packing.tree import pack_row
+from asyncgrpo.core.run.planner import added_cost, attention_cost, batch_metrics, plan_step
 
 plans = st.tuples(
     sample_sets(max_groups=6), st.integers(4, 40), st.integers(1, 3), st.integers(1, 3)

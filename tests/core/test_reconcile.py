@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.reconcile import common_prefix_length, reconcile_turns
 from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.core.rollout.reconcile import common_prefix_length, reconcile_turns
 
 tokens = st.lists(st.integers(0, 5), max_size=6)
 

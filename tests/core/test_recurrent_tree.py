@@ -3,8 +3,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
-from asyncgrpo.core.packing import pack_row
-from asyncgrpo.core.recurrent_tree import recurrent_layout, segment_depths
+from asyncgrpo.core.packing.recurrent_tree import recurrent_layout, segment_depths
+from asyncgrpo.core.packing.tree import pack_row
 
 
 def path_of(row, token: int) -> list[int]:

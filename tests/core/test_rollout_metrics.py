@@ -3,11 +3,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.advantages import score_group
 from asyncgrpo.core.metrics import MetricWindow, record, summarize
-from asyncgrpo.core.reconcile import reconcile_turns
 from asyncgrpo.core.records import Rollout, TrainingSample, TrainingSequence, TurnRecord
-from asyncgrpo.core.rollout_metrics import GroupFacts, group_observations, sample_observations
+from asyncgrpo.core.rollout.advantages import score_group
+from asyncgrpo.core.rollout.metrics import GroupFacts, group_observations, sample_observations
+from asyncgrpo.core.rollout.reconcile import reconcile_turns
 
 EOS = 2
 

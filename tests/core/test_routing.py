@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.pacing import ServerLoad
-from asyncgrpo.core.routing import ServerView, eligible, load_key, load_of, route_group
+from asyncgrpo.core.rollout.pacing import ServerLoad
+from asyncgrpo.core.servers.routing import ServerView, eligible, load_key, load_of, route_group
 
 loads = st.one_of(
     st.none(),

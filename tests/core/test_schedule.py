@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.schedule import due, interval_steps
+from asyncgrpo.core.run.schedule import due, interval_steps
 
 
 @given(every=st.integers(1, 20), steps=st.integers(1, 200))

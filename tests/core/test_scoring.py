@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.advantages import score_group
 from asyncgrpo.core.records import TrainingSequence
-from asyncgrpo.core.scoring import check_reward_values, group_samples
+from asyncgrpo.core.rollout.advantages import score_group
+from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
 
 reward_or_none = st.one_of(st.none(), st.floats(allow_nan=False), st.integers(-5, 5))
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.server_match import (
+from asyncgrpo.core.servers.match import (
     FLAGS,
     ServerFlags,
     ServerMismatch,

@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.server_outage import (
+from asyncgrpo.core.servers.outage import (
     UNREACHABLE_STATUSES,
     Failure,
     OutageClock,
@@ -193,7 +193,7 @@ def test_a_push_landed_only_when_one_server_took_it(before, after) -> None:
 
 @given(st.lists(st.one_of(st.none(), st.floats(0, 1e6)), min_size=1, max_size=6))
 def test_a_pool_is_gone_only_when_every_server_is_and_since_the_last_went(down) -> None:
-    from asyncgrpo.core.server_outage import all_gone_since
+    from asyncgrpo.core.servers.outage import all_gone_since
 
     since = all_gone_since(down)
     if any(d is None for d in down):

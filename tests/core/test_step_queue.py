@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packing_strategies import make_sample
 
-from asyncgrpo.core import pacing
-from asyncgrpo.core.planner import plan_step
-from asyncgrpo.core.step_queue import (
+from asyncgrpo.core.rollout import pacing
+from asyncgrpo.core.run.planner import plan_step
+from asyncgrpo.core.run.step_queue import (
     OVERSIZE_IN_A_ROW_LIMIT,
     STEP_MARGIN,
     QueueSettings,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.sweep_plan import (
+from asyncgrpo.core.experiments.sweep_plan import (
     Action,
     Status,
     expand,

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.weight_parity import (
+from asyncgrpo.core.weights.parity import (
     PARITY_LIMITS,
     ParityWatch,
     Verdict,

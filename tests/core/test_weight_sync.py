@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.weight_sync import (
+from asyncgrpo.core.weights.sync import (
     AUTO,
     DISK,
     GLOO,

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from on_policy import on_policy
 
-from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.core.packing import PackedRow, pack_row
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tiny_run import tiny_run
 
-from asyncgrpo.adapters.engine_transfer import ResumingWeightSyncClient, WeightStream
+from asyncgrpo.adapters.transfer.engine import ResumingWeightSyncClient, WeightStream
 
 KILLED_TIMEOUT_S = 120.0
 PUSH_THAT_DIES = 2  # the first push (before step 1) must find the server; the next one dies

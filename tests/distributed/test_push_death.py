@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncgrpo.adapters.vllm_server import VLLMServer
+from asyncgrpo.adapters.vllm.server import VLLMServer
 from asyncgrpo.shell.run import read_metrics
 
 WORKER = Path(__file__).with_name("push_death_worker.py")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.core.rollout.cursor import PromptCursor
 from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.checkpoints import CheckpointError
 from asyncgrpo.shell.run.metrics_log import drop_rows_after

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from asyncgrpo.adapters.vllm_server import ServerSpec
-from asyncgrpo.core.cpu_plan import plan_cpus
+from asyncgrpo.adapters.vllm.server import ServerSpec
+from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.servers.cpu_sharing import server_cpus_for, server_on_host
 

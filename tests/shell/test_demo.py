@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from asyncgrpo.core.cpu_plan import plan_cpus
-from asyncgrpo.core.step_time import STEP_PARTS
+from asyncgrpo.core.run.step_time import STEP_PARTS
+from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.run import read_metrics
 

@@ -13,10 +13,10 @@ from packing_strategies import make_sample
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
 
-from asyncgrpo.adapters.models import build_tokenizer, load_causal_lm
-from asyncgrpo.adapters.packed_policy import candidate_mask, sampler_topk
-from asyncgrpo.core.objectives import OBJECTIVES
-from asyncgrpo.core.packing import pack_row
+from asyncgrpo.adapters.kernels.packed_policy import candidate_mask, sampler_topk
+from asyncgrpo.adapters.models.causal_lm import build_tokenizer, load_causal_lm
+from asyncgrpo.core.loss.objectives import OBJECTIVES
+from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.records import TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner

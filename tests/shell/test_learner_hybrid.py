@@ -8,8 +8,8 @@ from on_policy import on_policy
 from packing_strategies import make_sample
 from transformers import AutoModelForImageTextToText
 
-from asyncgrpo.adapters.models import load_causal_lm
-from asyncgrpo.core.packing import pack_row
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 

@@ -12,9 +12,9 @@ from loop_harness import LocalChannels, run_loop
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
-from asyncgrpo.adapters.vllm_client import PromptTooLongError
-from asyncgrpo.core.cursor import PromptCursor, request_seed
+from asyncgrpo.adapters.vllm.client import PromptTooLongError
 from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.core.rollout.cursor import PromptCursor, request_seed
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.loop import _ROLLOUT, AsyncRolloutLoop
 from asyncgrpo.shell.rollout.tools import reward_names
@@ -366,8 +366,8 @@ def test_environments_are_routed_reset_rewarded_and_reused(vllm_server, tiny_qwe
 @pytest.mark.slow  # the real retry back-off: about 15 s
 def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3) -> None:
     """Nothing listens on the port (a stopped server): the loop retries, then raises."""
-    from asyncgrpo.adapters.vllm_client import VLLMError
-    from asyncgrpo.adapters.vllm_server import ServerSpec, free_port
+    from asyncgrpo.adapters.vllm.client import VLLMError
+    from asyncgrpo.adapters.vllm.server import ServerSpec, free_port
 
     class Dead:
         base_url = f"http://127.0.0.1:{free_port()}"

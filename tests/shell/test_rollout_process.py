@@ -15,8 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
-from asyncgrpo.core import cursor
-from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.core.rollout import cursor
+from asyncgrpo.core.rollout.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import (
     AsyncRolloutLoop,

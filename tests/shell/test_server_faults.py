@@ -16,9 +16,9 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 
@@ -32,7 +32,7 @@ def prompt_ids(model_path) -> list[int]:
 
 
 class CountingGate:
-    """A :class:`~asyncgrpo.adapters.vllm_client.ServerGate` that trusts the server and counts
+    """A :class:`~asyncgrpo.adapters.vllm.client.ServerGate` that trusts the server and counts
     what the client takes for an outage."""
 
     def __init__(self) -> None:

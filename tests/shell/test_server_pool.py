@@ -8,8 +8,8 @@ import threading
 import anyio
 import pytest
 
-from asyncgrpo.adapters.weight_transfer import SyncTimings
-from asyncgrpo.core.pacing import LoadCap
+from asyncgrpo.adapters.transfer.files import SyncTimings
+from asyncgrpo.core.rollout.pacing import LoadCap
 from asyncgrpo.shell.servers import RolloutGate, ServerOut, ServerPool, SharedServers
 from asyncgrpo.shell.weights.paths import each_server, landed_timings
 

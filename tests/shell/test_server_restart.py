@@ -14,9 +14,9 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
 from asyncgrpo.shell.run.training_run import TrainingRun

@@ -26,11 +26,11 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm_client import VLLMClient
-from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
-from asyncgrpo.adapters.weight_transfer import DiskReload
-from asyncgrpo.core.server_match import ServerMismatch
+from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.core.servers.match import ServerMismatch
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
 from asyncgrpo.shell.servers import ServerGone

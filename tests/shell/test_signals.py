@@ -98,8 +98,8 @@ def engine_sync_goes_through(server, model_path) -> None:
     """A trainer's in-memory sync (the session server's gloo engine) is accepted and served."""
     from transformers import AutoModelForCausalLM
 
-    from asyncgrpo.adapters.engine_transfer import EngineSync, WeightStream
-    from asyncgrpo.adapters.vllm_client import VLLMClient
+    from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
+    from asyncgrpo.adapters.vllm.client import VLLMClient
 
     state = AutoModelForCausalLM.from_pretrained(model_path).state_dict
     stream = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],

@@ -50,7 +50,7 @@ def test_several_simulated_servers_share_the_groups_and_shorten_a_generation_bou
 ) -> None:
     """Generation-bound (max_staleness 0, a slow generator): a second server of the same
     throughput takes groups and the step gets shorter; one server logs no per-server metric."""
-    from asyncgrpo.core.prediction_figures import pipeline_figures
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
 
     steps = {}
     for servers in (1, 2):
@@ -86,7 +86,7 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
     (run / "run_spec.json").write_text(json.dumps({"config": config}))
     points = predict_servers(run, [1, 2, 4], tmp_path / "predicted")
     measured = read_metrics(run)
-    from asyncgrpo.core.prediction_figures import pipeline_figures
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
 
     assert abs(points[0].step_s / pipeline_figures(measured).step_s - 1) < 0.1
     assert points[0].step_s > points[1].step_s > points[2].step_s

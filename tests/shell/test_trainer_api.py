@@ -13,7 +13,7 @@ from huggingface_hub import constants
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
-from asyncgrpo.adapters.vllm_server import free_port
+from asyncgrpo.adapters.vllm.server import free_port
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import hub, read_metrics
 

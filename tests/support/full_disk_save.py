@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from asyncgrpo.adapters.models import load_causal_lm
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.process_group import init_distributed
-from asyncgrpo.core.cursor import PromptCursor
+from asyncgrpo.core.rollout.cursor import PromptCursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.run import checkpoints

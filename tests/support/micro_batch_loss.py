@@ -1,16 +1,21 @@
 """The loss and metrics of one micro-batch from its logits, as the learner computes them (its
-packed forward gives the log-probs; here :func:`~asyncgrpo.core.losses.token_log_probs` does),
-through the objective TRL's ``score_centering`` names (:mod:`asyncgrpo.core.objectives`)."""
+packed forward gives the log-probs; here :func:`~asyncgrpo.core.loss.losses.token_log_probs` does),
+through the objective TRL's ``score_centering`` names (:mod:`asyncgrpo.core.loss.objectives`)."""
 
 from __future__ import annotations
 
 import attrs
 from torch import Tensor
 
-from asyncgrpo.core.loss_inputs import LossConfig, SamplerTopK, check_logits, check_tensor
-from asyncgrpo.core.loss_metrics import loss_metrics
-from asyncgrpo.core.losses import normalize_loss, token_log_probs
-from asyncgrpo.core.objectives import TokenInputs, example_settings, loss_type_from, objective_for
+from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK, check_logits, check_tensor
+from asyncgrpo.core.loss.losses import normalize_loss, token_log_probs
+from asyncgrpo.core.loss.metrics import loss_metrics
+from asyncgrpo.core.loss.objectives import (
+    TokenInputs,
+    example_settings,
+    loss_type_from,
+    objective_for,
+)
 
 
 @attrs.frozen(eq=False)

@@ -1,0 +1,175 @@
+"""Tree attention: a transformers attention backend that runs a stock model on one packed row.
+
+A :class:`~asyncgrpo.core.packing.tree.PackedRow` lays a micro-batch's samples out as a prefix trie
+(batch size 1, ``T`` tokens); each token must attend to exactly its own history, the keys of
+its segment's path in the trie. This module registers :data:`TREE_ATTENTION` with
+``transformers.AttentionInterface``, so any model whose attention layers dispatch through that
+interface (Qwen3, Llama, ...) computes tree attention once switched over::
+
+    enable_tree_attention(model)            # or config._attn_implementation = TREE_ATTENTION
+    layout = tree_layout(row, device)       # once per forward, shared by every layer
+    model.model(input_ids=..., position_ids=..., use_cache=False, tree_layout=layout)
+
+**How the layout reaches the layers.** transformers forwards unknown keyword arguments of the
+model's ``forward`` down to every attention function; the :class:`TreeLayout` travels as the
+``tree_layout`` keyword (:data:`LAYOUT_KWARG`), so concurrent forwards never share state.
+
+**Why transformers' mask stays out of the way.** The mask builders (``create_causal_mask``)
+return ``None`` early for any attention name without an entry in
+``ALL_MASK_ATTENTION_FUNCTIONS``; :data:`TREE_ATTENTION` deliberately has none, so no ``[T, T]``
+causal or "packed sequence" mask is built from the non-monotonic position ids. The attention
+function refuses a mask if one ever arrives. Position ids (each token's depth in the trie) are
+the caller's to pass: they feed RoPE.
+
+The backends (``"dense"``, ``"segments"``, ``"flash_varlen"``, ``"flex"``, ``"torch_varlen"``),
+their kernels and the default choice live in :mod:`asyncgrpo.adapters.kernels.backends`; the
+layout they read in :mod:`asyncgrpo.adapters.kernels.layout`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import AttentionInterface, PreTrainedModel
+
+from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
+from asyncgrpo.adapters.kernels.backends import (
+    ModelAttention,
+    attend,
+    check_backend,
+    default_backend,
+)
+from asyncgrpo.adapters.kernels.gated_delta_net import enable_tree_gated_delta_net
+from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout, segment_spans, tree_block_mask
+from asyncgrpo.core.packing.tree import PackedRow
+
+TREE_ATTENTION = "asyncgrpo_tree"
+LAYOUT_KWARG = "tree_layout"
+
+
+def tree_layout(
+    row: PackedRow,
+    device: torch.device | str,
+    backend: Backend | None = None,
+    shape: ModelAttention | None = None,
+) -> TreeLayout:
+    """The row's :class:`TreeLayout` on ``device`` for ``backend`` (default: by device and,
+    on CPU, by the row's cost in a model of ``shape``; see :func:`default_backend`).
+
+    Raises:
+        ~asyncgrpo.adapters.kernels.backends.BackendUnavailableError: ``backend`` cannot run
+            on ``device``.
+    """
+    device = torch.device(device)
+    backend = backend or default_backend(device, row, shape)
+    check_backend(backend, device)
+    cu_q = row.cu_seqlens_q.astype(np.int64)
+    cu_k = row.cu_seqlens_k.astype(np.int64)
+    return TreeLayout(
+        backend=backend,
+        num_tokens=row.num_tokens,
+        kv_indices=torch.tensor(row.kv_indices, dtype=torch.long, device=device),
+        cu_seqlens_q=torch.tensor(row.cu_seqlens_q, dtype=torch.int32, device=device),
+        cu_seqlens_k=torch.tensor(row.cu_seqlens_k, dtype=torch.int32, device=device),
+        max_seqlen_q=int(np.diff(cu_q).max()),
+        max_seqlen_k=int(np.diff(cu_k).max()),
+        segment_spans=segment_spans(cu_q, cu_k),
+        dense_mask=torch.tensor(row.dense_mask(), device=device) if backend == "dense" else None,
+        block_mask=tree_block_mask(row, device) if backend == "flex" else None,
+    )
+
+
+def tree_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    """The attention function transformers calls in every layer under :data:`TREE_ATTENTION`.
+
+    Args:
+        module: the attention layer (unused beyond transformers' contract).
+        query: float [1, H, T, D], rotary embeddings applied.
+        key, value: float [1, H_kv, T, D], ``H`` a multiple of ``H_kv`` (GQA).
+        attention_mask: must be ``None`` (no mask is built for this backend).
+        scaling: softmax scale, ``1 / sqrt(D)`` when ``None``.
+        dropout: must be 0 (attention dropout is not supported).
+        kwargs: must hold ``tree_layout``, the row's :class:`TreeLayout`; ``sliding_window``
+            must be ``None``.
+
+    Returns:
+        ``(output, None)``: float [1, T, H, D], and no attention weights.
+    """
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(
+            f"{type(module).__name__} passes attention sinks (s_aux); tree attention does not "
+            "implement them"
+        )
+    layout = _layout_from(kwargs)
+    _check_call(query, attention_mask, dropout, kwargs.get("sliding_window"), layout)
+    q, k, v = query[0], key[0], value[0]
+    out = attend(q, k, v, layout, scaling)
+    return out.unsqueeze(0), None
+
+
+def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """Switch ``model``'s attention layers to :data:`TREE_ATTENTION`; returns ``model``.
+
+    Every forward must then pass ``tree_layout=``; switch back with
+    ``model.set_attn_implementation("sdpa")`` to run unpacked batches. Gated DeltaNet layers
+    (Qwen3.5, Qwen3-Next) follow the tree too (:mod:`asyncgrpo.adapters.kernels.gated_delta_net`).
+
+    Raises:
+        UnsupportedArchitectureError: a layer the tree-packed forward would compute wrongly
+            (see :mod:`asyncgrpo.adapters.kernels.architecture_support`).
+    """
+    check_tree_packing_support(model)
+    model.set_attn_implementation(TREE_ATTENTION)
+    enable_tree_gated_delta_net(model)
+    return model
+
+
+def _layout_from(kwargs: dict[str, object]) -> TreeLayout:
+    layout = kwargs.get(LAYOUT_KWARG)
+    if not isinstance(layout, TreeLayout):
+        raise ValueError(
+            f"attention {TREE_ATTENTION!r} needs the keyword {LAYOUT_KWARG}=TreeLayout on every "
+            f"forward, got {type(layout).__name__}: build it with tree_layout(row, device) "
+            "(packed_log_probs does), or switch the model back with "
+            "model.set_attn_implementation('sdpa')"
+        )
+    return layout
+
+
+def _check_call(
+    query: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float,
+    sliding_window: object,
+    layout: TreeLayout,
+) -> None:
+    if query.shape[0] != 1 or query.shape[2] != layout.num_tokens:
+        raise ValueError(
+            f"tree attention takes one packed row: query has batch {query.shape[0]} and "
+            f"{query.shape[2]} tokens, the layout has 1 and {layout.num_tokens}; forward "
+            "row.input_ids[None] with the layout of the same row"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            f"attention {TREE_ATTENTION!r} got a mask from transformers; the tree layout is the "
+            "mask: pass no attention_mask and register no mask function under this name"
+        )
+    if dropout:
+        raise ValueError(f"tree attention has no attention dropout, got {dropout}: set it to 0")
+    if sliding_window is not None:
+        raise ValueError(
+            f"tree attention does not implement sliding-window layers (window {sliding_window})"
+        )
+
+
+AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)

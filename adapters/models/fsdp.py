@@ -1,0 +1,119 @@
+"""FSDP2 sharding of the learner's model, its precision, and reading the sharded weights whole.
+
+**Sharding.** Each decoder layer is one FSDP2 unit, and the root unit is the
+:class:`~asyncgrpo.adapters.kernels.packed_policy.PackedPolicy` around the model, whose forward is
+the packed forward. So the parameters outside the layers (embeddings, final norm, ``lm_head``,
+called once per LM-head chunk) are gathered once per micro-batch and reduce-scattered once per
+backward, however many chunks a process's row has. Every process must hold identical weights
+before sharding (FSDP2 does not broadcast): load them from the same files.
+
+**Gradient sum across processes.** :func:`asyncgrpo.core.loss.losses.normalize_loss` divides each
+process's loss by the micro-batch's trained tokens summed over all processes (and by the number
+of micro-batches), so the step's gradient is the SUM of the processes' gradients. FSDP2's
+reduce-scatter averages by default; :func:`shard` sets every FSDP unit's gradient divide factor
+to 1 with sum reduction forced (``set_gradient_divide_factor(1.0)``,
+``set_force_sum_reduction_for_comms(True)``), so the reduce-scatter sums and the loss is used
+as is. ``tests/distributed`` checks that 2 processes update the weights exactly as 1 process
+holding all their rows.
+
+**Precision.** ``bf16`` (default: on with CUDA, off on CPU) selects FSDP2 mixed precision:
+bf16 forward and backward, fp32 gradient reduction, and fp32 master weights and optimizer
+states (trainable parameters are upcast before sharding, as accelerate does), unless
+``dtype="bfloat16"`` asks for pure bf16 training. Exported weights are in bf16 then, as TRL's
+AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from peft import PeftModel
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM (or of the base model of a ``PeftModel``)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    layers = getattr(base.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(
+            f"{type(base).__name__} has no decoder.layers ModuleList to shard with FSDP2; the "
+            "learner supports transformers decoder-only causal LMs (Qwen3, Llama, ...)"
+        )
+    return layers
+
+
+def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolicy) -> None:
+    """``fully_shard`` each decoder layer, then the root, with gradients summed over ranks."""
+    for layer in decoder_layers(policy.model):
+        fully_shard(layer, mesh=mesh, mp_policy=precision)
+    fully_shard(policy, mesh=mesh, mp_policy=precision)
+    for module in policy.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def uses_bf16(bf16: bool | None, device: torch.device) -> bool:
+    """``bf16`` (the config's), or on CUDA only when it is None."""
+    return device.type == "cuda" if bf16 is None else bf16
+
+
+def mixed_precision(bf16: bool) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 reduction under ``bf16``; no casts (the weights' dtype) else."""
+    if bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def upcast_trainable(model: nn.Module) -> None:
+    """Trainable floating parameters to fp32 in place: FSDP2 then keeps fp32 master weights."""
+    for param in model.parameters():
+        if param.requires_grad and param.is_floating_point():
+            param.data = param.data.float()
+
+
+def clip_gradients(model: nn.Module, max_grad_norm: float) -> float:
+    """Clip the sharded gradients to ``max_grad_norm`` (none when <= 0); the total norm before
+    clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    limit = max_grad_norm if max_grad_norm > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def gathered_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The unsharded state dict on the CPU in the weights' own dtypes (collective: every
+    process must call it; rank 0 gets the weights, the others an empty dict)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def iter_full_tensors(
+    model: nn.Module, keep: Callable[[str], bool]
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, unsharded tensor)`` of each state-dict entry whose name ``keep`` accepts, one
+    all-gather at a time, on the model's device (collective: every process iterates it to the
+    end in step)."""
+    for name, tensor in model.state_dict().items():
+        if keep(name):
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, full.detach()
+
+
+def meta_state_dict(model: nn.Module, keep: Callable[[str], bool]) -> dict[str, Tensor]:
+    """The state-dict entries ``keep`` accepts as meta tensors of their full (unsharded)
+    shapes and dtypes, without gathering anything."""
+    return {
+        name: torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        for name, t in model.state_dict().items()
+        if keep(name)
+    }

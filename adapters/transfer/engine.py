@@ -1,0 +1,241 @@
+"""Weight sync through a vLLM weight-transfer engine: ``nccl`` (vLLM's, GPU servers) or
+``asyncgrpo_gloo`` (:mod:`asyncgrpo.adapters.transfer.gloo`, CPU servers).
+
+The server must have been started with ``--weight-transfer-config '{"backend": ...}'``. Once per
+run the trainer joins a group with the server's workers (``/init_weight_transfer_engine``); each
+sync then pauses the server, streams every tensor of the policy to it (``/start_weight_update``,
+``/update_weights`` alongside the broadcasts, ``/finish_weight_update``), drops the KV computed
+by the old weights and resumes. Nothing touches the disk, and the server may be on another
+machine that can reach the trainer's address.
+
+A trainer interrupted between ``/start_weight_update`` and ``/finish_weight_update`` (Ctrl-C, a
+kill, a crash) leaves the server's update session open, and vLLM then refuses every later
+``/start_weight_update`` (HTTP 500, "already active"). :class:`ResumingWeightSyncClient`
+closes such a session before it starts its own: the full round that follows overwrites every
+weight the half-done one touched.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+from anyio.from_thread import start_blocking_portal
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+from asyncgrpo.adapters.transfer.files import SyncTimings
+from asyncgrpo.adapters.transfer.plugin import register
+from asyncgrpo.adapters.vllm.auth import bearer
+from asyncgrpo.adapters.vllm.client import VLLMClient
+from asyncgrpo.adapters.vllm.server import free_port
+from asyncgrpo.core.weights.sync import GLOO, NCCL
+
+
+def address_towards(url: str) -> str:
+    """This machine's address on the route to the server at ``url`` (where the server's
+    workers reach the trainer); loopback for a server on this machine.
+
+    Example:
+        >>> address_towards("http://127.0.0.1:8000")
+        '127.0.0.1'
+    """
+    host = urlsplit(url).hostname or "127.0.0.1"
+    resolved = socket.gethostbyname(host)
+    if ipaddress.ip_address(resolved).is_loopback:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((resolved, 9))  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
+
+
+class WeightStream(WeightSource):
+    """A :class:`WeightSource` over two callables: ``metadata`` lists ``(name, dtype, shape)``
+    without gathering; ``weights`` yields ``(name, tensor)`` in the same order, and is a
+    collective every trainer rank runs (see ``Learner.iter_weights``).
+
+    Each iteration is one round of that collective. The stream keeps the round it handed out,
+    so a sender that fails half way can still run the gathers the other ranks are in
+    (:meth:`finish_round`).
+    """
+
+    def __init__(
+        self,
+        metadata: Callable[[], list[tuple[str, torch.dtype, tuple[int, ...]]]],
+        weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
+    ) -> None:
+        self._metadata = metadata
+        self._weights = weights
+        self._round: Iterator[tuple[str, torch.Tensor]] | None = None
+        self._replay: list[tuple[str, torch.Tensor]] | None = None
+
+    def metadata(self) -> list[ParamMeta]:
+        if self._replay is not None:  # from the snapshot itself: the model is not touched
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._replay]
+        return [ParamMeta(name, dtype, tuple(shape)) for name, dtype, shape in self._metadata()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._replay is not None:
+            replay, self._replay = self._replay, None
+            return iter(replay)
+        self._round = iter(self._weights())
+        return self._round
+
+    def replay(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """The next round yields ``weights`` (a snapshot taken earlier) instead of gathering,
+        and the metadata comes from them: only the sender iterates it, no other rank takes
+        part, and the model is not read (the trainer may be training it meanwhile)."""
+        self._replay = weights
+
+    def new_round(self) -> None:
+        """Forget the last round: the next :meth:`finish_round` runs a whole one unless this
+        push iterates the stream first."""
+        self._round = None
+
+    def finish_round(self) -> None:
+        """Run to its end the round this push began (a whole round if it began none), so that
+        this rank takes part in every collective gather of it, as the other ranks do."""
+        if self._round is None:
+            self._round = iter(self._weights())
+        for _ in self._round:
+            pass
+
+
+class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
+    """vLLM's HTTP weight-sync client, able to start after a trainer that left a session open,
+    sending the server's API key when given one (:mod:`asyncgrpo.adapters.vllm.auth`)."""
+
+    def __init__(self, base_url: str, timeout: float = 300, api_key: str | None = None) -> None:
+        super().__init__(base_url, timeout=timeout)
+        self._headers = bearer(api_key)
+
+    def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
+        import requests
+
+        response = requests.post(f"{self.base_url}/{path}", json=json, timeout=self.timeout,
+                                 headers=self._headers)  # fmt: skip
+        response.raise_for_status()
+
+    def start_weight_update(self) -> None:
+        try:
+            super().start_weight_update()
+        except Exception as refused:
+            try:  # an open session of an interrupted trainer: close it, then start ours
+                self.finish_weight_update()
+            except Exception:
+                raise refused from None  # no session was open: the refusal has another cause
+            super().start_weight_update()
+
+
+class EngineSync:
+    """Weight sync through the server's weight-transfer engine (every trainer rank holds one).
+
+    Args:
+        base_url: the server's URL.
+        client: makes a :class:`VLLMClient` for it (rank 0 pauses and resumes the server).
+        backend: ``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started with.
+        source: the policy's weights.
+        workers: the server's model workers (``ServerTransfer.workers``).
+        rank: this trainer process's rank; rank 0 sends, the others only gather.
+        timeout_s: longest wait for the handshake and for each round.
+        api_key: the server's API key, or None.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        client: Callable[[], VLLMClient],
+        backend: str,
+        source: WeightStream,
+        *,
+        workers: int,
+        rank: int,
+        timeout_s: float,
+        api_key: str | None = None,
+    ) -> None:
+        info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
+        self.sender = rank == 0
+        self.source = source
+        self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s, api_key=api_key)
+        self.engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=self._wire, source=source
+        )
+        # Rank 0 pauses and resumes the server through one client on one event loop, kept for
+        # the run; the transfer itself stays on the calling thread (its gathers are collectives
+        # of the trainer's process group and, on GPUs, use the thread's current device).
+        self._portal: Any = None
+        if self.sender:
+            self._portal_context = start_blocking_portal()
+            self._portal = self._portal_context.__enter__()
+            self._client = client()
+
+    def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:
+        """Push the source's current weights (collective; rank 0 gets the timings).
+
+        When rank 0's side fails (the server died: the pause, the stream or the resume fails),
+        rank 0 first runs the gathers of the round the other ranks are still in, then raises:
+        every rank leaves the push after the same collectives."""
+        if not self.sender:
+            self.engine.send_weights()
+            return None
+        self.source.new_round()
+        try:
+            return self._send(barrier_s)
+        except Exception:
+            self.source.finish_round()
+            raise
+
+    def send_snapshot(self, weights: list[tuple[str, torch.Tensor]]) -> SyncTimings:
+        """Rank 0: push a snapshot of the weights taken earlier (the other ranks took part in
+        its gathers then); may run on another thread than the trainer's."""
+        if not self.sender:
+            raise RuntimeError("EngineSync.send_snapshot runs on the sending rank (rank 0)")
+        self.source.replay(weights)
+        return self._send(0.0)
+
+    def _send(self, barrier_s: float) -> SyncTimings:
+        start = time.monotonic()
+        self._portal.call(self._client.pause)
+        paused = time.monotonic()
+        try:
+            self.engine.send_weights()
+            self._portal.call(self._client.reset_prefix_cache)
+        except BaseException as failed:  # resume the server all the same, keep this cause
+            try:
+                self._portal.call(self._client.resume)
+            except Exception as also:
+                failed.add_note(f"resuming the server failed too: {type(also).__name__}: {also}")
+            raise
+        self._portal.call(self._client.resume)
+        done = time.monotonic()
+        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+
+    def close(self) -> None:
+        """Leave the group; the server keeps serving and accepts a new trainer."""
+        self.engine.shutdown()
+        if self.sender:
+            try:
+                self._wire.shutdown_weight_transfer_engine()
+            finally:
+                self._portal.call(self._client.aclose)
+                self._portal_context.__exit__(None, None, None)
+
+
+def _init_info(backend: str, address: str, world_size: int, rank: int, timeout_s: float) -> Any:
+    port = free_port(address)
+    if backend == NCCL:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(address, port, world_size, rank=rank)
+    if backend == GLOO:
+        register()
+        from asyncgrpo.adapters.transfer.gloo import GlooTrainerInitInfo
+
+        return GlooTrainerInitInfo(address, port, world_size, timeout_s, rank=rank)
+    raise ValueError(f"no trainer-side weight transfer for backend {backend!r}; use nccl or {GLOO}")

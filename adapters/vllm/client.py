@@ -1,0 +1,607 @@
+"""The vLLM HTTP API: generation, server metrics, and the weight-sync control endpoints.
+
+Token ids in, token ids and log-probs out, through ``/v1/completions``: the prompt is sent as
+token ids, ``return_token_ids`` returns the sampled ids, ``logprobs=K`` the sampled token's
+log-prob and the sampler's top ``K`` keyed by id (``return_tokens_as_token_ids``). Every
+sampling parameter is sent explicitly, with a seed unique to the request.
+
+Faults: a timeout, a dropped connection or a 5xx is retried by the one retry policy
+(:mod:`asyncgrpo.adapters.vllm.retries`: backoff, at most ``max_retries`` retries, all tries within
+``timeout_s``) and counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when the
+tries run out the last cause is raised. A 4xx is the caller's mistake and raises at once; a
+prompt the server rejects as too long raises :class:`PromptTooLongError`, which says which limit
+to raise.
+
+Idle connections: vLLM's API server closes a kept-alive connection after 5 s idle
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client lets its own idle connections go sooner
+(:data:`KEEPALIVE_EXPIRY_S`), and a request whose connection the server dropped as it went out
+is sent once more on a new connection before the drop counts as anything
+(``dropped_connection_count``): a healthy server is never taken for a lost one.
+
+A server that stops answering (frozen, overloaded to a standstill) is named within seconds: a
+call that has had no answer for ``stall_s`` probes ``/health`` on a connection of its own; while
+the server does not answer that either, the client logs ``the vLLM server at URL has not
+answered for N s`` every 10 s, and once it has been silent for ``timeout_s`` the call raises
+:class:`ServerNotAnswering`, naming the server, the setting and how to resume.
+
+A client given a :class:`ServerGate` (the rollout loop's) survives a server that goes away:
+a request that finds the server unreachable
+(:func:`~asyncgrpo.core.servers.outage.classify_failure`) is handed to the gate, which waits
+until the server is back *and* holds the trainer's weights again, and is then re-issued; a
+generation that finished across an outage is re-issued too (``regenerated_count``), since its
+tokens may come from a restarted server's checkpoint instead of the trainer's policy. A server
+that restarted while no request was in flight fails nothing; the client reads the server's
+identity (:meth:`VLLMClient.server_identity`) after every finished generation, before the gate
+may trust it, and on every ``/metrics`` scrape, and hands it to the gate
+(:func:`~asyncgrpo.core.servers.outage.identity_seen`): a new identity is an outage too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+import httpx
+import structlog
+
+from asyncgrpo.adapters.vllm import tokens as vllm_tokens
+from asyncgrpo.adapters.vllm.identity import IDENTITY_QUERY, FreshIdentity
+from asyncgrpo.adapters.vllm.replies import (
+    Generation,
+    ServerMetrics,
+    ServerTransfer,
+    VLLMError,
+    parse_generation,
+    parse_metrics,
+    server_flags,
+    server_transfer,
+)
+from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.core.rollout.candidate_sets import CandidateSetSupport
+from asyncgrpo.core.servers.match import ServerFlags
+from asyncgrpo.core.servers.outage import Failure, classify_failure
+
+
+class PromptTooLongError(VLLMError):
+    """The server rejected a request as longer than its ``--max-model-len``."""
+
+
+class ServerUnreachable(VLLMError):
+    """The server could not be reached or dropped the connection (it may be restarting)."""
+
+
+class ServerNotAnswering(VLLMError):
+    """The server took connections but answered nothing, not even ``/health``, for
+    ``vllm_server_timeout`` seconds (a frozen or wedged server)."""
+
+
+class _ServerFailed(VLLMError):
+    """A 5xx answer (retried as a failure of the try)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Aborted(VLLMError):
+    """The server returned an aborted (partial) completion."""
+
+
+def _is_aborted(error: BaseException) -> bool:
+    return isinstance(error, _Aborted)
+
+
+log = structlog.get_logger("asyncgrpo.vllm_client")
+KEEPALIVE_EXPIRY_S = 2.0
+"""Seconds the client keeps an idle connection: below vLLM's 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``),
+so that the client lets a connection go before the server closes it."""
+SILENCE_LOG_EVERY_S = 10.0
+PROBE_TIMEOUT_S = 5.0
+
+
+class ServerGate(Protocol):
+    """Whether requests may go to the server now (see :mod:`asyncgrpo.core.servers.outage`)."""
+
+    async def enter(self) -> int:
+        """Wait until the server is known to hold the trainer's weights; return the outages
+        seen so far (the request's start mark)."""
+
+    async def unreachable(self, error: BaseException) -> None:
+        """Record that the server went away; return once it is back and trusted, or raise."""
+
+    def trusted(self, started: int) -> bool:
+        """Whether a request started at mark ``started`` and finished now can be used."""
+
+    def identity_seen(self, identity: float | None) -> None:
+        """Record the server's identity read now (a new one means it restarted)."""
+
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def failure_of(error: BaseException | None, status: int | None = None) -> Failure:
+    """Classify an ``httpx`` exception (or an HTTP ``status`` >= 500) for the retry logic.
+
+    Example:
+        >>> failure_of(httpx.ConnectError("refused")).value
+        'unreachable'
+        >>> failure_of(httpx.ReadTimeout("slow")).value
+        'timeout'
+    """
+    if isinstance(error, _ServerFailed):
+        status = error.status
+    return classify_failure(
+        connect_failed=isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)),
+        dropped=isinstance(error, _DROPPED),
+        timed_out=isinstance(error, httpx.TimeoutException),
+        status=status,
+    )
+
+
+def _too_long(detail: str) -> bool:
+    return (
+        "maximum context length" in detail
+        or "max_model_len" in detail
+        or ("too long" in detail.lower())
+    )
+
+
+class VLLMClient:
+    """An async client for one vLLM server (``httpx`` + ``anyio``).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        model: the served model name.
+        timeout_s: the config's ``vllm_server_timeout``: one call's tries together, and the
+            longest the server may stay silent.
+        max_retries: retries of a timed-out, dropped or 5xx request before raising.
+        backoff_s: first backoff; doubles per retry, capped at 30 s.
+        max_connections: connection pool size (about ``max_concurrent_rollouts``).
+        gate: hands requests that find the server gone to a :class:`ServerGate` instead of
+            retrying them, and re-issues generations that crossed an outage; ``None``: plain
+            retries, then the last cause is raised.
+        stall_s: the config's ``vllm_server_stall_timeout``: a call unanswered this long probes
+            whether the server still answers.
+        headers: sent with every request (e.g. ``Authorization`` for a server's API key).
+        stall_outage: a call unanswered for ``stall_s`` whose ``/health`` probe is not answered
+            either raises :class:`ServerUnreachable` at once (handed to the gate like a refused
+            connection) instead of waiting up to ``timeout_s``: for a run with other servers to
+            turn to.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        timeout_s: float = 1800.0,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        max_connections: int = 512,
+        gate: ServerGate | None = None,
+        stall_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        stall_outage: bool = False,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.stall_outage = stall_outage
+        self.model = model
+        self.max_retries = max_retries
+        self.gate = gate
+        self.timeout_s = timeout_s
+        self.stall_s = stall_s
+        self.policy = RetryPolicy(deadline_s=timeout_s, max_attempts=max_retries + 1,
+                                  first_backoff_s=backoff_s)  # fmt: skip
+        self._retries = RetryCounter("retrying a request to the vLLM server", self.policy,
+                                     url=self.base_url)  # fmt: skip
+        self.regenerated_count = 0
+        self.dropped_connection_count = 0
+        self.identity_offered = True  # False once a reading found no identity: stop reading
+        self.fresh_identity = FreshIdentity(self.server_identity)
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+        self._headers = dict(headers or {})
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=self._timeout,
+            headers=self._headers,
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
+        )
+        self._last_answer = time.monotonic()  # of any request or probe
+        self._probe_lock = anyio.Lock()
+        self._probed_at = -float("inf")
+        self._probe_answered = True
+        self._silence_logged_at = -float("inf")
+
+    @property
+    def retry_count(self) -> int:
+        """Retries so far (of requests and of aborted generations)."""
+        return self._retries.count
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> VLLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call under the retry policy: a 2xx-4xx response, or the last failure raised (a
+        gated client raises :class:`ServerUnreachable` at once when the server is gone)."""
+        try:
+            async for attempt in retrying(self.policy, self._retryable, self._retries):
+                with attempt:
+                    return await self._send(method, path, **kwargs)
+        except (httpx.TimeoutException, httpx.TransportError, _ServerFailed) as error:
+            where = f"{method} {self.base_url}{path}"
+            cause = f"{type(error).__name__}: {error}"
+            if self.gate is not None and failure_of(error) is Failure.UNREACHABLE:
+                raise ServerUnreachable(f"{where}: {cause}") from error
+            raise VLLMError(f"{where} failed after {self.max_retries} retries: {cause}") from error
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _retryable(self, error: BaseException) -> bool:
+        if not isinstance(error, (httpx.TimeoutException, httpx.TransportError, _ServerFailed)):
+            return False
+        return self.gate is None or failure_of(error) is not Failure.UNREACHABLE
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One try: a response below 500, else :class:`_ServerFailed`. A connection the server
+        dropped as the request went out (it closed it for idleness) is tried once more on a new
+        connection, before the drop counts as a failure."""
+        what = f"{method} {path}"
+        try:
+            response = await self._watched(lambda: self._http.request(method, path, **kwargs),
+                                           what)  # fmt: skip
+        except _DROPPED:
+            self.dropped_connection_count += 1
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout,
+                                         headers=self._headers) as fresh:  # fmt: skip
+                response = await self._watched(lambda: fresh.request(method, path, **kwargs),
+                                               what)  # fmt: skip
+        if response.status_code >= 500:
+            raise _ServerFailed(f"{what}: HTTP {response.status_code}: {response.text[:500]}",
+                                response.status_code)  # fmt: skip
+        return response
+
+    async def _watched(self, send: Callable[[], Awaitable[httpx.Response]],
+                       what: str) -> httpx.Response:  # fmt: skip
+        """``send()``, watched: while it has no answer the server is probed, its silence
+        logged, and after ``timeout_s`` of silence the call raises :class:`ServerNotAnswering`."""
+        started = time.monotonic()
+        outcome: list[httpx.Response | BaseException] = []
+        async with anyio.create_task_group() as group:
+
+            async def run() -> None:
+                try:
+                    outcome.append(await send())
+                except Exception as error:  # handed to the caller below, unwrapped
+                    outcome.append(error)
+                group.cancel_scope.cancel()
+
+            async def watch() -> None:
+                silent = await self._until_silent_too_long(started, what)
+                if self.stall_outage:
+                    outcome.append(ServerUnreachable(
+                        f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
+                        f"({what}), not even /health"))  # fmt: skip
+                    group.cancel_scope.cancel()
+                    return
+                outcome.append(ServerNotAnswering(
+                    f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
+                    f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
+                    "but answers nothing, not even /health. Restart it and resume the run "
+                    "(resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
+                group.cancel_scope.cancel()
+
+            group.start_soon(run)
+            group.start_soon(watch)
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        self._last_answer = time.monotonic()
+        return result
+
+    async def _until_silent_too_long(self, started: float, what: str) -> float:
+        """Return once the server has answered nothing (no call, no probe) for ``timeout_s``
+        since ``started`` (``stall_outage``: once a probe after ``stall_s`` of silence is not
+        answered); probe ``/health`` every ``stall_s`` of silence and log it."""
+        while True:
+            silent_from = max(started, self._last_answer)
+            await anyio.sleep(max(0.0, silent_from + self.stall_s - time.monotonic()))
+            if time.monotonic() - max(started, self._last_answer) < self.stall_s:
+                continue  # something answered meanwhile
+            if await self._answers():
+                continue
+            silent = time.monotonic() - max(started, self._last_answer)
+            if silent >= self.timeout_s or self.stall_outage:
+                return silent
+            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S:
+                self._silence_logged_at = time.monotonic()
+                log.warning(f"the vLLM server at {self.base_url} has not answered for "
+                            f"{silent:.0f} s", call=what,
+                            fails_after_s=round(self.timeout_s))  # fmt: skip
+            await anyio.sleep(min(SILENCE_LOG_EVERY_S / 5, self.stall_s))
+
+    async def _answers(self) -> bool:
+        """Whether ``/health`` answers now, on a connection of its own (one probe at a time
+        for all the calls that ask; a probe less than a second old is reused)."""
+        async with self._probe_lock:
+            if time.monotonic() - self._probed_at < 1.0:
+                return self._probe_answered
+            timeout = min(PROBE_TIMEOUT_S, self.stall_s, self.timeout_s)
+            try:
+                async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
+                                             headers=self._headers) as probe:  # fmt: skip
+                    await probe.get("/health")
+                answered = True
+            except (httpx.TimeoutException, httpx.TransportError):
+                answered = False
+            self._probed_at = time.monotonic()
+            self._probe_answered = answered
+            if answered:
+                self._last_answer = self._probed_at
+            return answered
+
+    @staticmethod
+    def _raise_for_client_error(response: httpx.Response, what: str) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            detail = str(response.json().get("error", {}).get("message") or response.text)
+        except ValueError:
+            detail = response.text
+        if _too_long(detail):
+            raise PromptTooLongError(
+                f"{what}: the server rejected the request as too long: {detail[:400]} -- raise "
+                "the server's --max-model-len (and max_model_len of the run), or lower "
+                "max_completion_length / shorten prompts"
+            )
+        raise VLLMError(f"{what}: HTTP {response.status_code}: {detail[:1000]}")
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        model: str | None = None,
+        candidate_sets_logprobs: int | None = None,
+    ) -> Generation:
+        """Sample one completion of ``prompt_ids`` (from ``model``, e.g. a LoRA adapter's
+        name, instead of the client's model when given).
+
+        With ``candidate_sets_logprobs`` (the plan's ``logprobs_to_request``) the request goes
+        to the token endpoint and the generation carries each token's candidate set."""
+        if candidate_sets_logprobs is not None:
+            body = vllm_tokens.token_request(
+                list(prompt_ids), params, seed, model or self.model, candidate_sets_logprobs
+            )
+            return await self._generate_until_not_aborted(
+                vllm_tokens.TOKEN_ENDPOINT, body,
+                lambda reply: vllm_tokens.parse_token_reply(reply, params.num_sampler_logprobs),
+            )  # fmt: skip
+        body = {
+            "model": model or self.model,
+            "prompt": list(prompt_ids),
+            **params.request_fields(seed),
+            "logprobs": max(params.num_sampler_logprobs, 0),
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "stream": False,
+        }
+        return await self._generate_until_not_aborted(
+            "/v1/completions", body, lambda reply: self._one_choice(reply, params)
+        )
+
+    @staticmethod
+    def _one_choice(reply: Any, params: SamplingParams) -> Generation:
+        choices = reply.get("choices") or []
+        if len(choices) != 1:
+            raise VLLMError(f"generation: expected 1 choice, server returned {len(choices)}")
+        return parse_generation(choices[0], params.num_sampler_logprobs)
+
+    async def _generate_until_not_aborted(
+        self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
+    ) -> Generation:
+        """A whole generation: one the server aborted (a pause with ``mode=abort``) is asked
+        again under the retry policy, and a partial completion is never returned."""
+        try:
+            async for attempt in retrying(self.policy, _is_aborted, self._retries):
+                with attempt:
+                    generation = await self._generate_trusted(path, body, parse)
+                    if generation.finish_reason == "abort":
+                        raise _Aborted("the server aborted the request")
+                    return generation
+        except _Aborted as error:
+            raise VLLMError(
+                f"generation: the server aborted the request {self.max_retries + 1} times "
+                "(someone paused it with mode=abort or aborted requests); a partial completion "
+                "is never trained"
+            ) from error
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _generate_trusted(
+        self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
+    ) -> Generation:
+        """One generation; a gated client sends it again while it crosses an outage (the
+        server went away while it ran, or restarted before it could be trusted)."""
+        while True:
+            started = await self.gate.enter() if self.gate is not None else 0
+            try:
+                response = await self._request("POST", path, json=body)
+            except ServerUnreachable as error:
+                assert self.gate is not None  # only a gated client raises it
+                await self.gate.unreachable(error)
+                self.regenerated_count += 1  # the server went away while it ran: send again
+                continue
+            self._raise_for_client_error(response, "generation")
+            generation = parse(response.json())
+            if self.gate is not None and not await self._trusted_now(started):
+                self.regenerated_count += 1  # sampled across an outage: unknown weights
+                continue
+            return generation
+
+    async def _trusted_now(self, started: int) -> bool:
+        """Gated: whether a generation started at mark ``started`` and finished before this
+        call may be used, after a reading of the server's identity begun after it finished."""
+        assert self.gate is not None
+        if self.identity_offered:
+            try:
+                identity = await self.fresh_identity.after_now()
+            except ServerUnreachable as error:
+                await self.gate.unreachable(error)
+                return False
+            self.gate.identity_seen(identity)
+        return self.gate.trusted(started)
+
+    async def server_identity(self) -> float | None:
+        """The server's identity (:mod:`~asyncgrpo.adapters.vllm.identity`), which changes
+        when it restarts; ``None`` when the server has no ``/metrics`` or does not export it
+        (then ``identity_offered`` turns false). Raises :class:`ServerUnreachable` on a gated
+        client whose server is gone."""
+        response = await self._request("GET", "/metrics", params=IDENTITY_QUERY)
+        if response.status_code == 404:
+            self.identity_offered = False
+            return None
+        self._raise_for_client_error(response, "/metrics")
+        identity = parse_metrics(response.text).identity
+        self.identity_offered = identity is not None
+        return identity
+
+    async def max_model_len(self) -> int:
+        """The served model's ``max_model_len`` from ``/v1/models``."""
+        response = await self._request("GET", "/v1/models")
+        self._raise_for_client_error(response, "/v1/models")
+        for entry in response.json().get("data", []):
+            if entry.get("id") == self.model:
+                return int(entry["max_model_len"])
+        names = [e.get("id") for e in response.json().get("data", [])]
+        raise VLLMError(f"the server does not serve model {self.model!r}; it serves {names}")
+
+    async def metrics(self) -> ServerMetrics | None:
+        """One /metrics scrape, or ``None`` when the server has no /metrics endpoint; a gated
+        client waits out an outage (see :class:`ServerGate`) and scrapes again, and hands the
+        server's identity to the gate."""
+        while True:
+            try:
+                response = await self._request("GET", "/metrics")
+                break
+            except ServerUnreachable as error:
+                assert self.gate is not None
+                await self.gate.unreachable(error)
+        if response.status_code == 404:
+            return None
+        self._raise_for_client_error(response, "/metrics")
+        snapshot = parse_metrics(response.text)
+        if self.gate is not None:
+            self.gate.identity_seen(snapshot.identity)
+        return snapshot
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers ``/health`` with 200 and serves the client's model now
+        (one try each, no retries: a probe while waiting for a restarted server)."""
+        try:
+            health = await self._http.get("/health", timeout=timeout_s)
+            if health.status_code != 200:
+                return False
+            models = await self._http.get("/v1/models", timeout=timeout_s)
+        except (httpx.TimeoutException, httpx.TransportError):
+            return False
+        if models.status_code != 200:
+            return False
+        return any(m.get("id") == self.model for m in models.json().get("data", []))
+
+    async def server_config(self) -> dict[str, Any] | None:
+        """The server's ``vllm_config`` from ``/server_info`` as JSON, or ``None`` when the
+        server does not expose it (started without ``VLLM_SERVER_DEV_MODE=1``)."""
+        response = await self._request(
+            "GET", "/server_info", params={"config_format": "json"}, timeout=60.0
+        )
+        if response.status_code == 404:
+            return None
+        self._raise_for_client_error(response, "/server_info")
+        config = response.json().get("vllm_config")
+        if not isinstance(config, dict):
+            raise VLLMError(f"/server_info: vllm_config is not an object: {str(config)[:200]}")
+        return config
+
+    async def candidate_set_support(self) -> CandidateSetSupport:
+        """Whether the server records sampling masks (``/server_info``) and serves the token
+        endpoint (an empty request to it: 403 when ``--enable-scale-out`` is off)."""
+        config = await self.server_config()
+        probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+        return vllm_tokens.candidate_set_support(config, probe.status_code)
+
+    async def server_flags(self, probe_token_endpoint: bool = False) -> ServerFlags:
+        """What the server offers that a run relies on (``/v1/models`` and ``/server_info``;
+        with ``probe_token_endpoint``, whether it serves the token endpoint), to compare the
+        servers of a run (:func:`~asyncgrpo.core.servers.match.check_servers`)."""
+        response = await self._request("GET", "/v1/models")
+        self._raise_for_client_error(response, "/v1/models")
+        config = await self.server_config()
+        token_endpoint = None
+        if probe_token_endpoint:
+            probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+            support = vllm_tokens.candidate_set_support(config, probe.status_code)
+            token_endpoint = support.serves_token_endpoint
+        return server_flags(response.json(), config, self.model, token_endpoint)
+
+    async def weight_transfer(self) -> ServerTransfer | None:
+        """The server's weight-transfer engine and workers, or ``None`` when it has no
+        ``/server_info`` (started without ``VLLM_SERVER_DEV_MODE=1``)."""
+        config = await self.server_config()
+        return None if config is None else server_transfer(config)
+
+    async def _post(self, path: str, **kwargs: Any) -> Any:
+        response = await self._request("POST", path, **kwargs)
+        self._raise_for_client_error(response, path)
+        if not response.content:
+            return None
+        if "json" in response.headers.get("content-type", ""):
+            return response.json()
+        return response.text
+
+    async def pause(self) -> None:
+        """Pause the scheduler for a weight update; needs ``VLLM_SERVER_DEV_MODE=1``.
+
+        In-flight requests are frozen (``mode=keep``), not aborted: they continue after
+        :meth:`resume`, and each token's sampler log-prob is that of the policy that sampled it.
+        """
+        await self._post("/pause", params={"mode": "keep"})
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop all cached KV, preempting running requests so that their KV is recomputed
+        under the current weights when they continue; raises if the server could not."""
+        reply = await self._post("/reset_prefix_cache", params={"reset_running_requests": True})
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise VLLMError(
+                "/reset_prefix_cache: the server kept its prefix cache (blocks still held); "
+                "KV computed by the old weights would be reused"
+            )
+
+    async def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> list[Any]:
+        """Call ``method`` on every worker; returns each worker's result."""
+        payload = {"method": method, "args": list(args), "kwargs": dict(kwargs or {})}
+        result = await self._post("/collective_rpc", json=payload)
+        return list((result or {}).get("results", []))
+
+    async def load_lora_adapter(self, name: str, path: str, in_place: bool = False) -> None:
+        """Register a LoRA adapter (needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``);
+        ``in_place`` replaces one loaded under ``name`` (else the server refuses the name)."""
+        body = {"lora_name": name, "lora_path": path, "load_inplace": in_place}
+        await self._post("/v1/load_lora_adapter", json=body)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._post("/v1/unload_lora_adapter", json={"lora_name": name})

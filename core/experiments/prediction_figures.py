@@ -1,0 +1,129 @@
+"""The figures a simulator's prediction is scored on, read from a run's (or a simulation's)
+``metrics.jsonl`` windows, and the errors of predicted against measured ones
+(:mod:`asyncgrpo.core.experiments.calibration` fits the simulator; this module scores it)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from asyncgrpo.core.experiments.calibration import STALENESS, STEP, WAIT, metric_number
+
+
+@attrs.frozen
+class PipelineFigures:
+    """What a prediction is scored on, over a run's windows (weighted by their steps).
+
+    Attributes:
+        step_s: mean ``perf/step_s``.
+        staleness: mean ``sample/staleness_mean`` (None if not logged).
+        trainer_idle_frac: summed ``perf/rollout_wait_s`` over summed ``perf/step_s``.
+        generator_idle_frac: the share of the run the generator ran no request (None when not
+            measured: the trainer does not log it; a poller of the server's /metrics or the
+            simulator gives it).
+    """
+
+    step_s: float
+    staleness: float | None
+    trainer_idle_frac: float
+    generator_idle_frac: float | None = None
+
+
+def pipeline_figures(
+    rows: Sequence[Mapping[str, Any]],
+    generator_idle_frac: float | None = None,
+    skip_windows: int = 1,
+) -> PipelineFigures:
+    """The figures of a run's (or a simulation's) windows after the first ``skip_windows``.
+
+    Example:
+        >>> rows = [{"step": 2, "perf/step_s": 1.0, "perf/rollout_wait_s": 0.5},
+        ...         {"step": 4, "perf/step_s": 2.0, "perf/rollout_wait_s": 0.5,
+        ...          "sample/staleness_mean": 1.0}]
+        >>> pipeline_figures(rows, skip_windows=0)
+        PipelineFigures(step_s=1.5, staleness=1.0, trainer_idle_frac=0.3333333333333333, \
+generator_idle_frac=None)
+    """
+    step_total = wait_total = steps_total = 0.0
+    stale_total = stale_steps = 0.0
+    previous = 0
+    for index, row in enumerate(rows):
+        step = int(row["step"])
+        steps, previous = step - previous, step
+        step_s = metric_number(row, STEP)
+        if index < skip_windows or step_s is None or steps < 1:
+            continue
+        step_total += step_s * steps
+        wait_total += (metric_number(row, WAIT) or 0.0) * steps
+        steps_total += steps
+        staleness = metric_number(row, STALENESS)
+        if staleness is not None:
+            stale_total += staleness * steps
+            stale_steps += steps
+    if steps_total == 0:
+        raise ValueError(f"no window with {STEP} to score")
+    return PipelineFigures(
+        step_s=step_total / steps_total,
+        staleness=stale_total / stale_steps if stale_steps else None,
+        trainer_idle_frac=wait_total / step_total if step_total > 0 else 0.0,
+        generator_idle_frac=generator_idle_frac,
+    )
+
+
+@attrs.frozen
+class FigureError:
+    """One figure, predicted against measured.
+
+    Attributes:
+        name: ``step_s``, ``staleness``, ``trainer_idle_frac`` or ``generator_idle_frac``.
+        predicted, measured: the values.
+        absolute: ``predicted - measured``.
+        relative: ``(predicted - measured) / measured``; None when measured is 0 (a relative
+            error of an idle share of 0, or of staleness 0, means nothing: read ``absolute``).
+    """
+
+    name: str
+    predicted: float
+    measured: float
+    absolute: float
+    relative: float | None
+
+
+def compare_figures(
+    predicted: PipelineFigures, measured: PipelineFigures
+) -> tuple[FigureError, ...]:
+    """Predicted against measured, for each figure both sides have.
+
+    Example:
+        >>> predicted, measured = PipelineFigures(1.1, 0.5, 0.2), PipelineFigures(1.0, 0.0, 0.25)
+        >>> errors = compare_figures(predicted, measured)
+        >>> [(e.name, round(e.absolute, 3), e.relative and round(e.relative, 3)) for e in errors]
+        [('step_s', 0.1, 0.1), ('staleness', 0.5, None), ('trainer_idle_frac', -0.05, -0.2)]
+    """
+    out = []
+    for field in attrs.fields(PipelineFigures):
+        p, m = getattr(predicted, field.name), getattr(measured, field.name)
+        if p is None or m is None:
+            continue
+        relative = (p - m) / m if m != 0 else None
+        out.append(FigureError(field.name, p, m, p - m, relative))
+    return tuple(out)
+
+
+def worst_relative_error(
+    errors: Sequence[FigureError], names: Sequence[str] = ("step_s",)
+) -> float:
+    """The largest absolute relative error among ``names`` (the held-out goal is step time
+    within 10%); NaN when none of them has a relative error.
+
+    Example:
+        >>> predicted, measured = PipelineFigures(1.1, None, 0.2), PipelineFigures(1.0, None, 0.25)
+        >>> errors = compare_figures(predicted, measured)
+        >>> round(worst_relative_error(errors, ["step_s", "trainer_idle_frac"]), 3)
+        0.2
+    """
+    found = [abs(e.relative) for e in errors if e.name in names and e.relative is not None]
+    return max(found) if found else math.nan

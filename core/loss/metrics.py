@@ -1,0 +1,109 @@
+"""The loss metrics of TRL's AsyncGRPOTrainer over one micro-batch's trained tokens.
+
+:func:`loss_metrics` turns the policy's and the sampler's log-probs at the N trained tokens into
+the ``sampling/*``, ``entropy`` and ``clip_ratio/*`` metrics, without grad, in one
+device-to-host copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from asyncgrpo.core.loss.importance_sampling import importance_keep, importance_ratio, sampler_mass
+from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
+
+_BASE_METRICS = (
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/masked_mean",
+    "entropy",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+)
+_SAMPLER_MASS = "sampling/sampler_mass"
+
+
+@torch.no_grad()
+def loss_metrics(
+    logp: Tensor,
+    sampler_logp: Tensor,
+    entropy: Tensor,
+    sample_index: Tensor,
+    config: LossConfig,
+    topk: SamplerTopK | None = None,
+) -> dict[str, float]:
+    """The loss metrics of TRL's AsyncGRPOTrainer over the N trained tokens, computed without grad.
+
+    * ``sampling/importance_sampling_ratio/{min,mean,max}``: of ``r`` before masking;
+    * ``sampling/sampling_logp_difference/{mean,max}``: of ``|logp - sampler_logp|`` (nats);
+    * ``sampling/masked_mean``: fraction of tokens dropped by the keep range;
+    * ``entropy``: mean entropy (nats);
+    * ``clip_ratio/region_mean``: fraction with ``r`` outside ``[1 - eps, 1 + eps_high]``
+      whatever the advantage's sign (in score-centering mode nothing is clipped; these only
+      count tokens outside the trust region); ``clip_ratio/low_mean`` (``r < 1 - eps``) and
+      ``clip_ratio/high_mean`` (``r > 1 + eps_high``);
+    * ``clip_ratio/low_min``, ``clip_ratio/high_max``: min (max) over completions of each
+      completion's fraction of its tokens in this micro-batch below (above) the trust region;
+    * ``sampling/sampler_mass`` (only with ``topk``): mean of :func:`sampler_mass`.
+
+    With N = 0 every metric is NaN (a metric window ignores it). All values come back in one
+    device-to-host copy.
+
+    Args:
+        logp: float [N] policy log-probs of the targets (nats).
+        sampler_logp: float [N] the sampler's log-probs of the targets (nats).
+        entropy: float [N] per-position entropy (nats).
+        sample_index: long [N] the completion each token belongs to.
+        config: trust region and keep range.
+        topk: the sampler's top-K, in score-centering mode.
+
+    Example:
+        >>> m = loss_metrics(torch.log(torch.tensor([0.5, 0.5])),
+        ...                  torch.log(torch.tensor([0.25, 0.5])), torch.zeros(2),
+        ...                  torch.tensor([7, 9]), LossConfig())
+        >>> m["sampling/importance_sampling_ratio/max"], m["clip_ratio/high_max"]
+        (2.0, 1.0)
+    """
+    names = _BASE_METRICS + ((_SAMPLER_MASS,) if topk is not None else ())
+    if logp.shape[0] == 0:
+        return dict.fromkeys(names, math.nan)
+    logp = logp.detach()
+    dtype = logp.dtype
+    ratio = importance_ratio(logp, sampler_logp.to(dtype))
+    difference = (logp - sampler_logp.to(dtype)).abs()
+    low, high = config.trust_region
+    below, above = ratio < low, ratio > high
+    values = [
+        ratio.min(),
+        ratio.mean(),
+        ratio.max(),
+        difference.mean(),
+        difference.max(),
+        (~importance_keep(ratio, config)).to(dtype).mean(),
+        entropy.to(dtype).mean(),
+        (below | above).to(dtype).mean(),
+        below.to(dtype).mean(),
+        _fraction_per_sample(below, sample_index, dtype).min(),
+        above.to(dtype).mean(),
+        _fraction_per_sample(above, sample_index, dtype).max(),
+    ]
+    if topk is not None:
+        values.append(sampler_mass(topk).to(dtype).mean())
+    return dict(zip(names, torch.stack([v.to(dtype) for v in values]).tolist(), strict=True))
+
+
+def _fraction_per_sample(flags: Tensor, sample_index: Tensor, dtype: torch.dtype) -> Tensor:
+    order = torch.argsort(sample_index, stable=True)
+    _, counts = torch.unique_consecutive(sample_index[order], return_counts=True)
+    totals = flags[order].long().cumsum(0)[counts.cumsum(0) - 1]
+    hits = torch.diff(totals, prepend=totals.new_zeros(1))
+    return hits.to(dtype) / counts.to(dtype)

@@ -1,0 +1,202 @@
+"""The metrics of one scored group, as observations for a metric window.
+
+Everything TRL's AsyncGRPOTrainer logs per rollout or per group at scoring time: ``reward*``,
+``rewards/{name}/*``, ``frac_reward_zero_std``, ``completions/*``, ``rollout/turns_*``,
+``rollout/samples_per_rollout``, ``rollout/fork_frac``, ``rollout/drift_tokens_*`` and, when the
+trainer has tools, ``tools/call_frequency``, ``tools/failure_frequency`` and
+``tools/loop_exhausted_frac``; and the ``sample/*`` metrics of the samples a trainer step
+takes (:func:`sample_observations`). Values measured per rollout or sample carry their
+weight, so a window averages over items (:mod:`asyncgrpo.core.metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from asyncgrpo.core.metrics import Observation, ratio, value
+from asyncgrpo.core.records import Rollout, TrainingSample
+from asyncgrpo.core.rollout.advantages import GroupScore, duplicate_frac
+from asyncgrpo.core.rollout.reconcile import Reconciled
+
+
+@attrs.frozen
+class GroupFacts:
+    """What the metrics of a group are computed from.
+
+    Attributes:
+        rollouts: the group's rollouts.
+        reconciled: each rollout's reconciliation.
+        score: rewards, advantages and the keep decision.
+        reward_columns: per named source (reward function name, or environment class name),
+            one reward or ``None`` per rollout.
+        eos_token_ids: tokens that end a completion (a rollout whose last turn ends with one
+            terminated; otherwise it was clipped).
+        has_tools: whether the trainer exposes tools (tool metrics are logged only then).
+        loop_exhausted: per rollout, whether the tool loop stopped at
+            ``max_tool_calling_iterations`` while still calling tools.
+    """
+
+    rollouts: Sequence[Rollout]
+    reconciled: Sequence[Reconciled]
+    score: GroupScore
+    reward_columns: Mapping[str, Sequence[float | None]]
+    eos_token_ids: Collection[int]
+    has_tools: bool = False
+    loop_exhausted: Sequence[bool] = ()
+
+
+def _terminated(rollout: Rollout, eos: Collection[int]) -> bool:
+    last = next((t for t in reversed(rollout.turns) if t.output_ids), None)
+    return last is not None and last.output_ids[-1] in eos
+
+
+def _length_observations(facts: GroupFacts) -> list[Observation]:
+    lengths = [len(r.completion_ids) for r in facts.rollouts]
+    terminated = [n for r, n in zip(facts.rollouts, lengths, strict=True)
+                  if _terminated(r, facts.eos_token_ids)]  # fmt: skip
+    obs = [
+        value("completions/mean_length", float(np.mean(lengths)), weight=len(lengths)),
+        value("completions/min_length", float(min(lengths))),
+        value("completions/max_length", float(max(lengths))),
+        ratio("completions/clipped_ratio", len(lengths) - len(terminated), len(lengths)),
+    ]
+    if terminated:
+        obs += [
+            value(
+                "completions/mean_terminated_length",
+                float(np.mean(terminated)),
+                weight=len(terminated),
+            ),
+            value("completions/min_terminated_length", float(min(terminated))),
+            value("completions/max_terminated_length", float(max(terminated))),
+        ]
+    return obs
+
+
+def _reward_observations(facts: GroupFacts) -> list[Observation]:
+    score = facts.score
+    rewards = score.rewards
+    scored = rewards[~np.isnan(rewards)]
+    kept_samples = sum(len(r.sequences) for r in facts.reconciled) if score.kept else 0
+    obs = [value("frac_reward_zero_std", 0.0 if score.kept else 1.0)]
+    if scored.size:
+        obs.append(value("reward", float(scored.mean()), weight=scored.size))
+        name = "reward_kept" if score.kept else "reward_dropped"
+        obs.append(value(name, float(scored.mean()), weight=scored.size))
+    if kept_samples:
+        obs.append(value("reward_group_std", score.group_std, weight=kept_samples))
+    for source, column in facts.reward_columns.items():
+        values = np.array([v for v in column if v is not None], dtype=np.float64)
+        if values.size:
+            obs.append(value(f"rewards/{source}/mean", float(values.mean()), weight=values.size))
+        if kept_samples and values.size >= 2:
+            obs.append(
+                value(f"rewards/{source}/group_std", float(values.std(ddof=1)), weight=kept_samples)
+            )
+    return obs
+
+
+def _turn_observations(facts: GroupFacts) -> list[Observation]:
+    turns = [len(r.turns) for r in facts.rollouts]
+    drift = [d for r in facts.reconciled for d in r.drift_tokens]
+    obs = [
+        value("rollout/turns_mean", float(np.mean(turns)), weight=len(turns)),
+        value("rollout/turns_max", float(max(turns))),
+        value(
+            "rollout/samples_per_rollout",
+            float(np.mean([len(r.sequences) for r in facts.reconciled])),
+            weight=len(facts.reconciled),
+        ),
+        ratio(
+            "rollout/fork_frac",
+            sum(r.forks for r in facts.reconciled),
+            sum(r.transitions for r in facts.reconciled),
+        ),
+        value(
+            "completions/duplicate_frac",
+            duplicate_frac([tuple(t.output_ids for t in r.turns) for r in facts.rollouts]),
+        ),
+        value(
+            "completions/distinct_per_group",
+            float(len({tuple(t.output_ids for t in r.turns) for r in facts.rollouts})),
+        ),
+    ]
+    if drift:
+        obs += [
+            value("rollout/drift_tokens_mean", float(np.mean(drift)), weight=len(drift)),
+            value("rollout/drift_tokens_max", float(max(drift))),
+        ]
+    return obs
+
+
+def _tool_observations(facts: GroupFacts) -> list[Observation]:
+    calls = sum(r.tool_call_count for r in facts.rollouts)
+    failures = sum(r.tool_failure_count for r in facts.rollouts)
+    exhausted = list(facts.loop_exhausted) or [False] * len(facts.rollouts)
+    return [
+        ratio("tools/call_frequency", calls, len(facts.rollouts)),
+        ratio("tools/failure_frequency", failures, calls),
+        ratio("tools/loop_exhausted_frac", sum(exhausted), len(exhausted)),
+    ]
+
+
+def group_observations(facts: GroupFacts) -> list[Observation]:
+    """Observations of one scored group (dropped groups included, as TRL's AsyncGRPOTrainer
+    counts them).
+
+    Example:
+        >>> from asyncgrpo.core.rollout.advantages import score_group
+        >>> from asyncgrpo.core.rollout.reconcile import reconcile_turns
+        >>> from asyncgrpo.core.records import TurnRecord
+        >>> rollouts = [Rollout([], [7, 2], [TurnRecord([1], [7, 2], [-1.0, -1.0])]),
+        ...             Rollout([], [8], [TurnRecord([1], [8], [-1.0])])]
+        >>> facts = GroupFacts(rollouts, [reconcile_turns(r.turns) for r in rollouts],
+        ...                    score_group(np.array([1.0, 0.0])), {"f": [1.0, 0.0]}, {2})
+        >>> obs = {o.name: o for o in group_observations(facts)}
+        >>> obs["reward"].amount, obs["completions/clipped_ratio"].amount
+        (0.5, 1.0)
+    """
+    if not facts.rollouts:
+        raise ValueError("group_observations needs at least one rollout")
+    obs = _reward_observations(facts) + _length_observations(facts) + _turn_observations(facts)
+    if facts.has_tools:
+        obs += _tool_observations(facts)
+    return obs
+
+
+def sample_observations(
+    samples: Sequence[TrainingSample], current_version: int, now: float
+) -> list[Observation]:
+    """The ``sample/*`` metrics of the samples a trainer step takes off the queue.
+
+    Args:
+        samples: the samples taken (stale ones already dropped).
+        current_version: the policy version being trained.
+        now: ``time.monotonic()`` when they were taken (``queued_at`` uses the same clock).
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> seq = TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
+        >>> taken = [TrainingSample(seq, 1.0, 3, 0, 0, 0, "r", queued_at=10.0)]
+        >>> observed = {o.name: o.amount for o in sample_observations(taken, 5, now=12.5)}
+        >>> observed["sample/staleness_max"], observed["sample/time_in_queue_s"]
+        (2.0, 2.5)
+    """
+    if not samples:
+        return []
+    n = len(samples)
+    forwarded = [len(s.sequence) for s in samples]
+    staleness = [s.staleness(current_version) for s in samples]
+    return [
+        value("sample/forwarded_tokens_mean", float(np.mean(forwarded)), weight=n),
+        value("sample/forwarded_tokens_max", float(max(forwarded))),
+        value("sample/trained_tokens_mean",
+              float(np.mean([s.sequence.num_trained for s in samples])), weight=n),
+        value("sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])),
+              weight=n),
+        value("sample/staleness_mean", float(np.mean(staleness)), weight=n),
+        value("sample/staleness_max", float(max(staleness))),
+    ]  # fmt: skip

@@ -1,0 +1,296 @@
+"""The token-budget planner (TokenBudgetBatcher of TRL's AsyncGRPOTrainer) and a step's metrics.
+
+A step is ``gradient_accumulation_steps`` micro-batches; a micro-batch is one row per process;
+a row is tree-packed (:mod:`asyncgrpo.core.packing.tree`) and holds at most ``token_budget``
+*forwarded* tokens, shared tokens counted once. Samples are placed in the order given:
+
+1. a sample longer than ``token_budget`` fits no row: it is dropped and counted
+   (``batch/dropped_oversize_count``);
+2. among the rows that already hold its group (its prompt is there) and that it fits, it goes
+   to the one whose attention cost after adding it is lowest;
+3. else to the row, among those it fits, whose attention cost after adding it is lowest;
+   empty rows count as cost 0, so every process gets work before any row grows, and the most
+   loaded row is raised only when every row would be;
+4. else the micro-batch closes and the sample opens the next one. After the step's last
+   micro-batch the remaining samples are left for the next step.
+
+**Attention cost model.** A row's cost is the number of (query, key) pairs its attention
+computes: every forwarded token attends to its whole path, so a token at trie depth ``d`` costs
+``d + 1`` and a row costs ``sum(position_ids + 1)``. Adding a sample of length ``L`` that shares
+``h`` positions with the row adds ``(L(L+1) - h(h+1)) / 2``. It is proportional to attention
+FLOPs, which dominate long rows; linear layers scale with forwarded tokens, which the budget
+bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from asyncgrpo.core.packing.tree import PackedRow, shared_positions
+from asyncgrpo.core.records import TrainingSample
+
+
+def added_cost(length: int, shared: int) -> int:
+    """Attention cost a sample of ``length`` tokens adds when ``shared`` positions exist.
+
+    Example:
+        >>> added_cost(5, 0), added_cost(5, 2)
+        (15, 12)
+    """
+    return (length * (length + 1) - shared * (shared + 1)) // 2
+
+
+def attention_cost(position_ids: np.ndarray) -> int:
+    """Cost of a packed row: ``sum(position_ids + 1)`` (query-key pairs)."""
+    return int((np.asarray(position_ids, dtype=np.int64) + 1).sum())
+
+
+@attrs.frozen
+class RowPlan:
+    """Samples of one row (indices into the planner's input), its forwarded tokens and cost."""
+
+    samples: tuple[int, ...] = ()
+    tokens: int = 0
+    cost: int = 0
+
+
+@attrs.frozen
+class StepPlan:
+    """The micro-batches of one step.
+
+    Attributes:
+        micro_batches: each a tuple of ``num_processes`` rows (a row may be empty when a
+            micro-batch holds fewer samples than processes).
+        dropped_oversize: indices of samples longer than ``token_budget``.
+        leftover: indices of samples that did not fit this step, in order.
+    """
+
+    micro_batches: tuple[tuple[RowPlan, ...], ...]
+    dropped_oversize: tuple[int, ...]
+    leftover: tuple[int, ...]
+
+    @property
+    def complete(self) -> bool:
+        """True when the step filled up (some sample was left for the next step)."""
+        return bool(self.leftover)
+
+    @property
+    def placed(self) -> tuple[int, ...]:
+        """Indices of the samples placed in the step, row by row."""
+        return tuple(i for mb in self.micro_batches for row in mb for i in row.samples)
+
+
+@attrs.frozen(eq=False)
+class PlanState:
+    """A step planned one sample at a time: :func:`add_sample` places the next sample.
+
+    Placement is order-preserving, so the samples a step takes are always a prefix of those
+    added: once a sample fits no row of the last micro-batch the step is ``full`` and every
+    later sample is left for the next step without being looked at. Adding a sample costs a
+    look at the open micro-batch's rows only, whatever came before; folding
+    :func:`add_sample` over samples gives exactly :func:`plan_step`'s plan.
+
+    Attributes:
+        token_budget, num_processes, gradient_accumulation_steps: as in :func:`plan_step`.
+        closed: finished micro-batches.
+        rows: the open micro-batch, one row per process.
+        row_groups: group ids held by each open row.
+        row_tokens: token arrays of each open row's samples (for prefix sharing).
+        placed: samples placed so far (they are the first ``placed`` added).
+        full: True once a sample was left over; the step takes no more.
+    """
+
+    token_budget: int
+    num_processes: int = 1
+    gradient_accumulation_steps: int = 1
+    closed: tuple[tuple[RowPlan, ...], ...] = ()
+    rows: tuple[RowPlan, ...] = ()
+    row_groups: tuple[frozenset[int], ...] = ()
+    row_tokens: tuple[tuple[np.ndarray, ...], ...] = ()
+    placed: int = 0
+    full: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_budget < 1 or self.num_processes < 1 or self.gradient_accumulation_steps < 1:
+            raise ValueError(
+                "plan_step: token_budget, num_processes and gradient_accumulation_steps must "
+                "be >= 1"
+            )
+        if not self.rows:
+            empty = _empty_micro_batch(self.num_processes)
+            object.__setattr__(self, "rows", empty[0])
+            object.__setattr__(self, "row_groups", empty[1])
+            object.__setattr__(self, "row_tokens", empty[2])
+
+    @property
+    def micro_batches(self) -> tuple[tuple[RowPlan, ...], ...]:
+        """The closed micro-batches and the open one if it holds a sample."""
+        if any(row.samples for row in self.rows):
+            return (*self.closed, self.rows)
+        return self.closed
+
+
+def _empty_micro_batch(
+    num_processes: int,
+) -> tuple[tuple[RowPlan, ...], tuple[frozenset[int], ...], tuple[tuple[np.ndarray, ...], ...]]:
+    return (RowPlan(),) * num_processes, (frozenset(),) * num_processes, ((),) * num_processes
+
+
+def _choose_row(state: PlanState, tokens: np.ndarray, group_id: int) -> tuple[int, int, int] | None:
+    """(cost after, row, new tokens) of the row the sample goes to, or None if none fits."""
+    options: list[tuple[int, int, int]] = []  # (cost after, row, new tokens)
+    with_group: list[tuple[int, int, int]] = []
+    for r, row in enumerate(state.rows):
+        shared = max((shared_positions(tokens, t) for t in state.row_tokens[r]), default=0)
+        new_tokens = len(tokens) - shared
+        if row.tokens + new_tokens > state.token_budget:
+            continue
+        option = (row.cost + added_cost(len(tokens), shared), r, new_tokens)
+        options.append(option)
+        if group_id in state.row_groups[r]:
+            with_group.append(option)
+    return min(with_group or options, default=None)
+
+
+def _placed_in(state: PlanState, tokens: np.ndarray, group_id: int) -> PlanState | None:
+    choice = _choose_row(state, tokens, group_id)
+    if choice is None:
+        return None
+    cost_after, r, new_tokens = choice
+    row = state.rows[r]
+    index = state.placed
+    return attrs.evolve(
+        state,
+        rows=_replace(state.rows, r, RowPlan((*row.samples, index), row.tokens + new_tokens,
+                                             cost_after)),
+        row_groups=_replace(state.row_groups, r, state.row_groups[r] | {group_id}),
+        row_tokens=_replace(state.row_tokens, r, (*state.row_tokens[r], tokens)),
+        placed=index + 1,
+    )  # fmt: skip
+
+
+def _replace(items: tuple, index: int, item: object) -> tuple:
+    return (*items[:index], item, *items[index + 1 :])
+
+
+def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
+    """The plan after the next sample (which fits ``token_budget``) is offered to the step.
+
+    It goes to a row of the open micro-batch (rules in the module docstring); if none fits, the
+    micro-batch closes and the sample opens the next one; if that was the step's last
+    micro-batch, the step is ``full`` and the sample is left over. The new sample's index is
+    ``state.placed`` (samples are numbered in the order added).
+    """
+    if state.full:
+        return state
+    tokens = sample.sequence.input_ids
+    if len(tokens) > state.token_budget:
+        raise ValueError(
+            f"add_sample: a sample of {len(tokens)} tokens exceeds token_budget "
+            f"({state.token_budget}); drop it before planning"
+        )
+    placed = _placed_in(state, tokens, sample.group_id)
+    if placed is not None:
+        return placed
+    closed = (*state.closed, state.rows)
+    if len(closed) == state.gradient_accumulation_steps:
+        return attrs.evolve(state, full=True)
+    rows, groups, row_tokens = _empty_micro_batch(state.num_processes)
+    opened = attrs.evolve(state, closed=closed, rows=rows, row_groups=groups,
+                          row_tokens=row_tokens)  # fmt: skip
+    placed = _placed_in(opened, tokens, sample.group_id)
+    assert placed is not None  # a sample within the budget fits an empty row
+    return placed
+
+
+def plan_step(
+    samples: Sequence[TrainingSample],
+    token_budget: int,
+    num_processes: int = 1,
+    gradient_accumulation_steps: int = 1,
+) -> StepPlan:
+    """Place ``samples`` into one step's micro-batches (rules in the module docstring).
+
+    Args:
+        samples: candidates in arrival order.
+        token_budget: forwarded tokens per row, shared tokens counted once.
+        num_processes: rows per micro-batch.
+        gradient_accumulation_steps: micro-batches per step.
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> def s(tokens, group):
+        ...     seq = TrainingSequence(tokens, [0] + [1] * (len(tokens) - 1),
+        ...                            [0.0] + [-1.0] * (len(tokens) - 1))
+        ...     return TrainingSample(seq, 1.0, 0, group, group, group, "r")
+        >>> plan = plan_step([s([1, 2, 3, 4], 0), s([1, 2, 3, 5], 0), s([9] * 9, 1)],
+        ...                  token_budget=8)
+        >>> [row.samples for mb in plan.micro_batches for row in mb], plan.dropped_oversize
+        ([(0, 1)], (2,))
+    """
+    state = PlanState(token_budget, num_processes, gradient_accumulation_steps)
+    fitting: list[int] = []  # input index of each sample offered to the plan
+    dropped: list[int] = []
+    for index, sample in enumerate(samples):
+        if len(sample.sequence.input_ids) > token_budget:
+            dropped.append(index)
+            continue
+        fitting.append(index)
+        state = add_sample(state, sample)
+    micro_batches = tuple(
+        tuple(RowPlan(tuple(fitting[i] for i in row.samples), row.tokens, row.cost) for row in mb)
+        for mb in state.micro_batches
+    )
+    return StepPlan(micro_batches, tuple(dropped), tuple(fitting[state.placed :]))
+
+
+def batch_metrics(
+    micro_batches: Sequence[Sequence[PackedRow | None]],
+    token_budget: int,
+    dropped_oversize: int = 0,
+) -> dict[str, float]:
+    """The ``batch/*`` metrics of TRL's AsyncGRPOTrainer of one step, from its packed rows.
+
+    Args:
+        micro_batches: per micro-batch, one packed row per process (``None`` for an empty
+            row).
+        token_budget: tokens per row, for ``batch/row_fill_frac``.
+        dropped_oversize: samples the planner dropped as longer than the budget.
+
+    Per-step values are sums over the step; per-row values are means over its rows.
+    """
+    rows = [row for mb in micro_batches for row in mb]
+    filled = [row for row in rows if row is not None]
+    forwarded = sum(row.num_tokens for row in filled)
+    unpacked = sum(row.unpacked_tokens for row in filled)
+    trained_positions = sum(len(row.trained_rows) for row in filled)
+    row_tokens = [0 if row is None else row.num_tokens for row in rows]
+    imbalance: list[float] = []
+    padding: list[float] = []
+    for mb in micro_batches:
+        costs = [0 if row is None else attention_cost(row.position_ids) for row in mb]
+        lengths = [0 if row is None else row.num_tokens for row in mb]
+        if max(costs) > 0:
+            imbalance.append(max(costs) / float(np.mean(costs)))
+        if max(lengths) > 0:
+            padding.append(1.0 - sum(lengths) / (len(lengths) * max(lengths)))
+    samples = [sample for row in filled for sample in row.samples]
+    return {
+        "batch/forwarded_tokens_per_step": float(forwarded),
+        "batch/trained_tokens_per_step": float(sum(len(row.target_ids) for row in filled)),
+        "batch/samples_per_step": float(len(samples)),
+        "batch/groups_per_step": float(len({s.group_id for s in samples})),
+        "batch/microbatches_per_step": float(len(micro_batches)),
+        "batch/masked_token_frac": 1.0 - trained_positions / forwarded if forwarded else 0.0,
+        "batch/samples_per_row": len(samples) / len(rows) if rows else 0.0,
+        "batch/row_tokens_mean": float(np.mean(row_tokens)) if rows else 0.0,
+        "batch/row_tokens_max": float(max(row_tokens, default=0)),
+        "batch/row_fill_frac": float(np.mean(row_tokens)) / token_budget if rows else 0.0,
+        "batch/row_imbalance": float(np.mean(imbalance)) if imbalance else 1.0,
+        "batch/packing_ratio": unpacked / forwarded if forwarded else 1.0,
+        "batch/pad_frac": float(np.mean(padding)) if padding else 0.0,
+        "batch/dropped_oversize_count": float(dropped_oversize),
+    }
