@@ -102,3 +102,60 @@ def test_the_rule_checker_catches_violations() -> None:
     assert core_violation("numpy") is None
     assert core_violation("asyncgrpo.core.records") is None
     assert core_violation("collections.abc") is None
+
+
+# The sub-packages of core and adapters, lowest first: a module imports only its own package,
+# the shared modules at the root ("") and packages before its own. Core's mirror the shell's
+# wings they serve (ARCHITECTURE.md, "The wings").
+PACKAGE_ORDER = {
+    "core": ("", "packing", "loss", "rollout", "run", "servers", "weights", "experiments"),
+    "adapters": ("", "vllm", "transfer", "kernels", "models"),
+}
+
+
+def package_of(top: str, dotted: str) -> str | None:
+    """The sub-package of ``asyncgrpo.<top>`` that the module ``dotted`` lives in ("" for the
+    root's modules); None outside ``asyncgrpo.<top>``."""
+    parts = dotted.split(".")
+    if parts[:2] != ["asyncgrpo", top]:
+        return None
+    if len(parts) > 2 and (ROOT / top / parts[2]).is_dir():
+        return parts[2]
+    return ""
+
+
+def order_violations(top: str, path: Path) -> list[str]:
+    rel = path.relative_to(ROOT / top).parts
+    own = rel[0] if len(rel) > 1 else ""
+    order = PACKAGE_ORDER[top]
+    bad = []
+    for module in imported_modules(path):
+        target = package_of(top, module)
+        if target is None or target == own:
+            continue
+        if target not in order or own not in order or order.index(target) > order.index(own):
+            bad.append(f"{module}: {own or 'the root'} may not import {target} (order {order})")
+    return bad
+
+
+@pytest.mark.parametrize("path", CORE_FILES + ADAPTER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_and_adapter_packages_import_one_way(path: Path) -> None:
+    top = path.relative_to(ROOT).parts[0]
+    assert not order_violations(top, path), order_violations(top, path)
+
+
+def test_every_sub_package_has_a_place_in_the_order() -> None:
+    for top, order in PACKAGE_ORDER.items():
+        found = {p.name for p in (ROOT / top).iterdir() if (p / "__init__.py").exists()}
+        assert found == set(order) - {""}, top
+
+
+def test_the_order_checker_catches_violations(tmp_path: Path) -> None:
+    upward = ROOT / "core" / "packing" / "_probe_upward.py"
+    try:
+        upward.write_text("from asyncgrpo.core.rollout.pacing import ServerLoad\n")
+        assert "packing may not import rollout" in order_violations("core", upward)[0]
+        upward.write_text("from asyncgrpo.core.records import TrainingSample\n")
+        assert order_violations("core", upward) == []
+    finally:
+        upward.unlink(missing_ok=True)
