@@ -1,6 +1,6 @@
 """``python -m asyncgrpo``: the ``asyncgrpo`` command (``demo``, ``train``, ``plot``, ...)."""
 
-from asyncgrpo.shell.commands.cli import main
+from asyncgrpo.shell.commands import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

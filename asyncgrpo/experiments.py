@@ -14,12 +14,14 @@ statistics are pure functions in :mod:`asyncgrpo.core.experiments.stats`,
 
 from __future__ import annotations
 
-from asyncgrpo.shell.commands.compare import Comparison, compare, load_runs
-from asyncgrpo.shell.commands.sweep import (
+from asyncgrpo.shell.experiments import (
+    Comparison,
     StopRule,
     Sweep,
     SweepError,
     SweepResult,
+    compare,
+    load_runs,
     read_index,
     read_sweep,
     run_sweep,

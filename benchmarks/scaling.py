@@ -26,10 +26,10 @@ from typing import Any
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.commands.demo import demo_dataset, digit_fraction_reward
-from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import AsyncGRPOTrainer, read_metrics
 from asyncgrpo.shell.servers import servers_cpus_for
+from asyncgrpo.shell.servers.local import local_servers
 
 SETTINGS: dict[str, Any] = dict(
     learning_rate=1e-4,  # slow learning: the reward keeps its spread for all the steps

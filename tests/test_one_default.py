@@ -13,8 +13,8 @@ from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.loss.inputs import LossConfig
 from asyncgrpo.core.loss.objectives import ObjectiveSettings, example_settings
 from asyncgrpo.core.run.step_queue import QueueSettings
-from asyncgrpo.shell.commands.simulate import SimulationConfig
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments.simulate import SimulationConfig
 from asyncgrpo.shell.servers import ServerSettings
 
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}

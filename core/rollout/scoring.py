@@ -1,8 +1,8 @@
 """A finished group's reward values checked, and its training samples built.
 
 Both the rollout loop (:mod:`asyncgrpo.shell.rollout.loop`) and the simulator
-(:mod:`asyncgrpo.shell.commands.simulate`) score a group with these functions, so what the simulator
-predicts is built the same way as what the trainer receives.
+(:mod:`asyncgrpo.shell.experiments.simulate`) score a group with these functions, so what the
+simulator predicts is built the same way as what the trainer receives.
 """
 
 from __future__ import annotations

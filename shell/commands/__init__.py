@@ -1,4 +1,5 @@
-"""The ``asyncgrpo`` command: ``demo``, ``train``, ``plot`` and ``simulate``."""
+"""The ``asyncgrpo`` command: argparse glue over the other wings (``demo``, ``train``, ``plot``,
+``simulate``, ``sweep``, ``compare``); the experiments themselves live in the experiments wing."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from asyncgrpo.shell.commands.plot import plot_run
-from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.experiments import SimulationConfig, plot_run, simulate
 from asyncgrpo.shell.run import (
     TrainingInterrupted,
     configure_logging,
@@ -115,8 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sweep_or_compare(args: argparse.Namespace) -> int:
-    from asyncgrpo.shell.commands.compare import compare
-    from asyncgrpo.shell.commands.sweep import SweepError, run_sweep
+    from asyncgrpo.shell.experiments import SweepError, compare, run_sweep
 
     try:
         if args.command == "sweep":
@@ -171,13 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(json_logs=args.json_logs)
     if args.command == "simulate" and args.calibrate:
-        from asyncgrpo.shell.commands.calibrate import (
+        from asyncgrpo.shell.experiments import (
+            SweepError,
             calibrate_and_predict,
             predict_servers,
             report,
             servers_report,
         )
-        from asyncgrpo.shell.commands.sweep import SweepError
 
         try:
             fit, predictions = calibrate_and_predict(args.calibrate, args.predict,

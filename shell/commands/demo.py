@@ -24,10 +24,9 @@ from datasets import Dataset
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.adapters.vllm.server import ServerSpec
-from asyncgrpo.shell.commands.local_servers import local_servers
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
-from asyncgrpo.shell.servers import servers_cpus_for
+from asyncgrpo.shell.servers import local_servers, servers_cpus_for
 
 QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
              "What is your favourite number?", "Pick a number.", "Reply with digits.",

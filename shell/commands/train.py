@@ -20,15 +20,21 @@ A misspelt flag or key fails naming the closest one.
 from __future__ import annotations
 
 import argparse
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from transformers import HfArgumentParser
 
-from asyncgrpo.shell.config import AsyncGRPOConfig, field_names, read_config
+from asyncgrpo.shell.config import (
+    AsyncGRPOConfig,
+    NamedObjectError,
+    field_names,
+    import_named,
+    load_named_dataset,
+    read_config,
+)
 from asyncgrpo.shell.config import rules as config_rules
 
 SCRIPT_KEYS = ("model", "dataset", "reward_funcs")
@@ -160,28 +166,6 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
     return TrainSettings(script, values, str(model), str(dataset), list(rewards))
 
 
-def import_callable(spec: str) -> Callable[..., Any]:
-    """``"package.module:function"`` -> the function."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise TrainCommandError(f"reward {spec!r} must look like 'package.module:function'")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise TrainCommandError(f"cannot import reward {spec!r}: {error}") from error
-
-
-def load_prompts(path: str) -> Any:
-    """A dataset from a JSON/JSONL file or a ``save_to_disk`` folder."""
-    from datasets import load_dataset, load_from_disk
-
-    if Path(path).is_dir():
-        return load_from_disk(path)
-    if path.endswith((".json", ".jsonl")):
-        return load_dataset("json", data_files=path, split="train")
-    raise TrainCommandError(f"dataset {path!r}: give a .json/.jsonl file or a dataset folder")
-
-
 def build_config(settings: TrainSettings, base_url: str | None = None,
                  api_key: str | None = None) -> AsyncGRPOConfig:  # fmt: skip
     """The run's config; a bad value fails naming its field (a ``TrainCommandError``)."""
@@ -200,14 +184,16 @@ def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.vllm.auth import new_api_key
     from asyncgrpo.adapters.vllm.server import ServerSpec
-    from asyncgrpo.shell.commands.local_servers import local_servers
     from asyncgrpo.shell.run import AsyncGRPOTrainer
-    from asyncgrpo.shell.servers import servers_cpus_for
+    from asyncgrpo.shell.servers import local_servers, servers_cpus_for
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts
-    reward_funcs = [import_callable(spec) for spec in settings.rewards]
-    prompts = load_prompts(settings.dataset)
+    try:
+        reward_funcs = [import_named(spec, "reward function") for spec in settings.rewards]
+        prompts = load_named_dataset(settings.dataset)
+    except NamedObjectError as error:
+        raise TrainCommandError(str(error)) from error
 
     def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
         trainer = AsyncGRPOTrainer(model=settings.model, reward_funcs=reward_funcs,

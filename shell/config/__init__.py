@@ -1,5 +1,6 @@
 """The run's configuration: :class:`AsyncGRPOConfig` (TRL's field names and defaults), the rules
-for every inherited ``TrainingArguments`` field (:mod:`.rules`), config files (:mod:`.files`)
+for every inherited ``TrainingArguments`` field (:mod:`.rules`), config files (:mod:`.files`),
+objects and datasets named by text (:mod:`.named`)
 and the generated reference docs/configuration.md (:mod:`.docs`).
 
 The lowest wing: it imports no other wing.
@@ -10,6 +11,15 @@ from __future__ import annotations
 from asyncgrpo.shell.config import rules
 from asyncgrpo.shell.config.fields import AsyncGRPOConfig
 from asyncgrpo.shell.config.files import read_config
+from asyncgrpo.shell.config.named import NamedObjectError, import_named, load_named_dataset
 from asyncgrpo.shell.config.rules import field_names
 
-__all__ = ["AsyncGRPOConfig", "field_names", "read_config", "rules"]
+__all__ = [
+    "AsyncGRPOConfig",
+    "NamedObjectError",
+    "field_names",
+    "import_named",
+    "load_named_dataset",
+    "read_config",
+    "rules",
+]

@@ -1,8 +1,9 @@
 """Everything that knows about the vLLM servers the run uses: their outages and the trust the
 trainer and the rollout process share (:mod:`.outages`), the cores they get when they run on
 this host (:mod:`.cpu_sharing`), how to reach them (:class:`ServerSettings`, the one maker of
-clients), whether they can stand in for each other (:mod:`.checks`), which one a group goes
-to (:mod:`.routing`) and, with several, the watch over those out of routing (:mod:`.watch`).
+clients), starting them on this host (:mod:`.local`), whether they can stand in for each other
+(:mod:`.checks`), which one a group goes to (:mod:`.routing`) and, with several, the watch over
+those out of routing (:mod:`.watch`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from asyncgrpo.shell.servers.cpu_sharing import (
     servers_cpus_for,
 )
 from asyncgrpo.shell.servers.endpoint import ServerSettings
+from asyncgrpo.shell.servers.local import local_servers
 from asyncgrpo.shell.servers.outages import (
     RolloutGate,
     ServerGone,
@@ -39,6 +41,7 @@ __all__ = [
     "SharedTrust",
     "check_servers_match",
     "cpus_shared_with_server",
+    "local_servers",
     "release_process",
     "server_cpus_for",
     "servers_cpus_for",

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from asyncgrpo.shell.commands import main
-from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.run import read_metrics
 
 
@@ -70,7 +70,7 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
     """A "measured" run (a simulation of known throughputs written as a sweep run) calibrates
     the simulator; the curve predicts that run's step time at its own number of servers and
     shorter steps with more, down to what training alone costs."""
-    from asyncgrpo.shell.commands.calibrate import predict_servers
+    from asyncgrpo.shell.experiments.calibrate import predict_servers
 
     run = tmp_path / "measured"
     simulate(SimulationConfig(max_steps=40, max_staleness=0, generation_tokens_per_s=2000.0,
@@ -98,7 +98,7 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
 
 
 def test_plot_draws_a_panel_per_server_metric_of_a_run_with_several(tmp_path) -> None:
-    from asyncgrpo.shell.commands.plot import server_panels
+    from asyncgrpo.shell.experiments.plot import server_panels
 
     simulate(SimulationConfig(max_steps=10, num_servers=3, logging_steps=5), tmp_path,
              progress=False)  # fmt: skip

@@ -20,8 +20,8 @@ from asyncgrpo.adapters.models.causal_lm import tiny_config
 from asyncgrpo.core import metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.rollout import cursor
-from asyncgrpo.shell.commands.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun
 from asyncgrpo.shell.servers import SharedTrust
@@ -160,7 +160,7 @@ def test_the_simulator_drops_few_stale_samples_when_generation_keeps_up(tmp_path
     few samples wait long enough to go stale (before the queue counted them, 23% of the
     trained samples at max_staleness 1 and three times as many as were trained at 4; at 0,
     before no group started while a step trained, about half of all samples)."""
-    from asyncgrpo.shell.commands.simulate import simulate
+    from asyncgrpo.shell.experiments.simulate import simulate
 
     config = SimulationConfig(max_steps=30, max_staleness=max_staleness, logging_steps=5,
                               generation_tokens_per_s=20_000.0)  # fmt: skip

@@ -37,7 +37,7 @@ from asyncgrpo.core.experiments.claims import (
 )
 from asyncgrpo.core.experiments.curves import Run, Statistic, curve_from_rows
 from asyncgrpo.core.experiments.table import comparison_table, group_runs, markdown, verdict_table
-from asyncgrpo.shell.commands.sweep import SWEEP_COPY, SweepError, read_index
+from asyncgrpo.shell.experiments.sweep import SWEEP_COPY, SweepError, read_index
 from asyncgrpo.shell.run import read_metrics
 
 PERF_PARTS = ("perf/step_s", "perf/rollout_wait_s", "perf/fwd_bwd_s", "perf/weight_sync_s",

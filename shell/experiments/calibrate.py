@@ -32,9 +32,9 @@ from asyncgrpo.core.experiments.prediction_figures import (
     compare_figures,
     pipeline_figures,
 )
-from asyncgrpo.shell.commands.simulate import SimulationConfig, simulate
-from asyncgrpo.shell.commands.sweep import RUN_SPEC, SweepError
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.experiments.sweep import RUN_SPEC, SweepError
 from asyncgrpo.shell.run import read_metrics
 
 SIMULATED_PROMPTS = 10_000  # enough prompts that no simulated run ends an epoch

@@ -62,7 +62,7 @@ import structlog
 from transformers import TrainerCallback
 
 from asyncgrpo.core.experiments.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
-from asyncgrpo.shell.config import AsyncGRPOConfig, read_config
+from asyncgrpo.shell.config import AsyncGRPOConfig, import_named, load_named_dataset, read_config
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
@@ -442,28 +442,6 @@ class StopAfterWallTime(TrainerCallback):
             control.should_training_stop = True
 
 
-def import_named(spec: str, what: str) -> Any:
-    """``"module:name"`` -> the object."""
-    import importlib
-
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise SweepError(f"{what} {spec!r} must look like 'module:name'")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise SweepError(f"cannot import {what} {spec!r}: {error}") from error
-
-
-def load_dataset_spec(spec: str) -> Any:
-    """A dataset from a file, a ``save_to_disk`` folder, or ``module:function``."""
-    from asyncgrpo.shell.commands.train import load_prompts
-
-    if ":" in spec and not Path(spec).exists():
-        return import_named(spec, "dataset")()
-    return load_prompts(spec)
-
-
 def train_one(run_dir: Path) -> int:
     """The run process: train from ``run_dir/run_spec.json``; ``run.json`` records the end."""
     spec = json.loads((run_dir / RUN_SPEC).read_text())
@@ -484,7 +462,7 @@ def train_one(run_dir: Path) -> int:
                    {"loop_cls": import_named(spec["loop"], "loop")})  # fmt: skip
     trainer = cls(model=spec["model"], args=AsyncGRPOConfig(**spec["config"]),
                   reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
-                  train_dataset=load_dataset_spec(spec["dataset"]),
+                  train_dataset=load_named_dataset(spec["dataset"]),
                   callbacks=callbacks)  # fmt: skip
     output = trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
     (run_dir / RUN_RESULT).write_text(
@@ -494,7 +472,7 @@ def train_one(run_dir: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m asyncgrpo.shell.commands.sweep RUN_DIR SWEEP_PID``: one run of a sweep; it
+    """``python -m asyncgrpo.shell.experiments.sweep RUN_DIR SWEEP_PID``: one run of a sweep; it
     stops (cleanly, as on SIGTERM) when the sweep process is gone."""
     from asyncgrpo.adapters.parent_death import die_with_parent
     from asyncgrpo.shell.run import configure_logging

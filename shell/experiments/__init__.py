@@ -1,0 +1,50 @@
+"""Experiments as code, the library behind :mod:`asyncgrpo.experiments`: sweeps over settings
+and seeds (:mod:`.sweep`), comparisons with intervals and claims (:mod:`.compare`), the
+pipeline simulator (:mod:`.simulate`) and its calibration from a real run (:mod:`.calibrate`),
+and a run's plots (:mod:`.plot`).
+
+It sits above the run wing (a sweep's run is a trainer) and below the commands, which are
+argparse glue over it.
+"""
+
+from __future__ import annotations
+
+from asyncgrpo.shell.experiments.calibrate import (
+    calibrate_and_predict,
+    predict_servers,
+    report,
+    servers_report,
+)
+from asyncgrpo.shell.experiments.compare import Comparison, compare, load_runs
+from asyncgrpo.shell.experiments.plot import plot_run, server_panels
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.experiments.sweep import (
+    StopRule,
+    Sweep,
+    SweepError,
+    SweepResult,
+    read_index,
+    read_sweep,
+    run_sweep,
+)
+
+__all__ = [
+    "Comparison",
+    "SimulationConfig",
+    "StopRule",
+    "Sweep",
+    "SweepError",
+    "SweepResult",
+    "calibrate_and_predict",
+    "compare",
+    "load_runs",
+    "plot_run",
+    "predict_servers",
+    "read_index",
+    "read_sweep",
+    "report",
+    "run_sweep",
+    "server_panels",
+    "servers_report",
+    "simulate",
+]
