@@ -58,7 +58,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import zlib
@@ -86,6 +85,7 @@ from asyncgrpo.core.experiments.stats import (
     compare_settings,
     summarize,
 )
+from asyncgrpo.core.names import did_you_mean
 
 OPERATORS = ("<=", "<", ">=", ">", "==")
 
@@ -537,10 +537,8 @@ def select_runs(runs: Sequence[Run], selector: Selector) -> list[Run]:
     known = {key for run in runs for key in run.settings}
     for key, _ in selector.pairs:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
             raise ValueError(
-                f"no run has a setting {key!r}{hint}; the runs' settings are "
+                f"no run has a setting {key!r}{did_you_mean(key, known)}; the runs' settings are "
                 f"{', '.join(sorted(known)) or 'none'}"
             )
     return [run for run in runs if selector.matches(run.settings)]
@@ -553,8 +551,7 @@ def _values(runs: Sequence[Run], statistic: Statistic, rule: CollapseRule) -> li
             values.append(run_statistic(run.curve, statistic, rule))
         except ValueError as error:
             names = {n for p in run.curve.points for n in p.metrics} | {"reward"}
-            close = difflib.get_close_matches(statistic.name, sorted(names), n=1)
-            hint = f" (did you mean {close[0]}?)" if statistic.is_metric and close else ""
+            hint = did_you_mean(statistic.name, names) if statistic.is_metric else ""
             raise ValueError(f"run {run.describe()}: {error}{hint}") from None
     return values
 

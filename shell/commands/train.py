@@ -27,6 +27,7 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
+from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import (
     AsyncGRPOConfig,
     NamedObjectError,
@@ -98,8 +99,15 @@ def build_parser() -> HfArgumentParser:
         "unless --vllm_url is given. Every AsyncGRPOConfig field is a flag.",
         usage="asyncgrpo train [--help] [--config FILE] [--model M] [--dataset D] "
         "[--reward module:function ...] [--<AsyncGRPOConfig field> VALUE ...]",
+        formatter_class=argparse.HelpFormatter,
     )
     for action in parser._actions:
+        if action.dest == "help":
+            continue
+        # The default is shown in the help and left to the dataclasses: parsing then returns
+        # only the flags given, which override the config file.
+        action.help = f"{action.help or ''} (default: {action.default})".replace("%", "%%")
+        action.default = argparse.SUPPRESS
         if action.dest == "vllm_server_base_url":  # one value; several URLs by commas
             action.nargs, action.type = None, str
         if action.dest in config_rules.REJECTED:
@@ -108,35 +116,27 @@ def build_parser() -> HfArgumentParser:
             note = config_rules.USED[action.dest]
         else:
             continue
-        action.help = f"{action.help or ''} [AsyncGRPOTrainer: {note}]".replace("%", "%%")
+        action.help += f" [AsyncGRPOTrainer: {note}]".replace("%", "%%")
     return parser
 
 
-def _given_flags(argv: Sequence[str]) -> dict[str, Any]:
-    """The flags given on the command line (not their defaults), converted to their types."""
-    parser = build_parser()
-    for action in parser._actions:
-        if action.dest != "help":
-            action.default = argparse.SUPPRESS
-    namespace, _ = parser.parse_known_args(list(argv))
-    return vars(namespace)
-
-
 def parse_train_args(argv: Sequence[str]) -> TrainSettings:
-    """Parse ``asyncgrpo train`` flags and the config file they name.
+    """Parse ``asyncgrpo train`` flags over the config file they name: the file's values, then
+    the flags given (the parser has no defaults, so it returns only those), then
+    AsyncGRPOConfig's own defaults.
 
     Raises:
         TrainCommandError: an unknown flag or key (naming the closest), a missing model,
             dataset or reward.
     """
     parser = build_parser()
-    _, unknown = parser.parse_known_args(list(argv))
-    flags = [u.split("=")[0] for u in unknown if u.startswith("-")]
+    namespace, unknown = parser.parse_known_args(list(argv))
     if unknown:
+        flags = [u.split("=")[0] for u in unknown if u.startswith("-")]
         known = [o for a in parser._actions for o in a.option_strings]
         first = flags[0] if flags else unknown[0]
-        raise TrainCommandError(f"unknown argument {first!r}" + config_rules.closest(first, known))
-    given = _given_flags(argv)
+        raise TrainCommandError(f"unknown argument {first!r}" + did_you_mean(first, known))
+    given = vars(namespace)
     script = TrainScriptArguments(
         **{k: v for k, v in given.items() if k in TrainScriptArguments.__dataclass_fields__}
     )
@@ -152,7 +152,7 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
             raise TrainCommandError(
                 f"{script.config}: {stray[0]!r} is neither an AsyncGRPOConfig field nor one of "
                 f"{', '.join(SCRIPT_KEYS)}"
-                + config_rules.closest(stray[0], [*SCRIPT_KEYS, *field_names(AsyncGRPOConfig)])
+                + did_you_mean(stray[0], [*SCRIPT_KEYS, *field_names(AsyncGRPOConfig)])
             )
     values.update({k: v for k, v in given.items() if k in set(field_names(AsyncGRPOConfig))})
     if script.vllm_servers < 1:

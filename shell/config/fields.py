@@ -39,6 +39,7 @@ from asyncgrpo.core.loss.objectives import (
     loss_type_from,
     objective_for,
 )
+from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.servers.routing import server_urls
 from asyncgrpo.core.weights.parity import FOREIGN_WINDOW
@@ -546,7 +547,7 @@ class AsyncGRPOConfig(TrainingArguments):
         if extra:
             raise ValueError(
                 f"{path}: {sorted(extra)} are not AsyncGRPOConfig fields"
-                + config_rules.closest(sorted(extra)[0], field_names(cls))
+                + did_you_mean(sorted(extra)[0], field_names(cls))
             )
         return cls(**{**values, **overrides})
 

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config.rules import field_names
 
 TABLE = "asyncgrpo"
@@ -55,7 +55,7 @@ def read_config(path: str | Path, cls: type) -> tuple[dict[str, Any], dict[str, 
     if unknown:
         raise ValueError(
             f"{path}: [{TABLE}] {unknown[0]!r} is not an AsyncGRPOConfig field"
-            + config_rules.closest(unknown[0], known)
+            + did_you_mean(unknown[0], known)
         )
     top_fields = {k: v for k, v in data.items() if k in known}
     both = sorted(set(top_fields) & set(table))

@@ -14,11 +14,10 @@ that every ``TrainingArguments`` field of the installed transformers is listed):
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 USED: dict[str, str] = {
@@ -270,12 +269,6 @@ def describe(annotation: Any) -> str:
     if origin is typing.Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(annotation)))
     return getattr(annotation, "__name__", str(annotation))
-
-
-def closest(name: str, known: Iterable[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the known name closest to a misspelt one, else ``""``."""
-    match = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def field_names(cls: type) -> list[str]:

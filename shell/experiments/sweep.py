@@ -62,8 +62,8 @@ import structlog
 from transformers import TrainerCallback
 
 from asyncgrpo.core.experiments.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
+from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import AsyncGRPOConfig, import_named, load_named_dataset, read_config
-from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
 log = structlog.get_logger("asyncgrpo.sweep")
@@ -133,7 +133,7 @@ def read_sweep(path: str | Path) -> Sweep:
     unknown = sorted(set(extra) - set(SWEEP_KEYS))
     if unknown:
         raise SweepError(f"{path}: {unknown[0]!r} is neither a sweep key nor an AsyncGRPOConfig "
-                         "field" + config_rules.closest(unknown[0], [*SWEEP_KEYS]))  # fmt: skip
+                         "field" + did_you_mean(unknown[0], [*SWEEP_KEYS]))  # fmt: skip
     for key in ("model", "dataset", "reward_funcs"):
         if key not in extra:
             raise SweepError(f"{path}: {key} is required (as in asyncgrpo train --config)")
@@ -180,7 +180,7 @@ def _table(extra: Mapping[str, Any], key: str, path: Path,
         for name in table:
             if name not in known:
                 raise SweepError(f"{path}: [{key}] {name!r} is not one of {list(known)}"
-                                 + config_rules.closest(name, list(known)))  # fmt: skip
+                                 + did_you_mean(name, list(known)))  # fmt: skip
     return dict(table)
 
 

@@ -32,8 +32,8 @@ from transformers.utils import logging as transformers_logging
 from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.process_group import default_device
+from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
-from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import AsyncRolloutLoop
 from asyncgrpo.shell.run import checkpoints, hub
@@ -251,7 +251,7 @@ class AsyncGRPOTrainer:
         for name in params:
             if name not in known:
                 raise ValueError(f"trial sets {name!r}, which is not an AsyncGRPOConfig field"
-                                 + config_rules.closest(name, known))  # fmt: skip
+                                 + did_you_mean(name, known))  # fmt: skip
             if name in _FIXED_AT_CONSTRUCTION:
                 raise ValueError(
                     f"trial sets {name!r}, which takes effect when the trainer is built (the "

@@ -215,9 +215,9 @@ def test_missing_runs_keys_and_metrics():
     verdict = evaluate_claim(parse_claim(CLAIM), runs)
     assert verdict.outcome is Outcome.UNDECIDED
     assert verdict.reason == "no run matches time_to(0.9)[max_staleness=1]"
-    with pytest.raises(ValueError, match="did you mean max_staleness"):
+    with pytest.raises(ValueError, match="did you mean 'max_staleness'"):
         evaluate_claim(parse_claim("auc[max_stalenes=0] > 0"), runs)
-    with pytest.raises(ValueError, match=r"max_staleness=0, seed=0.*did you mean perf/step_s"):
+    with pytest.raises(ValueError, match=r"max_staleness=0, seed=0.*did you mean 'perf/step_s'"):
         evaluate_claim(parse_claim("perf/step_sx[max_staleness=0] > 0"), runs)
 
 

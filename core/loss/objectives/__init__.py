@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 from importlib import import_module
 
 from asyncgrpo.core.loss.objectives.base import (
@@ -47,6 +46,7 @@ from asyncgrpo.core.loss.objectives.base import (
     TokenInputs,
     example_settings,
 )
+from asyncgrpo.core.names import did_you_mean
 
 _MODULES = (
     "score_centering",
@@ -82,16 +82,15 @@ def objective_for(name: str) -> Objective:
     Example:
         >>> objective_for("score_centring")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: unknown loss_type 'score_centring'; did you mean 'score_centering'? Valid: ...
+        ValueError: unknown loss_type 'score_centring' (did you mean 'score_centering'?); valid: ...
     """
     try:
         return OBJECTIVES[name]
     except KeyError:
         pass
-    close = difflib.get_close_matches(name, OBJECTIVES, n=1, cutoff=0.0)
-    hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(
-        f"unknown loss_type {name!r}; {hint}Valid: {', '.join(sorted(OBJECTIVES))}"
+        f"unknown loss_type {name!r}{did_you_mean(name, OBJECTIVES, cutoff=0.0)}; valid: "
+        f"{', '.join(sorted(OBJECTIVES))}"
     ) from None
 
 
