@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -140,8 +141,11 @@ def tiny_config(
     max_position_embeddings: int = 4096,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    tie_word_embeddings: bool = True,
 ) -> Qwen3Config | LlamaConfig:
-    """A tiny decoder config: ``hidden_size / 64`` query heads of dim 64, one KV head (GQA)."""
+    """A tiny decoder config: ``hidden_size / 64`` query heads of dim 64, one KV head (GQA),
+    and the input embeddings tied to the LM head, as in most small models users train
+    (SmolLM2, Qwen3 up to 4B, Qwen2.5 up to 3B, Llama 3.2, Gemma)."""
     if hidden_size % 64:
         raise ValueError(f"hidden_size must be a multiple of 64 (head_dim 64), got {hidden_size}")
     common: dict[str, Any] = dict(
@@ -154,7 +158,7 @@ def tiny_config(
         head_dim=64,
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         bos_token_id=None,
@@ -241,17 +245,59 @@ def load_causal_lm(
     return AutoModelForCausalLM.from_pretrained(str(model), dtype=chosen, **kwargs)
 
 
+def tied_aliases(model: nn.Module) -> frozenset[str]:
+    """The parameter names that are a parameter already named earlier (tied embeddings: a tied
+    ``lm_head.weight`` is ``model.embed_tokens.weight``), in ``named_parameters`` order.
+
+    These are what ``save_pretrained`` leaves out and what weight sync must leave out too: the
+    server ties them itself on load, safetensors refuses two names for one tensor, and sending
+    both would move the largest matrix twice. A model with tied embeddings gives
+    ``{"lm_head.weight"}``, an untied one nothing.
+    """
+    first: dict[int, str] = {}
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases.add(name)
+        else:
+            first[id(param)] = name
+    return frozenset(aliases)
+
+
+def context_length(model: str | Path) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``, of its text
+    model for a vision-language one); ``None`` when the config has none or cannot be read
+    (a hub id offline)."""
+    try:
+        config = AutoConfig.from_pretrained(str(model))
+    except (OSError, ValueError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
 def save_weights_as_model(
     base: PreTrainedModel, weights: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype
 ) -> None:
     """Write ``weights`` (under ``base``'s keys) so that ``from_pretrained(path)`` loads them,
     through a fresh meta-device instance of ``base``'s architecture in ``dtype``; ``base``
-    itself may be sharded and is not touched."""
+    itself may be sharded and is not touched. Tied parameters are loaded once and tied again
+    (``weights`` may hold their aliases or not)."""
     config = copy.deepcopy(base.config)
     with torch.device("meta"):
         auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
         fresh = auto.from_config(config, dtype=dtype)
-    fresh.load_state_dict(dict(weights), strict=True, assign=True)
+    aliases = tied_aliases(fresh)
+    missing, unexpected = fresh.load_state_dict(
+        {k: v for k, v in weights.items() if k not in aliases}, strict=False, assign=True
+    )
+    if unexpected or set(missing) - aliases:
+        raise ValueError(
+            f"the weights do not fit {type(fresh).__name__}: missing "
+            f"{sorted(set(missing) - aliases)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    fresh.tie_weights()
     fresh.generation_config = base.generation_config
     fresh.save_pretrained(str(path))
 
