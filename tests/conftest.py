@@ -105,6 +105,7 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
     takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine)."""
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
     spec = ServerSpec(
+        enforce_eager=True,
         model=str(tiny_qwen3),
         max_model_len=1024,
         dtype="float32",
@@ -134,7 +135,7 @@ def own_server(tiny_qwen3, tmp_path):
     """A server the test may kill and restart: the tiny model in fp32 with the gloo engine (so
     a trainer syncs in memory and must join a restarted server's group anew)."""
     spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
+                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
     server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
     server.start()
     yield server
@@ -154,6 +155,7 @@ def replying_server(replying_qwen3, tmp_path_factory):
     flags); each trainer pushes its own weights at start, so nothing is restored after."""
     log = tmp_path_factory.mktemp("logs") / "vllm-replying-server.log"
     spec = ServerSpec(
+        enforce_eager=True,
         model=str(replying_qwen3),
         max_model_len=1024,
         dtype="float32",

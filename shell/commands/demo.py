@@ -85,13 +85,15 @@ def run_demo(
     overrides: dict[str, Any] | None = None,
     model_family: str = "qwen3",
     servers: int = 1,
+    enforce_eager: bool = False,
 ) -> TrainOutput:
     """Build the tiny model, start the server(s), train; metrics land in ``output_dir``.
 
     ``overrides`` replaces :func:`demo_config` fields (benchmarks compare settings this way);
     the servers share the cores :mod:`asyncgrpo.core.servers.cpu_plan` leaves them (``servers``: how
     many to start; each group goes to one of them, docs/scaling.md). ``model_family`` is one
-    of :data:`MODEL_FAMILIES`."""
+    of :data:`MODEL_FAMILIES`; ``enforce_eager`` starts the servers without torch.compile
+    (:attr:`~asyncgrpo.adapters.vllm.server.ServerSpec.enforce_eager`)."""
     if servers < 1:
         raise ValueError(f"servers must be >= 1, got {servers}")
     if model_family not in MODEL_FAMILIES:
@@ -105,7 +107,7 @@ def run_demo(
     )
     key = new_api_key()  # the server's routes, dev and weight-transfer ones too, need it
     spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype=SERVER_DTYPE[model_family],
-                      max_logprobs=8, api_key=key)  # fmt: skip
+                      max_logprobs=8, api_key=key, enforce_eager=enforce_eager)  # fmt: skip
     with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls

@@ -558,7 +558,13 @@ class RolloutProcess:
                 if message.samples:
                     self._new_wait()
                 else:
+                    # A stream of groups that are all dropped is still a wait for samples: its
+                    # report must not need a lull of ``wait_s`` between them to be logged.
+                    if self._waiting_since is None:
+                        self._waiting_since = time.monotonic()
+                        self._logged_wait_s = 0.0
                     self._tally = sample_wait.outcome_arrived(self._tally, 0, message.dropped)
+                    self._check_progress()
         self._last_get = time.monotonic()
         return message
 

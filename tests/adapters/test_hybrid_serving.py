@@ -32,7 +32,9 @@ def tiny_qwen3_next(tmp_path_factory):
 
 def test_a_float32_server_of_a_gated_delta_net_hybrid_is_refused(tiny_qwen3_next) -> None:
     with pytest.raises(ValueError, match="dtype='bfloat16'"):
-        VLLMServer(ServerSpec(model=str(tiny_qwen3_next), dtype="float32")).start()
+        VLLMServer(
+            ServerSpec(enforce_eager=True, model=str(tiny_qwen3_next), dtype="float32")
+        ).start()
 
 
 @pytest.mark.server
@@ -44,7 +46,8 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_n
     reference = load_causal_lm(tiny_qwen3_next, dtype="bfloat16").eval()
     learner = Learner(model, AsyncGRPOConfig(dtype="bfloat16", seed=0))
     spec = ServerSpec(model=str(tiny_qwen3_next), max_model_len=256, dtype="bfloat16",
-                      max_logprobs=1, weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
+                      max_logprobs=1, weight_transfer_backend="asyncgrpo_gloo",
+                      enforce_eager=True)  # fmt: skip
 
     def perturb(seed: int) -> None:
         generator = torch.Generator().manual_seed(seed)

@@ -41,7 +41,7 @@ class PluginOnlySpec(ServerSpec):
 def keyed_server(request, tiny_qwen3, tmp_path_factory):
     key = new_api_key()
     spec_type = ServerSpec if request.param == "middleware" else PluginOnlySpec
-    spec = spec_type(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+    spec = spec_type(enforce_eager=True, model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
                      weight_transfer_backend="asyncgrpo_gloo", api_key=key)  # fmt: skip
     assert "--middleware" in spec.command(8000) or request.param == "plugin"
     log = tmp_path_factory.mktemp("logs") / f"vllm-{request.param}.log"

@@ -79,7 +79,8 @@ def gated_server(tiny_qwen3, tmp_path_factory):
     (tests/support/token_gate.py); its weights are the tiny Qwen3's."""
     support = Path(__file__).parents[1] / "support"
     spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      extra_args=("--logits-processors", "token_gate:TokenGate"))  # fmt: skip
+                      extra_args=("--logits-processors", "token_gate:TokenGate"),
+                      enforce_eager=True)  # fmt: skip
     server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "gated-server.log")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(support), prepend=os.pathsep)

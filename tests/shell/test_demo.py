@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)
-    assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20"]) == 0
+    assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20",
+                 "--vllm-enforce-eager"]) == 0  # fmt: skip
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, 21))
     rewards = [r["reward"] for r in rows]

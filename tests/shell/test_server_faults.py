@@ -112,17 +112,17 @@ def test_requests_spaced_around_a_short_server_keep_alive_see_no_outage(
     client lets its own idle connections go after 2 s at most and sends a dropped request
     again on a new connection, so not one outage is counted."""
     monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "1")
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=512, dtype="float32")
+    spec = ServerSpec(enforce_eager=True, model=str(tiny_qwen3), max_model_len=512, dtype="float32")
     prompt = prompt_ids(tiny_qwen3)
     gate = CountingGate()
     with VLLMServer(spec, log_path=tmp_path / "server.log") as server:
 
         async def main() -> int:
             async with VLLMClient(server.base_url, spec.name, timeout_s=60, gate=gate) as client:
-                for i in range(13):
+                for i in range(7):
                     await client.generate(prompt, SamplingParams(max_tokens=2), seed=i)
                     await client.metrics()
-                    await anyio.sleep(0.5 + 0.1 * i)  # the spacing under test, not a wait
+                    await anyio.sleep(0.5 + 0.2 * i)  # the spacing under test, not a wait
             return client.retry_count
 
         retries = anyio.run(main)
@@ -167,9 +167,9 @@ def frozen_run(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPO
                             callbacks=[callback])  # fmt: skip
 
 
-def test_a_server_frozen_for_a_while_is_named_and_survived(
-    own_server, tiny_qwen3, tmp_path, capfd
-) -> None:
+def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, capfd) -> None:
+    """The session's server, frozen then thawed (a frozen server comes back as it was)."""
+    own_server, tiny_qwen3 = served
     freeze = FreezeServerAfterFirstStep(own_server, frozen_s=25.0)
     try:
         run = frozen_run(own_server, tiny_qwen3, tmp_path, freeze, vllm_server_timeout=300.0)
@@ -181,9 +181,9 @@ def test_a_server_frozen_for_a_while_is_named_and_survived(
     assert f"the vLLM server at {own_server.base_url} has not answered for" in text
 
 
-def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(
-    own_server, tiny_qwen3, tmp_path
-) -> None:
+def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_path) -> None:
+    """The session's server, frozen until the run has failed, then thawed."""
+    own_server, tiny_qwen3 = served
     freeze = FreezeServerAfterFirstStep(own_server, frozen_s=None)
     try:
         run = frozen_run(own_server, tiny_qwen3, tmp_path, freeze, vllm_server_timeout=20.0)

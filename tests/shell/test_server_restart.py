@@ -88,7 +88,8 @@ class CrashServerAfterFirstStep(TrainerCallback):
 def own_lora_server(tiny_qwen3, tmp_path):
     """A server this test may kill, serving LoRA adapters loaded at run time."""
     spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      enable_lora=True, max_lora_rank=8, max_loras=4)  # fmt: skip
+                      enable_lora=True, max_lora_rank=8, max_loras=4,
+                      enforce_eager=True)  # fmt: skip
     server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
     server.start()
     yield server

@@ -45,7 +45,7 @@ PARITY = 1e-4  # fp32 on both sides: about 5e-7 measured
 def spec(model: Path, **overrides) -> ServerSpec:
     options = dict(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=20,
                    weight_transfer_backend="asyncgrpo_gloo", enable_lora=True,
-                   max_lora_rank=8, max_loras=4)  # fmt: skip
+                   max_lora_rank=8, max_loras=4, enforce_eager=True)  # fmt: skip
     options.update(overrides)
     return ServerSpec(**options)
 

@@ -52,7 +52,8 @@ def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str
 
 def run_demo_until_first_step(tmp_path: Path):
     run_dir, log = tmp_path / "run", tmp_path / "demo.log"
-    process = start(["demo", "--output-dir", str(run_dir), "--max-steps", "100000"], log)
+    process = start(["demo", "--output-dir", str(run_dir), "--max-steps", "100000",
+                     "--vllm-enforce-eager"], log)  # fmt: skip
     metrics = run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().strip(), process, log,
              FIRST_STEP_TIMEOUT_S)  # fmt: skip

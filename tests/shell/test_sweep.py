@@ -46,6 +46,7 @@ max_steps = {max_steps}
 
 [server]
 max_model_len = 512
+enforce_eager = true
 """
 
 

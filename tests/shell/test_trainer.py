@@ -315,7 +315,12 @@ def lora_server(tmp_path_factory):
 
     path = save_tiny_model(tmp_path_factory.mktemp("lora-model") / "tiny", "qwen3", seed=0)
     spec = ServerSpec(
-        model=str(path), max_model_len=1024, enable_lora=True, max_lora_rank=8, max_loras=4
+        enforce_eager=True,
+        model=str(path),
+        max_model_len=1024,
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=4,
     )
     with VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "lora.log") as server:
         yield server, path
