@@ -90,6 +90,19 @@ def choose_weight_transfer(
     return TransferChoice(requested, f"weight_transfer_backend={requested!r}")
 
 
+def local_server_engine(requested: str) -> str | None:
+    """The weight-transfer engine a server the run starts itself runs
+    (``--weight-transfer-config``): the one ``weight_transfer_backend`` names; none for
+    ``"disk"``, and none for ``"auto"``, which then takes the disk path.
+
+    Example:
+        >>> local_server_engine("asyncgrpo_gloo"), local_server_engine("auto")
+        ('asyncgrpo_gloo', None)
+    """
+    check_backend(requested)
+    return requested if requested in (GLOO, NCCL) else None
+
+
 def chunk_bounds(nbytes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """Group consecutive tensors into broadcast chunks of at most ``limit`` bytes.
 

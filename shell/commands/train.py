@@ -75,6 +75,11 @@ class TrainScriptArguments:
     max_model_len: int = field(
         default=4096, metadata={"help": "--max-model-len of the server it starts"}
     )
+    vllm_enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "start the local servers without torch.compile (vLLM's "
+                          "--enforce-eager): ready 10-40 s sooner, 10-20%% fewer tokens/s"},
+    )  # fmt: skip
     resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint"})
 
 
@@ -183,9 +188,8 @@ def build_config(settings: TrainSettings, base_url: str | None = None,
 def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.vllm.auth import new_api_key
-    from asyncgrpo.adapters.vllm.server import ServerSpec
     from asyncgrpo.shell.run import AsyncGRPOTrainer
-    from asyncgrpo.shell.servers import local_servers, servers_cpus_for
+    from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts
@@ -203,11 +207,11 @@ def run_train(argv: Sequence[str]) -> Any:
 
     if settings.script.vllm_url:
         return train(settings.script.vllm_url)
-    spec = ServerSpec(
-        model=settings.model,
+    spec = local_server_spec(
+        settings.model,
+        config,
         max_model_len=settings.script.max_model_len,
-        dtype=config.dtype,
-        max_logprobs=max(20, config.num_sampler_logprobs),
+        enforce_eager=settings.script.vllm_enforce_eager,
         api_key=new_api_key(),  # every route of the servers the run starts needs it
     )
     output_dir = Path(config.output_dir)

@@ -22,7 +22,8 @@ table: the base of every run) and::
     spreadless_steps = 5                  # stop_after_spreadless_steps
 
     [server]                              # the vLLM server the runs share (local, started here)
-    max_model_len = 1024
+    max_model_len = 1024                  # cut to the model's own context length
+    enforce_eager = false                 # true: no torch.compile (starts sooner, runs slower)
 
 ``model`` is a model id or directory, or a tiny random model built here:
 ``model = {tiny = "qwen3", hidden_size = 128, num_layers = 2, seed = 0}``. ``dataset`` is a
@@ -71,7 +72,7 @@ log = structlog.get_logger("asyncgrpo.sweep")
 SWEEP_KEYS = ("model", "dataset", "reward_funcs", "loop", "seeds", "grid", "runs", "stop",
               "server", "claims", "compare")  # fmt: skip
 STOP_KEYS = ("max_steps", "reward_threshold", "wall_time_s", "spreadless_steps")
-SERVER_KEYS = ("max_model_len", "max_logprobs", "extra_args")
+SERVER_KEYS = ("max_model_len", "max_logprobs", "enforce_eager", "extra_args")
 INDEX = "index.json"
 RUN_SPEC = "run_spec.json"
 RUN_RESULT = "run.json"
@@ -357,20 +358,17 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
     if urls:
         yield list(urls)
         return
-    from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
-    from asyncgrpo.shell.servers import server_cpus_for
+    from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
     config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
                                 "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip
     options = dict(sweep.server)
-    spec = ServerSpec(model=model, max_model_len=int(options.get("max_model_len", 1024)),
-                      dtype=config.dtype,
-                      max_logprobs=int(options.get("max_logprobs",
-                                                   max(20, config.num_sampler_logprobs))),
-                      cpus=server_cpus_for(config),
-                      extra_args=tuple(options.get("extra_args", ())))  # fmt: skip
-    with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
-        yield [server.base_url]
+    spec = local_server_spec(model, config, max_model_len=int(options.get("max_model_len", 1024)),
+                             max_logprobs=int(options.get("max_logprobs", 20)),
+                             enforce_eager=bool(options.get("enforce_eager", False)),
+                             extra_args=options.get("extra_args", ()))  # fmt: skip
+    with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
+        yield [servers[0].base_url]
 
 
 class _Index:

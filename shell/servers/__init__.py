@@ -16,7 +16,7 @@ from asyncgrpo.shell.servers.cpu_sharing import (
     servers_cpus_for,
 )
 from asyncgrpo.shell.servers.endpoint import ServerSettings
-from asyncgrpo.shell.servers.local import local_servers
+from asyncgrpo.shell.servers.local import local_server_spec, local_servers
 from asyncgrpo.shell.servers.outages import (
     RolloutGate,
     ServerGone,
@@ -41,6 +41,7 @@ __all__ = [
     "SharedTrust",
     "check_servers_match",
     "cpus_shared_with_server",
+    "local_server_spec",
     "local_servers",
     "release_process",
     "server_cpus_for",

