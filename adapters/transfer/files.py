@@ -44,30 +44,24 @@ class SyncTimings:
         return self.pause_s + self.barrier_s + self.transfer_s + self.write_s
 
 
-def without_aliases(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` without the entries that are the same tensor as an earlier one (a tied
-    model's ``lm_head.weight`` after ``model.embed_tokens.weight``, as ``state_dict()`` lists
-    them): safetensors refuses shared memory, and the server ties them itself on load."""
-    seen: set[tuple[int, int, tuple[int, ...], torch.dtype]] = set()
-    kept: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tensor.dtype)  # fmt: skip
-        if key in seen and key[0] != 0:
-            continue
-        seen.add(key)
-        kept[name] = tensor
-    return kept
-
-
 def write_safetensors(state_dict: Mapping[str, torch.Tensor], directory: str | Path) -> Path:
-    """Write ``state_dict`` as one safetensors file (atomically renamed into place); an entry
-    that is the same tensor as an earlier one is written once (:func:`without_aliases`)."""
+    """Write ``state_dict`` as one safetensors file (atomically renamed into place).
+
+    Every name is written, a tensor under two names (a tied model's ``lm_head.weight`` and
+    ``model.embed_tokens.weight``) as two copies: safetensors refuses shared memory, and
+    vLLM's in-place reload does not tie them again, so a tied LM head left out keeps the old
+    weights on the server (its log-probs then drift from the trainer's)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        name: t.detach().to("cpu").contiguous() for name, t in without_aliases(state_dict).items()
-    }
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in storages and storage != 0:
+            tensor = tensor.clone()
+        storages.add(storage)
+        tensors[name] = tensor
     partial = directory / f".{WEIGHTS_FILE}.partial"
     save_file(tensors, str(partial), metadata={"format": "pt"})
     final = directory / WEIGHTS_FILE

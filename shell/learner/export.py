@@ -20,11 +20,7 @@ import torch.distributed as dist
 from peft import PeftModel
 from torch import Tensor, nn
 
-from asyncgrpo.adapters.models.causal_lm import (
-    checkpoint_named,
-    save_weights_as_model,
-    tied_aliases,
-)
+from asyncgrpo.adapters.models.causal_lm import checkpoint_named, save_weights_as_model
 from asyncgrpo.adapters.models.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
 from asyncgrpo.adapters.models.lora import adapter_state_dict, merged_state_dict
 from asyncgrpo.adapters.models.vision_language import frozen_prefixes, is_synced_weight
@@ -45,13 +41,6 @@ class WeightExport:
         self.rank = rank
         self.device = device
         self.bf16 = bf16
-        self.aliases = tied_aliases(self._base)
-        """Names of tied parameters under the base model's keys (a tied ``lm_head.weight``):
-        never synced, since the server ties them itself (:func:`tied_aliases`)."""
-
-    @property
-    def _base(self) -> nn.Module:
-        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
 
     @property
     def is_peft(self) -> bool:
@@ -86,12 +75,14 @@ class WeightExport:
         return {
             converted_name: converted
             for name, tensor in self.full_state_dict().items()
-            if is_synced_weight(name, prefixes) and name not in self.aliases
+            if is_synced_weight(name, prefixes)
             for converted_name, converted in self._checkpoint_named({name: tensor}).items()
         }
 
     def _checkpoint_named(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        return checkpoint_named(self._base, weights)
+        return checkpoint_named(
+            self.model.get_base_model() if self.is_peft else self.model, weights
+        )
 
     def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
@@ -103,7 +94,6 @@ class WeightExport:
         return [
             (converted_name, self._exported(converted).dtype, tuple(converted.shape))
             for name, tensor in shapes.items()
-            if name not in self.aliases
             for converted_name, converted in self._checkpoint_named({name: tensor}).items()
         ]
 
@@ -120,15 +110,11 @@ class WeightExport:
             for name, tensor in self.synced_state_dict().items():
                 yield name, tensor.to(self.device)
             return
-        for name, full in iter_full_tensors(self.model, self._is_synced_whole):
+        for name, full in iter_full_tensors(self.model, self._is_synced):
             yield from self._checkpoint_named({name: self._exported(full)}).items()
 
     def _is_synced(self, name: str) -> bool:
         return is_synced_weight(name, frozen_prefixes(self.model))
-
-    def _is_synced_whole(self, name: str) -> bool:
-        """:meth:`_is_synced` for a model without PEFT, whose names are the base's."""
-        return self._is_synced(name) and name not in self.aliases
 
     def _exported(self, tensor: Tensor) -> Tensor:
         return tensor.to(self.export_dtype) if tensor.is_floating_point() else tensor

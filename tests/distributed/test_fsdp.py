@@ -32,7 +32,12 @@ def test_two_processes_update_the_weights_as_one(tiny_qwen3, tmp_path) -> None:
     single = run_worker(tiny_qwen3, tmp_path / "single.pt", processes=1)
     sharded = run_worker(tiny_qwen3, tmp_path / "sharded.pt", processes=2)
     initial = load_file(tiny_qwen3 / "model.safetensors")
-    update = max((t - initial[n]).abs().max().item() for n, t in single["weights"].items())
+    update = max(
+        (t - initial[n]).abs().max().item() for n, t in single["weights"].items() if n in initial
+    )
+    for weights in (single["weights"], sharded["weights"]):  # the tied LM head stays tied
+        assert set(weights) - set(initial) == {"lm_head.weight"}
+        assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
     diffs = {
         name: (sharded["weights"][name] - tensor).abs().max().item()
         for name, tensor in single["weights"].items()

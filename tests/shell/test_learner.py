@@ -248,18 +248,15 @@ def test_gradient_checkpointing_recomputes_the_layers(tiny_qwen3, checkpointing)
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen3, peft) -> None:
-    """What weight-transfer engines send: iter_weights yields the tensors the disk path writes
-    (synced_state_dict: the full state dict without the tied lm_head.weight, which the server
-    ties itself) in their order, and weight_metadata declares them (name, dtype, shape) without
-    gathering."""
+    """What weight-transfer engines send: iter_weights yields full_state_dict's tensors in its
+    order, and weight_metadata declares them (name, dtype, shape) without gathering. A tied
+    LM head is sent under its own name too: vLLM's in-place reload does not tie it again."""
     (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if peft else None
     learner = Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
     learner.train_step([pack_row([sample])])
-    full = learner.export.full_state_dict()
-    want = learner.export.synced_state_dict()
-    assert list(want) == [name for name in full if name != "lm_head.weight"]
-    assert torch.equal(full["lm_head.weight"], want["model.embed_tokens.weight"])
+    want = learner.export.full_state_dict()
+    assert torch.equal(want["lm_head.weight"], want["model.embed_tokens.weight"])
     streamed = list(learner.export.iter_weights())
     assert [name for name, _ in streamed] == list(want)
     assert all(torch.equal(tensor, want[name]) for name, tensor in streamed)
