@@ -10,7 +10,10 @@ TRL's AsyncGRPOTrainer rules, applied by :func:`aggregation_for`:
   (``sample/staleness_max``, ``completions/min_length``);
 * anything else is the **mean** of the recorded values. A value measured per rollout, sample or
   call is recorded with its weight (the number of items it stands for), so the window's mean is
-  over all items, not over batches.
+  over all items, not over batches;
+* a value recorded with :func:`latest` (an evaluation's result, which a window may hold more
+  than one of) keeps the one of the highest order (its weight version), whatever the order the
+  windows merge in.
 
 Windows are immutable and merge associatively (:func:`merge`), so windows from several
 processes or several steps combine into the same summary in any order.
@@ -48,6 +51,7 @@ class Aggregation(Enum):
     MAX = "max"
     MIN = "min"
     RATIO = "ratio"
+    LATEST = "latest"
 
 
 _WORDS = re.compile(r"[a-z0-9]+")
@@ -80,6 +84,9 @@ class Observation:
     amount: float
     weight: float = 1.0
     is_ratio: bool = False
+    aggregation: Aggregation | None = None
+    """Declared by the maker (:func:`latest`); None: read from the name
+    (:func:`aggregation_for`)."""
 
 
 def value(name: str, amount: float, weight: float = 1.0) -> Observation:
@@ -99,6 +106,19 @@ def ratio(name: str, numerator: float, denominator: float) -> Observation:
     return Observation(name=name, amount=float(numerator), weight=float(denominator), is_ratio=True)
 
 
+def latest(name: str, amount: float, order: float) -> Observation:
+    """A value that replaces older ones: a window keeps the one of the highest ``order`` (an
+    evaluation's weight version), so two results in one window report the newest.
+
+    Example:
+        >>> summarize(record(MetricWindow(), [latest("eval/test/reward", 0.5, order=5),
+        ...                                   latest("eval/test/reward", 0.25, order=2)]))
+        {'eval/test/reward': 0.5}
+    """
+    return Observation(name=name, amount=float(amount), weight=float(order),
+                       aggregation=Aggregation.LATEST)  # fmt: skip
+
+
 @attrs.frozen
 class Stat:
     """The running state of one metric in a window."""
@@ -112,6 +132,8 @@ class Stat:
         amount, weight = observation.amount, observation.weight
         if self.aggregation is Aggregation.RATIO:
             return Stat(self.aggregation, self.total + amount, self.weight + weight)
+        if self.aggregation is Aggregation.LATEST:
+            return self.combine(Stat(self.aggregation, amount, weight, amount))
         if not math.isfinite(amount):
             return self
         if self.aggregation is Aggregation.MAX:
@@ -130,6 +152,10 @@ class Stat:
                 f"cannot merge a {self.aggregation.value} metric with a "
                 f"{other.aggregation.value} one"
             )
+        if self.aggregation is Aggregation.LATEST:  # the higher order; ties: the larger value
+            if (self.weight, self.total) >= (other.weight, other.total) and self.weight > 0:
+                return self
+            return other
         extremes = [e for e in (self.extreme, other.extreme) if not math.isnan(e)]
         pick = max if self.aggregation is Aggregation.MAX else min
         return Stat(
@@ -140,6 +166,8 @@ class Stat:
         )
 
     def result(self) -> float:
+        if self.aggregation is Aggregation.LATEST:
+            return self.total
         if self.aggregation in (Aggregation.MAX, Aggregation.MIN):
             return self.extreme
         if self.aggregation is Aggregation.SUM:
@@ -165,7 +193,7 @@ def record(window: MetricWindow, observations: Iterable[Observation]) -> MetricW
     """
     stats = dict(window.stats)
     for observation in observations:
-        kind = Aggregation.RATIO if observation.is_ratio else aggregation_for(observation.name)
+        kind = _aggregation_of(observation)
         stat = stats.get(observation.name) or Stat(kind)
         if stat.aggregation is not kind:
             raise ValueError(
@@ -174,6 +202,12 @@ def record(window: MetricWindow, observations: Iterable[Observation]) -> MetricW
             )
         stats[observation.name] = stat.add(observation)
     return MetricWindow(stats)
+
+
+def _aggregation_of(observation: Observation) -> Aggregation:
+    if observation.aggregation is not None:
+        return observation.aggregation
+    return Aggregation.RATIO if observation.is_ratio else aggregation_for(observation.name)
 
 
 def merge(a: MetricWindow, b: MetricWindow) -> MetricWindow:

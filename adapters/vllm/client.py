@@ -100,6 +100,7 @@ KEEPALIVE_EXPIRY_S = 2.0
 so that the client lets a connection go before the server closes it."""
 SILENCE_LOG_EVERY_S = 10.0
 PROBE_TIMEOUT_S = 5.0
+PRIORITY_POLICY = "priority"  # vLLM's --scheduling-policy that orders requests by priority
 
 
 class ServerGate(Protocol):
@@ -373,9 +374,12 @@ class VLLMClient:
         seed: int,
         model: str | None = None,
         candidate_sets_logprobs: int | None = None,
+        priority: int = 0,
     ) -> Generation:
         """Sample one completion of ``prompt_ids`` (from ``model``, e.g. a LoRA adapter's
-        name, instead of the client's model when given).
+        name, instead of the client's model when given). A ``priority`` other than 0 (later
+        than 0's requests: vLLM schedules lower values first) needs a server started with
+        ``--scheduling-policy priority`` (:meth:`scheduling_policy`).
 
         With ``candidate_sets_logprobs`` (the plan's ``logprobs_to_request``) the request goes
         to the token endpoint and the generation carries each token's candidate set."""
@@ -395,6 +399,7 @@ class VLLMClient:
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "stream": False,
+            **({"priority": priority} if priority else {}),
         }
         return await self._generate_until_not_aborted(
             "/v1/completions", body, lambda reply: self._one_choice(reply, params)
@@ -475,6 +480,12 @@ class VLLMClient:
         self.identity_offered = identity is not None
         return identity
 
+    async def served_models(self) -> list[str]:
+        """The names the server serves (``/v1/models``; its base model first)."""
+        response = await self._request("GET", "/v1/models")
+        self._raise_for_client_error(response, "/v1/models")
+        return [str(entry.get("id")) for entry in response.json().get("data", [])]
+
     async def max_model_len(self) -> int:
         """The served model's ``max_model_len`` from ``/v1/models``."""
         response = await self._request("GET", "/v1/models")
@@ -531,6 +542,13 @@ class VLLMClient:
         if not isinstance(config, dict):
             raise VLLMError(f"/server_info: vllm_config is not an object: {str(config)[:200]}")
         return config
+
+    async def scheduling_policy(self) -> str | None:
+        """The server's scheduling policy (``"fcfs"`` or :data:`PRIORITY_POLICY`) from
+        ``/server_info``; None when it does not say."""
+        config = await self.server_config()
+        scheduler = (config or {}).get("scheduler_config") or {}
+        return scheduler.get("policy") if isinstance(scheduler, dict) else None
 
     async def candidate_set_support(self) -> CandidateSetSupport:
         """Whether the server records sampling masks (``/server_info``) and serves the token

@@ -13,7 +13,8 @@ class SamplingParams:
     """The sampling settings of one request (the config's generation fields).
 
     ``top_k=0`` and ``top_p=1.0`` keep the full vocabulary; ``num_sampler_logprobs`` top
-    log-probs are returned per token (0 for none).
+    log-probs are returned per token (0 for none). Training needs a stochastic sampler
+    (``temperature > 0``); an evaluation may be greedy (``greedy_allowed``: ``temperature`` 0).
     """
 
     max_tokens: int
@@ -23,11 +24,15 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     num_sampler_logprobs: int = 8
+    greedy_allowed: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_completion_length must be >= 1")
-        if self.temperature <= 0:
+        if self.greedy_allowed:
+            if self.temperature < 0:
+                raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        elif self.temperature <= 0:
             raise ValueError(
                 "temperature must be > 0 (the importance ratio needs a stochastic sampler)"
             )

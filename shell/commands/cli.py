@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from asyncgrpo.shell.commands.evaluate import add_parser as add_eval_parser
 from asyncgrpo.shell.experiments import SimulationConfig, plot_run, simulate
 from asyncgrpo.shell.run import (
     TrainingInterrupted,
@@ -79,10 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
              "docs/scaling.md)",
     )  # fmt: skip
     demo.add_argument(
+        "--eval-steps", type=int, default=5,
+        help="evaluate the held-out prompts at the start and every N steps (default: 5; 0: "
+             "never)",
+    )  # fmt: skip
+    demo.add_argument(
         "--vllm-enforce-eager", action="store_true",
         help="start the server without torch.compile (vLLM's --enforce-eager): it is ready "
              "10-40 s sooner and generates 10-20%% fewer tokens/s",
     )  # fmt: skip
+    add_eval_parser(commands)
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     sweep = commands.add_parser(
@@ -158,6 +165,7 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     result = run_demo(
         args.output_dir, args.max_steps, overrides=overrides, model_family=args.model_family,
         servers=args.vllm_servers, enforce_eager=args.vllm_enforce_eager,
+        eval_steps=args.eval_steps,
     )  # fmt: skip
     path = plot_run(args.output_dir)
     print(
@@ -225,6 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
                   "run it again to finish what is left", file=sys.stderr)  # fmt: skip
             return 128 + signum_of(error)
+    elif args.command == "eval":
+        from asyncgrpo.shell.commands.evaluate import run_eval
+
+        try:
+            run_eval(args)
+        except (ValueError, RuntimeError, FileNotFoundError) as error:
+            print(f"asyncgrpo eval: {error}", file=sys.stderr)
+            return 2
     elif args.command == "plot":
         try:
             path = plot_run(args.run_dir)

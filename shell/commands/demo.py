@@ -23,10 +23,9 @@ from datasets import Dataset
 
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
-from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
-from asyncgrpo.shell.servers import local_servers, servers_cpus_for
+from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
 QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
              "What is your favourite number?", "Pick a number.", "Reply with digits.",
@@ -47,10 +46,20 @@ def digit_fraction_reward(completions: Sequence[Sequence[dict[str, Any]]], **kwa
     return rewards
 
 
+HELD_OUT = ("Name a number.", "Write some digits.", "Tell me a number.", "Any digits?",
+            "Which number?", "Digits, please.")  # fmt: skip
+"""Prompts the demo evaluates on and never trains on."""
+
+
 def demo_dataset(repeats: int = 8) -> Dataset:
     """Conversational prompts for the demo (``len(QUESTIONS) x repeats`` rows)."""
     prompts = [[{"role": "user", "content": q}] for q in QUESTIONS] * repeats
     return Dataset.from_dict({"prompt": prompts})
+
+
+def demo_eval_dataset() -> Dataset:
+    """The held-out prompts (:data:`HELD_OUT`)."""
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in HELD_OUT]})
 
 
 MODEL_FAMILIES = ("qwen3", "qwen3-next")
@@ -58,8 +67,10 @@ LEARNER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
 SERVER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
 
 
-def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncGRPOConfig:
-    """The demo's settings: a high learning rate for a tiny model, short completions."""
+def demo_config(output_dir: str | Path, max_steps: int, base_url: str,
+                eval_steps: int = 5) -> AsyncGRPOConfig:  # fmt: skip
+    """The demo's settings: a high learning rate for a tiny model, short completions, and an
+    evaluation of the held-out prompts at the start and every ``eval_steps`` steps (0: none)."""
     return AsyncGRPOConfig(
         output_dir=str(output_dir),
         max_steps=max_steps,
@@ -76,6 +87,9 @@ def demo_config(output_dir: str | Path, max_steps: int, base_url: str) -> AsyncG
         max_concurrent_rollouts=64,
         vllm_server_base_url=base_url,
         seed=0,
+        eval_strategy="steps" if eval_steps > 0 else "no",
+        eval_steps=eval_steps if eval_steps > 0 else None,
+        eval_on_start=eval_steps > 0,
     )
 
 
@@ -86,6 +100,7 @@ def run_demo(
     model_family: str = "qwen3",
     servers: int = 1,
     enforce_eager: bool = False,
+    eval_steps: int = 5,
 ) -> TrainOutput:
     """Build the tiny model, start the server(s), train; metrics land in ``output_dir``.
 
@@ -93,7 +108,8 @@ def run_demo(
     the servers share the cores :mod:`asyncgrpo.core.servers.cpu_plan` leaves them (``servers``: how
     many to start; each group goes to one of them, docs/scaling.md). ``model_family`` is one
     of :data:`MODEL_FAMILIES`; ``enforce_eager`` starts the servers without torch.compile
-    (:attr:`~asyncgrpo.adapters.vllm.server.ServerSpec.enforce_eager`)."""
+    (:attr:`~asyncgrpo.adapters.vllm.server.ServerSpec.enforce_eager`); the held-out prompts
+    are evaluated at the start and every ``eval_steps`` steps (0: never)."""
     if servers < 1:
         raise ValueError(f"servers must be >= 1, got {servers}")
     if model_family not in MODEL_FAMILIES:
@@ -102,12 +118,13 @@ def run_demo(
     architecture = "qwen3_next" if model_family == "qwen3-next" else "qwen3"
     model_dir = save_tiny_model(output_dir / "initial-model", architecture, seed=0)
     config = dataclasses.replace(
-        demo_config(output_dir, max_steps, base_url="http://127.0.0.1"),
+        demo_config(output_dir, max_steps, base_url="http://127.0.0.1", eval_steps=eval_steps),
         **{"dtype": LEARNER_DTYPE[model_family], **(overrides or {})},
     )
     key = new_api_key()  # the server's routes, dev and weight-transfer ones too, need it
-    spec = ServerSpec(model=str(model_dir), max_model_len=1024, dtype=SERVER_DTYPE[model_family],
-                      max_logprobs=8, api_key=key, enforce_eager=enforce_eager)  # fmt: skip
+    served = dataclasses.replace(config, dtype=SERVER_DTYPE[model_family])
+    spec = local_server_spec(str(model_dir), served, max_model_len=1024, max_logprobs=8,
+                             enforce_eager=enforce_eager, api_key=key)  # fmt: skip
     with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls
@@ -118,5 +135,6 @@ def run_demo(
                 config, vllm_server_base_url=base_url, vllm_server_api_key=key
             ),
             train_dataset=demo_dataset(),
+            eval_dataset={"held_out": demo_eval_dataset()} if eval_steps > 0 else None,
         )
         return trainer.train()

@@ -333,6 +333,23 @@ class AsyncGRPOConfig(TrainingArguments):
                        "(None: half, at least one; every trainer rank keeps a core)."),
     )  # fmt: skip
 
+    # evaluation (not in TRL; docs/evaluation.md)
+    eval_num_generations: int = field(
+        default=1,
+        metadata=_help("Not in TRL. Completions per held-out prompt in an evaluation: the k of "
+                       "eval/<name>/pass@k."),
+    )  # fmt: skip
+    eval_temperature: float = field(
+        default=0.0,
+        metadata=_help("Not in TRL. Sampling temperature of evaluations; 0: greedy (the same "
+                       "result every time at one weight version)."),
+    )  # fmt: skip
+    eval_max_completion_length: int | None = field(
+        default=None,
+        metadata=_help("Not in TRL. Tokens per request (per turn) in evaluations; None: "
+                       "max_completion_length."),
+    )  # fmt: skip
+
     # logging
     log_completions: bool = field(
         default=False, metadata=_help("Write each window's completions to completions.jsonl.")
@@ -443,6 +460,8 @@ class AsyncGRPOConfig(TrainingArguments):
                 f"AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with loss_type="
                 f"{objective.name!r}: it needs the sampler's top log-probs"
             )
+        self._check_positive("eval_num_generations")
+        self.eval_sampling_params()  # checks the evaluation's sampling fields
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError("AsyncGRPOConfig.token_budget must be >= 1 or None")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -481,6 +500,24 @@ class AsyncGRPOConfig(TrainingArguments):
             )
         except ValueError as error:
             raise ValueError(f"AsyncGRPOConfig.{error}") from None
+
+    def eval_sampling_params(self) -> SamplingParams:
+        """The sampling settings of an evaluation's requests: the generation fields with
+        ``eval_temperature`` (0: greedy) and ``eval_max_completion_length``, no top log-probs."""
+        max_tokens = self.eval_max_completion_length
+        if max_tokens is None:
+            max_tokens = self.max_completion_length
+        try:
+            return attrs.evolve(
+                self.sampling_params(),
+                max_tokens=max_tokens,
+                temperature=self.eval_temperature,
+                num_sampler_logprobs=0,
+                greedy_allowed=True,
+            )
+        except ValueError as error:
+            message = str(error).removeprefix("AsyncGRPOConfig.")
+            raise ValueError(f"AsyncGRPOConfig.eval_{message}") from None
 
     def objective(self) -> Objective:
         """The policy objective ``loss_type`` (or ``score_centering``) names

@@ -76,9 +76,17 @@ USED: dict[str, str] = {
     "train_sampling_strategy": "only random: each epoch is a seeded permutation of the prompts",
     "ddp_timeout": "timeout of the process group's collectives, in seconds",
     "resume_from_checkpoint": "a checkpoint directory, or True for the newest in output_dir",
+    "eval_strategy": "no, or steps: evaluate eval_dataset every eval_steps optimizer steps, "
+    "at that step's weights, on the vLLM servers beside training (docs/evaluation.md)",
+    "eval_steps": "an evaluation every N optimizer steps; None: logging_steps; < 1 is a "
+    "fraction of max_steps",
+    "eval_on_start": "also evaluate the starting weights, before the first step",
 }
 
-_NO_EVAL = "AsyncGRPOTrainer has no evaluation loop (it takes no eval_dataset)"
+_EVAL_ON_SERVERS = (
+    "evaluations generate on the vLLM servers and score with the reward functions "
+    "(docs/evaluation.md); there is no evaluation forward pass in the trainer"
+)
 _NO_DATALOADER = "prompts are read by the rollout process, not by a torch DataLoader"
 _FSDP2 = "sharding is always FSDP2 over the torchrun processes (a unit per decoder layer)"
 
@@ -86,8 +94,8 @@ REJECTED: dict[str, str] = {
     "optim_target_modules": "GaLore/APOLLO optimizers are not supported",
     "label_smoothing_factor": "there are no labels: the loss is a policy-gradient loss",
     "fp16": "fp16 is not supported; use bf16 (GPU) or fp32",
-    "bf16_full_eval": _NO_EVAL,
-    "fp16_full_eval": _NO_EVAL,
+    "bf16_full_eval": _EVAL_ON_SERVERS,
+    "fp16_full_eval": _EVAL_ON_SERVERS,
     "torch_compile": "the packed tree-attention forward is not compiled",
     "torch_compile_backend": "the packed tree-attention forward is not compiled",
     "torch_compile_mode": "the packed tree-attention forward is not compiled",
@@ -102,20 +110,17 @@ REJECTED: dict[str, str] = {
     "trackio_space_id": "the trackio tracker logs locally; no Space is deployed",
     "trackio_bucket_id": "the trackio tracker logs locally; no bucket is used",
     "trackio_static_space_id": "the trackio tracker logs locally; no Space is deployed",
-    "eval_strategy": _NO_EVAL,
-    "eval_steps": _NO_EVAL,
-    "eval_delay": _NO_EVAL,
-    "per_device_eval_batch_size": _NO_EVAL,
-    "prediction_loss_only": _NO_EVAL,
-    "eval_on_start": _NO_EVAL,
-    "eval_do_concat_batches": _NO_EVAL,
-    "eval_use_gather_object": _NO_EVAL,
-    "eval_accumulation_steps": _NO_EVAL,
-    "include_for_metrics": _NO_EVAL,
-    "batch_eval_metrics": _NO_EVAL,
-    "load_best_model_at_end": _NO_EVAL,
-    "metric_for_best_model": _NO_EVAL,
-    "greater_is_better": _NO_EVAL,
+    "eval_delay": _EVAL_ON_SERVERS,
+    "per_device_eval_batch_size": _EVAL_ON_SERVERS,
+    "prediction_loss_only": _EVAL_ON_SERVERS,
+    "eval_do_concat_batches": _EVAL_ON_SERVERS,
+    "eval_use_gather_object": _EVAL_ON_SERVERS,
+    "eval_accumulation_steps": _EVAL_ON_SERVERS,
+    "include_for_metrics": _EVAL_ON_SERVERS,
+    "batch_eval_metrics": _EVAL_ON_SERVERS,
+    "load_best_model_at_end": _EVAL_ON_SERVERS,
+    "metric_for_best_model": _EVAL_ON_SERVERS,
+    "greater_is_better": _EVAL_ON_SERVERS,
     "save_only_model": "checkpoints keep the optimizer state so that a run can resume",
     "save_on_each_node": "rank 0 writes the model; each process writes its own shard",
     "enable_jit_checkpoint": "checkpoints are written on the save schedule only",
@@ -166,6 +171,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "logging_strategy": ("steps", "epoch", "no"),
     "save_strategy": ("steps", "epoch", "no"),
+    "eval_strategy": ("no", "steps"),
     "per_device_train_batch_size": (8,),
     "average_tokens_across_devices": (True,),
     "train_sampling_strategy": ("random",),

@@ -1,7 +1,7 @@
 """Experiments as code, the library behind :mod:`asyncgrpo.experiments`: sweeps over settings
 and seeds (:mod:`.sweep`), comparisons with intervals and claims (:mod:`.compare`), the
 pipeline simulator (:mod:`.simulate`) and its calibration from a real run (:mod:`.calibrate`),
-and a run's plots (:mod:`.plot`).
+a run's plots (:mod:`.plot`) and evaluations of any model or checkpoint (:mod:`.evaluate`).
 
 It sits above the run wing (a sweep's run is a trainer) and below the commands, which are
 argparse glue over it.
@@ -16,6 +16,7 @@ from asyncgrpo.shell.experiments.calibrate import (
     servers_report,
 )
 from asyncgrpo.shell.experiments.compare import Comparison, compare, load_runs
+from asyncgrpo.shell.experiments.evaluate import evaluate_model, evaluation_table, served_model
 from asyncgrpo.shell.experiments.plot import plot_run, server_panels
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.experiments.sweep import (
@@ -37,6 +38,8 @@ __all__ = [
     "SweepResult",
     "calibrate_and_predict",
     "compare",
+    "evaluate_model",
+    "evaluation_table",
     "load_runs",
     "plot_run",
     "predict_servers",
@@ -44,6 +47,7 @@ __all__ = [
     "read_sweep",
     "report",
     "run_sweep",
+    "served_model",
     "server_panels",
     "servers_report",
     "simulate",

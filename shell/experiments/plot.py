@@ -1,15 +1,18 @@
 """``asyncgrpo plot RUN_DIR``: PNG plots of a run from its ``metrics.jsonl``.
 
 A run with several servers gets a panel per server metric too (groups, generated tokens/s,
-rollouts in flight and outages of each server, ``rollout/server/<i>/...``).
+rollouts in flight and outages of each server, ``rollout/server/<i>/...``). A run that
+evaluated gets two more from ``evaluations.jsonl``: each dataset's evaluation reward, with its
+interval, by step (its weight version) and by seconds of training.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward", "reward_kept", "reward_dropped")),
@@ -51,6 +54,35 @@ def server_panels(rows: Sequence[dict[str, float]]) -> list[tuple[str, list[str]
     return panels
 
 
+def evaluation_rewards(rows: Sequence[dict[str, float]]) -> list[str]:
+    """The ``eval/<name>/reward`` metrics of a run's evaluations, one per dataset.
+
+    Example:
+        >>> evaluation_rewards([{"step": 0, "eval/test/reward": 0.5, "eval/test/pass@1": 0.5}])
+        ['eval/test/reward']
+    """
+    names = {key for row in rows for key in row}
+    return sorted(n for n in names if n.startswith("eval/") and n.endswith("/reward"))
+
+
+def _draw_evaluations(axes: Sequence[Any], rows: Sequence[dict[str, float]]) -> None:
+    """Each dataset's evaluation reward with its interval, by step and by training time."""
+    for ax, x_name, label in zip(axes, ("step", "time_s"),
+                                 ("step (weight version)", "seconds of training"),
+                                 strict=True):  # fmt: skip
+        for name in evaluation_rewards(rows):
+            points = [(r[x_name], r[name], r.get(name + "/ci_low", r[name]),
+                       r.get(name + "/ci_high", r[name]))
+                      for r in rows if r.get(name) is not None]  # fmt: skip
+            x, y, low, high = zip(*points, strict=True)
+            ax.plot(x, y, marker="o", label=name)
+            ax.fill_between(x, low, high, alpha=0.2)
+        ax.set_title(f"evaluation reward (90% interval over prompts), by {label}")
+        ax.set_xlabel(label)
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+
+
 def plot_run(run_dir: str | Path, panels: Sequence[tuple[str, Sequence[str]]] = PANELS) -> Path:
     """Draw one panel per group of metrics against ``step`` (and per server metric of a run
     with several servers, :func:`server_panels`); returns the PNG's path.
@@ -66,8 +98,14 @@ def plot_run(run_dir: str | Path, panels: Sequence[tuple[str, Sequence[str]]] = 
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no logging windows yet")
     panels = [*panels, *server_panels(rows)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True)
-    for ax, (title, names) in zip(axes, panels, strict=True):
+    evaluated = (Path(run_dir) / EVALUATIONS_FILE).is_file()
+    evaluations = read_metrics(run_dir, EVALUATIONS_FILE) if evaluated else []
+    extra = 2 if evaluation_rewards(evaluations) else 0
+    count = len(panels) + extra
+    fig, axes = plt.subplots(count, 1, figsize=(8, 2.6 * count))
+    if extra:
+        _draw_evaluations(axes[len(panels) :], evaluations)
+    for ax, (title, names) in zip(axes, panels, strict=False):
         drawn = False
         for name in names:
             points = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
@@ -81,7 +119,7 @@ def plot_run(run_dir: str | Path, panels: Sequence[tuple[str, Sequence[str]]] = 
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("step")
+        ax.set_xlabel("step")
     fig.tight_layout()
     path = Path(run_dir) / "metrics.png"
     fig.savefig(path, dpi=110)

@@ -1,18 +1,21 @@
 """The rollout process: the rollout loop (:mod:`.loop`), tools and environments
-(:mod:`.tools`), group scoring (:mod:`.scoring`), prompt rows (:mod:`.prompts`), the messages to
-the trainer (:mod:`.messages`) and the spawned process that runs the loop (:mod:`.process`).
+(:mod:`.tools`), group scoring (:mod:`.scoring`), evaluations (:mod:`.evaluation`), prompt rows
+(:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the spawned process that runs
+the loop (:mod:`.process`).
 """
 
 from __future__ import annotations
 
+from asyncgrpo.shell.rollout.evaluation import evaluate_now
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
-from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.messages import EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.process import LoopSpec, RolloutProcess, RolloutWorkerError
 from asyncgrpo.shell.rollout.prompts import PROMPT_FIX, check_conversational, check_row
 
 __all__ = [
     "PROMPT_FIX",
     "AsyncRolloutLoop",
+    "EvalOutcome",
     "GroupOutcome",
     "LoopReport",
     "LoopSpec",
@@ -20,4 +23,5 @@ __all__ = [
     "RolloutWorkerError",
     "check_conversational",
     "check_row",
+    "evaluate_now",
 ]

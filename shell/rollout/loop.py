@@ -40,7 +40,7 @@ import contextvars
 import itertools
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -50,10 +50,12 @@ import structlog
 
 from asyncgrpo.adapters.transfer.files import adapter_name
 from asyncgrpo.adapters.vllm.client import (
+    PRIORITY_POLICY,
     PromptTooLongError,
     ServerGate,
     VLLMClient,
 )
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.metrics import Observation, ratio, value
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, pacing, sample_wait
@@ -61,11 +63,13 @@ from asyncgrpo.core.rollout.activity import Activity, describe_activities
 from asyncgrpo.core.rollout.advantages import standardize_rewards
 from asyncgrpo.core.rollout.candidate_sets import plan_candidate_sets
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout.messages import Channels, GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.evaluation import EvalRollout, Evaluator
+from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
 from asyncgrpo.shell.rollout.tools import ToolLoop
 from asyncgrpo.shell.servers import (
+    EvalRequest,
     RolloutGate,
     ServerGone,
     ServerOut,
@@ -86,6 +90,11 @@ _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
 _GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 # the server the current group runs on (its index in vllm_server_base_url)
 _SERVER: contextvars.ContextVar[int] = contextvars.ContextVar("server", default=0)
+# inside an evaluation's rollout: its sampling settings (None: training's)
+_EVALUATING: contextvars.ContextVar[SamplingParams | None] = contextvars.ContextVar(
+    "evaluating", default=None
+)
+EVAL_PRIORITY = 1  # vLLM schedules lower values first; training's requests have 0
 HEARTBEAT_S = 1.0
 TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
 
@@ -166,6 +175,7 @@ class AsyncRolloutLoop:
         start_cursor: cursor.PromptCursor | None = None,
         server_gate: ServerGate | None = None,
         servers: SharedServers | None = None,
+        eval_datasets: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.server_gate = server_gate
@@ -205,6 +215,13 @@ class AsyncRolloutLoop:
         self._too_long_in_a_row = 0
         self._activity_ids = itertools.count()
         self._published = sample_wait.WaitTally()  # every group published, for the heartbeat
+        self.eval_sampling = config.eval_sampling_params()
+        self._priority_scheduling = False  # set at start: whether the servers schedule by it
+        self.evaluator = Evaluator(
+            dict(eval_datasets or {}), self.reward_funcs, config.eval_num_generations,
+            config.max_concurrent_rollouts, self.evaluation_rollout, self._server_versions,
+            self._wait_for_version_change, self._doing,
+        )  # fmt: skip
 
     @property
     def client(self) -> VLLMClient | None:
@@ -255,7 +272,10 @@ class AsyncRolloutLoop:
         return standardize_rewards(np.asarray(group.rewards, dtype=np.float64))
 
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
-        """Sample one reply with the config's sampling settings (one vLLM request).
+        """Sample one reply with the config's sampling settings (one vLLM request); inside an
+        evaluation with its settings (:attr:`eval_sampling`: ``eval_temperature``,
+        ``eval_max_completion_length``), below training's priority where the server schedules
+        by priority.
 
         The request's seed is :func:`~asyncgrpo.core.rollout.cursor.request_seed` of the prompt's
         position, the rollout's index and the turn, so a resumed run samples the same way."""
@@ -263,15 +283,21 @@ class AsyncRolloutLoop:
             raise RuntimeError("generate_one_turn called before the loop started")
         seed = self._next_seed()
         adapter = adapter_name(self.lora_prefix, _GROUP_VERSION.get()) if self.lora_prefix else None
-        gen = await self.client.generate(
-            prompt_ids, self.sampling, seed, model=adapter,
-            candidate_sets_logprobs=self._candidate_logprobs,
-        )  # fmt: skip
-        self._generated_tokens += len(gen.output_ids)
-        assert self.pool is not None
-        server = self.pool[_SERVER.get()]
-        server.requests += 1
-        server.generated_tokens += len(gen.output_ids)
+        evaluation = _EVALUATING.get()
+        if evaluation is not None:  # below training's priority, no candidate sets
+            priority = EVAL_PRIORITY if self._priority_scheduling else 0
+            gen = await self.client.generate(prompt_ids, evaluation, seed, model=adapter,
+                                             priority=priority)  # fmt: skip
+        else:
+            gen = await self.client.generate(
+                prompt_ids, self.sampling, seed, model=adapter,
+                candidate_sets_logprobs=self._candidate_logprobs,
+            )  # fmt: skip
+            self._generated_tokens += len(gen.output_ids)
+            assert self.pool is not None
+            server = self.pool[_SERVER.get()]
+            server.requests += 1
+            server.generated_tokens += len(gen.output_ids)
         return TurnRecord(
             prompt_ids=prompt_ids,
             output_ids=gen.output_ids,
@@ -303,16 +329,7 @@ class AsyncRolloutLoop:
 
     async def run(self) -> None:
         """Run until the trainer asks to stop (or a fault raises)."""
-        settings = ServerSettings.of(self.config)
-        clients = [self._client_of(settings, index) for index in range(settings.count)]
-        self.pool = ServerPool(
-            clients, self.config.max_concurrent_rollouts, self._version_of, self._routable,
-            self._outages if self.rerouting else None,
-        )  # fmt: skip
-        try:
-            await self._start_load_cap()
-            await self._plan_candidate_sets()
-            await self.setup()
+        async with self.opened():
             send, receive = anyio.create_memory_object_stream[PendingGroup](
                 self.score_queue_maxsize
             )
@@ -322,12 +339,35 @@ class AsyncRolloutLoop:
                     tg.start_soon(self._poll_server_forever)
                     tg.start_soon(self._score_forever, receive)
                     tg.start_soon(self._relay_trainer_changes)
+                    if self.evaluator.rows:
+                        tg.start_soon(self._evaluate_forever)
                     await self._dispatch(tg, send)
                     tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 raise _root_cause(group) from None
             finally:
                 send.close()
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[None]:
+        """The loop's clients and servers, ready (load caps, candidate sets, the servers'
+        scheduling, :meth:`setup`); :meth:`close` and the clients' end on exit. :meth:`run`
+        trains inside it; an evaluation outside training (:meth:`evaluate`) runs inside it
+        too."""
+        settings = ServerSettings.of(self.config)
+        clients = [self._client_of(settings, index) for index in range(settings.count)]
+        self.pool = ServerPool(
+            clients, self.config.max_concurrent_rollouts, self._version_of, self._routable,
+            self._outages if self.rerouting else None,
+        )  # fmt: skip
+        try:
+            await self._start_load_cap()
+            await self._plan_candidate_sets()
+            self._priority_scheduling = all(
+                [await c.scheduling_policy() == PRIORITY_POLICY for c in clients]
+            )
+            await self.setup()
+            yield
         finally:
             with anyio.CancelScope(shield=True):
                 await self.close()
@@ -578,6 +618,56 @@ class AsyncRolloutLoop:
                     self._slots.notify_all()
         self._pending_obs.append(value("rollout/duration_s", time.monotonic() - start))
         return rollout, env_reward
+
+    # ----------------------------------------------------------------- evaluation
+
+    async def evaluate(self, request: EvalRequest) -> EvalOutcome:
+        """Evaluate every evaluation dataset at ``request.version`` (inside :meth:`opened`):
+        each prompt's ``eval_num_generations`` rollouts on the servers holding that version
+        (:class:`~asyncgrpo.shell.rollout.evaluation.Evaluator`)."""
+        return await self.evaluator.evaluate(request)
+
+    async def evaluation_rollout(
+        self, which: EvalRollout, prompt: list[dict[str, Any]], row: Mapping[str, Any]
+    ) -> tuple[Rollout, tuple[type, float] | None]:
+        """One rollout of an evaluation through this loop's rollout code (:meth:`generate_one`,
+        tools and environments as in training), with the evaluation's sampling settings, on
+        ``which.server`` at ``which.version``; its seeds are its own (a negative position)."""
+        _SERVER.set(which.server)
+        _GROUP_VERSION.set(which.version)
+        _GROUP.set((-1, which.row_index))
+        _ROLLOUT.set(_RolloutKey(-1 - which.row_index, which.index))
+        _EVALUATING.set(self.eval_sampling)
+        environment = None
+        try:
+            messages, tools, environment = await self.tool_loop.open_environment(
+                prompt, dict(row), which.row_index, self.tools
+            )
+            rollout = await self.generate_one(messages, tools, -1)
+            return rollout, await self.tool_loop.environment_reward(environment)
+        finally:
+            if environment is not None:
+                self.tool_loop.release_environment(row, environment)
+
+    def _server_versions(self) -> list[int]:
+        assert self.pool is not None
+        return [self._version_of(server) for server in range(len(self.pool))]
+
+    async def _wait_for_version_change(self) -> None:
+        self._changes.arm()
+        await self._changes.wait(CHANGE_BACKSTOP_S)
+
+    async def _evaluate_forever(self) -> None:
+        """Run each evaluation the trainer asks for, one at a time, and publish its outcome."""
+        while True:
+            request = self.channels.eval_request()
+            if request is None:
+                await self._wait_for_version_change()
+                continue
+            with self._doing(f"evaluation of version {request.version}", (-1, -1)):
+                outcome = await self.evaluate(request)
+            self.channels.publish(outcome)
+            self.channels.eval_finished(request.request_id)
 
     # ----------------------------------------------------------------- scoring
 

@@ -1,9 +1,11 @@
 """What the rollout loop and the trainer tell each other.
 
 The loop publishes a :class:`GroupOutcome` per prompt position (a scored group, or nothing for
-a filtered or skipped prompt) and a :class:`LoopReport` every few seconds; it reads the policy
-version, the pacing figures and the stop request through :class:`Channels`. In production
-the channels cross the process boundary (:mod:`asyncgrpo.shell.rollout.process`).
+a filtered or skipped prompt), a :class:`LoopReport` every few seconds and an
+:class:`EvalOutcome` per evaluation the trainer asked for (an :class:`EvalRequest`); it reads the
+policy version, the pacing figures, the evaluation asked for and the stop request through
+:class:`Channels`. In production the channels cross the process boundary
+(:mod:`asyncgrpo.shell.rollout.process`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Protocol
 
 import attrs
 
+from asyncgrpo.core.experiments.evaluation import Evaluation
 from asyncgrpo.core.metrics import Observation
 from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.shell.servers import EvalRequest
 
 
 @attrs.frozen
@@ -42,6 +46,16 @@ class LoopReport:
     observations: tuple[Observation, ...]
 
 
+@attrs.frozen
+class EvalOutcome:
+    """An evaluation's result: one :class:`~asyncgrpo.core.experiments.evaluation.Evaluation`
+    per dataset, or none and ``error`` saying why it failed."""
+
+    request: EvalRequest
+    evaluations: tuple[Evaluation, ...]
+    error: str = ""
+
+
 class Channels(Protocol):
     """How the loop talks to the trainer (a process boundary in production)."""
 
@@ -61,6 +75,15 @@ class Channels(Protocol):
         """Alive; ``activity`` says what the loop is doing (the calls in flight)."""
 
     def stop_requested(self) -> bool: ...
+
+    def eval_request(self) -> EvalRequest | None:
+        """The evaluation the trainer asks for now (the same one until it has finished), or
+        None."""
+        return None
+
+    def eval_finished(self, request_id: int) -> None:
+        """The evaluation ``request_id`` has finished (its outcome published): pushes the
+        trainer held for it may go."""
 
     async def wait_for_trainer(self) -> None:
         """Return when the trainer may have changed what the loop reads (the policy version,

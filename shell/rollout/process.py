@@ -43,7 +43,13 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.tools import callable_name
-from asyncgrpo.shell.servers import RolloutGate, SharedServers, SharedTrust
+from asyncgrpo.shell.servers import (
+    EvalRequest,
+    RolloutGate,
+    SharedServers,
+    SharedTrust,
+    VersionPin,
+)
 
 _CONTEXT = mp.get_context("spawn")
 log = structlog.get_logger("asyncgrpo.rollout_process")
@@ -91,6 +97,7 @@ class LoopSpec:
     environment_factory: Any = None
     lora_name: str | None = None
     start_cursor: PromptCursor = attrs.field(factory=PromptCursor)
+    eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
 
     def check(self) -> None:
         """Fail early on anything that cannot reach the child."""
@@ -102,6 +109,7 @@ class LoopSpec:
             check_picklable("environment factory", [self.environment_factory])
         check_picklable("rollout loop class", [self.loop_cls])
         check_picklable("dataset", [self.dataset])
+        check_picklable("eval dataset", dict(self.eval_datasets))
         check_picklable("processing class", [self.processing_class])
         check_picklable("config", [self.config])
 
@@ -146,7 +154,8 @@ class _Shared:
     leaving it waiting for the rest.
     """
 
-    def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None) -> None:
+    def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None,
+                 pin: VersionPin | None = None) -> None:  # fmt: skip
         self.messages: mp.Queue = _CONTEXT.Queue()
         self.errors: mp.Queue = _CONTEXT.Queue()
         self.version = _CONTEXT.Value("q", 0, lock=False)
@@ -159,6 +168,7 @@ class _Shared:
         self.stop = _CONTEXT.Value("b", 0, lock=False)
         self.servers = servers or SharedServers(first=trust or SharedTrust())
         self.trust = self.servers.trusts[0]
+        self.pin = pin or VersionPin()
         self.wakeup = _Wakeup()
 
     def child_started(self) -> None:
@@ -208,6 +218,12 @@ class _ProcessChannels:
     def stop_requested(self) -> bool:
         return bool(self.shared.stop.value)
 
+    def eval_request(self) -> EvalRequest | None:
+        return self.shared.pin.request()
+
+    def eval_finished(self, request_id: int) -> None:
+        self.shared.pin.finish(request_id)
+
     async def wait_for_trainer(self) -> None:
         await self.shared.wakeup.wait()
 
@@ -249,6 +265,7 @@ def _child_main(pickled_spec: bytes, shared: _Shared, parent_pid: int) -> None:
             environment_factory=spec.environment_factory,
             lora_name=spec.lora_name,
             start_cursor=spec.start_cursor,
+            eval_datasets=spec.eval_datasets,
             server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
             **({"servers": shared.servers} if len(shared.servers) > 1 else {}),
         )
@@ -296,7 +313,9 @@ class RolloutProcess:
 
     ``trust``: the server outage record shared with the trainer (the run's, which its first
     weight push already wrote to); a fresh one when not given. ``servers``: with several
-    servers, the run's records of all of them (the first one's trust is ``trust``).
+    servers, the run's records of all of them (the first one's trust is ``trust``). ``pin``:
+    the run's evaluation requests and the version they hold
+    (:class:`~asyncgrpo.shell.servers.VersionPin`; a fresh one when not given).
 
     ``restarts``: how many times a child that dies without a traceback (a signal, an
     out-of-memory kill) is started again, from ``resume_cursor()`` (the trainer's prompt
@@ -316,6 +335,7 @@ class RolloutProcess:
         trust: SharedTrust | None = None,
         servers: SharedServers | None = None,
         *,
+        pin: VersionPin | None = None,
         restarts: int = 0,
         resume_cursor: Callable[[], PromptCursor] | None = None,
         on_start: Callable[[int | None], None] | None = None,
@@ -327,7 +347,7 @@ class RolloutProcess:
         self.restarted = 0
         self._resume_cursor = resume_cursor
         self._on_start = on_start
-        self._shared = _Shared(trust, servers)
+        self._shared = _Shared(trust, servers, pin)
         self._process: Any = None
         self._waiting_since: float | None = None  # the trainer waits and no sample came
         self._silent_since: float | None = None  # ... and nothing at all came
@@ -356,7 +376,8 @@ class RolloutProcess:
         figures (policy version, steps, step size) carried over. Returns the metrics."""
         assert self._resume_cursor is not None
         lost = self.groups_in_flight()
-        old, self._shared = self._shared, _Shared(self._shared.trust, self._shared.servers)
+        old, self._shared = self._shared, _Shared(self._shared.trust, self._shared.servers,
+                                                  self._shared.pin)  # fmt: skip
         for name in ("version", "step_tokens", "steps_taken"):
             getattr(self._shared, name).value = getattr(old, name).value
         old.close()
@@ -377,6 +398,18 @@ class RolloutProcess:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    @property
+    def pin(self) -> VersionPin:
+        """The run's evaluation requests and the version they hold (carried across restarts:
+        a restarted child runs the pinned request again)."""
+        return self._shared.pin
+
+    def request_evaluation(self, version: int, step: int) -> EvalRequest:
+        """Ask for an evaluation at ``version`` (pinning it) and wake the loop."""
+        request = self._shared.pin.pin(version, step)
+        self._shared.wakeup.notify()
+        return request
 
     @property
     def trust(self) -> SharedTrust:

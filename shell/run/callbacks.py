@@ -3,7 +3,8 @@
 
 Events: ``on_init_end`` (end of the trainer's constructor), ``on_train_begin``,
 ``on_step_begin`` (a step's rows are planned), ``on_step_end``, ``on_log`` (with the logged
-window's metrics), ``on_save`` (a checkpoint was written), ``on_train_end``.
+window's metrics), ``on_evaluate`` (with an evaluation's metrics, when it arrives; rank 0),
+``on_save`` (a checkpoint was written), ``on_train_end``.
 
 The trainer's own schedule (``logging_strategy``/``logging_steps``/``logging_first_step``,
 ``save_strategy``/``save_steps``) sets ``control.should_log`` and ``control.should_save`` before
@@ -107,6 +108,12 @@ class Callbacks:
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control.should_log = False
         self._event("on_log", logs=logs)
+
+    def evaluate(self, metrics: dict[str, float]) -> None:
+        """``on_evaluate`` with an evaluation's metrics; they join ``state.log_history``."""
+        self.state.log_history.append({**metrics, "step": self.state.global_step})
+        self.control.should_evaluate = False
+        self._event("on_evaluate", metrics=metrics)
 
     def save(self) -> None:
         self.control.should_save = False

@@ -25,6 +25,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import structlog
@@ -36,6 +37,7 @@ from asyncgrpo.shell.learner import UnreadableCheckpoint, check_learner_files
 log = structlog.get_logger("asyncgrpo.checkpoints")
 
 CHECKPOINT_PREFIX = "checkpoint-"
+MODEL_SOURCE = "model_source.json"  # the model a checkpoint's weights belong to
 PARTIAL_SUFFIX = ".partial"
 ROLLOUT_STATE = "rollout_state.json"
 FULL_DISK_BYTES = 16 * 1024**2  # less free space than this after a failed write: a full disk
@@ -150,9 +152,12 @@ def find_for_resume(output_dir: str | Path) -> Path:
     return found.checkpoint
 
 
-def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: int) -> None:
-    """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last)."""
-    state = {"cursor": cursor.to_json(), "version": version, "step": step}
+def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: int,
+                        last_evaluated: int | None = None) -> None:  # fmt: skip
+    """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last); with
+    the version evaluated last (None: none), which a resumed run does not evaluate again."""
+    state = {"cursor": cursor.to_json(), "version": version, "step": step,
+             "last_evaluated": last_evaluated}  # fmt: skip
     (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
 
@@ -180,6 +185,48 @@ def read_rollout_cursor(path: Path) -> PromptCursor:
         return read_rollout_state(path)[0]
     except UnreadableCheckpoint as error:
         raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
+
+
+def write_model_source(path: Path, model: str, peft_config: dict[str, Any] | None) -> None:
+    """Write what a checkpoint's weights need to become a model again (``asyncgrpo eval`` of a
+    checkpoint): the base model's name or path and the LoRA config, if any (rank 0)."""
+    source = {"model": model, "peft_config": peft_config}
+    (path / MODEL_SOURCE).write_text(json.dumps(source, indent=2, default=_jsonable))
+
+
+def read_model_source(path: Path) -> tuple[str, dict[str, Any] | None]:
+    """``(model, peft_config)`` of a checkpoint (:func:`write_model_source`).
+
+    Raises:
+        CheckpointError: the checkpoint has no model record (names the file and the fix).
+    """
+    file = path / MODEL_SOURCE
+    try:
+        source = json.loads(file.read_text())
+        return str(source["model"]), source.get("peft_config")
+    except (OSError, ValueError, KeyError) as error:
+        raise CheckpointError(
+            f"{file} does not load ({type(error).__name__}: {error}); checkpoints written "
+            "before asyncgrpo recorded their model have none: evaluate the run's saved model "
+            "(its output_dir) instead"
+        ) from error
+
+
+def _jsonable(value: Any) -> Any:
+    """A value of a PEFT config as JSON: sets become sorted lists, enums their values."""
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    return getattr(value, "value", str(value))
+
+
+def read_last_evaluated(path: Path) -> int | None:
+    """The version a checkpoint's run evaluated last (:func:`write_rollout_state`); None for
+    none, and for checkpoints written before evaluations were recorded."""
+    try:
+        value = json.loads((path / ROLLOUT_STATE).read_text()).get("last_evaluated")
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
+    return None if value is None else int(value)
 
 
 def _free_bytes(path: Path) -> int:

@@ -1,17 +1,23 @@
-"""The trainer's arguments checked at the door: reward functions and the training dataset.
+"""The trainer's arguments checked at the door (reward functions, the training dataset and the
+evaluation datasets), and what a run takes of its trainer (:class:`RunInputs`).
 
 Each check raises with the argument, what is wrong and the fix, before any process starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import attrs
 from transformers import PreTrainedModel
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout import PROMPT_FIX, check_row
+from asyncgrpo.shell.rollout import PROMPT_FIX, AsyncRolloutLoop, check_row
+
+if TYPE_CHECKING:
+    from asyncgrpo.core.servers.cpu_plan import CpuPlan
+    from asyncgrpo.shell.run.callbacks import Callbacks
 
 
 def reject_reward_models(reward_funcs: Sequence[Any]) -> None:
@@ -23,6 +29,46 @@ def reject_reward_models(reward_funcs: Sequence[Any]) -> None:
                 "model id or PreTrainedModel are not supported: wrap the model in a picklable "
                 "reward function (see docs/rollouts.md)"
             )
+
+
+def eval_datasets_of(eval_dataset: Any, environment_factory: Any,
+                     config: AsyncGRPOConfig) -> dict[str, Any]:  # fmt: skip
+    """The evaluation datasets by name: one dataset is ``{"eval": dataset}``, a dict (as
+    transformers' ``Trainer`` takes) keeps its names; every row checked as a training row is.
+
+    Raises:
+        ValueError: an empty or bad dataset (naming it, the row and the column), a bad name,
+            or ``eval_strategy="steps"`` without an evaluation dataset.
+    """
+    if eval_dataset is None:
+        if config.eval_strategy == "steps" or config.eval_on_start:
+            raise ValueError(
+                "eval_strategy='steps' and eval_on_start need an eval_dataset: give "
+                "AsyncGRPOTrainer(eval_dataset=...) (one dataset, or a dict of named ones)"
+            )
+        return {}
+    named = dict(eval_dataset) if isinstance(eval_dataset, Mapping) else {"eval": eval_dataset}
+    if not named:
+        raise ValueError("eval_dataset is an empty dict; give at least one named dataset")
+    for name, dataset in named.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(
+                f"eval_dataset names must be non-empty strings without '/' (they name the "
+                f"metrics eval/<name>/...), got {name!r}"
+            )
+        label = "eval_dataset" if len(named) == 1 and name == "eval" else f"eval_dataset[{name!r}]"
+        if dataset is None or len(dataset) == 0:
+            raise ValueError(f"{label} is empty; give at least one prompt row")
+        columns = getattr(dataset, "column_names", None)
+        if columns is None:
+            columns = list(dataset[0])
+        if "prompt" not in (columns or []):
+            raise ValueError(
+                f"{label} has no 'prompt' column (columns: {columns}); prompts must be "
+                "conversational lists of {'role', 'content'} messages"
+            )
+        check_rows(dataset, environment_factory, columns, label)
+    return named
 
 
 def check_dataset(dataset: Any, environment_factory: Any, config: AsyncGRPOConfig) -> None:
@@ -77,7 +123,8 @@ def _rows(dataset: Any, columns: list[str]) -> Iterator[dict[str, Any]]:
         yield {c: row[c] for c in columns if c in row} if isinstance(row, Mapping) else row
 
 
-def check_rows(dataset: Any, environment_factory: Any, columns: list[str]) -> None:
+def check_rows(dataset: Any, environment_factory: Any, columns: list[str],
+               label: str = "train_dataset") -> None:  # fmt: skip
     """Check every row (:func:`~asyncgrpo.shell.rollout.check_row`): its prompt and, with a
     dict of environment factories, its ``environment`` column; the message names the row, the
     column, the value's type and, for a ``datasets.Dataset``, the column's schema."""
@@ -87,7 +134,7 @@ def check_rows(dataset: Any, environment_factory: Any, columns: list[str]) -> No
     for index, row in enumerate(_rows(dataset, checked)):
         if not isinstance(row, Mapping):
             raise ValueError(
-                f"train_dataset: row {index} is a {type(row).__name__}, not a dict of columns"
+                f"{label}: row {index} is a {type(row).__name__}, not a dict of columns"
             )
         try:
             check_row(row, index, environment_factory)
@@ -100,4 +147,30 @@ def check_rows(dataset: Any, environment_factory: Any, columns: list[str]) -> No
                 else ""
             )
             fix = f". {PROMPT_FIX}" if column == "prompt" else ""
-            raise ValueError(f"train_dataset: {error}{schema}{fix}") from None
+            raise ValueError(f"{label}: {error}{schema}{fix}") from None
+
+
+@attrs.frozen
+class RunInputs:
+    """What a run needs of its trainer: the config, the model's name and config, and the user's
+    rollout code and data (all pickled into the rollout process).
+
+    Attributes:
+        after_checkpoint: called with ``(step, rank0)`` after each checkpoint (hub pushes).
+        cpu_plan: the cores the trainer and a local server share, or None.
+        eval_datasets: the evaluation datasets by name (:mod:`.evaluations`).
+    """
+
+    args: AsyncGRPOConfig
+    model_name: str
+    model_config: Any
+    processing_class: Any
+    dataset: Any
+    reward_funcs: tuple[Callable[..., Any], ...]
+    tools: tuple[Callable[..., Any], ...]
+    environment_factory: Any
+    loop_cls: type[AsyncRolloutLoop]
+    callbacks: Callbacks
+    after_checkpoint: Callable[[int, bool], None]
+    cpu_plan: CpuPlan | None = None
+    eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)

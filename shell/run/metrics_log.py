@@ -1,4 +1,5 @@
-"""Console logs (structlog) and the metrics file (``metrics.jsonl``) of a run."""
+"""Console logs (structlog) and the metrics files of a run: ``metrics.jsonl`` (a row per logged
+window) and ``evaluations.jsonl`` (a row per evaluation, keyed by its weight version)."""
 
 from __future__ import annotations
 
@@ -46,15 +47,20 @@ def _json_number(value: Any) -> Any:
     return value
 
 
+METRICS_FILE = "metrics.jsonl"
+EVALUATIONS_FILE = "evaluations.jsonl"
+
+
 class MetricsFile:
-    """Appends one JSON object per logging window to ``<output_dir>/metrics.jsonl``.
+    """Appends one JSON object per row to ``<output_dir>/<name>``: a logging window to
+    ``metrics.jsonl``, an evaluation to ``evaluations.jsonl``.
 
     Non-finite numbers are written as ``null`` (JSON has no NaN), so every line parses with
     any JSON reader.
     """
 
-    def __init__(self, output_dir: str | Path) -> None:
-        self.path = Path(output_dir) / "metrics.jsonl"
+    def __init__(self, output_dir: str | Path, name: str = METRICS_FILE) -> None:
+        self.path = Path(output_dir) / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
 
@@ -73,18 +79,20 @@ class MetricsFile:
         self.close()
 
 
-def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
-    """All windows of ``<output_dir>/metrics.jsonl``, in order."""
-    path = Path(output_dir) / "metrics.jsonl"
+def read_metrics(output_dir: str | Path, name: str = METRICS_FILE) -> list[dict[str, Any]]:
+    """All rows of ``<output_dir>/<name>`` (the windows of ``metrics.jsonl``, or the
+    evaluations of ``evaluations.jsonl``), in order."""
+    path = Path(output_dir) / name
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def drop_rows_after(output_dir: str | Path, step: int) -> None:
-    """Remove the rows of ``metrics.jsonl`` and ``completions.jsonl`` logged after ``step``:
-    a run resumed from checkpoint ``step`` logs those steps again, and each step is kept once.
-    Each file is rewritten beside itself and renamed into place."""
-    for name in ("metrics.jsonl", "completions.jsonl"):
+    """Remove the rows of ``metrics.jsonl``, ``completions.jsonl`` and ``evaluations.jsonl``
+    logged after ``step`` (an evaluation by its version): a run resumed from checkpoint
+    ``step`` logs those steps again, and each step is kept once. Each file is rewritten beside
+    itself and renamed into place."""
+    for name in (METRICS_FILE, "completions.jsonl", EVALUATIONS_FILE):
         path = Path(output_dir) / name
         if not path.is_file():
             continue

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from transformers import (
     AutoTokenizer,
     PreTrainedModel,
@@ -31,14 +32,22 @@ from transformers.utils import logging as transformers_logging
 
 from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.process_group import default_device
+from asyncgrpo.core.experiments.evaluation import evaluation_metrics
 from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout import AsyncRolloutLoop
+from asyncgrpo.shell.rollout import AsyncRolloutLoop, evaluate_now
 from asyncgrpo.shell.run import checkpoints, hub
 from asyncgrpo.shell.run.callbacks import Callbacks
-from asyncgrpo.shell.run.inputs import check_dataset, reject_reward_models
+from asyncgrpo.shell.run.evaluations import evaluation_spec, push_to_servers
+from asyncgrpo.shell.run.inputs import (
+    RunInputs,
+    check_dataset,
+    eval_datasets_of,
+    reject_reward_models,
+)
 from asyncgrpo.shell.run.interrupts import (
     TrainingInterrupted,
     signal_name,
@@ -46,7 +55,7 @@ from asyncgrpo.shell.run.interrupts import (
     signum_of,
 )
 from asyncgrpo.shell.run.publishing import FinalModel, Publisher
-from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun, TrainOutput
+from asyncgrpo.shell.run.training_run import TrainingRun, TrainOutput
 from asyncgrpo.shell.servers import cpus_shared_with_server
 
 if TYPE_CHECKING:
@@ -94,6 +103,7 @@ class AsyncGRPOTrainer:
         peft_config: Any = None,
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: Any = None,
+        eval_dataset: Any = None,
     ) -> None:
         self.args = args or AsyncGRPOConfig()
         seed_everything(self.args)
@@ -109,6 +119,7 @@ class AsyncGRPOTrainer:
                 "give reward_funcs, or an environment_factory whose environments define get_reward"
             )
         check_dataset(train_dataset, environment_factory, self.args)
+        self.eval_datasets = eval_datasets_of(eval_dataset, environment_factory, self.args)
         self.reward_funcs = funcs
         self.train_dataset = train_dataset
         self.tools = list(tools or [])
@@ -116,8 +127,9 @@ class AsyncGRPOTrainer:
         self.peft_config = peft_config
         self.optimizers = optimizers
         if isinstance(model, str):
-            self.model_name = model
-            self.model = load_causal_lm(model, self.args.dtype, self.args.model_init_kwargs)
+            self.model_name = resolve_model(model)  # a packaged model's name, a .gguf file
+            self.model = load_causal_lm(self.model_name, self.args.dtype,
+                                        self.args.model_init_kwargs)  # fmt: skip
         else:
             self.model_name = str(model.config._name_or_path)
             self.model = model
@@ -137,6 +149,7 @@ class AsyncGRPOTrainer:
             hub.resolve_token(self.args)  # fail at the door, not at the first save
         self._callbacks.init_end()
         self.cpu_plan: CpuPlan | None = None
+        self._served: tuple[int, str | None] | None = None  # after train(): (version, LoRA prefix)
 
     # ----------------------------------------------------------------- public API
 
@@ -169,6 +182,7 @@ class AsyncGRPOTrainer:
         ):  # fmt: skip
             run = TrainingRun(self._run_inputs(), learner, checkpoint)
             self._publisher.learner = learner
+            self._served = None
             try:
                 run.start()
                 self._callbacks.train_begin(
@@ -179,6 +193,8 @@ class AsyncGRPOTrainer:
                 )  # fmt: skip
                 output = run.loop()
                 self._publisher.final = FinalModel.of(learner, run.output_dir)
+                lora = run.weights.lora_name if run.weights is not None else None
+                self._served = (run.version, lora)
                 self._callbacks.train_end()
                 return output
             except KeyboardInterrupt as error:
@@ -201,7 +217,56 @@ class AsyncGRPOTrainer:
             callbacks=self._callbacks,
             after_checkpoint=self._publisher.after_checkpoint,
             cpu_plan=self.cpu_plan,
+            eval_datasets=self.eval_datasets,
         )
+
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """Evaluate held-out prompts now, on the vLLM servers, as transformers' ``evaluate``.
+
+        ``eval_dataset`` (one dataset or a dict of named ones; default: the trainer's) is
+        generated at the trainer's weights with the evaluation settings (``eval_temperature``,
+        ``eval_num_generations``, ``eval_max_completion_length``) and scored by the reward
+        functions. After ``train()`` the servers hold the trained weights (the last push); before
+        it, the model's weights are pushed to them first (by disk). The metrics are
+        ``<metric_key_prefix>/<name>/...`` (docs/evaluation.md); they go to the callbacks'
+        ``on_evaluate`` too. Not from inside ``train()``: evaluations during training follow
+        ``eval_strategy``.
+
+        Raises:
+            ValueError: no evaluation dataset, or a bad one; ``ignore_keys`` given.
+            RuntimeError: called during ``train()``; the evaluation failed (the cause).
+        """
+        if ignore_keys is not None:
+            raise ValueError("ignore_keys: evaluations score with the reward functions; there "
+                             "are no model outputs to ignore")  # fmt: skip
+        if self._publisher.learner is not None:
+            raise RuntimeError("evaluate() inside train(): evaluations during training follow "
+                               "eval_strategy and eval_steps")  # fmt: skip
+        datasets = (
+            self.eval_datasets
+            if eval_dataset is None
+            else eval_datasets_of(eval_dataset, self.environment_factory, self.args)
+        )
+        if not datasets:
+            raise ValueError("evaluate() needs an eval_dataset (here or in the constructor)")
+        version, lora = self._served or (push_to_servers(self.model, self.args, self.model_name,
+                                                         self.output_dir), None)  # fmt: skip
+        spec = attrs.evolve(evaluation_spec(self._run_inputs(), self.args), lora_name=lora,
+                            eval_datasets=datasets)  # fmt: skip
+        outcome = evaluate_now(spec, version, step=self.state.global_step)
+        if outcome.error:
+            raise RuntimeError(f"the evaluation at version {version} failed: {outcome.error}")
+        figures: dict[str, float] = {}
+        for evaluation in outcome.evaluations:
+            figures.update(evaluation_metrics(evaluation))
+        figures = {metric_key_prefix + name.removeprefix("eval"): v for name, v in figures.items()}
+        self._callbacks.evaluate(figures)
+        return figures
 
     # ----------------------------------------------------------------- transformers' Trainer API
 

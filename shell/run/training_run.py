@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import queue
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +52,21 @@ from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome, LoopSpec, RolloutProcess
+from asyncgrpo.shell.rollout import (
+    EvalOutcome,
+    GroupOutcome,
+    LoopSpec,
+    RolloutProcess,
+)
 from asyncgrpo.shell.run import checkpoints
-from asyncgrpo.shell.run.callbacks import Callbacks
+from asyncgrpo.shell.run.evaluations import Evaluations
 from asyncgrpo.shell.run.flops import FlopsMeter
+from asyncgrpo.shell.run.inputs import RunInputs
 from asyncgrpo.shell.run.interrupts import (
     interrupts_deferred,
 )
 from asyncgrpo.shell.run.metrics_log import (
+    EVALUATIONS_FILE,
     MetricsFile,
     drop_rows_after,
     write_completions,
@@ -69,6 +75,7 @@ from asyncgrpo.shell.servers import (
     ServerSettings,
     ServerWatch,
     SharedServers,
+    VersionPin,
     check_servers_match,
     release_process,
 )
@@ -82,8 +89,7 @@ from asyncgrpo.shell.weights import (
 )
 
 if TYPE_CHECKING:
-    from asyncgrpo.core.servers.cpu_plan import CpuPlan
-    from asyncgrpo.shell.config import AsyncGRPOConfig
+    pass
 
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
@@ -100,30 +106,6 @@ class TrainOutput:
     global_step: int
     training_loss: float
     metrics: dict[str, float]
-
-
-@attrs.frozen
-class RunInputs:
-    """What a run needs of its trainer: the config, the model's name and config, and the user's
-    rollout code and data (all pickled into the rollout process).
-
-    Attributes:
-        after_checkpoint: called with ``(step, rank0)`` after each checkpoint (hub pushes).
-        cpu_plan: the cores the trainer and a local server share, or None.
-    """
-
-    args: AsyncGRPOConfig
-    model_name: str
-    model_config: Any
-    processing_class: Any
-    dataset: Any
-    reward_funcs: tuple[Callable[..., Any], ...]
-    tools: tuple[Callable[..., Any], ...]
-    environment_factory: Any
-    loop_cls: type[AsyncRolloutLoop]
-    callbacks: Callbacks
-    after_checkpoint: Callable[[int, bool], None]
-    cpu_plan: CpuPlan | None = None
 
 
 class TrainingRun:
@@ -148,9 +130,21 @@ class TrainingRun:
             1, schedule.interval_steps(self.args.logging_steps, self.args.max_steps)
         )
         self.save_every = schedule.interval_steps(self.args.save_steps, self.args.max_steps)
+        last_evaluated = None
         if checkpoint is not None:
             learner.load_checkpoint(checkpoint)
             self.cursor = checkpoints.read_rollout_cursor(checkpoint)
+            last_evaluated = checkpoints.read_last_evaluated(checkpoint)
+        evaluating = inputs.eval_datasets and self.args.eval_strategy == "steps"
+        every = (
+            self.args.eval_steps if self.args.eval_steps is not None else self.args.logging_steps
+        )
+        self.evaluations = Evaluations(
+            schedule.interval_steps(every, self.args.max_steps) if evaluating else None,
+            bool(inputs.eval_datasets) and self.args.eval_on_start, last_evaluated,
+            on_metrics=lambda figures: self.callbacks.evaluate(figures),
+        )  # fmt: skip
+        self.pin = VersionPin() if self.rank0 else None
         self.process: RolloutProcess | None = None
         # rank 0: outages of each server and whom the weights were pushed to, from the first
         # push, and the version that landed on each
@@ -186,7 +180,8 @@ class TrainingRun:
         self.weights.start()
         self.pusher = WeightPusher(self.weights, self.learner, self.servers, self._client,
                                    self.args.vllm_server_timeout,
-                                   uninterruptible=interrupts_deferred)  # fmt: skip
+                                   uninterruptible=interrupts_deferred,
+                                   hold=None if self.pin is None else self.pin.hold)  # fmt: skip
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
@@ -197,6 +192,8 @@ class TrainingRun:
             if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
                 drop_rows_after(self.output_dir, self.learner.step)
             self.metrics_file = MetricsFile(self.output_dir)
+            self.evaluations.file = MetricsFile(self.output_dir, EVALUATIONS_FILE)
+            self.evaluations.started = time.monotonic()
         # The server may hold other weights than the trainer's (a resumed run, a server left
         # over from an earlier run): push the trainer's so staleness 0 means equal policies.
         self._push(at_start=True)
@@ -212,6 +209,7 @@ class TrainingRun:
             cpu_plan = self.inputs.cpu_plan
             self.process = RolloutProcess(
                 self._loop_spec(), self.args.rollout_worker_timeout, self.trust, self.servers,
+                pin=self.pin,
                 restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
                 resume_cursor=lambda: self.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
@@ -221,6 +219,8 @@ class TrainingRun:
                 self.process.set_server_version(server, self.version)
             self.process.set_model_version(self.version)
             self.process.set_steps_taken(self.learner.step)
+            self.evaluations.process = self.process
+            self.evaluations.landed(self.version, at_start=True)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
                             initial=self.learner.step, desc="train", unit="step",
                             disable=bool(self.args.disable_tqdm))  # fmt: skip
@@ -271,6 +271,7 @@ class TrainingRun:
             environment_factory=given.environment_factory,
             start_cursor=self.cursor,
             lora_name=self.weights.lora_name if self.weights is not None else None,
+            eval_datasets=given.eval_datasets,
         )
 
     # ----------------------------------------------------------------- the loop
@@ -496,7 +497,10 @@ class TrainingRun:
                                                    len(message.samples))  # fmt: skip
                 self.completions.extend(message.completions)
                 self._apply(step_queue.arrive(self.queue, message.samples, self.learner.step))
-            self._observe(*message.observations)
+            if isinstance(message, EvalOutcome):
+                self._observe(*self.evaluations.outcome(message))
+            else:
+                self._observe(*message.observations)
             message = self.process.get(0.0)
 
     def _apply(self, decided: step_queue.Arrival) -> None:
@@ -572,12 +576,15 @@ class TrainingRun:
                 self.process.set_server_version(server, pushed.version)
             self.process.set_model_version(self.version)
         self._pushes_landed.put(pushed)
+        self.evaluations.landed(pushed.version)  # before this thread takes the next push
 
     def _await_pushes(self) -> None:
-        """Rank 0: wait until the server holds the weights of every push made (the run's end),
-        and record them."""
+        """Rank 0: wait until the server holds the weights of every push made (the run's end)
+        and the evaluation asked for meanwhile has arrived, and record them."""
         if self.pusher is not None:
             self.pusher.wait_landed()
+        if self.process is not None and self.queue is not None:
+            self.evaluations.wait_for_last(self._drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now
             self._record_landed_pushes()
 
@@ -607,10 +614,13 @@ class TrainingRun:
         if pushed.resynced and self.process is not None:
             self.process.set_model_version(self.version)  # wakes the loop: routable again
         self._record_push(pushed)
+        self.evaluations.landed(pushed.version)
 
     def _record_push(self, pushed: Pushed) -> None:
         if pushed.push_s is not None:
             self._observe(metrics.value("perf/weight_push_s", pushed.push_s))
+        if pushed.held_s:
+            self._observe(metrics.value("perf/weight_push_held_s", pushed.held_s))
         if pushed.timings is not None:
             timings = pushed.timings
             self._observe(
@@ -680,11 +690,19 @@ class TrainingRun:
     def _write_checkpoint(self, path: Path) -> None:
         self.learner.save_checkpoint(path)
         if self.rank0:
-            checkpoints.write_rollout_state(path, self.cursor, self.version, self.learner.step)
+            peft = (
+                self.learner.model.peft_config["default"].to_dict()
+                if self.learner.is_peft
+                else None
+            )
+            checkpoints.write_model_source(path, self.inputs.model_name, peft)
+            checkpoints.write_rollout_state(path, self.cursor, self.version, self.learner.step,
+                                            last_evaluated=self.evaluations.completed)  # fmt: skip
 
     def close(self) -> None:
         if self.watch is not None:
             self.watch.stop()
+        self.evaluations.release()  # a push held for an evaluation goes now
         if self.pusher is not None:  # a transfer the server takes part in is never cut
             self.pusher.wait_landed()
         if self.process is not None:
@@ -695,6 +713,8 @@ class TrainingRun:
             self.bar.close()
         if self.metrics_file is not None:
             self.metrics_file.close()
+        if self.evaluations.file is not None:
+            self.evaluations.file.close()
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:

@@ -3,7 +3,8 @@ trainer and the rollout process share (:mod:`.outages`), the cores they get when
 this host (:mod:`.cpu_sharing`), how to reach them (:class:`ServerSettings`, the one maker of
 clients), starting them on this host (:mod:`.local`), whether they can stand in for each other
 (:mod:`.checks`), which one a group goes to (:mod:`.routing`) and, with several, the watch over
-those out of routing (:mod:`.watch`).
+those out of routing (:mod:`.watch`); the version an evaluation pins
+(:mod:`.pins`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from asyncgrpo.shell.servers.outages import (
     wait_for_server,
     wait_for_servers,
 )
+from asyncgrpo.shell.servers.pins import EvalRequest, VersionPin
 from asyncgrpo.shell.servers.routing import PooledServer, ServerPool
 from asyncgrpo.shell.servers.watch import ServerWatch
 
 __all__ = [
+    "EvalRequest",
     "PooledServer",
     "RolloutGate",
     "ServerGone",
@@ -39,6 +42,7 @@ __all__ = [
     "ServerWatch",
     "SharedServers",
     "SharedTrust",
+    "VersionPin",
     "check_servers_match",
     "cpus_shared_with_server",
     "local_server_spec",

@@ -19,6 +19,7 @@ import attrs
 import structlog
 
 from asyncgrpo.adapters.models.causal_lm import context_length
+from asyncgrpo.adapters.vllm.client import PRIORITY_POLICY
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.core.weights.sync import local_server_engine
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -41,7 +42,9 @@ def local_server_spec(
     ``max_model_len`` is cut to the model's own context length (vLLM refuses a longer one),
     with a log line; the server runs the engine ``config.weight_transfer_backend`` names
     (``asyncgrpo_gloo`` or ``nccl``; none for ``auto`` and ``disk``, which push by disk),
-    serves ``config.dtype`` and at least ``config.num_sampler_logprobs`` top log-probs.
+    serves ``config.dtype`` and at least ``config.num_sampler_logprobs`` top log-probs, and
+    schedules by priority, so that evaluations run below training (requests of equal
+    priority are served first come, first served, as by default).
     """
     longest = context_length(model)
     if longest is not None and max_model_len > longest:
@@ -56,7 +59,7 @@ def local_server_spec(
         weight_transfer_backend=local_server_engine(config.weight_transfer_backend),
         enforce_eager=enforce_eager,
         api_key=api_key,
-        extra_args=tuple(extra_args),
+        extra_args=("--scheduling-policy", PRIORITY_POLICY, *extra_args),
     )
 
 

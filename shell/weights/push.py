@@ -91,6 +91,7 @@ class Pushed:
         push_s: a push beside training (:meth:`WeightPusher.push_beside`): its own seconds,
             from the snapshot to the landing (rank 0).
         servers: the servers it landed on (rank 0).
+        held_s: seconds it waited for an evaluation of an older version to finish (rank 0).
     """
 
     version: int
@@ -98,6 +99,7 @@ class Pushed:
     resynced: tuple[Resynced, ...] = ()
     push_s: float | None = None
     servers: tuple[int, ...] = (0,)
+    held_s: float = 0.0
 
 
 class WeightPusher:
@@ -112,6 +114,9 @@ class WeightPusher:
             to come back (with several: how long the run may have none).
         uninterruptible: a context in which a signal waits (a transfer the server takes part
             in must not be cut).
+        hold: rank 0 calls it with a version before pushing it: it waits while an evaluation
+            reads an older version (:meth:`VersionPin.hold
+            <asyncgrpo.shell.servers.VersionPin.hold>`) and returns the seconds waited.
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class WeightPusher:
         client: Callable[..., VLLMClient],
         server_timeout_s: float,
         uninterruptible: Callable[[], contextlib.AbstractContextManager[Any]],
+        hold: Callable[[int], float] | None = None,
     ) -> None:
         self.weights = weights
         self.learner = learner
@@ -130,6 +136,7 @@ class WeightPusher:
         self._client = client
         self.server_timeout_s = server_timeout_s
         self._uninterruptible = uninterruptible
+        self._hold = hold or (lambda version: 0.0)
         self._queue_lock = threading.Lock()
         self._waiting: Snapshot | None = None  # the next snapshot to send
         self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
@@ -157,7 +164,9 @@ class WeightPusher:
         """
         start = time.monotonic()
         plan: list[Any] = [None]  # rank 0: each target's identity, or _RESTARTED
+        held_s = 0.0
         if self.rank0:
+            held_s = 0.0 if at_start else self._hold(self.learner.step)
             plan = [self._targets(at_start)]
         if self.learner.world_size > 1:
             dist.broadcast_object_list(plan, src=0)  # every process pushes, or none
@@ -180,7 +189,7 @@ class WeightPusher:
         if failure is None:
             landed = self._record_failures(landing, "trainer weight sync") if self.rank0 else ()
             return Pushed(self.learner.step, landed_timings(landing) if landing else None,
-                          servers=landed)  # fmt: skip
+                          servers=landed, held_s=held_s)  # fmt: skip
         silent = failure.startswith(ServerNotAnswering.__name__)  # for the whole timeout
         if at_start or silent:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
@@ -231,6 +240,7 @@ class WeightPusher:
                 if snapshot is None:
                     self._sender = None
                     return
+            held_s = self._hold(snapshot.version)  # an evaluation reads an older version
             began, started = time.time(), time.monotonic()
             targets = self._targets(at_start=False)
             if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
@@ -247,7 +257,8 @@ class WeightPusher:
                 self._stop_sending()  # the resync pushes anew
                 return
             on_landed(Pushed(snapshot.version, landed_timings(landing),
-                             push_s=time.monotonic() - started, servers=landed))  # fmt: skip
+                             push_s=time.monotonic() - started, servers=landed,
+                             held_s=held_s))  # fmt: skip
 
     def _stop_sending(self) -> None:
         with self._queue_lock:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.run.schedule import due, interval_steps
+from asyncgrpo.core.run.schedule import due, evaluation_due, interval_steps
 
 
 @given(every=st.integers(1, 20), steps=st.integers(1, 200))
@@ -47,3 +47,33 @@ def test_a_fractional_interval_is_that_share_of_max_steps_rounded_up(fraction, m
 def test_a_fractional_interval_without_max_steps_is_refused(fraction, max_steps) -> None:
     with pytest.raises(ValueError, match="needs max_steps > 0"):
         interval_steps(fraction, max_steps)
+
+
+@given(st.integers(1, 6), st.lists(st.integers(1, 4), min_size=1, max_size=30),
+       st.booleans())  # fmt: skip
+def test_evaluations_cover_every_crossed_multiple_once(every, gaps, on_start) -> None:
+    """Versions land at increasing steps (gaps: a push may cover several steps). Each
+    evaluated version crosses a multiple of ``every`` the last evaluated one did not; no
+    multiple that a landed version reached is left without an evaluation at or after it;
+    the start is evaluated only with eval_on_start."""
+    landed = list(itertools.accumulate(gaps))
+    last = None
+    evaluated = []
+    if evaluation_due(0, every, last, at_start=True, on_start=on_start):
+        evaluated.append(last := 0)
+    for version in landed:
+        if evaluation_due(version, every, last, at_start=False, on_start=on_start):
+            evaluated.append(last := version)
+    assert (0 in evaluated) == on_start
+    multiples = [v // every for v in evaluated if v > 0]
+    assert multiples == sorted(set(multiples))  # one evaluation per crossed multiple at most
+    assert set(range(1, landed[-1] // every + 1)) <= {  # every multiple reached is covered
+        m for v in evaluated if v > 0 for m in range(1, v // every + 1)
+    }
+
+
+def test_evaluation_never_fires_without_a_strategy_and_not_twice_at_a_resume() -> None:
+    assert not evaluation_due(10, None, None, at_start=True, on_start=True)
+    assert not evaluation_due(10, 5, 10, at_start=True, on_start=True)
+    assert not evaluation_due(11, 5, 10, at_start=False, on_start=False)
+    assert evaluation_due(15, 5, 10, at_start=False, on_start=False)

@@ -23,7 +23,8 @@ from asyncgrpo.core.rollout import cursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
-from asyncgrpo.shell.run.training_run import RunInputs, TrainingRun
+from asyncgrpo.shell.run.inputs import RunInputs
+from asyncgrpo.shell.run.training_run import TrainingRun
 from asyncgrpo.shell.servers import SharedTrust
 
 

