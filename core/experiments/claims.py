@@ -14,6 +14,7 @@ Grammar (whitespace between tokens is free)::
                 | 'final_reward' [ '(' integer ')' ]   mean reward of the last k points (3)
                 | 'auc' | 'auc_time'              mean reward against steps / wall time
                 | 'collapsed'                     runs that collapsed (a count)
+                | 'gain' '(' metric ')'            a metric's last value minus its first
                 | metric                          a logged metric's median over the run
     metric     := [A-Za-z_][A-Za-z0-9_./-]*       e.g. perf/step_s, entropy
     pair       := key '=' value                   a setting the runs share
@@ -31,6 +32,7 @@ Examples of claims::
     final_reward[loss_type=cispo] >= final_reward[loss_type=score_centering] @ 95%
     collapsed[max_staleness=4] == 0
     perf/step_s[max_staleness=4] < 0.5
+    gain(eval/held_out/reward)[] > 0
 
 How a claim is decided (see :mod:`asyncgrpo.core.experiments.stats`):
 
@@ -413,6 +415,15 @@ class _Parser:
                 )
             self.take(")", "expected ')' after final_reward's k", "write final_reward(3)")
             return Statistic(name, float(k))
+        if name == "gain":
+            self.take("(", "gain needs a metric", "write gain(eval/held_out/reward)")
+            self.skip()
+            metric = self.match(_METRIC)
+            if metric is None:
+                raise self.fail("expected a metric name in gain(...)",
+                                "write gain(eval/held_out/reward)")  # fmt: skip
+            self.take(")", "expected ')' after gain's metric", "write gain(eval/held_out/reward)")
+            return Statistic(name, metric.group())
         if self.peek("("):
             if name in ("median", "mean"):
                 raise self.fail(
@@ -423,7 +434,7 @@ class _Parser:
                 )
             raise self.fail(
                 f"{name} takes no argument",
-                "only time_to, steps_to and final_reward take one; a metric is its median",
+                "only time_to, steps_to, final_reward and gain take one; a metric is its median",
             )
         return Statistic(name)
 

@@ -319,6 +319,23 @@ def metric_median(curve: RunCurve, name: str) -> float:
     return float(np.median(values))
 
 
+def metric_gain(curve: RunCurve, name: str) -> float:
+    """Metric ``name``'s last finite value minus its first (e.g. a held-out evaluation's
+    reward after training against before it).
+
+    Example:
+        >>> metric_gain(RunCurve([CurvePoint(1, 1.0, 0.0, {"eval/t/reward": 0.2}),
+        ...                       CurvePoint(2, 2.0, 0.0, {}),
+        ...                       CurvePoint(3, 3.0, 0.0, {"eval/t/reward": 0.5})]),
+        ...             "eval/t/reward")
+        0.3
+    """
+    values = [v for p in curve.points if math.isfinite(v := p.metric(name))]
+    if not values:
+        raise ValueError(f"metric {name!r} has no finite value in this run")
+    return round(values[-1] - values[0], 12)
+
+
 @attrs.frozen
 class CollapseRule:
     """When a run counts as collapsed.
@@ -396,7 +413,7 @@ def collapsed(curve: RunCurve, rule: CollapseRule | None = None) -> bool:
     return collapse_step(curve, rule) is not None
 
 
-STATISTICS = ("time_to", "steps_to", "final_reward", "auc", "auc_time", "collapsed")
+STATISTICS = ("time_to", "steps_to", "final_reward", "auc", "auc_time", "collapsed", "gain")
 """The named statistics; any other :class:`Statistic` name is a logged metric (its median)."""
 
 _NEEDS_THRESHOLD = ("time_to", "steps_to")
@@ -415,6 +432,7 @@ class Statistic:
     ``auc``                   :func:`auc_steps`: mean reward against steps          reward
     ``auc_time``              :func:`auc_time`: mean reward against wall time       reward
     ``collapsed``             1 when :func:`collapsed`, else 0 (a count over runs)  runs
+    ``gain`` (metric)         :func:`metric_gain`: its last value minus its first   metric's
     any other, a metric name  :func:`metric_median` of that metric                  metric's
     ========================  ====================================================  =========
 
@@ -424,12 +442,17 @@ class Statistic:
     """
 
     name: str
-    argument: float | None = None
+    argument: float | str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
             raise ValueError("Statistic.name: empty")
-        if self.name in _NEEDS_THRESHOLD:
+        if self.name == "gain":
+            if not isinstance(self.argument, str) or not self.argument:
+                raise ValueError("Statistic gain: needs a metric name, e.g. gain(entropy)")
+        elif isinstance(self.argument, str):
+            raise ValueError(f"Statistic {self.name}: takes no metric name, got {self.argument}")
+        elif self.name in _NEEDS_THRESHOLD:
             if self.argument is None or not math.isfinite(self.argument):
                 raise ValueError(f"Statistic {self.name}: needs a finite reward threshold")
         elif self.name == "final_reward":
@@ -461,6 +484,8 @@ class Statistic:
         """The statistic as a claim writes it: ``time_to(0.9)``, ``final_reward``."""
         if self.argument is None:
             return self.name
+        if self.name == "gain":
+            return f"gain({self.argument})"
         argument = int(self.argument) if self.name == "final_reward" else self.argument
         return f"{self.name}({argument!r})"
 
@@ -474,6 +499,8 @@ class Statistic:
             return f"steps to {a:g}"
         if self.name == "final_reward":
             return f"final reward (last {int(a or DEFAULT_FINAL_POINTS)})"
+        if self.name == "gain":
+            return f"gain of {a} (last - first)"
         fixed = {"auc": "reward AUC, steps", "auc_time": "reward AUC, time"}
         return fixed.get(self.name, self.name if self.is_count else f"median {self.name}")
 
@@ -506,4 +533,6 @@ def run_statistic(
         return auc_time(curve)
     if name == "collapsed":
         return float(collapsed(curve, rule))
+    if name == "gain":
+        return metric_gain(curve, str(argument))
     return metric_median(curve, name)

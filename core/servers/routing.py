@@ -16,8 +16,9 @@ loop asks :func:`route_group` when the staleness allowance lets a group start, w
    larger of this run's rollouts routed there and not finished, and the requests the server
    said it runs or queues at its last ``/metrics`` (which counts other clients too, but is a
    few seconds old); divided by the server's cap, so a server with twice the KV cache takes
-   twice the groups. Ties go to the lower KV-cache use, then the newer policy version, then
-   the lower index.
+   twice the groups. Ties go to the server that took fewer of the run's groups so far (equally
+   idle servers take turns, also when one group runs at a time), then the lower KV-cache use,
+   the newer policy version and the lower index.
 
 This is "least outstanding requests" (verl, PipelineRL, SkyRL's sticky least-loaded) with the
 load normalised by each server's capacity, and the version and outage state of this trainer.
@@ -53,6 +54,7 @@ class ServerView:
             rollouts count from the moment it is routed, waiting for a slot included).
         cap: its load cap in rollouts (at least 1).
         load: its last ``/metrics`` snapshot; ``None`` when it has none.
+        routed: the run's groups routed to it so far.
     """
 
     routable: bool
@@ -60,6 +62,7 @@ class ServerView:
     reserved: int
     cap: int
     load: ServerLoad | None = None
+    routed: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.reserved < 0 or self.cap < 1:
@@ -88,11 +91,17 @@ def load_of(view: ServerView) -> int:
     return max(view.reserved, reported)
 
 
-def load_key(view: ServerView, index: int) -> tuple[float, float, int, int]:
-    """The order :func:`route_group` picks in (smallest first): load over cap, KV-cache use,
-    the newer version, the lower index."""
+def load_key(view: ServerView, index: int) -> tuple[float, float, float, int, int]:
+    """The order :func:`route_group` picks in (smallest first): load over cap, the groups it
+    took so far over cap, KV-cache use, the newer version, the lower index.
+
+    Example:
+        >>> idle = [ServerView(True, version=1, reserved=0, cap=8, routed=r) for r in (3, 2)]
+        >>> route_group(idle, steps_taken=1, max_staleness=0)  # the one that took fewer
+        1
+    """
     usage = view.load.kv_cache_usage if view.load is not None else 0.0
-    return (load_of(view) / view.cap, usage, -view.version, index)
+    return (load_of(view) / view.cap, view.routed / view.cap, usage, -view.version, index)
 
 
 def route_group(views: Sequence[ServerView], steps_taken: int, max_staleness: int) -> int | None:

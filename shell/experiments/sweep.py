@@ -18,6 +18,7 @@ table: the base of every run) and::
     [stop]                                # when a run ends (the first rule that applies)
     max_steps = 40
     reward_threshold = 0.9                # a logged window's reward at or above it
+    threshold_metric = "reward"           # or an evaluation's, e.g. "eval/held_out/reward"
     wall_time_s = 300                     # seconds of training
     spreadless_steps = 5                  # stop_after_spreadless_steps
 
@@ -28,8 +29,10 @@ table: the base of every run) and::
 ``model`` is a model id or directory, or a tiny random model built here:
 ``model = {tiny = "qwen3", hidden_size = 128, num_layers = 2, seed = 0}``. ``dataset`` is a
 ``.json``/``.jsonl`` file, a ``datasets.save_to_disk`` folder, or ``"module:function"`` returning
-a dataset. ``module:name`` strings import from the sweep file's folder too (and from the current
-directory), in the run and in its rollout process.
+a dataset. ``eval_dataset`` (optional) is one such dataset, or a table of named ones, evaluated
+as the runs' config says (``eval_strategy``, ``eval_steps``; docs/evaluation.md). ``module:name``
+strings import from the sweep file's folder too (and from the current directory), in the run and
+in its rollout process.
 
 Each run has its own directory, ``<output_dir>/<setting>=<value>,.../seed=<seed>``, and its own
 process. ``<output_dir>/index.json`` lists every run with its status. A sweep started again
@@ -69,9 +72,10 @@ from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
 log = structlog.get_logger("asyncgrpo.sweep")
 
-SWEEP_KEYS = ("model", "dataset", "reward_funcs", "loop", "seeds", "grid", "runs", "stop",
-              "server", "claims", "compare")  # fmt: skip
-STOP_KEYS = ("max_steps", "reward_threshold", "wall_time_s", "spreadless_steps")
+SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "loop", "seeds", "grid", "runs",
+              "stop", "server", "claims", "compare")  # fmt: skip
+STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s",
+             "spreadless_steps")  # fmt: skip
 SERVER_KEYS = ("max_model_len", "max_logprobs", "enforce_eager", "extra_args")
 INDEX = "index.json"
 RUN_SPEC = "run_spec.json"
@@ -92,13 +96,17 @@ class StopRule:
 
     Attributes:
         max_steps: optimizer steps at most (the runs' ``max_steps``).
-        reward_threshold: end after the first logged window whose reward reaches it.
+        reward_threshold: end after the first logged window whose ``threshold_metric``
+            reaches it.
+        threshold_metric: the metric ``reward_threshold`` reads: ``reward`` (default), or any
+            logged one, e.g. an evaluation's ``eval/held_out/reward``.
         wall_time_s: end after this many seconds of training.
         spreadless_steps: the runs' ``stop_after_spreadless_steps`` (a collapsed policy).
     """
 
     max_steps: int
     reward_threshold: float | None = None
+    threshold_metric: str = "reward"
     wall_time_s: float | None = None
     spreadless_steps: int | None = None
 
@@ -118,6 +126,7 @@ class Sweep:
     server: Mapping[str, Any]
     claims: tuple[str, ...]
     compare: Mapping[str, Any]
+    eval_dataset: str | Mapping[str, str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "base": dict(self.base), "model": self.model,
@@ -143,6 +152,7 @@ def read_sweep(path: str | Path) -> Sweep:
         raise SweepError(f"{path}: give [stop] max_steps (or max_steps in the base config)")
     rule = StopRule(max_steps=int(stop.get("max_steps", base.get("max_steps", 0))),
                     reward_threshold=stop.get("reward_threshold"),
+                    threshold_metric=str(stop.get("threshold_metric", "reward")),
                     wall_time_s=stop.get("wall_time_s"),
                     spreadless_steps=stop.get("spreadless_steps"))  # fmt: skip
     grid = _table(extra, "grid", path, None)
@@ -163,7 +173,8 @@ def read_sweep(path: str | Path) -> Sweep:
                   loop=extra.get("loop"), runs=tuple(planned), stop=rule,
                   server=_table(extra, "server", path, SERVER_KEYS),
                   claims=tuple(_strings(extra.get("claims", []), "claims", path)),
-                  compare=_table(extra, "compare", path, ("threshold", "baseline")))  # fmt: skip
+                  compare=_table(extra, "compare", path, ("threshold", "baseline")),
+                  eval_dataset=extra.get("eval_dataset"))  # fmt: skip
     for run in planned:
         try:
             run_config(sweep, run, Path("."), "http://127.0.0.1:1")
@@ -290,7 +301,8 @@ def _run_one(sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Actio
     config = run_config(sweep, run, run_dir, url)
     spec = {"config": {k: v for k, v in config.to_dict().items() if k in _given(sweep, run)},
             "model": model, "dataset": sweep.dataset, "reward_funcs": list(sweep.reward_funcs),
-            "loop": sweep.loop, "stop": attrs.asdict(sweep.stop),
+            "eval_dataset": sweep.eval_dataset, "loop": sweep.loop,
+            "stop": attrs.asdict(sweep.stop),
             "resume": action is Action.RESUME, "import_path": _import_path(sweep)}  # fmt: skip
     (run_dir / RUN_SPEC).write_text(json.dumps(spec, indent=1))
     index.update(run, Status.RUNNING)
@@ -414,15 +426,25 @@ def read_index(sweep_dir: str | Path) -> list[dict[str, Any]]:
 
 
 class StopAtThreshold(TrainerCallback):
-    """Ends a run after the first logged window whose reward reaches ``threshold``."""
+    """Ends a run after the first logged window whose ``metric`` reaches ``threshold``."""
 
-    def __init__(self, threshold: float) -> None:
+    def __init__(self, threshold: float, metric: str = "reward") -> None:
         self.threshold = threshold
+        self.metric = metric
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        reward = (logs or {}).get("reward")
-        if reward is not None and reward >= self.threshold:
+        value = (logs or {}).get(self.metric)
+        if value is not None and value >= self.threshold:
             control.should_training_stop = True
+
+
+def _eval_datasets(spec: str | Mapping[str, str] | None) -> Any:
+    """A sweep's ``eval_dataset``: one dataset spec, or a table of named ones."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping):
+        return {name: load_named_dataset(str(s)) for name, s in spec.items()}
+    return load_named_dataset(str(spec))
 
 
 class StopAfterWallTime(TrainerCallback):
@@ -451,7 +473,7 @@ def train_one(run_dir: Path) -> int:
     callbacks: list[TrainerCallback] = []
     stop = StopRule(**spec["stop"])
     if stop.reward_threshold is not None:
-        callbacks.append(StopAtThreshold(stop.reward_threshold))
+        callbacks.append(StopAtThreshold(stop.reward_threshold, stop.threshold_metric))
     if stop.wall_time_s is not None:
         callbacks.append(StopAfterWallTime(stop.wall_time_s))
     cls: type[AsyncGRPOTrainer] = AsyncGRPOTrainer
@@ -461,6 +483,7 @@ def train_one(run_dir: Path) -> int:
     trainer = cls(model=spec["model"], args=AsyncGRPOConfig(**spec["config"]),
                   reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
                   train_dataset=load_named_dataset(spec["dataset"]),
+                  eval_dataset=_eval_datasets(spec.get("eval_dataset")),
                   callbacks=callbacks)  # fmt: skip
     output = trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
     (run_dir / RUN_RESULT).write_text(

@@ -420,6 +420,7 @@ class AsyncRolloutLoop:
             self.channels.report_in_flight(self._ledger.groups_in_flight)
             assert self.pool is not None
             self.pool[server].reserved += self.config.num_generations
+            self.pool[server].routed += 1
             group_id = self._next_group_id
             self._next_group_id += 1
             tg.start_soon(self._run_group, send, position, row_index, row, group_id, server)
@@ -561,6 +562,7 @@ class AsyncRolloutLoop:
                 )
             await self._changes.wait(CHANGE_BACKSTOP_S)
         self.pool[server].reserved += self.config.num_generations
+        self.pool[server].routed += 1
         pending.server = server
         pending.model_version = self._version_of(server)
 

@@ -36,7 +36,9 @@ class PooledServer:
         in_flight: rollouts holding one of its slots.
         completed: rollouts finished since its cap last moved (for the cap's raise).
         snapshot: its last ``/metrics`` (``None``: none yet, none offered, or it is out).
-        requests, generated_tokens, groups, regenerated_groups: counted since the last report.
+        requests, generated_tokens, regenerated_groups: counted since the last report.
+        routed: groups routed to it in this run (never reset): equally loaded servers take
+            turns (:func:`~asyncgrpo.core.servers.routing.load_key`).
         outages_reported: its trust record's outages at the last report.
     """
 
@@ -48,8 +50,8 @@ class PooledServer:
     snapshot: ServerMetrics | None = None
     requests: int = 0
     generated_tokens: int = 0
-    groups: int = 0
     regenerated_groups: int = 0
+    routed: int = 0
     outages_reported: int = 0
 
 
@@ -101,7 +103,7 @@ class ServerPool:
         return routing.ServerView(
             self.routable(index), self.version_of(index), server.reserved,
             max(1, min(server.cap.cap, self.max_concurrent_rollouts)),
-            server.snapshot.load if server.snapshot is not None else None,
+            server.snapshot.load if server.snapshot is not None else None, server.routed,
         )  # fmt: skip
 
     def route(self, steps_taken: int, max_staleness: int) -> int | None:

@@ -32,7 +32,7 @@ from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.core.servers.match import ServerMismatch
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
-from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 from asyncgrpo.shell.servers import ServerGone
 
 pytestmark = pytest.mark.server
@@ -118,9 +118,13 @@ def trainer_for(servers, model_path, tmp_path, callbacks=(), peft_config=None,
     )
     options.update(overrides)
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(16)]
+    held = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Held {i}?"}]
+                                         for i in range(4)]})  # fmt: skip
+    evaluating = options.get("eval_strategy", "no") != "no"
     return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
                             args=AsyncGRPOConfig(**options),
                             train_dataset=Dataset.from_dict({"prompt": prompts}),
+                            eval_dataset=held if evaluating else None,
                             callbacks=list(callbacks), peft_config=peft_config)  # fmt: skip
 
 
@@ -169,11 +173,15 @@ def test_both_servers_generate_and_hold_the_trainers_weights_after_each_sync(
 ) -> None:
     parity = ParityOnEachServer(pair, tmp_path / "policy")
     run = trainer_for(pair, tiny_qwen3, tmp_path, [parity], weight_transfer_backend=backend,
-                      weight_push_overlap=False)  # fmt: skip
+                      weight_push_overlap=False, eval_strategy="steps", eval_steps=2,
+                      eval_on_start=True)  # fmt: skip
     parity.trainer = run
     assert run.train().global_step == 4
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    evaluated = read_metrics(tmp_path / "run", EVALUATIONS_FILE)  # split over both servers
+    assert [e["step"] for e in evaluated] == [0, 2, 4]  # pushes waited for: each version lands
+    assert all(e["eval/eval/version"] == e["step"] for e in evaluated)
     for server in (0, 1):  # both generated groups that were scored (each counted as it is)
         assert per_server(rows, "groups_count", server) > 0, rows
         assert len(parity.gaps[server]) == 4
@@ -187,9 +195,13 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
     from peft import LoraConfig
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    run = trainer_for(pair, tiny_qwen3, tmp_path, peft_config=lora, max_staleness=1)
+    run = trainer_for(pair, tiny_qwen3, tmp_path, peft_config=lora, max_staleness=1,
+                      eval_strategy="steps", eval_steps=2)  # fmt: skip
     assert run.train().global_step == 4
     rows = read_metrics(tmp_path / "run")
+    evaluated = read_metrics(tmp_path / "run", EVALUATIONS_FILE)  # the pinned adapter version
+    assert [e["step"] for e in evaluated] == [2, 4]
+    assert all(e["eval/eval/version"] == e["step"] for e in evaluated)
     for server in (0, 1):
         assert per_server(rows, "groups_count", server) > 0, rows
     gaps = [r["sampling/staleness0_logp_difference/mean"] for r in rows

@@ -16,16 +16,18 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.experiments import compare, read_index, run_sweep
-from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 SWEEP = """
 model = {{tiny = "qwen3", seed = 0}}
 dataset = "asyncgrpo.shell.commands.demo:demo_dataset"
+eval_dataset = {{held_out = "asyncgrpo.shell.commands.demo:demo_eval_dataset"}}
 reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
 seeds = [0]
-claims = ["final_reward[] >= 0", "final_reward[max_staleness=1] >= 2"]
+claims = ["final_reward[] >= 0", "final_reward[max_staleness=1] >= 2",
+          "gain(eval/held_out/reward)[] >= -1"]
 
 [asyncgrpo]
 learning_rate = 1e-2
@@ -37,6 +39,8 @@ num_sampler_logprobs = 4
 max_concurrent_rollouts = 16
 save_steps = 1
 logging_steps = 1
+eval_strategy = "steps"
+eval_steps = 2
 
 [grid]
 max_staleness = [0, 1]
@@ -101,7 +105,10 @@ def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(t
 
     report = compare([out])
     outcomes = [v.outcome.value for v in report.verdicts]
-    assert outcomes == ["holds", "fails"] and report.exit_status == 1
+    assert outcomes == ["holds", "fails", "holds"] and report.exit_status == 1
+    for entry in read_index(out):  # each run evaluated its held-out prompts (a resumed one too)
+        versions = [e["step"] for e in read_metrics(out / entry["name"], EVALUATIONS_FILE)]
+        assert versions[-1] == 4 and versions == sorted(set(versions)), versions
     assert "max_staleness=0" in report.table and "max_staleness=1" in report.table
     assert (out / "comparison.png").read_bytes().startswith(b"\x89PNG")
     assert (out / "comparison.md").read_text() == report.table
