@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from asyncgrpo.core.experiments.claims import Verdict
+from asyncgrpo.core.experiments.claims import Selector, Verdict
 from asyncgrpo.core.experiments.curves import CollapseRule, Run, Statistic, run_statistic
 from asyncgrpo.core.experiments.stats import (
     DEFAULT_CONFIDENCE,
@@ -190,7 +190,9 @@ def group_runs(
     out = []
     for key, members in groups.items():
         settings = dict(key)
-        label = ", ".join(f"{k}={settings.get(k)}" for k in varying) or "all runs"
+        given = [f"{k}={settings[k]}" for k in varying if settings.get(k) is not None]
+        unset = [f"{k}=None" for k in varying if settings.get(k) is None]
+        label = ", ".join(given or unset) or "all runs"  # a setting a run lacks is left out
         out.append((label, tuple(members)))
     return tuple(out)
 
@@ -198,6 +200,34 @@ def group_runs(
 def _generator(seed: int, *parts: str) -> np.random.Generator:
     """A generator per cell, so a cell does not change when rows or columns are added."""
     return np.random.default_rng([seed, *(zlib.crc32(p.encode()) for p in parts)])
+
+
+def baseline_label(groups: Sequence[tuple[str, Sequence[Run]]], baseline: str) -> str:
+    """The label of the setting ``baseline`` names: a label, or settings (``k=v, ...``) that
+    the runs of exactly one setting all have.
+
+    Example:
+        >>> from asyncgrpo.core.experiments.curves import RunCurve
+        >>> groups = [("eval_strategy=no", [Run({"eval_strategy": "no"}, 0, RunCurve([]))]),
+        ...           ("eval_steps=5, eval_strategy=steps",
+        ...            [Run({"eval_strategy": "steps", "eval_steps": "5"}, 0, RunCurve([]))])]
+        >>> baseline_label(groups, "eval_strategy=steps")
+        'eval_steps=5, eval_strategy=steps'
+    """
+    labels = [label for label, _ in groups]
+    if baseline in labels:
+        return baseline
+    pairs = [part.split("=", 1) for part in baseline.split(",") if "=" in part]
+    if pairs and len(pairs) == len(baseline.split(",")):
+        selector = Selector(tuple((k.strip(), v.strip()) for k, v in pairs))
+        found = [label for label, runs in groups
+                 if runs and all(selector.matches(r.settings) for r in runs)]  # fmt: skip
+        if len(found) == 1:
+            return found[0]
+    raise ValueError(
+        f"baseline {baseline!r} is not a setting, nor the settings of exactly one; the settings: "
+        f"{labels}"
+    )
 
 
 def comparison_table(
@@ -225,9 +255,8 @@ def comparison_table(
         (('all runs', '2', '0.500 [0.500, 0.500]', '0/2'),)
     """
     rule = collapse_rule or CollapseRule()
-    labels = [label for label, _ in groups]
-    if baseline is not None and baseline not in labels:
-        raise ValueError(f"baseline {baseline!r} is not a setting; the settings: {labels}")
+    if baseline is not None:
+        baseline = baseline_label(groups, baseline)
     if (baseline is None) != (ratio_of is None):
         raise ValueError("a ratio column needs both a baseline setting and ratio_of")
     header = ["setting", "runs", *(s.label for s in statistics)]

@@ -140,7 +140,7 @@ def _sweep_or_compare(args: argparse.Namespace) -> int:
         else:
             comparison = compare(args.paths, args.output_dir, args.threshold, args.baseline,
                                  args.claim, args.confidence)  # fmt: skip
-    except SweepError as error:
+    except (SweepError, ValueError) as error:  # a bad baseline or claim too: named, no traceback
         print(f"asyncgrpo {args.command}: {error}", file=sys.stderr)
         return 2
     print(comparison.table)

@@ -65,9 +65,21 @@ class MetricsFile:
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-        row = {"step": step, **{k: _json_number(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row, sort_keys=False) + "\n")
+        self._file.write(_row(step, metrics))
         self._file.flush()
+
+    def replace_last(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write ``metrics`` in place of the last row, which must be ``step``'s (a step's
+        window completed after it was logged: each step keeps one row). The file is rewritten
+        beside itself and renamed into place."""
+        self._file.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        if not lines or _row_step(lines[-1]) != step:
+            raise ValueError(f"{self.path}: the last row is not step {step}'s")
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join([*lines[:-1], _row(step, metrics)]), encoding="utf-8")
+        partial.replace(self.path)
+        self._file = self.path.open("a", encoding="utf-8")
 
     def close(self) -> None:
         self._file.close()
@@ -77,6 +89,10 @@ class MetricsFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _row(step: int, metrics: Mapping[str, Any]) -> str:
+    return json.dumps({"step": step, **{k: _json_number(v) for k, v in metrics.items()}}) + "\n"
 
 
 def read_metrics(output_dir: str | Path, name: str = METRICS_FILE) -> list[dict[str, Any]]:

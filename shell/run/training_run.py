@@ -123,6 +123,7 @@ class TrainingRun:
         self.queue: step_queue.StepQueue | None = None
         self.completions: list[tuple[str, str, float]] = []
         self.window = metrics.MetricWindow()
+        self._logged: tuple[int, metrics.MetricWindow] | None = None  # the last row written
         self.forwarded_total = 0
         self.last_loss = math.nan
         self.dataset_size = None if inputs.dataset is None else len(inputs.dataset)
@@ -659,14 +660,27 @@ class TrainingRun:
         return True
 
     def _log_window(self) -> dict[str, float]:
-        summary = metrics.summarize(self.window)
+        """Log the window: a row of ``metrics.jsonl`` for the step, the console, the
+        callbacks. What arrives after a step's row was written (at the end: a push that landed,
+        an evaluation, the groups of a step that never came) joins that row, which is written
+        again: each step keeps one row."""
+        window, step = self.window, self.learner.step
+        again = self._logged is not None and self._logged[0] == step
+        if again:
+            assert self._logged is not None
+            window = metrics.merge(self._logged[1], window)
+        self._logged = (step, window)
+        summary = metrics.summarize(window)
         self.window = metrics.MetricWindow()
         if self.dataset_size:
             summary["epoch"] = cursor.epochs_consumed(self.cursor, self.dataset_size)
         summary["num_tokens"] = float(self.forwarded_total)
         summary.update(step_time.window_rates(summary))
         if self.rank0 and self.metrics_file is not None:
-            self.metrics_file.write(self.learner.step, summary)
+            if again:
+                self.metrics_file.replace_last(step, summary)
+            else:
+                self.metrics_file.write(step, summary)
             log.info("step", step=self.learner.step,
                      reward=_rounded(summary.get("reward")),
                      loss=_rounded(summary.get("loss")),

@@ -174,6 +174,39 @@ def test_a_run_without_reward_spread_warns_then_stops_with_a_checkpoint(served, 
     assert (tmp_path / "run" / "checkpoint-0" / "rollout_state.json").is_file()
 
 
+class SpreadThenNone:
+    """Rewards with spread for the first ``groups`` groups scored, all equal after."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+        self.calls = 0
+
+    def __call__(self, completion_ids, **kwargs):
+        self.calls += 1
+        if self.calls <= self.groups:
+            return [float(i % 2) for i in range(len(completion_ids))]
+        return [1.0] * len(completion_ids)
+
+
+def test_a_run_stopped_for_lack_of_spread_after_steps_keeps_one_row_per_step(
+    served, tmp_path
+) -> None:
+    """Steps, then no spread: what arrived after the last step's row (the groups that never made
+    a step, the last push) joins that row, which is written again, never a second one."""
+    server, path = served
+    trainer = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=SpreadThenNone(groups=8),
+        args=config(server, tmp_path, max_steps=50, stop_after_spreadless_steps=2),
+        train_dataset=dataset(),
+    )
+    output = trainer.train()
+    steps = [r["step"] for r in read_metrics(tmp_path / "run")]
+    assert output.global_step >= 1
+    assert steps == list(range(1, output.global_step + 1)), steps
+    assert (tmp_path / "run" / f"checkpoint-{output.global_step}").is_dir()
+
+
 class CrashingLoop(AsyncRolloutLoop):
     def filter_prompt(self, row_index, row, epoch):
         raise OSError("disk on fire")
