@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -20,11 +22,29 @@ from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 EVAL_REWARD_S = 2.0  # an evaluation's reward call sleeps this long: longer than a step here
 
 
-def slow_when_held_out(completions, held_out=None, **kwargs):
-    """The demo's reward; slow on held-out rows, so that an evaluation outlasts steps."""
+STEPS_BEFORE_A_NEW_VERSION = 5  # steps 1-5 train on version 0's samples (max_staleness 4)
+
+
+def slow_when_held_out(completions, held_out=None, steps_file=None, **kwargs):
+    """The demo's reward; slow on held-out rows, so that an evaluation outlasts steps.
+
+    A held-out call sleeps, then waits (60 s at most) until another step has ended, as
+    ``steps_file`` counts them. Steps 1-5 need no push, so while the evaluation of version 0
+    holds the pushes back they can end only if training goes on beside it.
+    """
     if held_out and held_out[0]:
+        started = steps_ended(steps_file[0])
         time.sleep(EVAL_REWARD_S)
+        wanted = min(started + 1, STEPS_BEFORE_A_NEW_VERSION)
+        deadline = time.monotonic() + 60.0
+        while steps_ended(steps_file[0]) < wanted and time.monotonic() < deadline:
+            time.sleep(0.05)
     return digit_fraction_reward(completions, **kwargs)
+
+
+def steps_ended(path: str | None) -> int:
+    text = Path(path).read_text() if path and Path(path).exists() else ""
+    return int(text or 0)
 
 
 def prompts(n: int, word: str, **columns) -> Dataset:
@@ -33,12 +53,14 @@ def prompts(n: int, word: str, **columns) -> Dataset:
 
 
 class EvaluationsSeen(TrainerCallback):
-    """What ``on_evaluate`` received and when (monotonic seconds), and when each step ended."""
+    """What ``on_evaluate`` received and when (monotonic seconds), and when each step ended;
+    the count of ended steps also goes to ``steps_file`` for the reward to see."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps_file: Path | None = None) -> None:
         self.metrics: list[dict[str, float]] = []
         self.arrived: list[float] = []
         self.step_ends: list[float] = []
+        self.steps_file = steps_file
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.metrics.append(dict(metrics or {}))
@@ -46,10 +68,14 @@ class EvaluationsSeen(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_ends.append(time.monotonic())
+        if self.steps_file is not None:
+            written = self.steps_file.with_suffix(".partial")
+            written.write_text(str(len(self.step_ends)))
+            os.replace(written, self.steps_file)
 
 
 def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
-            **overrides) -> AsyncGRPOTrainer:  # fmt: skip
+            steps_file=None, **overrides) -> AsyncGRPOTrainer:  # fmt: skip
     options = dict(output_dir=str(tmp_path / "run"), max_steps=6, learning_rate=1e-2,
                    num_generations=4, max_completion_length=12, token_budget=256,
                    gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=4,
@@ -59,20 +85,22 @@ def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
     return AsyncGRPOTrainer(
         model=str(model_path), reward_funcs=slow_when_held_out,
         args=AsyncGRPOConfig(**options), train_dataset=prompts(8, "Number", held_out=False),
-        eval_dataset=eval_dataset or {"held": prompts(4, "Held", held_out=True)},
+        eval_dataset=eval_dataset
+        or {"held": prompts(4, "Held", held_out=True, steps_file=str(steps_file))},
         callbacks=list(callbacks),
     )  # fmt: skip
 
 
 def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_path) -> None:
     """eval_on_start and every 2 steps of 6. An evaluation takes longer than a step (its reward
-    call sleeps 2 s), yet steps keep ending while it runs (max_staleness 4): the pushes of later
-    versions wait for it instead (perf/weight_push_held_s), and every step's time is logged.
+    call sleeps 2 s, then waits for a step to end), yet steps keep ending while it runs
+    (max_staleness 4): the pushes of later versions wait for it instead
+    (perf/weight_push_held_s), and every step's time is logged.
     A due version whose push was replaced while held is stood in for by the next one to land,
     so the versions are 0, then one per crossed multiple of 2, ending at 6."""
     server, path = served
-    seen = EvaluationsSeen()
-    trainer(server, path, tmp_path, [seen]).train()
+    seen = EvaluationsSeen(steps_file=tmp_path / "steps_ended")
+    trainer(server, path, tmp_path, [seen], steps_file=seen.steps_file).train()
     evaluations = read_metrics(tmp_path / "run", EVALUATIONS_FILE)
     versions = [e["step"] for e in evaluations]
     assert versions[0] == 0 and versions[-1] == 6, versions
@@ -92,12 +120,9 @@ def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_
     assert sum(r.get("perf/weight_push_held_s", 0.0) for r in rows) > 0
     logged = [r["eval/held/version"] for r in rows if "eval/held/version" in r]
     assert logged == sorted(logged) and logged[-1] == 6  # a window keeps the newest
-    during = [  # the steps that ended while the evaluations of versions 2 and 4 ran
-        sum(end - m["eval/duration_s"] < step_end < end for step_end in seen.step_ends)
-        for m, end in zip(seen.metrics, seen.arrived, strict=True)
-        if m["eval/held/version"] in (2, 4)
-    ]
-    assert sum(during) >= 2, (during, seen.step_ends, seen.arrived)
+    (first, arrived), *_ = zip(seen.metrics, seen.arrived, strict=True)
+    during = [t for t in seen.step_ends if arrived - first["eval/duration_s"] < t < arrived]
+    assert first["eval/held/version"] == 0 and during, (first, seen.step_ends, arrived)
 
 
 def test_a_greedy_evaluation_gives_the_same_result_twice(served, tmp_path) -> None:
