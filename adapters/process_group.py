@@ -11,6 +11,7 @@ import datetime
 import os
 import socket
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -52,3 +53,16 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+HOST_MEMORY = "host memory"
+
+
+def free_bytes(where: str) -> int | None:
+    """Memory free now ``where``: :data:`HOST_MEMORY` (available RAM) or a CUDA device such as
+    ``"cuda:0"``; ``None`` when it cannot be measured."""
+    if where == HOST_MEMORY:
+        return int(psutil.virtual_memory().available)
+    if where.startswith("cuda") and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(torch.device(where))[0])
+    return None

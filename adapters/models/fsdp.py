@@ -26,6 +26,7 @@ AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master we
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -37,6 +38,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
+from asyncgrpo.core.packing.precision import (
+    BF16_MIN_PARAMETERS,
+    PrecisionChoice,
+    choose_precision,
+)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -62,9 +68,36 @@ def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolic
             module.set_force_sum_reduction_for_comms(True)
 
 
-def uses_bf16(bf16: bool | None, device: torch.device) -> bool:
-    """``bf16`` (the config's), or on CUDA only when it is None."""
-    return device.type == "cuda" if bf16 is None else bf16
+def precision_for(bf16: bool | None, device: torch.device, model: nn.Module) -> PrecisionChoice:
+    """The learner's compute precision (:func:`~asyncgrpo.core.packing.precision.choose_precision`):
+    on a CPU, with ``bf16`` unset and a model large enough, the speed of bf16 matrix products
+    at the model's hidden and intermediate sizes is measured first (a few hundred ms)."""
+    parameters = sum(p.numel() for p in model.parameters())
+    speedup = None
+    if bf16 is None and device.type != "cuda" and parameters >= BF16_MIN_PARAMETERS:
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
+            model.config)  # fmt: skip
+        hidden = int(getattr(config, "hidden_size", 1024))
+        inner = int(getattr(config, "intermediate_size", 4 * hidden))
+        speedup = matmul_seconds(hidden, inner, torch.float32) / matmul_seconds(
+            hidden, inner, torch.bfloat16
+        )
+    return choose_precision(bf16, device.type == "cuda", parameters, speedup)
+
+
+def matmul_seconds(hidden: int, inner: int, dtype: torch.dtype, rows: int = 256,
+                   repeats: int = 5) -> float:  # fmt: skip
+    """The fastest of ``repeats`` products ``[rows, hidden] @ [hidden, inner]`` in ``dtype``
+    with this process's threads, after one warm-up."""
+    a = torch.randn(rows, hidden, dtype=dtype)
+    b = torch.randn(hidden, inner, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def mixed_precision(bf16: bool) -> MixedPrecisionPolicy:

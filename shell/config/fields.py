@@ -75,13 +75,17 @@ class AsyncGRPOConfig(TrainingArguments):
         default=1,
         metadata=_help("Log a window every N optimizer steps (< 1: fraction of max_steps)."),
     )
-    gradient_checkpointing: bool = field(
-        default=True, metadata=_help("Activation checkpointing of the decoder layers.")
-    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help("Activation checkpointing of the decoder layers. None: on only when a row "
+                       "of token_budget tokens would keep more than a quarter of the free "
+                       "memory without it (logged at start); TRL's default is True."),
+    )  # fmt: skip
     bf16: bool | None = field(
         default=None,
-        metadata=_help("bf16 mixed precision (fp32 master weights); None: on with CUDA, off "
-                       "on CPU."),
+        metadata=_help("bf16 mixed precision (fp32 master weights); None: on with CUDA, and on "
+                       "a CPU for models of 50M parameters or more when it multiplies bf16 "
+                       "matrices at least 2x faster than fp32 (measured at start, logged)."),
     )  # fmt: skip
     ignore_data_skip: bool = field(
         default=True,

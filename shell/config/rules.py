@@ -41,9 +41,11 @@ USED: dict[str, str] = {
     "average_tokens_across_devices": "only True: each micro-batch's loss is divided by its "
     "trained tokens summed over all processes",
     "max_grad_norm": "gradient clipping; 0 turns it off",
-    "bf16": "FSDP2 mixed precision: bf16 compute, fp32 master weights (None: on with CUDA)",
+    "bf16": "FSDP2 mixed precision: bf16 compute, fp32 master weights (None: on with CUDA, "
+    "and on a CPU with fast bf16 for models of 50M parameters or more)",
     "tf32": "TF32 matmuls on Ampere or newer GPUs, set by TrainingArguments",
-    "gradient_checkpointing": "activation checkpointing of the decoder layers",
+    "gradient_checkpointing": "activation checkpointing of the decoder layers (None: by the "
+    "activations a row keeps against the free memory)",
     "gradient_checkpointing_kwargs": "passed to gradient_checkpointing_enable "
     "(default {'use_reentrant': False})",
     "logging_strategy": "steps, epoch (counted in prompts) or no (only the last window)",

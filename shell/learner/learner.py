@@ -18,8 +18,10 @@ micro-batch. It still runs the forward and backward of a 2-token dummy row whose
 multiplied by 0, so that its all-gathers and reduce-scatters pair with the other processes';
 it adds 0 to every gradient, 0 trained tokens to the global count and no metrics.
 
-**Precision.** ``bf16`` (default: on with CUDA, off on CPU) trains in FSDP2 mixed precision
-with fp32 master weights (see :mod:`asyncgrpo.adapters.models.fsdp`). Exported weights
+**Precision.** ``bf16`` trains in FSDP2 mixed precision with fp32 master weights (see
+:mod:`asyncgrpo.adapters.models.fsdp`); unset, it is on with CUDA, and on a CPU for a model of
+50M parameters or more when this CPU multiplies bf16 matrices at least twice as fast as fp32
+(:mod:`asyncgrpo.core.packing.precision`; the choice is logged). Exported weights
 (``learner.export``, a :class:`~asyncgrpo.shell.learner.export.WeightExport`) are in bf16
 then, as TRL's AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master
 weights.
@@ -33,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
+import structlog
 import torch
 import torch.distributed as dist
 from peft import PeftConfig
@@ -56,24 +59,36 @@ from asyncgrpo.adapters.kernels.packed_policy import (
 from asyncgrpo.adapters.models.fsdp import (
     clip_gradients,
     mixed_precision,
+    precision_for,
     shard,
     upcast_trainable,
-    uses_bf16,
 )
 from asyncgrpo.adapters.models.lora import wrap_with_lora
-from asyncgrpo.adapters.process_group import default_device, init_distributed
+from asyncgrpo.adapters.process_group import (
+    HOST_MEMORY,
+    default_device,
+    free_bytes,
+    init_distributed,
+)
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import normalize_loss
 from asyncgrpo.core.loss.metrics import loss_metrics
 from asyncgrpo.core.loss.objectives import TokenInputs
 from asyncgrpo.core.loss.objectives.weights import trl_loss_config
 from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
+from asyncgrpo.core.packing.memory import (
+    CheckpointingChoice,
+    activation_bytes,
+    choose_checkpointing,
+)
 from asyncgrpo.core.packing.tree import PackedRow
 from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
 from asyncgrpo.shell.learner.export import WeightExport
 from asyncgrpo.shell.learner.optimization import optimizers_for, parameter_names
+
+log = structlog.get_logger("asyncgrpo.learner")
 
 # --- step results --------------------------------------------------------------------------
 
@@ -152,7 +167,10 @@ class Learner:
         self.device = torch.device(device) if device is not None else default_device(config.use_cpu)
         self._owns_group = init_distributed(self.device, timeout_s=config.ddp_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.bf16 = uses_bf16(config.bf16, self.device)
+        precision = precision_for(config.bf16, self.device, model)
+        self.bf16 = precision.bf16
+        if self.rank == 0:
+            log.info("precision", bf16=precision.bf16, reason=precision.reason)
         self.objective = config.objective()
         self.objective_settings = config.objective_settings()
         self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics
@@ -176,7 +194,11 @@ class Learner:
     def _prepare(self, model: PreTrainedModel, peft_config: PeftConfig | None) -> nn.Module:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
         enable_tree_attention(model)
-        if self.config.gradient_checkpointing:
+        checkpointing = self._checkpointing(model)
+        if self.rank == 0:
+            log.info("gradient checkpointing", enabled=checkpointing.enabled,
+                     reason=checkpointing.reason)  # fmt: skip
+        if checkpointing.enabled:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs
                 or {"use_reentrant": False}
@@ -187,6 +209,24 @@ class Learner:
         if self.bf16 and self.config.dtype != "bfloat16":
             upcast_trainable(model)
         return model.train()
+
+    def _checkpointing(self, model: PreTrainedModel) -> CheckpointingChoice:
+        """``gradient_checkpointing``, or (None) by the activations a row of ``token_budget``
+        tokens (4096 when unset: the server's default context) keeps against the free memory
+        (:mod:`asyncgrpo.core.packing.memory`)."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
+            model.config)  # fmt: skip
+        hidden = int(getattr(config, "hidden_size", 0))
+        heads = int(getattr(config, "num_attention_heads", 1))
+        head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        kept = activation_bytes(
+            self.config.token_budget or 4096, int(getattr(config, "num_hidden_layers", 1)),
+            hidden, kv_heads * head_dim, int(getattr(config, "intermediate_size", 4 * hidden)),
+            heads, 2 if self.bf16 else next(model.parameters()).element_size(),
+        )  # fmt: skip
+        where = str(self.device) if self.device.type == "cuda" else HOST_MEMORY
+        return choose_checkpointing(self.config.gradient_checkpointing, kept, free_bytes(where))
 
     # --- training ------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from transformers import (
     TrainerControl,
 )
 
+from asyncgrpo.adapters.process_group import free_bytes
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
@@ -84,7 +85,6 @@ from asyncgrpo.shell.weights import (
     Pushed,
     WeightPusher,
     WeightSync,
-    free_bytes,
     open_weight_sync,
 )
 

@@ -6,7 +6,7 @@ that the server serves the trainer's weights (:mod:`.parity`).
 from __future__ import annotations
 
 from asyncgrpo.shell.weights.parity import ParityGuard
-from asyncgrpo.shell.weights.paths import WeightSync, free_bytes, open_weight_sync
+from asyncgrpo.shell.weights.paths import WeightSync, open_weight_sync
 from asyncgrpo.shell.weights.push import Pushed, Resynced, WeightPusher
 
 __all__ = [
@@ -15,6 +15,5 @@ __all__ = [
     "Resynced",
     "WeightPusher",
     "WeightSync",
-    "free_bytes",
     "open_weight_sync",
 ]

@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import attrs
-import psutil
 import structlog
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from asyncgrpo.adapters.process_group import HOST_MEMORY
 from asyncgrpo.adapters.transfer.files import (
     AdapterSync,
     DiskReload,
@@ -59,7 +58,6 @@ log = structlog.get_logger("asyncgrpo.weight_sync")
 
 ADAPTER_PREFIX = "asyncgrpo-policy"
 ADAPTER = "adapter"
-HOST_MEMORY = "host memory"
 
 Landing = dict[int, SyncTimings | Exception]
 """A push's outcome on each server it was sent to (rank 0): its timings, or why it failed."""
@@ -154,16 +152,6 @@ def _copied(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
 def _sent(timings: SyncTimings | None) -> SyncTimings:
     assert timings is not None, "the sending rank gets timings"
     return timings
-
-
-def free_bytes(where: str) -> int | None:
-    """Memory free now ``where`` a snapshot would live: :data:`HOST_MEMORY` (available RAM) or
-    a CUDA device such as ``"cuda:0"``; ``None`` when it cannot be measured."""
-    if where == HOST_MEMORY:
-        return int(psutil.virtual_memory().available)
-    if where.startswith("cuda") and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(torch.device(where))[0])
-    return None
 
 
 def _synced_bytes(learner: Learner) -> int:

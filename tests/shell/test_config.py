@@ -14,11 +14,17 @@ import torch
 from transformers import TrainingArguments
 
 from asyncgrpo.shell.commands import main
-from asyncgrpo.shell.commands.train import TrainCommandError, build_config, parse_train_args
+from asyncgrpo.shell.commands.train import (
+    TrainCommandError,
+    build_config,
+    lora_config,
+    parse_train_args,
+)
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.config import docs as config_docs
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.learner.optimization import build_optimizer, build_scheduler
+from asyncgrpo.shell.servers import local_server_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +58,7 @@ def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
     )  # fmt: skip
     assert config.output_dir == "trainer_output"
     assert config.learning_rate == 1e-6 and config.logging_steps == 1
-    assert config.gradient_checkpointing and config.bf16 is None
+    assert config.gradient_checkpointing is None and config.bf16 is None  # decided at start
     assert config.prompt_order_seed == 3 and AsyncGRPOConfig(seed=5).prompt_order_seed == 5
     assert config.device == torch.device("cpu")
     again = pickle.loads(pickle.dumps(config))
@@ -147,6 +153,25 @@ def test_train_flags_override_the_config_file(tmp_path) -> None:
     assert (settings.model, settings.dataset, settings.rewards) == ("m", "d.jsonl", ["a:b"])
     assert (config.max_steps, config.learning_rate, config.score_centering) == (2, 0.5, False)
     assert config.lr_scheduler_kwargs == {"num_cycles": 2}
+
+
+def test_train_takes_trl_lora_flags_and_starts_a_server_that_serves_adapters(
+    tiny_qwen3, tmp_path
+) -> None:
+    base = ["--model", str(tiny_qwen3), "--dataset", "d.jsonl", "--reward", "a:b",
+            "--output_dir", str(tmp_path)]  # fmt: skip
+    assert lora_config(parse_train_args(base).script) is None
+    settings = parse_train_args([*base, "--use_peft", "--lora_r", "24", "--lora_alpha", "48",
+                                 "--lora_target_modules", "q_proj", "v_proj"])  # fmt: skip
+    lora = lora_config(settings.script)
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (24, 48, 0.05)
+    assert set(lora.target_modules) == {"q_proj", "v_proj"}
+    spec = local_server_spec(str(tiny_qwen3), build_config(settings), max_model_len=128,
+                             lora_rank=lora.r)  # fmt: skip
+    assert spec.enable_lora and spec.max_lora_rank == 32  # vLLM takes powers of 2
+    assert not local_server_spec(
+        str(tiny_qwen3), build_config(settings), max_model_len=128
+    ).enable_lora
 
 
 def test_train_fails_naming_the_closest_flag_or_key(tmp_path, capsys) -> None:
