@@ -24,6 +24,7 @@ table: the base of every run) and::
 
     [server]                              # the vLLM server the runs share (local, started here)
     max_model_len = 1024                  # cut to the model's own context length
+    dtype = "bfloat16"                    # the server's dtype (default: the runs' dtype)
     enforce_eager = false                 # true: no torch.compile (starts sooner, runs slower)
 
 ``model`` is a model id or directory, or a tiny random model built here:
@@ -48,6 +49,7 @@ From Python, :func:`run_sweep` (``asyncgrpo.experiments.run_sweep``) does the sa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -76,7 +78,7 @@ SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "loop", "seeds
               "stop", "server", "claims", "compare")  # fmt: skip
 STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s",
              "spreadless_steps")  # fmt: skip
-SERVER_KEYS = ("max_model_len", "max_logprobs", "enforce_eager", "extra_args")
+SERVER_KEYS = ("max_model_len", "max_logprobs", "dtype", "enforce_eager", "extra_args")
 INDEX = "index.json"
 RUN_SPEC = "run_spec.json"
 RUN_RESULT = "run.json"
@@ -345,9 +347,12 @@ def _import_path(sweep: Sweep) -> list[str]:
 
 
 def _model_dir(sweep: Sweep, out: Path) -> str:
-    """The model's id or directory; a tiny random model is built under the sweep once."""
+    """The model's id or directory (a packaged model's name or a ``.gguf`` file becomes its
+    checkpoint); a tiny random model is built under the sweep once."""
     if isinstance(sweep.model, str):
-        return sweep.model
+        from asyncgrpo.adapters.models.packaged import resolve_model
+
+        return resolve_model(sweep.model)
     options = dict(sweep.model)
     architecture = options.pop("tiny", None)
     if architecture is None:
@@ -375,6 +380,8 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
     config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
                                 "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip
     options = dict(sweep.server)
+    if "dtype" in options:  # the server's own, e.g. bf16 beside a trainer computing in bf16
+        config = dataclasses.replace(config, dtype=str(options["dtype"]))
     spec = local_server_spec(model, config, max_model_len=int(options.get("max_model_len", 1024)),
                              max_logprobs=int(options.get("max_logprobs", 20)),
                              enforce_eager=bool(options.get("enforce_eager", False)),

@@ -35,6 +35,7 @@ def local_server_spec(
     max_logprobs: int = 20,
     enforce_eager: bool = False,
     api_key: str | None = None,
+    lora_rank: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> ServerSpec:
     """The spec of a server the run starts for ``model`` under ``config``.
@@ -44,7 +45,8 @@ def local_server_spec(
     (``asyncgrpo_gloo`` or ``nccl``; none for ``auto`` and ``disk``, which push by disk),
     serves ``config.dtype`` and at least ``config.num_sampler_logprobs`` top log-probs, and
     schedules by priority, so that evaluations run below training (requests of equal
-    priority are served first come, first served, as by default).
+    priority are served first come, first served, as by default). With ``lora_rank`` (a LoRA
+    run) it serves adapters loaded at run time, of that rank or less.
     """
     longest = context_length(model)
     if longest is not None and max_model_len > longest:
@@ -59,6 +61,8 @@ def local_server_spec(
         weight_transfer_backend=local_server_engine(config.weight_transfer_backend),
         enforce_eager=enforce_eager,
         api_key=api_key,
+        enable_lora=lora_rank is not None,
+        max_lora_rank=1 << (max(16, lora_rank or 0) - 1).bit_length(),  # vLLM takes powers of 2
         extra_args=("--scheduling-policy", PRIORITY_POLICY, *extra_args),
     )
 
