@@ -1,0 +1,36 @@
+"""The real demo (``asyncgrpo demo --model smollm2-135m``) and its sweep over seeds
+(benchmarks/real_demo.toml) train with the same settings, so that the README's measured
+numbers are the demo's."""
+
+import dataclasses
+from pathlib import Path
+
+from asyncgrpo.shell.commands import real_demo
+from asyncgrpo.shell.experiments.sweep import read_sweep, run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PER_RUN = {"output_dir", "logging_dir", "vllm_server_base_url", "disable_tqdm", "seed"}
+
+
+def test_the_sweep_file_trains_as_the_demo_does(tmp_path) -> None:
+    sweep = read_sweep(ROOT / "benchmarks" / "real_demo.toml")
+    assert sweep.model == "smollm2-135m"
+    assert sweep.dataset == "asyncgrpo.shell.commands.real_demo:train_problems"
+    assert sweep.eval_dataset == {
+        "held_out": "asyncgrpo.shell.commands.real_demo:held_out_problems"
+    }
+    assert sweep.reward_funcs == ("asyncgrpo.tasks:answer_reward",)
+    assert dict(sweep.server) == real_demo.SERVER
+    run, *others = sweep.runs  # one setting, over seeds
+    assert all(other.settings == run.settings for other in others)
+    from_sweep = run_config(sweep, run, tmp_path, "http://127.0.0.1")
+    demo = real_demo.real_demo_config(tmp_path, sweep.stop.max_steps, "http://127.0.0.1")
+    pairs = {f.name: (getattr(from_sweep, f.name), getattr(demo, f.name))
+             for f in dataclasses.fields(demo) if f.name not in PER_RUN}  # fmt: skip
+    assert {name: pair for name, pair in pairs.items() if pair[0] != pair[1]} == {}
+
+
+def test_the_held_out_split_is_every_held_out_problem_and_apart_from_training() -> None:
+    held_out, train = real_demo.held_out_problems(), real_demo.train_problems()
+    assert len(held_out) == len(set(held_out["problem"])) == 58
+    assert not set(held_out["problem"]) & set(train["problem"])
