@@ -49,6 +49,33 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.distributed)
 
 
+# The suite's budget (docs/testing.md): a test whose body takes over SLOW_TEST_S (its call; a
+# session server's start is the fixture's, not the first test's) is marked `slow` with a
+# reason, @pytest.mark.slow(reason="..."); the summary names those that are not, so that CI's
+# log shows a budget overrun when it appears.
+SLOW_TEST_S = 60.0
+_unmarked_slow: dict[str, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    slow = item.get_closest_marker("slow")
+    if (
+        call.when == "call"
+        and call.duration > SLOW_TEST_S
+        and "reason" not in getattr(slow, "kwargs", {})
+    ):
+        _unmarked_slow[item.nodeid] = f"{call.duration:.0f} s"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _unmarked_slow:
+        terminalreporter.section(f"over the {SLOW_TEST_S:.0f} s budget without a slow reason")
+        for nodeid, seconds in _unmarked_slow.items():
+            terminalreporter.write_line(f"{seconds}  {nodeid}")
+
+
 @pytest.fixture(autouse=True)
 def _servers_only_in_the_server_tier(request, monkeypatch):
     """A test outside the `server` tier that starts a vLLM server fails, naming the marker, so

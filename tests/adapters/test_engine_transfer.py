@@ -107,6 +107,7 @@ def test_weights_sent_in_memory_are_served(served) -> None:
     assert max(gaps) < 1e-4, gaps
 
 
+@pytest.mark.slow(reason="the server waits out the interrupted transfer's timeout: about 60 s")
 def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> None:
     """Ctrl-C lands while the trainer streams its weights (after the server opened its update
     session); the trainer cleans up as it does on an interrupt, and the next trainer's sync

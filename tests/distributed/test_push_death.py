@@ -129,6 +129,7 @@ def left_running(processes: list[psutil.Process]) -> list[str]:
         time.sleep(0.2)
 
 
+@pytest.mark.slow(reason="a server killed and started again mid-push, 2 ranks: 70-100 s")
 @pytest.mark.parametrize("kill_point", ["before-streaming", "while-streaming"])
 def test_a_server_that_dies_during_a_push_is_survived_by_every_rank(
     own_server, tiny_qwen3, tmp_path, kill_point
@@ -146,6 +147,7 @@ def test_a_server_that_dies_during_a_push_is_survived_by_every_rank(
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row
 
 
+@pytest.mark.slow(reason="2 ranks wait out vllm_server_timeout after the kill: about 70 s")
 def test_a_server_that_stays_away_after_dying_during_a_push_fails_every_rank(
     own_server, tiny_qwen3, tmp_path
 ) -> None:

@@ -10,7 +10,10 @@ from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.run import read_metrics
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.slow(reason="the README demo: a server of its own and 20 steps, 60-95 s"),
+]
 
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:

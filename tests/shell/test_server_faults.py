@@ -181,6 +181,7 @@ def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, cap
     assert f"the vLLM server at {own_server.base_url} has not answered for" in text
 
 
+@pytest.mark.slow(reason="waits out vllm_server_timeout on a frozen server: about 70 s")
 def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_path) -> None:
     """The session's server, frozen until the run has failed, then thawed."""
     own_server, tiny_qwen3 = served

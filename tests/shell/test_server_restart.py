@@ -96,6 +96,7 @@ def own_lora_server(tiny_qwen3, tmp_path):
     server.stop()
 
 
+@pytest.mark.slow(reason="a server started again mid-run: 55-70 s")
 def test_a_lora_run_survives_a_server_restart_with_its_adapters(own_lora_server, tiny_qwen3,
                                                                 tmp_path) -> None:  # fmt: skip
     """A PEFT run syncing LoRA adapters (max_staleness 1: two versions served): the restarted
@@ -122,6 +123,7 @@ def test_a_lora_run_survives_a_server_restart_with_its_adapters(own_lora_server,
     assert not (tmp_path / "run" / ".vllm_weights").exists()
 
 
+@pytest.mark.slow(reason="a server started again mid-run: 55-70 s")
 def test_a_server_restart_mid_run_is_survived_with_parity(own_server, tiny_qwen3, tmp_path):
     crash = CrashServerAfterFirstStep(own_server)
     run = trainer(own_server, tiny_qwen3, tmp_path, crash)
@@ -208,6 +210,7 @@ def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: 
     return trainer(server, model_path, tmp_path, restart, foreign_weights_steps=1), restart
 
 
+@pytest.mark.slow(reason="a server started again mid-run: 55-70 s")
 def test_a_restart_no_request_saw_is_caught_by_the_server_identity(
     own_server, tiny_qwen3, tmp_path, monkeypatch
 ) -> None:
