@@ -6,9 +6,13 @@ has spread: the trainer keeps generating and dropping, and a step takes ever lon
 :class:`SpreadWatch` counts the groups each step saw; a step closes when the trainer trains it,
 or, while the trainer waits, once a step's worth of groups arrived (so a run where no group has
 spread at all is still seen). A closed step whose share of zero-spread groups is at least
-``SpreadSettings.share`` is *spreadless*; :func:`close_step` says when to warn
-(``warn_after`` spreadless steps in a row, once until a step has spread again) and when to stop
+``SpreadSettings.share`` is *spreadless*; :func:`close_step` says when to warn and when to stop
 (``stop_after``, the config's ``stop_after_spreadless_steps``; ``None`` never stops, as TRL).
+
+The warning comes after ``warn_after`` spreadless steps in a row, and again less and less often:
+a run whose spread comes and goes (a share of zero-spread groups near ``share``) is warned
+when its spreadless steps in all reach ``warn_after``, then 2, 4, 8... times that, each
+warning with the count so far, rather than at every new run of ``warn_after`` in a row.
 
 Example:
     >>> settings = SpreadSettings(share=0.9, warn_after=2, stop_after=3)
@@ -75,14 +79,16 @@ class SpreadWatch:
         groups: scored groups since the step last closed.
         zero_spread: of which had zero reward spread.
         spreadless_in_a_row: closed spreadless steps in a row.
-        warned: the warning for this run of spreadless steps was given.
+        spreadless_total: closed spreadless steps in the whole run.
+        warnings: the warnings given so far.
         last_share: the share of zero-spread groups of the step that closed last (NaN before).
     """
 
     groups: int = 0
     zero_spread: int = 0
     spreadless_in_a_row: int = 0
-    warned: bool = False
+    spreadless_total: int = 0
+    warnings: int = 0
     last_share: float = float("nan")
 
 
@@ -110,15 +116,28 @@ def close_step(watch: SpreadWatch, settings: SpreadSettings) -> tuple[SpreadWatc
     if watch.groups == 0:
         return watch, Verdict.NONE
     share = watch.zero_spread / watch.groups
+    kept = dict(spreadless_total=watch.spreadless_total, warnings=watch.warnings)
     if share < settings.share:
-        return SpreadWatch(last_share=share), Verdict.NONE
-    in_a_row = watch.spreadless_in_a_row + 1
-    closed = SpreadWatch(spreadless_in_a_row=in_a_row, warned=watch.warned, last_share=share)
+        return SpreadWatch(last_share=share, **kept), Verdict.NONE
+    in_a_row, total = watch.spreadless_in_a_row + 1, watch.spreadless_total + 1
+    closed = SpreadWatch(spreadless_in_a_row=in_a_row, spreadless_total=total,
+                         warnings=watch.warnings, last_share=share)  # fmt: skip
     if settings.stop_after is not None and in_a_row >= settings.stop_after:
         return closed, Verdict.STOP
-    if in_a_row >= settings.warn_after and not watch.warned:
-        return attrs.evolve(closed, warned=True), Verdict.WARN
+    if in_a_row >= settings.warn_after and total >= warning_due_at(watch.warnings, settings):
+        return attrs.evolve(closed, warnings=watch.warnings + 1), Verdict.WARN
     return closed, Verdict.NONE
+
+
+def warning_due_at(warnings: int, settings: SpreadSettings) -> int:
+    """The spreadless steps in all at which the next warning is due, after ``warnings`` given.
+
+    Example:
+        >>> [warning_due_at(n, SpreadSettings(0.9, warn_after=3, stop_after=None))
+        ...  for n in range(4)]
+        [3, 6, 12, 24]
+    """
+    return settings.warn_after * 2**warnings
 
 
 def zero_spread_of(observations: Sequence[Observation]) -> bool | None:

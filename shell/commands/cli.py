@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="versions a sample may lag the policy (default: the demo's 1; TRL's default is 4)",
     )  # fmt: skip
     demo.add_argument(
+        "--stop-after-spreadless-steps", type=int, default=None, metavar="N",
+        help="end the run with a checkpoint after N steps in a row without reward spread "
+             "(stop_after_spreadless_steps; default: never, as TRL)",
+    )  # fmt: skip
+    demo.add_argument(
         "--model-family", choices=("qwen3", "qwen3-next"), default="qwen3",
         help="tiny model to train: qwen3 (default) or qwen3-next (a gated DeltaNet hybrid with "
              "experts, served in bf16)",
@@ -159,6 +164,16 @@ def _sweep_or_compare(args: argparse.Namespace) -> int:
     return comparison.exit_status
 
 
+def demo_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The config fields ``asyncgrpo demo``'s flags set over the demo's own settings."""
+    overrides: dict[str, object] = {"seed": args.seed}
+    if args.max_staleness is not None:
+        overrides["max_staleness"] = args.max_staleness
+    if args.stop_after_spreadless_steps is not None:
+        overrides["stop_after_spreadless_steps"] = args.stop_after_spreadless_steps
+    return overrides
+
+
 def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.command == "train":
         from asyncgrpo.shell.commands.train import TrainCommandError, run_train
@@ -173,15 +188,15 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.model is not None:
         from asyncgrpo.shell.commands.real_demo import accuracy_report, run_real_demo
 
-        result = run_real_demo(args.output_dir, args.model, args.max_steps, args.seed)
+        result = run_real_demo(args.output_dir, args.model, args.max_steps,
+                               overrides=demo_overrides(args))  # fmt: skip
         path = plot_run(args.output_dir)
         print(f"demo finished {result.global_step} steps; {accuracy_report(args.output_dir)}; "
               f"metrics in {args.output_dir}/metrics.jsonl, plots in {path}")  # fmt: skip
         return 0
     from asyncgrpo.shell.commands.demo import run_demo
 
-    overrides = {} if args.max_staleness is None else {"max_staleness": args.max_staleness}
-    overrides["seed"] = args.seed
+    overrides = demo_overrides(args)
     result = run_demo(
         args.output_dir, args.max_steps, overrides=overrides,
         model_family=args.model_family, servers=args.vllm_servers,

@@ -75,13 +75,15 @@ def real_demo_config(output_dir: str | Path, max_steps: int, base_url: str,
 
 
 def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps: int = 20,
-                  seed: int = 0) -> TrainOutput:  # fmt: skip
+                  overrides: dict[str, Any] | None = None) -> TrainOutput:  # fmt: skip
     """Make the checkpoint (once), start the server, train; then print the held-out accuracy
-    before and after (:func:`accuracy_report`)."""
+    before and after (:func:`accuracy_report`). ``overrides`` replaces
+    :func:`real_demo_config` fields (``seed``, ``max_staleness``, ...)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(model)
-    config = real_demo_config(output_dir, max_steps, "http://127.0.0.1", seed)
+    config = dataclasses.replace(real_demo_config(output_dir, max_steps, "http://127.0.0.1"),
+                                 **(overrides or {}))  # fmt: skip
     key = new_api_key()
     served = dataclasses.replace(config, dtype=SERVER["dtype"])
     spec = local_server_spec(model_dir, served, max_model_len=SERVER["max_model_len"],

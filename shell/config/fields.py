@@ -304,7 +304,8 @@ class AsyncGRPOConfig(TrainingArguments):
                        "row where at least 9 in 10 groups had no reward spread (all rewards "
                        "equal: nothing to learn; the policy collapsed or the task is solved). "
                        "None: never (TRL's behaviour); a warning shows after 3 such steps "
-                       "either way."),
+                       "either way, and again at 6, 12, 24... such steps in all (asyncgrpo "
+                       "demo --stop-after-spreadless-steps)."),
     )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,

@@ -643,16 +643,22 @@ class TrainingRun:
         if verdict is collapse.Verdict.NONE:
             return False
         figures = dict(step=self.learner.step, spreadless_steps=self.spread.spreadless_in_a_row,
+                       spreadless_steps_in_all=self.spread.spreadless_total,
                        zero_spread_share=round(self.spread.last_share, 3),
-                       entropy=_rounded(self.last_entropy),
                        rollouts_for_the_step=rollouts)  # fmt: skip
+        if math.isfinite(self.last_entropy):  # none before the first trained step
+            figures["entropy"] = _rounded(self.last_entropy)
         if verdict is collapse.Verdict.WARN:
             log.warning(
                 "no reward spread left: almost every group's rewards are all equal, so GRPO has "
                 "nothing to learn from and the trainer generates and drops group after group. "
                 "The policy may have collapsed (low entropy) or solved the task. Make the task "
                 "harder, sample more diversely (temperature), or stop the run "
-                "(stop_after_spreadless_steps ends it with a checkpoint)", **figures)  # fmt: skip
+                "(stop_after_spreadless_steps ends it with a checkpoint)",
+                next_warning_at=collapse.warning_due_at(self.spread.warnings,
+                                                        self.spread_settings),
+                **figures,
+            )  # fmt: skip
             return False
         log.warning("stopping: no reward spread for stop_after_spreadless_steps="
                     f"{self.spread_settings.stop_after} steps in a row", **figures)  # fmt: skip

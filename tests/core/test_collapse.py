@@ -1,5 +1,5 @@
-"""The spread watch: spreadless steps are counted in a row, warned about once per run of them,
-and stop the run only when asked."""
+"""The spread watch: spreadless steps are counted in a row and in all, warned about less and
+less often (at warn_after, then 2, 4, 8... times it in all), and stop the run only when asked."""
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -36,38 +36,49 @@ def spreadless(groups: list[bool], share: float) -> bool:
 @given(steps, settings)
 def test_verdicts_follow_the_spreadless_steps_in_a_row(plan, config) -> None:
     verdicts = run(plan, config)
-    in_a_row, warned = 0, False
+    in_a_row, total, due = 0, 0, config.warn_after
     for groups, verdict in zip(plan, verdicts, strict=True):
         if not groups:
             assert verdict is Verdict.NONE
             continue
         if not spreadless(groups, config.share):
-            in_a_row, warned = 0, False
+            in_a_row = 0
             assert verdict is Verdict.NONE
             continue
-        in_a_row += 1
+        in_a_row, total = in_a_row + 1, total + 1
         if config.stop_after is not None and in_a_row >= config.stop_after:
             assert verdict is Verdict.STOP
-        elif in_a_row >= config.warn_after and not warned:
+        elif in_a_row >= config.warn_after and total >= due:
             assert verdict is Verdict.WARN
-            warned = True
+            due *= 2
         else:
             assert verdict is Verdict.NONE
 
 
 @given(steps, settings)
-def test_without_stop_after_a_run_never_stops_and_warns_once_per_collapse(plan, config) -> None:
+def test_without_stop_after_a_run_never_stops_and_warns_a_few_times(plan, config) -> None:
+    """Only once warn_after steps in a row were spreadless, and at most 1 + log2(total /
+    warn_after) times in all: a spread that comes and goes, or a long collapse, is not warned
+    about at every step."""
     config = SpreadSettings(config.share, config.warn_after, None)
     verdicts = run(plan, config)
     assert Verdict.STOP not in verdicts
-    collapses = 0
-    in_a_row = 0
-    for groups in plan:
-        if not groups:
-            continue
-        in_a_row = in_a_row + 1 if spreadless(groups, config.share) else 0
-        collapses += in_a_row == config.warn_after
-    assert verdicts.count(Verdict.WARN) == collapses
+    total = in_a_row = 0
+    for groups, verdict in zip(plan, verdicts, strict=True):
+        if groups:
+            in_a_row = in_a_row + 1 if spreadless(groups, config.share) else 0
+            total += in_a_row > 0
+        assert verdict is not Verdict.WARN or in_a_row >= config.warn_after
+    warnings = verdicts.count(Verdict.WARN)
+    assert warnings == 0 or config.warn_after * 2 ** (warnings - 1) <= total
+
+
+def test_a_spread_that_comes_and_goes_is_warned_about_at_3_6_12_24_spreadless_steps() -> None:
+    config = SpreadSettings(share=0.9, warn_after=3, stop_after=None)
+    flat, learning = [True] * 8, [False] * 8
+    verdicts = run(([flat] * 3 + [learning]) * 8, config)  # 24 spreadless steps, 8 collapses
+    warned_at = [i for i, verdict in enumerate(verdicts) if verdict is Verdict.WARN]
+    assert warned_at == [2, 6, 14, 30]  # after 3, 6, 12 and 24 spreadless steps in all
 
 
 def test_a_collapse_is_warned_about_within_warn_after_steps_and_stopped_at_stop_after() -> None:

@@ -1,11 +1,12 @@
 """The real demo (``asyncgrpo demo --model smollm2-135m``) and its sweep over seeds
 (benchmarks/real_demo.toml) train with the same settings, so that the README's measured
-numbers are the demo's."""
+numbers are the demo's; the demo's flags reach the config."""
 
 import dataclasses
 from pathlib import Path
 
 from asyncgrpo.shell.commands import real_demo
+from asyncgrpo.shell.commands.cli import build_parser, demo_overrides
 from asyncgrpo.shell.experiments.sweep import read_sweep, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,3 +35,15 @@ def test_the_held_out_split_is_every_held_out_problem_and_apart_from_training() 
     held_out, train = real_demo.held_out_problems(), real_demo.train_problems()
     assert len(held_out) == len(set(held_out["problem"])) == 58
     assert not set(held_out["problem"]) & set(train["problem"])
+
+
+def test_the_demo_flags_set_their_config_fields_for_both_demos() -> None:
+    args = build_parser().parse_args(["demo", "--output-dir", "x", "--seed", "3",
+                                      "--max-staleness", "2",
+                                      "--stop-after-spreadless-steps", "4"])  # fmt: skip
+    overrides = demo_overrides(args)
+    assert overrides == {"seed": 3, "max_staleness": 2, "stop_after_spreadless_steps": 4}
+    config = real_demo.real_demo_config("x", 20, "http://127.0.0.1")
+    assert dataclasses.replace(config, **overrides).stop_after_spreadless_steps == 4
+    plain = demo_overrides(build_parser().parse_args(["demo", "--output-dir", "x"]))
+    assert plain == {"seed": 0}

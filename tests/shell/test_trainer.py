@@ -170,6 +170,8 @@ def test_a_run_without_reward_spread_warns_then_stops_with_a_checkpoint(served, 
     assert [e["spreadless_steps"] for e in warned] == [3], logs
     assert [e["spreadless_steps"] for e in stopped] == [5], logs
     assert warned[0]["zero_spread_share"] == 1.0
+    assert (warned[0]["spreadless_steps_in_all"], warned[0]["next_warning_at"]) == (3, 6)
+    assert "entropy" not in warned[0]  # no step was trained: no entropy to report, not NaN
     assert output.global_step == 0
     assert (tmp_path / "run" / "checkpoint-0" / "rollout_state.json").is_file()
 
