@@ -103,7 +103,8 @@ def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps
 
 def accuracy_report(output_dir: str | Path) -> str:
     """Held-out accuracy at the first and the last evaluation of a run, with intervals."""
-    rows = read_metrics(output_dir, EVALUATIONS_FILE)
+    logged = (Path(output_dir) / EVALUATIONS_FILE).is_file()
+    rows = read_metrics(output_dir, EVALUATIONS_FILE) if logged else []
     if not rows:
         return "no evaluation was logged"
 
@@ -114,5 +115,8 @@ def accuracy_report(output_dir: str | Path) -> str:
 
     first, last = rows[0], rows[-1]
     prompts = int(first["eval/held_out/prompts"])
-    return (f"held-out accuracy ({prompts} problems, greedy; 90% interval): "
-            f"before {at(first)}, after {at(last)}")  # fmt: skip
+    measured = f"held-out accuracy ({prompts} problems, greedy; 90% interval)"
+    if len(rows) == 1:
+        return (f"{measured}: {at(first)}, evaluated every {EVAL_EVERY} steps: no evaluation "
+                "after training began")  # fmt: skip
+    return f"{measured}: before {at(first)}, after {at(last)}"

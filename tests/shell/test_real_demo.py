@@ -3,11 +3,13 @@
 numbers are the demo's; the demo's flags reach the config."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 from asyncgrpo.shell.commands import real_demo
 from asyncgrpo.shell.commands.cli import build_parser, demo_overrides
 from asyncgrpo.shell.experiments.sweep import read_sweep, run_config
+from asyncgrpo.shell.run import EVALUATIONS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 PER_RUN = {"output_dir", "logging_dir", "vllm_server_base_url", "disable_tqdm", "seed"}
@@ -47,3 +49,23 @@ def test_the_demo_flags_set_their_config_fields_for_both_demos() -> None:
     assert dataclasses.replace(config, **overrides).stop_after_spreadless_steps == 4
     plain = demo_overrides(build_parser().parse_args(["demo", "--output-dir", "x"]))
     assert plain == {"seed": 0}
+
+
+def test_the_accuracy_report_says_before_and_after_or_that_no_later_evaluation_ran(
+    tmp_path,
+) -> None:
+    def evaluation(step: int, accuracy: float) -> str:
+        row = {"step": step, "eval/held_out/prompts": 58, "eval/held_out/reward": accuracy,
+               "eval/held_out/reward/ci_low": accuracy - 0.1,
+               "eval/held_out/reward/ci_high": accuracy + 0.1}  # fmt: skip
+        return json.dumps(row) + "\n"
+
+    assert real_demo.accuracy_report(tmp_path) == "no evaluation was logged"
+    path = tmp_path / EVALUATIONS_FILE
+    path.write_text(evaluation(0, 0.5))
+    assert "0.500 [0.400, 0.600] at step 0" in real_demo.accuracy_report(tmp_path)
+    assert "no evaluation after training began" in real_demo.accuracy_report(tmp_path)
+    path.write_text(evaluation(0, 0.5) + evaluation(20, 0.9))
+    assert real_demo.accuracy_report(tmp_path).endswith(
+        "before 0.500 [0.400, 0.600] at step 0, after 0.900 [0.800, 1.000] at step 20"
+    )
