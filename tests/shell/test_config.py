@@ -155,7 +155,7 @@ def test_train_flags_override_the_config_file(tmp_path) -> None:
     assert config.lr_scheduler_kwargs == {"num_cycles": 2}
 
 
-def test_train_takes_trl_lora_flags_and_starts_a_server_that_serves_adapters(
+def test_train_takes_trl_lora_flags_and_starts_a_server_that_fits_the_run(
     tiny_qwen3, tmp_path
 ) -> None:
     base = ["--model", str(tiny_qwen3), "--dataset", "d.jsonl", "--reward", "a:b",
@@ -169,6 +169,11 @@ def test_train_takes_trl_lora_flags_and_starts_a_server_that_serves_adapters(
     spec = local_server_spec(str(tiny_qwen3), build_config(settings), max_model_len=128,
                              lora_rank=lora.r)  # fmt: skip
     assert spec.enable_lora and spec.max_lora_rank == 32  # vLLM takes powers of 2
+    assert spec.max_model_len == 128 and spec.weight_transfer_backend is None  # auto: by disk
+    gloo = dataclasses.replace(build_config(settings), weight_transfer_backend="asyncgrpo_gloo")
+    longest = local_server_spec(str(tiny_qwen3), gloo, max_model_len=10**6)
+    assert longest.weight_transfer_backend == "asyncgrpo_gloo"  # the engine the run drives
+    assert longest.max_model_len == 4096  # cut to the model's max_position_embeddings
     assert not local_server_spec(
         str(tiny_qwen3), build_config(settings), max_model_len=128
     ).enable_lora
