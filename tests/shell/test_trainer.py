@@ -95,7 +95,8 @@ def test_resume_continues_from_rollout_state(served, tmp_path) -> None:
     resumed = trainer_for(server, path, tmp_path, max_steps=4, save_steps=2)
     out = resumed.train(resume_from_checkpoint=True)
     assert out.global_step == 4
-    steps = [r["step"] for r in read_metrics(tmp_path / "run")]
+    rows = read_metrics(tmp_path / "run")
+    steps = [r["step"] for r in rows]
     assert steps == [1, 2, 3, 4]
     later = json.loads((tmp_path / "run" / "checkpoint-4" / "rollout_state.json").read_text())
     assert later["cursor"]["next_untrained"] >= state["cursor"]["next_untrained"]
@@ -203,7 +204,8 @@ def test_a_run_stopped_for_lack_of_spread_after_steps_keeps_one_row_per_step(
         train_dataset=dataset(),
     )
     output = trainer.train()
-    steps = [r["step"] for r in read_metrics(tmp_path / "run")]
+    rows = read_metrics(tmp_path / "run")
+    steps = [r["step"] for r in rows]
     assert output.global_step >= 1
     assert steps == list(range(1, output.global_step + 1)), steps
     assert (tmp_path / "run" / f"checkpoint-{output.global_step}").is_dir()
@@ -258,7 +260,11 @@ def test_a_killed_rollout_process_is_restarted_then_the_run_fails_past_the_limit
         trainer.train()
     assert len(killer.killed) == 2 and killer.killed[0] != killer.killed[1]
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    steps = [r["step"] for r in rows]
+    # samples the trainer already holds when the second kill lands may train a step more
+    # before the dead process is seen; the run still fails before its 6 steps
+    assert steps[:3] == [1, 2, 3] and steps == list(range(1, len(steps) + 1)), steps
+    assert len(steps) < 6, steps
     assert sum(r.get("rollout/process_restart_count", 0) for r in rows) == 1, rows
 
 
