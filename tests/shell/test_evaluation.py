@@ -28,13 +28,15 @@ STEPS_BEFORE_A_NEW_VERSION = 5  # steps 1-5 train on version 0's samples (max_st
 def slow_when_held_out(completions, held_out=None, steps_file=None, **kwargs):
     """The demo's reward; slow on held-out rows, so that an evaluation outlasts steps.
 
-    A held-out call sleeps, then waits (60 s at most) until another step has ended, as
-    ``steps_file`` counts them. Steps 1-5 need no push, so while the evaluation of version 0
-    holds the pushes back they can end only if training goes on beside it.
+    A held-out call sleeps; given a ``steps_file``, it then waits (60 s at most) until
+    another step has ended, as that file counts them. Steps 1-5 need no push, so while the
+    evaluation of version 0 holds the pushes back they can end only if training goes on
+    beside it.
     """
     if held_out and held_out[0]:
-        started = steps_ended(steps_file[0])
         time.sleep(EVAL_REWARD_S)
+    if held_out and held_out[0] and steps_file and steps_file[0]:
+        started = steps_ended(steps_file[0])
         wanted = min(started + 1, STEPS_BEFORE_A_NEW_VERSION)
         deadline = time.monotonic() + 60.0
         while steps_ended(steps_file[0]) < wanted and time.monotonic() < deadline:
@@ -86,7 +88,7 @@ def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
         model=str(model_path), reward_funcs=slow_when_held_out,
         args=AsyncGRPOConfig(**options), train_dataset=prompts(8, "Number", held_out=False),
         eval_dataset=eval_dataset
-        or {"held": prompts(4, "Held", held_out=True, steps_file=str(steps_file))},
+        or {"held": prompts(4, "Held", held_out=True, steps_file=str(steps_file or ""))},
         callbacks=list(callbacks),
     )  # fmt: skip
 
