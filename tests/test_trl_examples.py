@@ -387,6 +387,7 @@ def prelude(model: Path, dataset: Path, server_url: str, output_dir: Path, name:
     )
 
 
+@pytest.mark.slow(reason="each example trains 2 steps; the first starts the server: up to 60 s")
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_documentation_example_trains_two_steps(
     name, replying_server, tiny_dataset, tmp_path

@@ -260,6 +260,7 @@ class KillThenRestart(TrainerCallback):
             control.should_training_stop = True
 
 
+@pytest.mark.slow(reason="a server killed and started again while the run goes on: 50-80 s")
 def test_a_killed_server_leaves_the_run_training_on_the_other_and_rejoins_with_parity(
     pair, tiny_qwen3, tmp_path
 ) -> None:

@@ -64,6 +64,7 @@ def descendants(process: subprocess.Popen) -> list[psutil.Process]:
     return psutil.Process(process.pid).children(recursive=True)
 
 
+@pytest.mark.slow(reason="the demo command with a server of its own, then SIGTERM: 45-60 s")
 def test_sigterm_stops_the_demo_its_server_and_rollout_process(tmp_path) -> None:
     process, log = run_demo_until_first_step(tmp_path)
     children = descendants(process)

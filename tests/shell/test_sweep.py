@@ -18,7 +18,10 @@ import pytest
 from asyncgrpo.experiments import compare, read_index, run_sweep
 from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.slow(reason="whole sweeps of several runs, one killed and run again: 60-160 s"),
+]
 
 SWEEP = """
 model = {{tiny = "qwen3", seed = 0}}
