@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import Callable
+from typing import TypeVar
 
 import psutil
 import torch
@@ -47,6 +49,20 @@ def init_distributed(device: torch.device, timeout_s: float = 1800) -> bool:
         address = f"tcp://127.0.0.1:{_free_port()}"
         dist.init_process_group(backend, init_method=address, rank=0, world_size=1, timeout=timeout)
     return True
+
+
+Decision = TypeVar("Decision")
+
+
+def decided_on_rank0(decide: Callable[[], Decision]) -> Decision:
+    """``decide()`` run on rank 0 and its result given to every rank (one broadcast), so that
+    a choice made from what a process measures (a matmul's speed, free memory) is the same on
+    all of them; without a process group of several ranks, just ``decide()``."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return decide()
+    box = [decide() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _free_port() -> int:

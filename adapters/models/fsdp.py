@@ -75,8 +75,7 @@ def precision_for(bf16: bool | None, device: torch.device, model: nn.Module) -> 
     parameters = sum(p.numel() for p in model.parameters())
     speedup = None
     if bf16 is None and device.type != "cuda" and parameters >= BF16_MIN_PARAMETERS:
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
-            model.config)  # fmt: skip
+        config = model.config.get_text_config()
         hidden = int(getattr(config, "hidden_size", 1024))
         inner = int(getattr(config, "intermediate_size", 4 * hidden))
         speedup = matmul_seconds(hidden, inner, torch.float32) / matmul_seconds(

@@ -66,6 +66,7 @@ from asyncgrpo.adapters.models.fsdp import (
 from asyncgrpo.adapters.models.lora import wrap_with_lora
 from asyncgrpo.adapters.process_group import (
     HOST_MEMORY,
+    decided_on_rank0,
     default_device,
     free_bytes,
     init_distributed,
@@ -167,7 +168,8 @@ class Learner:
         self.device = torch.device(device) if device is not None else default_device(config.use_cpu)
         self._owns_group = init_distributed(self.device, timeout_s=config.ddp_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        precision = precision_for(config.bf16, self.device, model)
+        # every rank must compute alike: rank 0's measurement decides for all
+        precision = decided_on_rank0(lambda: precision_for(config.bf16, self.device, model))
         self.bf16 = precision.bf16
         if self.rank == 0:
             log.info("precision", bf16=precision.bf16, reason=precision.reason)
@@ -194,7 +196,7 @@ class Learner:
     def _prepare(self, model: PreTrainedModel, peft_config: PeftConfig | None) -> nn.Module:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
         enable_tree_attention(model)
-        checkpointing = self._checkpointing(model)
+        checkpointing = decided_on_rank0(lambda: self._checkpointing(model))
         if self.rank == 0:
             log.info("gradient checkpointing", enabled=checkpointing.enabled,
                      reason=checkpointing.reason)  # fmt: skip
@@ -214,8 +216,7 @@ class Learner:
         """``gradient_checkpointing``, or (None) by the activations a row of ``token_budget``
         tokens (4096 when unset: the server's default context) keeps against the free memory
         (:mod:`asyncgrpo.core.packing.memory`)."""
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
-            model.config)  # fmt: skip
+        config = model.config.get_text_config()
         hidden = int(getattr(config, "hidden_size", 0))
         heads = int(getattr(config, "num_attention_heads", 1))
         head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))

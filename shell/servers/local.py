@@ -1,6 +1,6 @@
 """The vLLM servers ``asyncgrpo train``, ``demo`` and ``sweep`` start on this host.
 
-:func:`local_server_spec` fits the spec to the run: the dtype the trainer uses, the
+:func:`local_server_spec` fits a server's :class:`ServerSpec` to the run: the trainer's dtype, the
 weight-transfer engine ``weight_transfer_backend`` names (so that the run can use it), enough
 top log-probs, and a context length no longer than the model's. :func:`local_servers` starts
 ``count`` servers of one spec, each on its own free port and its share of the server cores
