@@ -21,7 +21,8 @@ it adds 0 to every gradient, 0 trained tokens to the global count and no metrics
 **Precision.** ``bf16`` trains in FSDP2 mixed precision with fp32 master weights (see
 :mod:`asyncgrpo.adapters.models.fsdp`); unset, it is on with CUDA, and on a CPU for a model of
 50M parameters or more when this CPU multiplies bf16 matrices at least twice as fast as fp32
-(:mod:`asyncgrpo.core.packing.precision`; the choice is logged). Exported weights
+(:mod:`asyncgrpo.core.packing.precision`; rank 0 measures and decides for every rank, and the
+choice is logged). Exported weights
 (``learner.export``, a :class:`~asyncgrpo.shell.learner.export.WeightExport`) are in bf16
 then, as TRL's AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master
 weights.
