@@ -12,6 +12,11 @@ Some work must not be cut in the middle: a checkpoint being written (torch's dis
 checkpoint wraps an exception raised inside it into its own error) or a weight transfer the
 server is taking part in. Inside :func:`interrupts_deferred` the first signal is held and raised
 when the block ends; a second one is raised at once (pressing Ctrl-C twice stops at once).
+
+A run that is already stopping on an error keeps that error: inside
+:func:`failures_outrank_signals`, once the error is named, a first signal lets the teardown
+finish and is noted on the error instead of replacing it. torchrun, for one, sends SIGTERM to
+every rank as soon as one rank exits, though the others are stopping on the same error.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -68,9 +73,18 @@ class _Deferral:
 
     depth = 0
     held: int | None = None
+    failing: BaseException | None = None  # the error the run is stopping on
+    noted = False  # a signal was noted on ``failing``
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    if _Deferral.failing is not None and not _Deferral.noted:
+        _Deferral.noted = True
+        _Deferral.failing.add_note(
+            f"{signal_name(signum)} arrived while the run was stopping on this error; "
+            "its teardown went on to the end"
+        )
+        return
     if _Deferral.depth and _Deferral.held is None:
         _Deferral.held = signum
         return
@@ -94,6 +108,32 @@ def interrupts_deferred() -> Iterator[None]:
             _Deferral.held = None
     if held is not None:
         raise Interrupted(held)
+
+
+@contextlib.contextmanager
+def failures_outrank_signals() -> Iterator[Callable[[BaseException], None]]:
+    """Yields ``failing``: once ``failing(error)`` is called (the run is stopping on ``error``),
+    the first SIGTERM/SIGINT until the block ends no longer raises; it is added to ``error`` as
+    a note and the teardown (``finally`` blocks, context exits) goes on, so the run ends with
+    the error it failed on. A second signal is raised at once.
+
+    Example (the exits of the contexts entered after this one are the teardown)::
+
+        with signals_interrupt(), failures_outrank_signals() as failing, Resource():
+            try:
+                work()
+            except Exception as error:
+                failing(error)
+                raise
+    """
+
+    def failing(error: BaseException) -> None:
+        _Deferral.failing, _Deferral.noted = error, False
+
+    try:
+        yield failing
+    finally:
+        _Deferral.failing, _Deferral.noted = None, False
 
 
 @contextlib.contextmanager

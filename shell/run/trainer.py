@@ -50,6 +50,7 @@ from asyncgrpo.shell.run.inputs import (
 )
 from asyncgrpo.shell.run.interrupts import (
     TrainingInterrupted,
+    failures_outrank_signals,
     signal_name,
     signals_interrupt,
     signum_of,
@@ -176,6 +177,7 @@ class AsyncGRPOTrainer:
         checkpoint = self._find_checkpoint(resume) if resume else None
         with (
             signals_interrupt(),
+            failures_outrank_signals() as failing,
             cpus_shared_with_server(self.args, default_device()) as self.cpu_plan,
             Learner(self.model, self.args, peft_config=self.peft_config,
                     optimizers=self.optimizers) as learner,
@@ -199,6 +201,9 @@ class AsyncGRPOTrainer:
                 return output
             except KeyboardInterrupt as error:
                 raise self._interrupted(signum_of(error), learner.step) from None
+            except BaseException as error:
+                failing(error)  # a signal during the teardown must not hide why the run stopped
+                raise
             finally:
                 self._publisher.learner = None
                 run.close()

@@ -1,6 +1,7 @@
 """Signals inside :func:`signals_interrupt` raise ``Interrupted``; inside
 :func:`interrupts_deferred` the first one waits for the block to end (a checkpoint or a weight
-transfer is never cut in the middle), a second one is raised at once."""
+transfer is never cut in the middle), a second one is raised at once. A run already stopping
+on an error ends with that error, whatever signal arrives during its teardown."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from asyncgrpo.shell.run.interrupts import (
     Interrupted,
     TrainingInterrupted,
+    failures_outrank_signals,
     interrupts_deferred,
     signals_interrupt,
 )
@@ -67,3 +69,65 @@ def test_interrupts_survive_pickling(error: Interrupted) -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error)
     assert (copy.signum, str(copy)) == (error.signum, str(error))
+
+
+class Teardown:
+    """A context whose exit (the teardown) receives ``signum`` before it finishes."""
+
+    def __init__(self, signum: int, finished: list[str]) -> None:
+        self.signum, self.finished = signum, finished
+
+    def __enter__(self) -> Teardown:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        send(self.signum)
+        self.finished.append("teardown")
+
+
+def test_a_signal_during_the_teardown_of_a_failing_run_keeps_its_error() -> None:
+    """torchrun sends SIGTERM to every rank once one rank fails; the others, stopping on the
+    same error, still end with it and finish their teardown."""
+    finished: list[str] = []
+    with (
+        pytest.raises(RuntimeError, match="server gone") as raised,
+        signals_interrupt(),
+        failures_outrank_signals() as failing,
+        Teardown(signal.SIGTERM, finished),
+    ):
+        try:
+            raise RuntimeError("server gone")
+        except RuntimeError as error:
+            failing(error)
+            raise
+    assert finished == ["teardown"]
+    assert raised.value.__notes__ == [
+        "SIGTERM arrived while the run was stopping on this error; its teardown went on to the end"
+    ]
+    with signals_interrupt(), pytest.raises(Interrupted):  # nothing is left held or failing
+        send(signal.SIGTERM)
+
+
+def test_before_a_failure_is_named_a_signal_in_the_teardown_still_interrupts() -> None:
+    """The negative control: without ``failing(error)`` the signal replaces the error."""
+    finished: list[str] = []
+    with (
+        pytest.raises(Interrupted),
+        signals_interrupt(),
+        failures_outrank_signals(),
+        Teardown(signal.SIGTERM, finished),
+    ):
+        raise RuntimeError("server gone")
+    assert finished == []
+
+
+def test_a_second_signal_during_a_failing_teardown_is_raised_at_once() -> None:
+    with (
+        pytest.raises(Interrupted) as raised,
+        signals_interrupt(),
+        failures_outrank_signals() as failing,
+    ):
+        failing(RuntimeError("server gone"))
+        send(signal.SIGTERM)
+        send(signal.SIGINT)
+    assert raised.value.signum == signal.SIGINT
