@@ -22,7 +22,12 @@ A server that stops answering (frozen, overloaded to a standstill) is named with
 call that has had no answer for ``stall_s`` probes ``/health`` on a connection of its own; while
 the server does not answer that either, the client logs ``the vLLM server at URL has not
 answered for N s`` every 10 s, and once it has been silent for ``timeout_s`` the call raises
-:class:`ServerNotAnswering`, naming the server, the setting and how to resume.
+:class:`ServerNotAnswering`, naming the server, the setting and how to resume. The silence is
+counted from the first probe that went unanswered until anything answers, across calls (the
+calls of one push count in total). A request's own HTTP timeout comes
+:data:`WATCHDOG_LEAD_S` later, so a silent server is always named as such; it is left for a
+call that takes too long on a server that still answers ``/health`` (retried, as TRL retries a
+timed-out generation request).
 
 A client given a :class:`ServerGate` (the rollout loop's) survives a server that goes away:
 a request that finds the server unreachable
@@ -100,6 +105,10 @@ KEEPALIVE_EXPIRY_S = 2.0
 so that the client lets a connection go before the server closes it."""
 SILENCE_LOG_EVERY_S = 10.0
 PROBE_TIMEOUT_S = 5.0
+WATCHDOG_LEAD_S = PROBE_TIMEOUT_S + 5.0
+"""Seconds a request's own HTTP timeouts come after ``timeout_s``: a silent server is named by
+the silence watchdog (``ServerNotAnswering``), never by a bare ``ReadTimeout`` that races it.
+The HTTP timeout is left for a call that takes too long on a server that answers ``/health``."""
 PRIORITY_POLICY = "priority"  # vLLM's --scheduling-policy that orders requests by priority
 
 
@@ -201,7 +210,7 @@ class VLLMClient:
         self.dropped_connection_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
         self.fresh_identity = FreshIdentity(self.server_identity)
-        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+        self._timeout = httpx.Timeout(timeout_s + WATCHDOG_LEAD_S, connect=min(timeout_s, 30.0))
         self._headers = dict(headers or {})
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -214,6 +223,7 @@ class VLLMClient:
             ),
         )
         self._last_answer = time.monotonic()  # of any request or probe
+        self._silent_since: float | None = None  # silence seen by a probe, until an answer
         self._probe_lock = anyio.Lock()
         self._probed_at = -float("inf")
         self._probe_answered = True
@@ -236,16 +246,22 @@ class VLLMClient:
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One call under the retry policy: a 2xx-4xx response, or the last failure raised (a
         gated client raises :class:`ServerUnreachable` at once when the server is gone)."""
+        tries = 0
         try:
             async for attempt in retrying(self.policy, self._retryable, self._retries):
                 with attempt:
+                    tries += 1
                     return await self._send(method, path, **kwargs)
         except (httpx.TimeoutException, httpx.TransportError, _ServerFailed) as error:
             where = f"{method} {self.base_url}{path}"
             cause = f"{type(error).__name__}: {error}"
+            if isinstance(error, httpx.TimeoutException) and not str(error):
+                cause += (f"no reply in {self._timeout.read:.0f} s, though the server answers "
+                          "/health")  # fmt: skip
             if self.gate is not None and failure_of(error) is Failure.UNREACHABLE:
                 raise ServerUnreachable(f"{where}: {cause}") from error
-            raise VLLMError(f"{where} failed after {self.max_retries} retries: {cause}") from error
+            retried = f" after {tries - 1} retries" if tries > 1 else ""
+            raise VLLMError(f"{where} failed{retried}: {cause}") from error
         raise AssertionError("unreachable: the retry loop returns or raises")
 
     def _retryable(self, error: BaseException) -> bool:
@@ -307,29 +323,47 @@ class VLLMClient:
         result = outcome[0]
         if isinstance(result, BaseException):
             raise result
-        self._last_answer = time.monotonic()
+        self._answered()
         return result
+
+    def _answered(self) -> None:
+        self._last_answer, self._silent_since = time.monotonic(), None
+
+    def _silent_from(self, started: float) -> float:
+        """When the server's silence began, for a call that ``started`` then: a silence a probe
+        already saw goes on across calls (the calls of one push count in total), else the
+        later of the call's start and the server's last answer."""
+        if self._silent_since is not None:
+            return self._silent_since
+        return max(started, self._last_answer)
 
     async def _until_silent_too_long(self, started: float, what: str) -> float:
         """Return once the server has answered nothing (no call, no probe) for ``timeout_s``
-        since ``started`` (``stall_outage``: once a probe after ``stall_s`` of silence is not
-        answered); probe ``/health`` every ``stall_s`` of silence and log it."""
+        (``stall_outage``: once a probe after ``stall_s`` of silence is not answered); probe
+        ``/health`` after ``stall_s`` of silence, then about every ``SILENCE_LOG_EVERY_S`` (and
+        at the deadline), logging the silence each time."""
         while True:
-            silent_from = max(started, self._last_answer)
-            await anyio.sleep(max(0.0, silent_from + self.stall_s - time.monotonic()))
-            if time.monotonic() - max(started, self._last_answer) < self.stall_s:
+            await anyio.sleep(max(0.0, self._silent_from(started) + self.stall_s
+                                  - time.monotonic()))  # fmt: skip
+            silent_from = self._silent_from(started)
+            if time.monotonic() - silent_from < self.stall_s:
                 continue  # something answered meanwhile
             if await self._answers():
                 continue
-            silent = time.monotonic() - max(started, self._last_answer)
+            if self._silent_since is None:
+                self._silent_since = silent_from
+            silent = time.monotonic() - silent_from
             if silent >= self.timeout_s or self.stall_outage:
                 return silent
-            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S:
+            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S - 1.0:
                 self._silence_logged_at = time.monotonic()
                 log.warning(f"the vLLM server at {self.base_url} has not answered for "
                             f"{silent:.0f} s", call=what,
                             fails_after_s=round(self.timeout_s))  # fmt: skip
-            await anyio.sleep(min(SILENCE_LOG_EVERY_S / 5, self.stall_s))
+            # the next probe ends about when the next log or the deadline is due
+            next_due = min(self._silence_logged_at + SILENCE_LOG_EVERY_S,
+                           silent_from + self.timeout_s)  # fmt: skip
+            await anyio.sleep(max(0.5, next_due - time.monotonic() - PROBE_TIMEOUT_S))
 
     async def _answers(self) -> bool:
         """Whether ``/health`` answers now, on a connection of its own (one probe at a time
@@ -348,7 +382,7 @@ class VLLMClient:
             self._probed_at = time.monotonic()
             self._probe_answered = answered
             if answered:
-                self._last_answer = self._probed_at
+                self._last_answer, self._silent_since = self._probed_at, None
             return answered
 
     @staticmethod
