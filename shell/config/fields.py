@@ -312,7 +312,8 @@ class AsyncGRPOConfig(TrainingArguments):
         metadata=_help("Not in TRL. The run fails once this many of the last "
                        "foreign_weights_window checked steps had a staleness-0 sampler/trainer "
                        "log-prob gap larger than the dtypes explain (the server serves other "
-                       "weights: another trainer, another model); each such step warns. 0: "
+                       "weights: another trainer, another model); each such step warns, and a "
+                       "run that finishes with any such step fails once its model is saved. 0: "
                        "only warn."),
     )  # fmt: skip
     foreign_weights_window: int | None = field(

@@ -336,6 +336,8 @@ class TrainingRun:
             summary = self._log_window()
         with interrupts_deferred():
             self.learner.export.save_pretrained(self.output_dir, self.inputs.processing_class)
+        if self.parity is not None:  # a run that sampled foreign weights is not a success
+            self.parity.after_training(self.learner.step, str(self.output_dir))
         return TrainOutput(self.learner.step, self.last_loss, summary)
 
     def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:

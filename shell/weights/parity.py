@@ -6,8 +6,10 @@ After each step the trainer hands :class:`ParityGuard` the step's mean staleness
 explain, the step logs a loud warning; once ``foreign_weights_steps`` of the last
 ``foreign_weights_window`` checked steps (steps with staleness-0 samples) were such steps, the
 run fails with :class:`ForeignWeightsError`, so a second trainer whose pushes land on every
-other step fails the run too. Every rank decides the same (the gap is gathered
-over ranks and the limit is rank 0's, broadcast).
+other step fails the run too. A run that trained any step on foreign weights (fewer than that)
+does not end as a success either: once its model is saved it fails with the same error, naming
+the steps (:meth:`ParityGuard.after_training`); ``foreign_weights_steps=0`` only warns. Every
+rank decides the same (the gap is gathered over ranks and the limit is rank 0's, broadcast).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ParityGuard:
         self.server_url = server_url
         self.rank0 = rank0
         self.watch = weight_parity.ParityWatch()
+        self.foreign_steps: list[int] = []  # steps trained on samples of foreign weights
 
     @classmethod
     def for_run(cls, learner: Any, args: Any, client: Callable[[], VLLMClient]) -> ParityGuard:
@@ -76,6 +79,7 @@ class ParityGuard:
                                                          self.patience, self.window)  # fmt: skip
         if verdict is weight_parity.Verdict.OK:
             return
+        self.foreign_steps.append(step)
         what = (
             f"at staleness 0 the sampler's log-probs differ from the trainer's by {gap:.3g} "
             f"nats on average (the dtypes explain up to {self.limit:.3g}), "
@@ -93,3 +97,18 @@ class ParityGuard:
         if self.rank0:
             log.warning("FOREIGN WEIGHTS ON THE vLLM SERVER", detail=what, step=step,
                         fails_after_steps=self.patience or None)  # fmt: skip
+
+    def after_training(self, trained_steps: int, output_dir: str) -> None:
+        """Fail a run that finished but trained a step on foreign weights: its samples came
+        from weights other than this trainer's, so its result is not this trainer's own.
+        ``foreign_weights_steps=0`` only warns."""
+        if not self.foreign_steps or self.patience == 0:
+            return
+        steps = ", ".join(str(step) for step in self.foreign_steps)
+        raise ForeignWeightsError(
+            f"training finished, but {len(self.foreign_steps)} of its {trained_steps} steps "
+            f"(step {steps}) trained on samples from other weights than this trainer's: the "
+            f"vLLM server at {self.server_url} served another trainer's or another model's "
+            f"weights then. The model is saved in {output_dir}; its result is not this run's "
+            "alone. Give each trainer its own server; foreign_weights_steps=0 only warns"
+        )

@@ -298,6 +298,42 @@ def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> N
     assert rows[0]["sampling/staleness0_logp_difference/mean"] < 1e-4  # before the foreign push
 
 
+def foreign_push_before_publishing(foreign: ForeignTrainer, versions: set[int] | None):
+    """Patch for ``TrainingRun._landed``/``_published``: the foreign trainer pushes after this
+    run's push of a version in ``versions`` (None: every odd one) lands, before the rollout
+    side learns of it, so every sample for the next step comes from the foreign weights."""
+
+    def patch(publish):
+        def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
+            odd = versions is None and pushed.version % 2 == 1
+            if run.process is not None and (odd or pushed.version in (versions or ())):
+                foreign.on_step_end(None, None, None)
+            publish(run, pushed)
+
+        return foreign_push_then_publish
+
+    return patch
+
+
+def test_a_run_that_trained_a_step_on_foreign_weights_does_not_end_as_a_success(
+    served, tmp_path, monkeypatch
+) -> None:
+    """One foreign push (after this run's push of version 2) stays under the mid-run rule (3
+    of 6 steps) and the next push cleans the server: the run trains its 4 steps, saves its
+    model, then fails naming the step that sampled the foreign weights."""
+    server, path = served
+    patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"), {2})
+    for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
+        monkeypatch.setattr(TrainingRun, landed, patch(getattr(TrainingRun, landed)))
+    run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=4,
+                  weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
+    with pytest.raises(ForeignWeightsError, match=r"1 of its 4 steps \(step 3\)") as failed:
+        run.train()
+    assert "foreign_weights_steps=0 only warns" in str(failed.value)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3, 4]
+    assert (tmp_path / "run" / "config.json").exists()  # the model was saved first
+
+
 def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
     served, tmp_path, monkeypatch
 ) -> None:
@@ -306,18 +342,10 @@ def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
     step (max_staleness 0), so steps 2, 4 and 6 sample them: with the defaults (3 of the last
     6 checked steps) the run fails at step 6."""
     server, path = served
-    foreign = ForeignTrainer(server, path, tmp_path / "foreign")
-
-    def foreign_push_before(publish):  # the run tells the rollout side what landed here
-        def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
-            if run.process is not None and pushed.version % 2 == 1:
-                foreign.on_step_end(None, None, None)
-            publish(run, pushed)
-
-        return foreign_push_then_publish
-
+    patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"),
+                                           None)  # fmt: skip
     for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
-        monkeypatch.setattr(TrainingRun, landed, foreign_push_before(getattr(TrainingRun, landed)))
+        monkeypatch.setattr(TrainingRun, landed, patch(getattr(TrainingRun, landed)))
     run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=10,
                   weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
