@@ -5,6 +5,7 @@ import signal
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 import torch
 from hypothesis import settings
@@ -157,16 +158,38 @@ def served(vllm_server, tiny_qwen3, tmp_path_factory):
     anyio.run(restore)
 
 
-@pytest.fixture
-def own_server(tiny_qwen3, tmp_path):
-    """A server the test may kill and restart: the tiny model in fp32 with the gloo engine (so
-    a trainer syncs in memory and must join a restarted server's group anew)."""
+@pytest.fixture(scope="module")
+def restartable_server(tiny_qwen3, tmp_path_factory):
+    """The server behind :func:`own_server`, one per module: tests kill it and start it
+    again, and a test that leaves it running (restarted) hands it on as it is."""
     spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
                       weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
-    server.start()
+    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "vllm-restartable.log")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_server(restartable_server):
+    """A server the test may kill and restart: the tiny model in fp32 with the gloo engine (so
+    a trainer syncs in memory and must join a restarted server's group anew). Started unless
+    the previous test of the module left it answering, as a restart test does (a trainer
+    pushes its weights at start, so the weights it holds do not matter); a test must not
+    leave it frozen or paused."""
+    if not answers_health(restartable_server):
+        restartable_server.stop()
+        restartable_server.start()
+    return restartable_server
+
+
+def answers_health(server: VLLMServer) -> bool:
+    """Whether ``server``'s process runs and its ``/health`` answers now."""
+    if server.pid is None:
+        return False
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture(scope="session")

@@ -33,15 +33,14 @@ GONE_TIMEOUT_S = 60.0
 class KillDuringPush:
     """On the worker's ``push-started``: note the run's processes, kill the server outright
     and say so (``server-killed``); with ``restart``, start it again on the same port, as a
-    supervisor would, and keep it until :meth:`release` (the server gets a parent-death signal
-    when the thread that started it ends)."""
+    supervisor would. The restarted server outlives the thread (its supervisor watches this
+    process): the fixture that gave it stops it, or hands it to the next test."""
 
     def __init__(self, server: VLLMServer, signals: Path, run: subprocess.Popen,
                  restart: bool) -> None:  # fmt: skip
         self.server, self.signals, self.run, self.restart = server, signals, run, restart
         self.run_processes: list[psutil.Process] = []
         self.errors: list[BaseException] = []
-        self.released = threading.Event()
         self.thread = threading.Thread(target=self._act, daemon=True)
         self.thread.start()
 
@@ -59,12 +58,10 @@ class KillDuringPush:
                 self.server.start()
         except BaseException as error:  # surfaced by the test
             self.errors.append(error)
-        self.released.wait(RUN_TIMEOUT_S + RESTART_TIMEOUT_S)
-        self.server.stop()
 
     def release(self) -> None:
-        self.released.set()
-        self.thread.join(RESTART_TIMEOUT_S)
+        """Wait for the kill and the restart to have ended (bounded)."""
+        self.thread.join(PUSH_TIMEOUT_S + RESTART_TIMEOUT_S)
 
 
 def run_two_ranks(
