@@ -11,7 +11,7 @@ import datetime
 import os
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import torch
@@ -54,15 +54,34 @@ def init_distributed(device: torch.device, timeout_s: float = 1800) -> bool:
 Decision = TypeVar("Decision")
 
 
-def decided_on_rank0(decide: Callable[[], Decision]) -> Decision:
+def decided_on_rank0(
+    decide: Callable[[], Decision], refusals: tuple[type[Exception], ...] = ()
+) -> Decision:
     """``decide()`` run on rank 0 and its result given to every rank (one broadcast), so that
-    a choice made from what a process measures (a matmul's speed, free memory) is the same on
-    all of them; without a process group of several ranks, just ``decide()``."""
+    a choice made from what a process measures (a matmul's speed, free memory, a server's
+    reply) is the same on all of them; without a process group of several ranks, just
+    ``decide()``. An exception of a type in ``refusals`` raised by ``decide()`` on rank 0 is
+    raised on every rank (a refusal every rank must stop on, such as a config error)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return decide()
-    box = [decide() if dist.get_rank() == 0 else None]
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [decide()]
+        except refusals as refused:
+            box = [_Refused(refused)]
     dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], _Refused):
+        raise box[0].error
     return box[0]
+
+
+class _Refused:
+    """Rank 0's refusal, in the box of :func:`decided_on_rank0` (a decision may itself be an
+    exception object)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 def _free_port() -> int:

@@ -40,7 +40,7 @@ from transformers import (
     TrainerControl,
 )
 
-from asyncgrpo.adapters.process_group import free_bytes
+from asyncgrpo.adapters.process_group import decided_on_rank0, free_bytes
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
@@ -237,17 +237,10 @@ class TrainingRun:
         mismatch, naming the server and the flag."""
         if len(self.args.server_urls) < 2:
             return
-        outcome: list[Any] = [None]
-        if self.rank0:
-            try:
-                check_servers_match(ServerSettings.of(self.args), self.inputs.model_name,
-                                    self.args.top_k > 0 or self.args.top_p < 1.0)  # fmt: skip
-            except ValueError as error:
-                outcome = [error]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(outcome, src=0)
-        if outcome[0] is not None:
-            raise outcome[0]
+        decided_on_rank0(lambda: check_servers_match(
+            ServerSettings.of(self.args), self.inputs.model_name,
+            self.args.top_k > 0 or self.args.top_p < 1.0,
+        ), refusals=(ValueError,))  # fmt: skip
 
     def _client(self, server: int = 0, **options: Any) -> VLLMClient:
         return ServerSettings.of(self.args).client(self.inputs.model_name, server, **options)
@@ -350,10 +343,10 @@ class TrainingRun:
 
     def _agree(self, control: TrainerControl) -> TrainerControl:
         """Rank 0's ``should_log``/``should_save``/``should_training_stop`` on every rank."""
-        if self.learner.world_size > 1:
-            flags = [(control.should_log, control.should_save, control.should_training_stop)]
-            dist.broadcast_object_list(flags, src=0)
-            control.should_log, control.should_save, control.should_training_stop = flags[0]
+        control.should_log, control.should_save, control.should_training_stop = (
+            decided_on_rank0(lambda: (control.should_log, control.should_save,
+                                      control.should_training_stop))
+        )  # fmt: skip
         return control
 
     def _epochs(self) -> float:
@@ -539,18 +532,19 @@ class TrainingRun:
     def _plan_push(self) -> weight_sync.PushPlan:
         """Whether the pushes after steps run beside training (rank 0 measures the memory a
         snapshot needs and has free; every process follows its choice)."""
-        assert self.weights is not None
-        choice: list[Any] = [None]
-        if self.rank0 and not self.args.weight_push_overlap:
-            choice = [weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
-                                           "for the push")]  # fmt: skip
-        elif self.rank0:
-            size, where = self.weights.snapshot_size()
-            choice = [weight_sync.plan_push(size, free_bytes(where), where)]
-            log.info("weight push", overlapped=choice[0].overlapped, reason=choice[0].reason)
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(choice, src=0)
-        return choice[0]
+        weights = self.weights
+        assert weights is not None
+        if not self.args.weight_push_overlap:
+            return weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
+                                        "for the push")  # fmt: skip
+
+        def plan() -> weight_sync.PushPlan:
+            size, where = weights.snapshot_size()
+            choice = weight_sync.plan_push(size, free_bytes(where), where)
+            log.info("weight push", overlapped=choice.overlapped, reason=choice.reason)
+            return choice
+
+        return decided_on_rank0(plan)
 
     def _push(self, at_start: bool = False) -> None:
         """Push the current policy and wait for it (collective); what landed goes to the

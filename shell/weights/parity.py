@@ -19,8 +19,8 @@ from typing import Any
 
 import anyio
 import structlog
-import torch.distributed as dist
 
+from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core.weights import parity as weight_parity
 
@@ -56,21 +56,20 @@ class ParityGuard:
     def for_run(cls, learner: Any, args: Any, client: Callable[[], VLLMClient]) -> ParityGuard:
         """The guard of a run: the trainer's compute dtype against the server's (from
         ``/server_info``; a server that does not say counts as bf16), on every rank."""
-        limit: list[Any] = [None]
-        if learner.rank == 0:
 
-            async def served_dtype() -> str | None:
-                async with client() as c:
-                    config = await c.server_config()
-                return str((config or {}).get("model_config", {}).get("dtype") or "") or None
+        async def served_dtype() -> str | None:
+            async with client() as c:
+                config = await c.server_config()
+            return str((config or {}).get("model_config", {}).get("dtype") or "") or None
 
+        def limit() -> float:
             trainer_dtype = (
                 "bfloat16" if learner.bf16 else str(next(learner.model.parameters()).dtype)
             )
-            limit = [weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))]
-        if learner.world_size > 1:
-            dist.broadcast_object_list(limit, src=0)
-        return cls(float(limit[0]), args.foreign_weights_steps, ", ".join(args.server_urls),
+            return weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))
+
+        return cls(float(decided_on_rank0(limit)), args.foreign_weights_steps,
+                   ", ".join(args.server_urls),
                    learner.rank == 0, args.foreign_weights_checked_steps)  # fmt: skip
 
     def check(self, gap: float | None, step: int) -> None:

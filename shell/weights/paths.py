@@ -37,7 +37,7 @@ import structlog
 import torch.distributed as dist
 from torch import Tensor
 
-from asyncgrpo.adapters.process_group import HOST_MEMORY
+from asyncgrpo.adapters.process_group import HOST_MEMORY, decided_on_rank0
 from asyncgrpo.adapters.transfer.files import (
     AdapterSync,
     DiskReload,
@@ -448,23 +448,16 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
         # with other servers to turn to, a hung one fails its push after the stall timeout
         return settings.client(model_name, server, stall_outage=settings.count > 1)
 
-    outcome: list[Any] = [None, None]  # [choice or error, server workers]
-    if learner.rank == 0:
-        try:
-            server = anyio.run(_describe_server, client)
-            choice = weight_sync.choose_weight_transfer(
-                args.weight_transfer_backend, server.backend if server else None,
-                trainer_on_cuda=learner.device.type == "cuda",
-            )  # fmt: skip
-            outcome = [choice, server.workers if server else 1]
-            log.info("weight sync", backend=choice.backend, reason=choice.reason)
-        except ValueError as error:
-            outcome = [error, None]
-    if learner.world_size > 1:
-        dist.broadcast_object_list(outcome, src=0)
-    if isinstance(outcome[0], ValueError):
-        raise outcome[0]
-    choice, server_workers = outcome
+    def choose() -> tuple[weight_sync.TransferChoice, int]:
+        server = anyio.run(_describe_server, client)
+        choice = weight_sync.choose_weight_transfer(
+            args.weight_transfer_backend, server.backend if server else None,
+            trainer_on_cuda=learner.device.type == "cuda",
+        )  # fmt: skip
+        log.info("weight sync", backend=choice.backend, reason=choice.reason)
+        return choice, server.workers if server else 1
+
+    choice, server_workers = decided_on_rank0(choose, refusals=(ValueError,))
     merged: WeightSync
     if choice.backend == weight_sync.DISK:
         merged = DiskWeights(learner, client, output_dir / ".vllm_weights")

@@ -34,6 +34,7 @@ import attrs
 import structlog
 import torch.distributed as dist
 
+from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.vllm.client import ServerNotAnswering, VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_blocking
@@ -163,16 +164,15 @@ class WeightPusher:
             what landed, or None when it landed on no server (the next step resyncs).
         """
         start = time.monotonic()
-        plan: list[Any] = [None]  # rank 0: each target's identity, or _RESTARTED
         held_s = 0.0
-        if self.rank0:
-            held_s = 0.0 if at_start else self._hold(self.learner.step)
-            plan = [self._targets(at_start)]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(plan, src=0)  # every process pushes, or none
-        if plan[0] == _RESTARTED:
+        if self.rank0 and not at_start:
+            held_s = self._hold(self.learner.step)
+        # each target's identity, or _RESTARTED: every process pushes, or none
+        plan = decided_on_rank0(lambda: self._targets(at_start))
+        if plan == _RESTARTED:
             return None
-        targets: dict[int, float | None] = plan[0]
+        assert isinstance(plan, dict)
+        targets: dict[int, float | None] = plan
         landing: Landing | None = None
         error: Exception | None = None
         try:
