@@ -5,7 +5,6 @@ import signal
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 import torch
 from hypothesis import settings
@@ -176,20 +175,16 @@ def own_server(restartable_server):
     the previous test of the module left it answering, as a restart test does (a trainer
     pushes its weights at start, so the weights it holds do not matter); a test must not
     leave it frozen or paused."""
-    if not answers_health(restartable_server):
+    if restartable_server.pid is None or not anyio.run(serving, restartable_server):
         restartable_server.stop()
         restartable_server.start()
     return restartable_server
 
 
-def answers_health(server: VLLMServer) -> bool:
-    """Whether ``server``'s process runs and its ``/health`` answers now."""
-    if server.pid is None:
-        return False
-    try:
-        return httpx.get(f"{server.base_url}/health", timeout=5.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+async def serving(server: VLLMServer) -> bool:
+    """Whether ``server`` answers ``/health`` and serves its model now."""
+    async with VLLMClient(server.base_url, server.spec.name) as client:
+        return await client.healthy()
 
 
 @pytest.fixture(scope="session")
