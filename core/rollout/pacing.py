@@ -5,7 +5,8 @@ documentation):
 
 1. **Staleness allowance** (:func:`token_allowance`, :func:`may_start_group`): generation keeps
    at most ``max(max_staleness, 1)`` steps' worth of tokens queued, buffered by the trainer or
-   in flight, a group starting only if its expected tokens fit too. A sample's tokens count
+   in flight, fewer while the server's policy lags the trainer's steps (:func:`steps_left`),
+   a group starting only if its expected tokens fit too. A sample's tokens count
    from its group's end until the trainer trains or drops it (:mod:`asyncgrpo.core.run.step_queue`
    releases them), so in steady state a sample waits at most ``max_staleness`` steps. The step
    size is the trainer's (:attr:`~asyncgrpo.core.run.step_queue.StepQueue.tokens_per_step`); before
@@ -39,8 +40,10 @@ def token_allowance(
     max_staleness: int,
     token_budget: int,
     rows_per_step: int,
+    behind: int = 0,
 ) -> float:
-    """Tokens that may be queued, buffered or in flight: ``max(max_staleness, 1) x`` a step.
+    """Tokens that may be queued, buffered or in flight: the steps a new group's samples can
+    still be trained in (:func:`steps_left`) times a step.
 
     Args:
         tokens_per_step: the unpacked tokens a full step holds, as the trainer's queue measured
@@ -49,14 +52,39 @@ def token_allowance(
         max_staleness: the config's ``max_staleness`` (0 still allows one step ahead).
         token_budget: tokens per row.
         rows_per_step: ``gradient_accumulation_steps x num_processes``.
+        behind: as in :func:`may_start_group`; 0 for the trainer's view, once its weights
+            have landed.
 
     Example:
         >>> token_allowance(None, 4, 1024, 2), token_allowance(1500.0, 0, 1024, 2)
         (8192.0, 1500.0)
+        >>> token_allowance(1500.0, 4, 1024, 2, behind=2)
+        4500.0
     """
     if tokens_per_step is None:
         tokens_per_step = float(token_budget * rows_per_step)
-    return float(max(max_staleness, 1)) * float(tokens_per_step)
+    return float(steps_left(max_staleness, behind)) * float(tokens_per_step)
+
+
+def steps_left(max_staleness: int, behind: int) -> int:
+    """The steps a group started now can be trained in before its samples are too stale:
+    ``max(max_staleness, 1)`` while the server holds the trainer's newest weights, and fewer
+    while it lags.
+
+    A group started ``behind`` versions behind the steps taken is first trained by the next
+    step, at staleness ``behind``, and by each later one a version staler: the next
+    ``max_staleness + 1 - behind`` steps can train it (none once ``behind > max_staleness``).
+    With the push beside the step the server lags by one or two versions in steady state, so
+    counting the lag matters: a whole ``max_staleness`` steps of tokens started two versions
+    behind leaves the last step's samples stale. ``behind=0`` (the trainer waits for a step's
+    samples with its weights landed) keeps ``max(max_staleness, 1)``, not ``max_staleness + 1``:
+    generation runs at most ``max_staleness`` steps ahead (one at ``max_staleness=0``).
+
+    Example:
+        >>> [steps_left(4, b) for b in range(6)], steps_left(0, 0), steps_left(1, 1)
+        ([4, 4, 3, 2, 1, 0], 1, 1)
+    """
+    return max(0, min(max(max_staleness, 1), max_staleness + 1 - behind))
 
 
 @attrs.frozen

@@ -16,15 +16,16 @@ grows with the samples that step takes, not with the buffer. The plan always equ
 
 **Pacing.** The generator (:mod:`asyncgrpo.core.rollout.pacing`) counts a sample's tokens from the
 moment its group finishes until the queue *releases* them (trained or dropped): queued,
-buffered and in flight together stay within ``max(max_staleness, 1) x tokens_per_step``. The
+buffered and in flight together stay within ``steps_left x tokens_per_step``. The
 queue owns ``tokens_per_step``: the unpacked tokens a full step holds, measured on each step (a
 step that did not fill up counts as holding as many more samples of its mean size as would
 fit whole into its rows' room left); the allowance uses ``STEP_MARGIN`` of the
 smallest of the last ``RECENT_STEPS``, so that what the generator may hold fits the next steps
-despite the packing's variation from step to step. A step is taken when the plan is full, or
-when the generator can add no group (nothing in flight, and the buffer plus the largest group
-seen exceed the allowance), so the two sides never wait on each other and a step does not leave
-behind a group about to arrive.
+despite the packing's variation from step to step, and fewer steps of it while the server's
+policy lags the steps taken (:func:`~asyncgrpo.core.rollout.pacing.steps_left`). A step is
+taken when the plan is full, or when the generator can add no group (nothing in flight, and
+the buffer plus the largest group seen exceed the allowance it has now), so the two sides
+never wait on each other and a step does not leave behind a group about to arrive.
 
 Nothing here reads a clock or talks to a process: the trainer and ``asyncgrpo simulate`` feed
 arrivals in and act on the decisions that come out.
@@ -102,12 +103,13 @@ class StepQueue:
         if self.plan is None:
             object.__setattr__(self, "plan", self.settings.empty_plan())
 
-    @property
-    def allowance(self) -> float:
-        """Tokens the generator may hold queued, buffered and in flight."""
+    def allowance_behind(self, behind: int) -> float:
+        """Tokens the generator may hold queued, buffered and in flight while the server's
+        policy is ``behind`` versions behind the steps taken
+        (:func:`~asyncgrpo.core.rollout.pacing.steps_left`)."""
         s = self.settings
         return pacing.token_allowance(
-            self.tokens_per_step, s.max_staleness, s.token_budget, s.rows_per_step
+            self.tokens_per_step, s.max_staleness, s.token_budget, s.rows_per_step, behind
         )
 
     @property
@@ -232,16 +234,19 @@ def arrive(queue: StepQueue, group: Sequence[TrainingSample], version: int) -> A
     return Arrival(_offer(queue), stale=moved.stale + stale, oversize=oversize)
 
 
-def ready(queue: StepQueue, groups_in_flight: int) -> bool:
+def ready(queue: StepQueue, groups_in_flight: int, *, behind: int) -> bool:
     """Whether a step should be taken now: the plan is full, or the generator can start no
     group (``groups_in_flight`` is 0 and buffered tokens plus the largest group exceed the
-    allowance) and the buffer holds something to train."""
+    allowance it has while the server's policy is ``behind`` versions behind the steps taken,
+    :meth:`StepQueue.allowance_behind`) and the buffer holds something to train. Judged with
+    the generator's own allowance, neither side waits on the other: with a smaller one the
+    generator could be stopped while the trainer waits for more."""
     if queue.plan.full:
         return True
     return (
         bool(queue.buffer)
         and groups_in_flight == 0
-        and queue.buffered_tokens + queue.largest_group_tokens > queue.allowance
+        and queue.buffered_tokens + queue.largest_group_tokens > queue.allowance_behind(behind)
     )
 
 

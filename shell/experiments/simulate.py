@@ -175,7 +175,7 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
     While a step trains (``training``) the trainer has taken one step more than the policy
     new groups get (the weights reach the generator when the step ends)."""
     c = state.config
-    allowance = state.steps.allowance
+    allowance = state.steps.allowance_behind(int(training))
     while True:
         slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
         if slots < c.num_generations:
@@ -282,7 +282,7 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     _apply(state, step_queue.advance(state.steps, state.version))
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
-    if not step_queue.ready(state.steps, len(state.in_flight)):
+    if not step_queue.ready(state.steps, len(state.in_flight), behind=0):  # weights landed
         return None
     step = step_queue.take_step(state.steps)
     state.steps = step.queue

@@ -460,11 +460,11 @@ class AsyncRolloutLoop:
         taken = self.channels.tokens_taken()
         self._ledger = pacing.samples_taken(self._ledger, taken - self._taken_seen)
         self._taken_seen = taken
+        behind = self.channels.steps_taken() - self._version_of(server)
         allowance = pacing.token_allowance(
             self.channels.tokens_per_step(), self.config.max_staleness,
-            self.token_budget, self.rows_per_step,
+            self.token_budget, self.rows_per_step, behind,
         )  # fmt: skip
-        behind = self.channels.steps_taken() - self._version_of(server)
         return pacing.may_start_group(self._ledger, allowance, behind=behind,
                                       max_staleness=self.config.max_staleness)  # fmt: skip
 

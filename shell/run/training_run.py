@@ -426,7 +426,8 @@ class TrainingRun:
             return RESYNC
         self._apply(step_queue.advance(self.queue, self.learner.step))
         self._drain(wait_s=0.0)
-        while not step_queue.ready(self.queue, self.process.groups_in_flight()):
+        while not step_queue.ready(self.queue, self.process.groups_in_flight(),
+                                   behind=self.learner.step - self.version):  # fmt: skip
             if self._servers_to_resync():
                 return RESYNC
             self._drain(wait_s=0.2)
@@ -434,6 +435,12 @@ class TrainingRun:
                 return SPREADLESS
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
+        # the generator learns of the step before its tokens are released: it never sees room
+        # freed without the version it costs (pacing.steps_left)
+        self.process.set_steps_taken(self.learner.step + 1)
+        self.process.samples_taken(step.released_tokens)
+        assert step.queue.tokens_per_step is not None
+        self.process.step_consumed(step.queue.tokens_per_step)
         self.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
         self._observe(metrics.value("perf/rollout_wait_s", self.waited_s),
@@ -443,10 +450,6 @@ class TrainingRun:
         rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
-        self.process.set_steps_taken(self.learner.step + 1)
-        self.process.samples_taken(step.released_tokens)
-        assert step.queue.tokens_per_step is not None
-        self.process.step_consumed(step.queue.tokens_per_step)
         placed = step.samples
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
         self._observe(

@@ -184,8 +184,12 @@ def pipelines(draw, max_staleness: int | None = None, uniform: bool = False):
 class _Sides:
     """Generation (the pacing ledger) and the trainer's queue. The trainer takes a step
     (``steps`` counts them), and only after training it publishes the weights: new groups
-    get ``version`` and the queue moves to it. As the trainer does, it publishes before it
-    takes the next step."""
+    get ``version`` (the policy the server holds). By default it publishes before it takes the
+    next step. With ``late_pushes`` the push runs beside the next steps, as the trainer's
+    overlapped push does: a step does not wait for it, one push is in flight at a time, a
+    step taken meanwhile replaces the snapshot waiting to go next, a push lands whenever
+    ``publish`` comes, and pushes follow every ``sync_every``-th step (weight_sync_steps); the
+    queue checks staleness against the steps taken, as the trainer does."""
 
     config: QueueSettings
     sizes: list
@@ -198,13 +202,18 @@ class _Sides:
     started: int = 0
     stale: list = attrs.field(factory=list)
     distinct: bool = False
+    late_pushes: bool = False
+    sync_every: int = 1
+    guessed: set = attrs.field(factory=set)
+    pushing: int | None = None
+    waiting: int | None = None
 
     def __attrs_post_init__(self) -> None:
         self.queue = StepQueue(self.config)
 
     def may_start(self) -> bool:
-        return pacing.may_start_group(self.ledger, self.queue.allowance,
-                                      behind=self.steps - self.version,
+        return pacing.may_start_group(self.ledger, self.queue.allowance_behind(self.behind),
+                                      behind=self.behind,
                                       max_staleness=self.config.max_staleness)  # fmt: skip
 
     def group(self) -> list:
@@ -226,22 +235,46 @@ class _Sides:
         if choice == "start" and self.may_start():
             outstanding = self.ledger.queued_tokens + self.ledger.in_flight_tokens()
             if self.ledger.groups_completed and outstanding:
-                assert outstanding + self.ledger.tokens_per_group <= self.queue.allowance
+                allowance = self.queue.allowance_behind(self.behind)
+                assert outstanding + self.ledger.tokens_per_group <= allowance
             self.ledger = pacing.group_started(self.ledger)
             self.in_flight.append(self.group())
+            if self.queue.tokens_per_step is None:  # admitted on the first step's guess
+                self.guessed.add(self.started)
             self.started += 1
         elif choice == "finish" and self.in_flight:
             samples = self.in_flight.pop(0)
             self.ledger = pacing.group_finished(self.ledger, sum(len(s.sequence) for s in samples))
-            self.apply(arrive(self.queue, samples, self.version))
-        elif (choice == "train" and self.steps == self.version
-              and ready(self.queue, len(self.in_flight))):  # fmt: skip
+            self.apply(arrive(self.queue, samples, self.checked_at))
+        elif (choice == "train" and (self.late_pushes or self.steps == self.version)
+              and ready(self.queue, len(self.in_flight), behind=self.behind)):  # fmt: skip
+            self.apply(advance(self.queue, self.steps))
+            if not ready(self.queue, len(self.in_flight), behind=self.behind):
+                return
             step = take_step(self.queue)
             self.queue, self.steps = step.queue, self.steps + 1
             self.ledger = pacing.samples_taken(self.ledger, step.released_tokens)
-        elif choice == "publish" and self.steps > self.version:
+            if self.steps % self.sync_every:
+                return
+            if self.pushing is None:
+                self.pushing = self.steps
+            else:
+                self.waiting = self.steps
+        elif choice == "publish" and self.late_pushes and self.pushing is not None:
+            self.version, self.pushing, self.waiting = self.pushing, self.waiting, None
+        elif choice == "publish" and not self.late_pushes and self.steps > self.version:
             self.version = self.steps
             self.apply(advance(self.queue, self.version))
+
+    @property
+    def behind(self) -> int:
+        return self.steps - self.version
+
+    @property
+    def checked_at(self) -> int:
+        """The version arrivals are checked against: the steps taken, or with pushes in
+        step, the version published (the same once published)."""
+        return self.steps if self.late_pushes else self.version
 
     def apply(self, decided) -> None:
         self.queue = decided.queue
@@ -263,7 +296,7 @@ def test_generator_and_queue_never_wait_on_each_other_and_stay_within_the_allowa
         if not sides.in_flight:
             assert sides.ledger.queued_tokens == sides.queue.buffered_tokens
             if sides.steps == sides.version and not sides.may_start():
-                assert ready(sides.queue, 0)
+                assert ready(sides.queue, 0, behind=0)
 
 
 @settings(max_examples=150)
@@ -282,3 +315,40 @@ def test_at_staleness_0_no_sample_is_dropped_stale_in_steady_state(case):
         sides.act(choice)
         if not first_step:
             assert len(sides.stale) == dropped, f"stale at step {sides.steps}: {sides.stale}"
+
+
+@settings(max_examples=300)
+@given(pipelines(uniform=True), st.integers(0, 4))
+def test_with_pushes_landing_late_no_sample_is_dropped_stale_in_steady_state(case, staleness):
+    """The push beside the step (it lands while later steps are taken, snapshots replaced),
+    every group the same shape, any ``max_staleness`` from 0 to 4: a group starts only if its
+    samples and every one ahead of them fit the steps left before they would be too stale
+    (fewer while the server is further behind), so no sample is dropped as stale once the
+    step size is measured. (Before the first step every row counts as full: samples that pack
+    worse than that and were admitted on that guess may go stale.)"""
+    config, sizes, lengths, choices = case
+    config = attrs.evolve(config, max_staleness=staleness)
+    sides = _Sides(config, sizes, lengths, distinct=True, late_pushes=True)
+    for choice in [*choices, *["finish", "publish"] * 50]:
+        sides.act(choice)
+    stale = [s for s in sides.stale if s.group_id not in sides.guessed]
+    assert not stale, f"stale by step {sides.steps}: {stale}"
+
+
+@settings(max_examples=200)
+@given(pipelines(), st.integers(1, 3), st.integers(0, 3), st.data())
+def test_with_pushes_landing_late_the_two_sides_never_wait_on_each_other(
+    case, sync_every, extra_staleness, data
+):
+    """Pushes beside the steps, every ``sync_every`` steps (``max_staleness`` at least
+    ``sync_every - 1``, as the config requires): whenever no group and no push is in flight
+    and no group may start, the queue is ready to take a step, judged with the allowance the
+    generator has at that lag (the server may hold weights several steps old with no push
+    coming)."""
+    config, sizes, lengths, choices = case
+    config = attrs.evolve(config, max_staleness=sync_every - 1 + extra_staleness)
+    sides = _Sides(config, sizes, lengths, late_pushes=True, sync_every=sync_every)
+    for choice in [*choices, *["finish", "publish"] * 50]:
+        sides.act(choice)
+        if not sides.in_flight and sides.pushing is None and not sides.may_start():
+            assert ready(sides.queue, 0, behind=sides.behind)
