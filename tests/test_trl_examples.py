@@ -8,8 +8,9 @@ documentation shows as a failing replacement. Where the documentation prints a f
 ``trainer = AsyncGRPOTrainer(..., ...)`` without a script around it, or helper functions it
 leaves undefined), the lines the test adds are marked ``# test:``. A script runs as
 ``__main__`` (``runpy``), so its rollout worker re-imports it as TRL's does, for two optimizer
-steps against :func:`replying_server`, whose tiny model answers with a few fixed replies so that
-rewards differ within groups (tests/support/replying_model.py).
+steps against :func:`replying_served` (the session's server under a second name), whose tiny
+model answers with a few fixed replies so that rewards differ within groups
+(tests/support/replying_model.py).
 """
 
 from __future__ import annotations
@@ -387,12 +388,12 @@ def prelude(model: Path, dataset: Path, server_url: str, output_dir: Path, name:
     )
 
 
-@pytest.mark.slow(reason="each example trains 2 steps; the first starts the server: up to 60 s")
+@pytest.mark.slow(reason="each example trains 2 steps; multi-turn ones take up to 60 s")
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_documentation_example_trains_two_steps(
-    name, replying_server, tiny_dataset, tmp_path
+    name, replying_served, tiny_dataset, tmp_path
 ) -> None:
-    server, model = replying_server
+    server, model = replying_served
     script = tmp_path / f"{name}.py"
     output_dir = tmp_path / "run"
     script.write_text(

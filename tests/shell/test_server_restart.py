@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.adapters.vllm.client import VLLMClient
-from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.server import VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
 from asyncgrpo.shell.run.training_run import TrainingRun
@@ -80,29 +80,17 @@ class CrashServerAfterFirstStep(TrainerCallback):
             self.restarter.join(RESTART_TIMEOUT_S)
 
 
-@pytest.fixture
-def own_lora_server(tiny_qwen3, tmp_path):
-    """A server this test may kill, serving LoRA adapters loaded at run time."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      enable_lora=True, max_lora_rank=8, max_loras=4,
-                      enforce_eager=True)  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path / "vllm.log")
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.mark.slow(reason="a server started again mid-run: 55-70 s")
-def test_a_lora_run_survives_a_server_restart_with_its_adapters(own_lora_server, tiny_qwen3,
+def test_a_lora_run_survives_a_server_restart_with_its_adapters(lora_server, tiny_qwen3,
                                                                 tmp_path) -> None:  # fmt: skip
     """A PEFT run syncing LoRA adapters (max_staleness 1: two versions served): the restarted
     server gets every kept adapter version again, so rollouts started under an older version
     are generated again under it, and the trainer's current one; training goes on at parity."""
     from peft import LoraConfig
 
-    crash = CrashServerAfterFirstStep(own_lora_server)
+    crash = CrashServerAfterFirstStep(lora_server)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    run = trainer(own_lora_server, tiny_qwen3, tmp_path, crash, lora, max_staleness=1)
+    run = trainer(lora_server, tiny_qwen3, tmp_path, crash, lora, max_staleness=1)
     try:
         run.train()
     finally:

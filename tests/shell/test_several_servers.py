@@ -220,19 +220,18 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
         assert {"asyncgrpo-policy-v3", "asyncgrpo-policy-v4"} <= anyio.run(served_adapters, server)
 
 
-def test_a_second_server_with_other_flags_fails_at_start_naming_it(pair, tiny_qwen3,
+def test_a_second_server_with_other_flags_fails_at_start_naming_it(pair, served, tiny_qwen3,
                                                                    tmp_path) -> None:  # fmt: skip
-    other = VLLMServer(spec(tiny_qwen3, max_logprobs=8), log_path=tmp_path / "other.log")
-    other.start()
-    try:
-        run = trainer_for([pair[0], other], tiny_qwen3, tmp_path)
-        with pytest.raises(ServerMismatch) as failed:
-            run.train()
-    finally:
-        other.stop()
+    """The session's server is the other one: the same model and engine as the pair's, without
+    runtime LoRA (a server started here with other flags would cost half a minute)."""
+    other, _ = served
+    assert other.spec.enable_lora is False and pair[0].spec.enable_lora is True
+    run = trainer_for([pair[0], other], tiny_qwen3, tmp_path)
+    with pytest.raises(ServerMismatch) as failed:
+        run.train()
     message = str(failed.value)
     assert message.startswith(f"the vLLM server at {other.base_url} differs from the one at "
-                              f"{pair[0].base_url} in --max-logprobs: 8")  # fmt: skip
+                              f"{pair[0].base_url} in --enable-lora: False")  # fmt: skip
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained, nothing pushed
 
 

