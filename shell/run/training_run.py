@@ -428,6 +428,8 @@ class TrainingRun:
         self._drain(wait_s=0.0)
         while not step_queue.ready(self.queue, self.process.groups_in_flight(),
                                    behind=self.learner.step - self.version):  # fmt: skip
+            if self.pusher is not None:
+                self.pusher.raise_if_silent()  # the push thread found the server frozen
             if self._servers_to_resync():
                 return RESYNC
             self._drain(wait_s=0.2)
@@ -564,6 +566,7 @@ class TrainingRun:
         if not self.push_plan.overlapped:
             self._push()
             return
+        self.pusher.raise_if_silent()
         if self.pusher.push_beside(self._published):
             self._observe(metrics.value("perf/weight_snapshots_replaced_count", 1))
 
@@ -583,6 +586,7 @@ class TrainingRun:
         and the evaluation asked for meanwhile has arrived, and record them."""
         if self.pusher is not None:
             self.pusher.wait_landed()
+            self.pusher.raise_if_silent()
         if self.process is not None and self.queue is not None:
             self.evaluations.wait_for_last(self._drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now

@@ -141,6 +141,7 @@ class WeightPusher:
         self._queue_lock = threading.Lock()
         self._waiting: Snapshot | None = None  # the next snapshot to send
         self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
+        self._silent: ServerNotAnswering | None = None  # met by the thread: fails the run
 
     @property
     def count(self) -> int:
@@ -168,7 +169,7 @@ class WeightPusher:
         if self.rank0 and not at_start:
             held_s = self._hold(self.learner.step)
         # each target's identity, or _RESTARTED: every process pushes, or none
-        plan = decided_on_rank0(lambda: self._targets(at_start))
+        plan = decided_on_rank0(lambda: self._targets(at_start), refusals=(ServerNotAnswering,))
         if plan == _RESTARTED:
             return None
         assert isinstance(plan, dict)
@@ -242,7 +243,12 @@ class WeightPusher:
                     return
             held_s = self._hold(snapshot.version)  # an evaluation reads an older version
             began, started = time.time(), time.monotonic()
-            targets = self._targets(at_start=False)
+            try:
+                targets = self._targets(at_start=False)
+            except ServerNotAnswering as silent:
+                self._silent = silent
+                self._stop_sending()
+                return
             if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
                 self._stop_sending()
                 return
@@ -252,6 +258,11 @@ class WeightPusher:
                                               at_start=False)  # fmt: skip
             except Exception as error:  # outside the servers (a write): it reached none
                 landing = dict.fromkeys(targets, error)
+            silent = self._silent_alone(landing)
+            if silent is not None:
+                self._silent = silent
+                self._stop_sending()
+                return
             landed = self._record_failures(landing, "trainer weight push", since=began)
             if not landed:
                 self._stop_sending()  # the resync pushes anew
@@ -263,6 +274,23 @@ class WeightPusher:
     def _stop_sending(self) -> None:
         with self._queue_lock:
             self._waiting, self._sender = None, None
+
+    def raise_if_silent(self) -> None:
+        """Rank 0: raise the :class:`ServerNotAnswering` the push thread met, if it met one.
+
+        The run's only server answered nothing for ``vllm_server_timeout`` seconds (frozen or
+        wedged): that is the end of the run, as it is when a step's own push meets it, not an
+        outage to wait out for as long again. With several servers a silent one leaves
+        routing instead."""
+        if self._silent is not None:
+            raise self._silent
+
+    def _silent_alone(self, landing: Landing | None) -> ServerNotAnswering | None:
+        """The silence a push met on the run's only server (None with several servers)."""
+        if self.count != 1 or not landing:
+            return None
+        outcome = next(iter(landing.values()))
+        return outcome if isinstance(outcome, ServerNotAnswering) else None
 
     def wait_landed(self) -> float:
         """Rank 0: wait until every push handed to the thread has landed or failed; the
@@ -280,7 +308,7 @@ class WeightPusher:
         server (one that does not answer is left to the push to report); mid-run those in
         routing whose identity is still the one pushed to (one that restarted, or does not
         answer, is recorded as an outage and left out). :data:`_RESTARTED` when none is left.
-        Never raises."""
+        Raises only :class:`ServerNotAnswering`, when the run's only server is silent."""
         assert self.servers is not None
         targets: dict[int, float | None] = {}
         for index in range(self.count):
@@ -296,6 +324,8 @@ class WeightPusher:
             try:
                 identity = self._read_identity(index)
             except Exception as error:
+                if self.count == 1 and isinstance(error, ServerNotAnswering):
+                    raise  # the run's only server is silent: the run fails
                 trust.outage(f"{type(error).__name__}: {error}", "trainer before a weight push")
                 continue
             if server_outage.weights_known(
