@@ -215,8 +215,7 @@ def lora_server(restartable_lora_server):
 async def unload_adapters(server: VLLMServer) -> None:
     """Unload every LoRA adapter the server has loaded (all it serves but the model)."""
     async with VLLMClient(server.base_url, server.spec.name) as client:
-        response = await client._request("GET", "/v1/models")
-        for name in {m["id"] for m in response.json()["data"]} - {server.spec.name}:
+        for name in set(await client.served_models()) - {server.spec.name}:
             await client.unload_lora_adapter(name)
 
 

@@ -566,7 +566,6 @@ class TrainingRun:
         if not self.push_plan.overlapped:
             self._push()
             return
-        self.pusher.raise_if_silent()
         if self.pusher.push_beside(self._published):
             self._observe(metrics.value("perf/weight_snapshots_replaced_count", 1))
 

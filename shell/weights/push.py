@@ -217,6 +217,7 @@ class WeightPusher:
         Returns:
             whether a waiting snapshot was replaced (rank 0).
         """
+        self.raise_if_silent()  # the thread met the only server silent: no push follows
         with self._uninterruptible():  # the snapshot's gathers are collectives
             snapshot = self.weights.snapshot(self.learner.step)
         if not self.rank0:
@@ -258,9 +259,9 @@ class WeightPusher:
                                               at_start=False)  # fmt: skip
             except Exception as error:  # outside the servers (a write): it reached none
                 landing = dict.fromkeys(targets, error)
-            silent = self._silent_alone(landing)
-            if silent is not None:
-                self._silent = silent
+            silent = [outcome for outcome in landing.values() if self._ends_run(outcome)]
+            if silent:
+                self._silent = silent[0]
                 self._stop_sending()
                 return
             landed = self._record_failures(landing, "trainer weight push", since=began)
@@ -285,12 +286,10 @@ class WeightPusher:
         if self._silent is not None:
             raise self._silent
 
-    def _silent_alone(self, landing: Landing | None) -> ServerNotAnswering | None:
-        """The silence a push met on the run's only server (None with several servers)."""
-        if self.count != 1 or not landing:
-            return None
-        outcome = next(iter(landing.values()))
-        return outcome if isinstance(outcome, ServerNotAnswering) else None
+    def _ends_run(self, outcome: object) -> bool:
+        """Whether what a server did is the run's only server staying silent (which ends the
+        run; with several servers a silent one is an outage and leaves routing)."""
+        return self.count == 1 and isinstance(outcome, ServerNotAnswering)
 
     def wait_landed(self) -> float:
         """Rank 0: wait until every push handed to the thread has landed or failed; the
@@ -324,8 +323,8 @@ class WeightPusher:
             try:
                 identity = self._read_identity(index)
             except Exception as error:
-                if self.count == 1 and isinstance(error, ServerNotAnswering):
-                    raise  # the run's only server is silent: the run fails
+                if self._ends_run(error):
+                    raise
                 trust.outage(f"{type(error).__name__}: {error}", "trainer before a weight push")
                 continue
             if server_outage.weights_known(
