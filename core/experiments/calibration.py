@@ -41,10 +41,10 @@ server's throughput grows with the requests in flight (the tiny Qwen3 on 2 cores
 4,500-5,000 tokens/s at 64-256 concurrent requests), so a throughput fitted at one
 concurrency carries to settings that run at about the same concurrency; a push against a
 busy server takes longer than against an idle one (2.5x measured), so the push fitted at
-``max_staleness`` 0 (idle server during the push) may be short for overlapped settings. The
-simulator as it is has no fixed step cost and no push:
-:meth:`Calibration.simulator_settings` gives either the values for a simulator that models
-them or one throughput that folds them in.
+``max_staleness`` 0 (idle server during the push) may be short for overlapped settings.
+:meth:`Calibration.simulator_settings` gives either the values for the simulator, which models
+the fixed and per-sample costs and the push (every ``weight_sync_steps``, beside the step or
+waited for), or one throughput that folds them in.
 
 :mod:`asyncgrpo.core.experiments.prediction_figures` scores a prediction: the figures read from a
 run's (or a simulation's) windows, predicted against measured.
@@ -113,8 +113,8 @@ class Window:
         zero_std_frac: groups dropped for no reward spread (0 if not logged).
         stale_tokens: tokens of samples dropped as stale, per step (0 if not logged).
         push_s: ``perf/weight_push_s``: a push beside the step (``weight_push_overlap``), from
-            its snapshot to its landing on the server, which stands still meanwhile (0 if not
-            logged: the push is inside ``sync_s``).
+            its snapshot to its landing on the server, which stands still meanwhile; a mean
+            per push, not per step (0 if not logged: the push is inside ``sync_s``).
     """
 
     steps: int
@@ -134,11 +134,11 @@ class Window:
         """Seconds per step spent neither waiting, pushing weights nor checkpointing."""
         return self.step_s - self.wait_s - self.sync_s - self.checkpoint_s
 
-    @property
-    def server_paused_s(self) -> float:
+    def server_paused_s(self, weight_sync_steps: int = 1) -> float:
         """Seconds per step the server stood still for a push: the push inside the step
-        (``sync_s``) or beside it (``push_s``), whichever is longer."""
-        return max(self.sync_s, self.push_s)
+        (``sync_s``) or beside it (``push_s``, logged per push: one every
+        ``weight_sync_steps`` steps), whichever is longer."""
+        return max(self.sync_s, self.push_s / weight_sync_steps)
 
     @property
     def generated_tokens(self) -> float | None:
@@ -352,7 +352,8 @@ def fit_weight_sync(windows: Sequence[Window], weight_sync_steps: int = 1) -> Ra
     if not windows:
         return RateFit(None, math.nan, 0, "no windows")
     steps = np.array([float(w.steps) for w in windows])
-    per_sync = np.array([w.server_paused_s * weight_sync_steps for w in windows])
+    per_sync = np.array([w.server_paused_s(weight_sync_steps) * weight_sync_steps
+                         for w in windows])  # fmt: skip
     value = float(np.average(per_sync, weights=steps))
     if value <= 0:
         return RateFit(None, math.nan, len(windows), f"no {SYNC} in this run")
@@ -365,6 +366,7 @@ def fit_generation(
     max_staleness: int,
     min_wait_frac: float = 0.05,
     min_bound_share: float = 0.5,
+    weight_sync_steps: int = 1,
 ) -> RateFit:
     """Completion tokens per second while the generator is busy (see the module's docstring
     for which windows identify it and how). With overlap, at least ``min_bound_share`` of the
@@ -390,7 +392,7 @@ def fit_generation(
         if max_staleness == 0:  # a push beside the step lands while the trainer waits
             busy = w.wait_s - max(0.0, w.push_s - w.sync_s)
         elif w.wait_s >= min_wait_frac * w.step_s:
-            busy = w.step_s - w.server_paused_s
+            busy = w.step_s - w.server_paused_s(weight_sync_steps)
         else:
             continue
         if busy > 0:
@@ -505,7 +507,9 @@ def calibrate(
     return Calibration(
         training=fit_training(windows),
         weight_sync=fit_weight_sync(windows, weight_sync_steps),
-        generation=fit_generation(windows, max_staleness, min_wait_frac, min_bound_share),
+        generation=fit_generation(
+            windows, max_staleness, min_wait_frac, min_bound_share, weight_sync_steps
+        ),
         windows=len(windows),
     )
 

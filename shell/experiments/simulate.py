@@ -17,6 +17,13 @@ trainer idle time before spending compute. Time is simulated: a run takes about 
 With ``num_servers`` > 1 the generator is that many servers, each with its own throughput
 shared by its groups; every group goes to one of them by the rollout loop's own routing
 (:func:`asyncgrpo.core.servers.routing.route_group`), and a push pauses them all.
+
+Weights are pushed every ``weight_sync_steps`` steps and pause the servers for
+``weight_sync_s``; the servers' policy moves to the pushed version when the push lands. With
+``weight_push_overlap`` (the config's default) the push runs beside the next step, one at a
+time, a newer snapshot replacing one that waits; without, the step waits for its push. Groups
+start on the servers' policy, so the pacing and the step queue see the same lag as the
+trainer's (``behind``: steps taken less the servers' version).
 """
 
 from __future__ import annotations
@@ -71,8 +78,10 @@ class SimulationConfig:
             counted once, as the planner packs them).
         training_fixed_s: seconds every step takes beyond its tokens (planning, optimizer).
         training_per_sample_s: seconds per sample of a step.
-        weight_sync_s: seconds the trainer waits for each push (the generator stands still
-            meanwhile; the version lands at its end).
+        weight_sync_s: seconds of each push: the servers stand still meanwhile and the
+            version lands at its end.
+        weight_sync_steps: steps between pushes.
+        weight_push_overlap: the push runs beside the next step (else the step waits for it).
         skill_per_step: the toy policy's skill gain per step at full signal.
         logging_steps: steps per logging window.
         tick_s: simulated seconds per tick.
@@ -95,6 +104,8 @@ class SimulationConfig:
     training_fixed_s: float = 0.0
     training_per_sample_s: float = 0.0
     weight_sync_s: float = 0.0
+    weight_sync_steps: int = _CONFIG_DEFAULTS["weight_sync_steps"]
+    weight_push_overlap: bool = _CONFIG_DEFAULTS["weight_push_overlap"]
     skill_per_step: float = 0.12
     logging_steps: int = _CONFIG_DEFAULTS["logging_steps"]
     tick_s: float = 0.01
@@ -114,6 +125,7 @@ class SimulationConfig:
             "rows_per_step",
             "logging_steps",
             "num_servers",
+            "weight_sync_steps",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimulationConfig.{name} must be >= 1")
@@ -138,6 +150,15 @@ class _Group:
 
 
 @attrs.define
+class _Push:
+    """A push of ``version``'s weights: the servers stand still from ``start`` to ``end``."""
+
+    version: int
+    start: float
+    end: float
+
+
+@attrs.define
 class _Pipeline:
     """Mutable state of one simulated run (the shell's side; the decisions live in core)."""
 
@@ -146,6 +167,8 @@ class _Pipeline:
     difficulty: np.ndarray
     skill: float = -1.0
     version: int = 0
+    policy: int = 0
+    pushes: deque[_Push] = attrs.field(factory=deque)
     clock: float = 0.0
     ledger: pacing.GenerationLedger = attrs.field(factory=pacing.GenerationLedger)
     prompt_cursor: cursor.PromptCursor = attrs.field(factory=cursor.PromptCursor)
@@ -168,19 +191,43 @@ class _Pipeline:
     def observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)
 
+    def behind(self, training: bool) -> int:
+        """Steps taken (the one training counts) less the servers' policy version."""
+        return self.version + int(training) - self.policy
+
+    @property
+    def paused(self) -> bool:
+        """Whether a push holds the servers still now."""
+        return bool(self.pushes) and self.pushes[0].start <= self.clock
+
+    def land_pushes(self) -> None:
+        """The servers take each push whose end has come."""
+        while self.pushes and self.pushes[0].end <= self.clock:
+            self.policy = self.pushes.popleft().version
+
+    def push(self, version: int, at: float) -> float:
+        """Push ``version``'s weights from ``at``, after the push in flight (a snapshot still
+        waiting is replaced); returns when it lands."""
+        if len(self.pushes) > 1:
+            self.pushes.pop()
+        start = max(at, self.pushes[-1].end) if self.pushes else at
+        self.pushes.append(_Push(version, start, start + self.config.weight_sync_s))
+        return self.pushes[-1].end
+
 
 def _start_groups(state: _Pipeline, training: bool) -> None:
     """Start every group that rollout slots and the staleness allowance admit; a group that
     waited on the allowance with slots free records that wait as ``rollout/backpressure_s``.
-    While a step trains (``training``) the trainer has taken one step more than the policy
-    new groups get (the weights reach the generator when the step ends)."""
+    New groups get the servers' policy, ``state.behind(training)`` versions behind the steps
+    taken (the step training counts)."""
     c = state.config
-    allowance = state.steps.allowance_behind(int(training))
+    behind = state.behind(training)
+    allowance = state.steps.allowance_behind(behind)
     while True:
         slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
         if slots < c.num_generations:
             return
-        if not pacing.may_start_group(state.ledger, allowance, behind=int(training),
+        if not pacing.may_start_group(state.ledger, allowance, behind=behind,
                                       max_staleness=c.max_staleness):  # fmt: skip
             if state.blocked_since is None and state.ledger.groups_completed > 0:
                 state.blocked_since = state.clock
@@ -196,7 +243,7 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
             c.min_completion_tokens, c.max_completion_tokens + 1, c.num_generations
         ).tolist()
         state.in_flight.append(
-            _Group(state.next_position, row, state.version, lengths, float(sum(lengths)), server)
+            _Group(state.next_position, row, state.policy, lengths, float(sum(lengths)), server)
         )
         state.ledger = pacing.group_started(state.ledger)
         state.next_position += 1
@@ -204,14 +251,14 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
 
 def _route(state: _Pipeline, training: bool) -> int:
     """The server a new group goes to, by the rollout loop's routing: every server holds the
-    newest weights (a push reaches all), each may take every slot; the least loaded wins."""
+    servers' policy (a push reaches all), each may take every slot; the least loaded wins."""
     c = state.config
     if c.num_servers == 1:
         return 0
     reserved = [0] * c.num_servers
     for group in state.in_flight:
         reserved[group.server] += c.num_generations
-    views = [routing.ServerView(True, state.version, r, c.max_concurrent_rollouts)
+    views = [routing.ServerView(True, state.policy, r, c.max_concurrent_rollouts)
              for r in reserved]  # fmt: skip
     server = routing.route_group(views, state.version + int(training), c.max_staleness)
     assert server is not None, "a group starts only while slots are free and it is not stale"
@@ -282,7 +329,7 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     _apply(state, step_queue.advance(state.steps, state.version))
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
-    if not step_queue.ready(state.steps, len(state.in_flight), behind=0):  # weights landed
+    if not step_queue.ready(state.steps, len(state.in_flight), behind=state.behind(False)):
         return None
     step = step_queue.take_step(state.steps)
     state.steps = step.queue
@@ -329,6 +376,20 @@ def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
             + step.forwarded_tokens / c.training_tokens_per_s)  # fmt: skip
 
 
+def _train_and_push(state: _Pipeline, batch: step_queue.TakenStep) -> float:
+    """Train a step taken now and push its weights when one is due; returns when the step
+    ends (after its push unless the push runs beside the next step)."""
+    c = state.config
+    trained_at = state.clock + _train(state, batch)
+    due = (state.version + 1) % c.weight_sync_steps == 0
+    lands_at = state.push(state.version + 1, trained_at) if due else trained_at
+    waits = due and not c.weight_push_overlap
+    state.observe(metrics.value("perf/weight_sync_s", lands_at - trained_at if waits else 0.0))
+    if due and c.weight_push_overlap:
+        state.observe(metrics.value("perf/weight_push_s", lands_at - trained_at))
+    return lands_at if waits else trained_at
+
+
 def simulate(
     config: SimulationConfig,
     output_dir: str | Path,
@@ -336,6 +397,8 @@ def simulate(
     on_window: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
     """Run the simulation; writes ``metrics.jsonl`` to ``output_dir`` and returns the windows.
+    With ``progress`` it shows a progress bar and logs each window (else windows log at debug
+    level: a caller simulating many settings reports them itself).
 
     Example:
         >>> import tempfile
@@ -348,13 +411,13 @@ def simulate(
     state = _Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))
     windows: list[dict[str, float]] = []
     step_ends_at: float | None = None
-    last_step_at = last_step_end = push_from = 0.0
+    last_step_at = last_step_end = 0.0
     bar = tqdm(total=config.max_steps, desc="simulate", unit="step", disable=not progress)
     with MetricsFile(output_dir) as metrics_file:
         while state.version < config.max_steps:
+            state.land_pushes()
             _start_groups(state, training=step_ends_at is not None)
-            pushing = step_ends_at is not None and state.clock >= push_from
-            if not pushing:  # the server is paused while the weights are pushed
+            if not state.paused:  # the servers stand still while weights are pushed
                 _generate(state)
             if step_ends_at is None:
                 batch = _take_step(state)
@@ -365,12 +428,8 @@ def simulate(
                     waited = state.clock - (state.waiting_since or state.clock)
                     state.observe(metrics.value("perf/rollout_wait_s", waited))
                     state.waiting_since = None
-                    trained_at = state.clock + _train(state, batch)
-                    step_ends_at = trained_at + config.weight_sync_s
-                    push_from = trained_at
-                    step_s = step_ends_at - last_step_end
-                    state.observe(metrics.value("perf/weight_sync_s", config.weight_sync_s),
-                                  metrics.value("perf/step_s", step_s))  # fmt: skip
+                    step_ends_at = _train_and_push(state, batch)
+                    state.observe(metrics.value("perf/step_s", step_ends_at - last_step_end))
                     last_step_at = state.clock
             elif state.clock >= step_ends_at:
                 last_step_end = step_ends_at
@@ -378,7 +437,7 @@ def simulate(
                 state.version += 1
                 bar.update(1)
                 if state.version % config.logging_steps == 0:
-                    window = _close_window(state, metrics_file)
+                    window = _close_window(state, metrics_file, progress)
                     windows.append(window)
                     if on_window is not None:
                         on_window(state.version, window)
@@ -393,12 +452,12 @@ def simulate(
     return windows
 
 
-def _close_window(state: _Pipeline, metrics_file: MetricsFile) -> dict[str, float]:
+def _close_window(state: _Pipeline, metrics_file: MetricsFile, loud: bool) -> dict[str, float]:
     summary = metrics.summarize(state.window)
     summary["epoch"] = cursor.epochs_consumed(state.prompt_cursor, state.config.dataset_size)
     summary["policy/skill"] = state.skill
     metrics_file.write(state.version, summary)
-    log.info(
+    (log.info if loud else log.debug)(
         "window",
         step=state.version,
         reward=round(summary.get("reward", math.nan), 3),

@@ -152,6 +152,18 @@ def test_a_push_beside_the_step_is_the_servers_pause_not_generation():
     assert fit_generation([attrs.evolve(beside, push_s=0.0)], max_staleness=0).value == 1000.0
 
 
+def test_a_push_beside_the_step_every_few_steps_is_read_per_push():
+    """``perf/weight_push_s`` is logged per push, ``perf/weight_sync_s`` per step: with a push
+    every 3 steps a window's 0.3 s push pauses the server 0.1 s per step, not 0.3 s."""
+    from asyncgrpo.core.experiments.calibration import Window, fit_weight_sync
+
+    window = Window(3, 1.0, 0.5, 0.0, 0.0, 900.0, None, 540.0, 0.0, 0.0, push_s=0.3)
+    assert fit_weight_sync([window], weight_sync_steps=3).value == pytest.approx(0.3)
+    # busy 1.0 - 0.1 s per step while the trainer waited: 540 tokens in 0.9 s
+    fitted = fit_generation([window], max_staleness=2, weight_sync_steps=3).value
+    assert fitted == pytest.approx(600.0)
+
+
 def test_a_slow_generator_is_fitted_and_a_fast_one_is_not():
     slow = calibrate(synthetic_rows(0, 8000.0, 0.0, 0.3, 2000.0, 2), max_staleness=2)
     assert slow.generation_tokens_per_s == pytest.approx(2000.0, rel=0.02)
