@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -23,6 +24,11 @@ from asyncgrpo.shell.run import (
 def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
     for field in attrs.fields(SimulationConfig):
         flag = "--" + field.name.replace("_", "-")
+        if isinstance(field.default, bool):  # --weight-push-overlap / --no-weight-push-overlap
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                default=field.default,
+                                help=f"(default: {field.default})")  # fmt: skip
+            continue
         parser.add_argument(
             flag,
             type=type(field.default),
@@ -138,7 +144,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="a claim to decide, e.g. 'final_reward[] >= 0.5' (repeat)",
     )
     comparing.add_argument("--confidence", type=float, default=0.9, help="(default: 0.9)")
+    _add_plan_parser(commands)
     return parser
+
+
+def _devices_pair(text: str) -> tuple[int, int]:
+    train, _, server = text.partition(":")
+    try:
+        return int(train), int(server)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected TRAIN:SERVER devices, e.g. 1:1; got {text!r}"
+        ) from None
+
+
+def _add_plan_parser(commands: Any) -> None:
+    planning = commands.add_parser(
+        "plan",
+        help="recommend max_staleness, weight_sync_steps, servers and the split of a machine's "
+        "devices from a calibration run (docs/experiments.md)",
+        description="Simulates every setting on --devices with the calibration run's measured "
+        "throughputs scaled to its devices (or a GPU's published figures) and recommends one.",
+    )
+    planning.add_argument("--calibrate", metavar="RUN", required=True,
+                          help="a run of a sweep: its task and (without --gpu) its "
+                          "throughputs")  # fmt: skip
+    planning.add_argument("--devices", type=int, required=True,
+                          help="CPU cores (or GPUs with --gpu) of the planned machine")  # fmt: skip
+    planning.add_argument("--calibration-devices", type=_devices_pair, default=(1, 1),
+                          metavar="TRAIN:SERVER",
+                          help="devices of the calibration run's trainer and server "
+                          "(default: 1:1, the CPU plan on 2 cores)")  # fmt: skip
+    planning.add_argument("--gpu", help="predict from this GPU's published figures: "
+                          "a100, h100, h200, l40s")  # fmt: skip
+    planning.add_argument("--parameters", type=float,
+                          help="the model's parameter count (with --gpu), e.g. 1.5e9")  # fmt: skip
+    planning.add_argument("--max-servers", type=int, help="at most this many servers")
+    planning.add_argument("--output-dir", required=True, help="where the simulations go")
+    planning.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def _sweep_or_compare(args: argparse.Namespace) -> int:
@@ -268,6 +311,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
                   "run it again to finish what is left", file=sys.stderr)  # fmt: skip
             return 128 + signum_of(error)
+    elif args.command == "plan":
+        from asyncgrpo.shell.experiments import SweepError, plan, plan_report
+
+        try:
+            result = plan(args.calibrate, args.devices, args.output_dir,
+                          calibration_devices=args.calibration_devices, gpu=args.gpu,
+                          parameters=args.parameters, max_servers=args.max_servers,
+                          progress=not args.no_progress)  # fmt: skip
+        except (SweepError, ValueError) as error:
+            print(f"asyncgrpo plan: {error}", file=sys.stderr)
+            return 2
+        print(plan_report(result))
     elif args.command == "eval":
         from asyncgrpo.shell.commands.evaluate import run_eval
 

@@ -1,7 +1,8 @@
 """Experiments as code, the library behind :mod:`asyncgrpo.experiments`: sweeps over settings
 and seeds (:mod:`.sweep`), comparisons with intervals and claims (:mod:`.compare`), the
 pipeline simulator (:mod:`.simulate`) and its calibration from a real run (:mod:`.calibrate`),
-a run's plots (:mod:`.plot`) and evaluations of any model or checkpoint (:mod:`.evaluate`).
+recommended settings for a machine (:mod:`.plan`), a run's plots (:mod:`.plot`) and
+evaluations of any model or checkpoint (:mod:`.evaluate`).
 
 It sits above the run wing (a sweep's run is a trainer) and below the commands, which are
 argparse glue over it.
@@ -17,6 +18,7 @@ from asyncgrpo.shell.experiments.calibrate import (
 )
 from asyncgrpo.shell.experiments.compare import Comparison, compare, load_runs
 from asyncgrpo.shell.experiments.evaluate import evaluate_model, evaluation_table, served_model
+from asyncgrpo.shell.experiments.plan import Plan, plan, plan_report
 from asyncgrpo.shell.experiments.plot import plot_run, server_panels
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.experiments.sweep import (
@@ -31,6 +33,7 @@ from asyncgrpo.shell.experiments.sweep import (
 
 __all__ = [
     "Comparison",
+    "Plan",
     "SimulationConfig",
     "StopRule",
     "Sweep",
@@ -41,6 +44,8 @@ __all__ = [
     "evaluate_model",
     "evaluation_table",
     "load_runs",
+    "plan",
+    "plan_report",
     "plot_run",
     "predict_servers",
     "read_index",

@@ -4,6 +4,7 @@ window) and ``evaluations.jsonl`` (a row per evaluation, keyed by its weight ver
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,8 @@ class _CurrentStderr:
 
 
 def configure_logging(json_logs: bool = False) -> None:
-    """Send structlog lines to stderr: key=value for people, or JSON for machines."""
+    """Send structlog lines at info level and above to stderr: key=value for people, or JSON
+    for machines."""
     renderer = (
         structlog.processors.JSONRenderer()
         if json_logs
@@ -36,6 +38,7 @@ def configure_logging(json_logs: bool = False) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )

@@ -64,17 +64,11 @@ def test_several_simulated_servers_share_the_groups_and_shorten_a_generation_bou
     assert steps[2] < 0.8 * steps[1], steps
 
 
-def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_servers(
-    tmp_path, capsys
-) -> None:
-    """A "measured" run (a simulation of known throughputs written as a sweep run) calibrates
-    the simulator; the curve predicts that run's step time at its own number of servers and
-    shorter steps with more, down to what training alone costs."""
-    from asyncgrpo.shell.experiments.calibrate import predict_servers
-
-    run = tmp_path / "measured"
-    simulate(SimulationConfig(max_steps=40, max_staleness=0, generation_tokens_per_s=2000.0,
-                              logging_steps=5, dataset_size=10_000), run,
+def measured_run(run, max_steps=40, **throughputs):
+    """A "measured" run: a simulation of known throughputs at max_staleness 0, written as a
+    sweep's run (its run_spec.json, and the lengths a real run logs)."""
+    simulate(SimulationConfig(max_steps=max_steps, max_staleness=0, logging_steps=5,
+                              dataset_size=10_000, **throughputs), run,
              progress=False)  # fmt: skip
     # what a real run logs and the simulator does not: the simulated completion lengths
     lengths = {"completions/mean_length": 68.0, "completions/min_length": 8.0,
@@ -84,6 +78,18 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
     config = {"output_dir": str(run), "max_staleness": 0, "num_generations": 8,
               "token_budget": 4096, "logging_steps": 5}  # fmt: skip
     (run / "run_spec.json").write_text(json.dumps({"config": config}))
+    return run
+
+
+def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_servers(
+    tmp_path, capsys
+) -> None:
+    """A "measured" run (a simulation of known throughputs written as a sweep run) calibrates
+    the simulator; the curve predicts that run's step time at its own number of servers and
+    shorter steps with more, down to what training alone costs."""
+    from asyncgrpo.shell.experiments.calibrate import predict_servers
+
+    run = measured_run(tmp_path / "measured", generation_tokens_per_s=2000.0)
     points = predict_servers(run, [1, 2, 4], tmp_path / "predicted")
     measured = read_metrics(run)
     from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
@@ -106,3 +112,70 @@ def test_plot_draws_a_panel_per_server_metric_of_a_run_with_several(tmp_path) ->
     assert panels[0] == ("groups per window, by server",
                          [f"rollout/server/{i}/groups_count" for i in range(3)])  # fmt: skip
     assert main(["plot", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize(("sync_steps", "max_staleness"), [(1, 0), (1, 1), (2, 1), (3, 4)])
+def test_pushes_every_weight_sync_steps_and_beside_the_step_shortens_it(
+    tmp_path, sync_steps, max_staleness
+) -> None:
+    """Trainer-bound with a long push: a push every ``weight_sync_steps`` steps, the servers'
+    lag never trains a sample past max_staleness, and the push beside the step takes its time
+    off the step (waited for only without overlap)."""
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+
+    steps, sync_s = {}, 0.5
+    for overlap in (False, True):
+        config = SimulationConfig(max_steps=24, logging_steps=6, max_staleness=max_staleness,
+                                  weight_sync_steps=sync_steps, weight_push_overlap=overlap,
+                                  weight_sync_s=sync_s, training_tokens_per_s=1500.0)  # fmt: skip
+        windows = simulate(config, tmp_path / str(overlap), progress=False)
+        assert all(w["sample/staleness_max"] <= max_staleness for w in windows)
+        waited = sum(6 * w["perf/weight_sync_s"] for w in windows)  # a mean over steps
+        assert waited == pytest.approx(0.0 if overlap else 24 // sync_steps * sync_s)
+        if overlap:  # logged per push, as the trainer does
+            assert all(w["perf/weight_push_s"] == pytest.approx(sync_s) for w in windows)
+        steps[overlap] = pipeline_figures(windows).step_s
+    if max_staleness >= sync_steps:  # else the next samples wait for the push to land anyway
+        assert steps[True] < steps[False] - 0.5 * sync_s / sync_steps, steps
+    else:
+        assert steps[True] == pytest.approx(steps[False], rel=0.05), steps
+
+
+def test_simulate_takes_boolean_flags_both_ways(tmp_path) -> None:
+    from asyncgrpo.shell.commands.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["simulate", "--output-dir", "x"]).weight_push_overlap is True
+    no_overlap = parse(["simulate", "--output-dir", "x", "--no-weight-push-overlap"])
+    assert no_overlap.weight_push_overlap is False
+
+
+def test_plan_gives_devices_to_the_side_that_bounds_the_step_and_runs_ahead(tmp_path, capsys):
+    """Calibrated on a generation-bound run (a slow server), the plan for 4 cores gives more
+    of them to the servers than calibrated on a training-bound one; both recommend running
+    ahead (max_staleness > 0) since at 0 each side waits for the other, and the plan's own
+    simulation of the calibration run's setting reproduces its measured step time."""
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+    from asyncgrpo.shell.experiments import plan
+
+    generation_bound = measured_run(tmp_path / "gen", 20, generation_tokens_per_s=1500.0)
+    training_bound = measured_run(tmp_path / "train", 20, generation_tokens_per_s=20_000.0,
+                                  training_tokens_per_s=1500.0)  # fmt: skip
+    chosen = {}
+    for name, run in (("gen", generation_bound), ("train", training_bound)):
+        result = plan(run, 4, tmp_path / f"plan-{name}", staleness_choices=(0, 2),
+                      sync_step_choices=(1,), progress=False)  # fmt: skip
+        measured = pipeline_figures(read_metrics(run)).step_s
+        assert result.calibrated.step_s == pytest.approx(measured, rel=0.1)
+        assert result.recommended.candidate.max_staleness == 2
+        assert result.recommended.samples_per_s >= 0.95 * result.predictions[0].samples_per_s
+        chosen[name] = result.recommended.candidate.train_devices
+    assert chosen["gen"] < chosen["train"], chosen
+    capsys.readouterr()
+    argv = ["plan", "--calibrate", str(generation_bound), "--devices", "2", "--no-progress",
+            "--output-dir", str(tmp_path / "cli")]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("recommended for 2 devices: max_staleness=") and "| samples/s |" in out
+    assert main([*argv[:-2], "--output-dir", str(tmp_path / "cli"), "--gpu", "tpu"]) == 2
+    assert "--gpu takes one of a100" in capsys.readouterr().err

@@ -1,0 +1,231 @@
+"""Which settings to run on a machine: the candidates ``asyncgrpo plan`` simulates, the
+throughputs each would have, and the rule that picks one.
+
+A machine is a number of devices (CPU cores, or GPUs) split between the trainer and the vLLM
+servers. A **candidate** is a split (``train_devices``; the rest go to ``servers`` servers of
+equal share), a ``max_staleness`` and a ``weight_sync_steps``. The shell simulates each
+candidate with the throughputs a calibration run measured, scaled to the candidate's devices
+(:func:`scaled_throughputs`), and :func:`recommend` picks one from the predictions.
+
+**The rule.** The most trained samples per second wins, except that a staler setting must earn
+its staleness: among the candidates within ``tolerance`` (5%) of the best samples per second,
+the one with the lowest mean staleness is recommended (then the fewest pushes' worth of lag,
+then the fewest servers). Stale samples teach less per sample than fresh ones (measured on
+the objectives sweeps, docs/benchmarks.md), so a setting that buys under 5% more samples per
+second with older ones is not worth it; the prediction does not say how much less they teach.
+
+**Scaling** (:func:`scaled_throughputs`) is an assumption, stated in every plan: the trainer's
+throughput per forwarded token and a server's generation throughput grow in proportion to
+their devices, the fixed and per-sample step costs and the push's seconds stay as measured.
+On CPU cores that is an upper bound (torch's intra-op threads and vLLM's OpenMP threads scale
+sublinearly on small models). For GPUs without a calibration run, :func:`gpu_throughputs`
+gives throughputs from a GPU's published peak figures: predictions, never measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+STALENESS_CHOICES = (0, 1, 2, 4)
+SYNC_STEP_CHOICES = (1, 2, 4)
+TOLERANCE = 0.05
+
+
+@attrs.frozen
+class Candidate:
+    """One setting of the machine and the pipeline.
+
+    Attributes:
+        train_devices: devices (cores or GPUs) of the trainer.
+        servers: vLLM servers, sharing the other devices equally.
+        max_staleness, weight_sync_steps: as in ``AsyncGRPOConfig``.
+    """
+
+    train_devices: int
+    servers: int
+    max_staleness: int
+    weight_sync_steps: int
+
+    def generation_devices(self, devices: int) -> int:
+        """Devices of the servers on a machine of ``devices``."""
+        return devices - self.train_devices
+
+    def label(self) -> str:
+        return (f"max_staleness={self.max_staleness},weight_sync_steps={self.weight_sync_steps},"
+                f"train_devices={self.train_devices},servers={self.servers}")  # fmt: skip
+
+
+def candidates(
+    devices: int,
+    staleness_choices: Sequence[int] = STALENESS_CHOICES,
+    sync_step_choices: Sequence[int] = SYNC_STEP_CHOICES,
+    max_servers: int | None = None,
+) -> tuple[Candidate, ...]:
+    """Every split of ``devices`` (at least one to each side), every number of servers that
+    shares the generation devices equally (up to ``max_servers``), and every pair of
+    ``max_staleness`` and ``weight_sync_steps`` the config accepts
+    (``max_staleness >= weight_sync_steps - 1``).
+
+    Example:
+        >>> [c.label() for c in candidates(2, (0, 1), (1, 2))]  # doctest: +NORMALIZE_WHITESPACE
+        ['max_staleness=0,weight_sync_steps=1,train_devices=1,servers=1',
+         'max_staleness=1,weight_sync_steps=1,train_devices=1,servers=1',
+         'max_staleness=1,weight_sync_steps=2,train_devices=1,servers=1']
+    """
+    if devices < 2:
+        raise ValueError(f"a plan needs at least 2 devices (one to train, one to generate), "
+                         f"got {devices}")  # fmt: skip
+    out = []
+    for train in range(1, devices):
+        generation = devices - train
+        for servers in range(1, min(generation, max_servers or generation) + 1):
+            if generation % servers:
+                continue
+            for staleness in staleness_choices:
+                for sync_steps in sync_step_choices:
+                    if staleness >= sync_steps - 1:
+                        out.append(Candidate(train, servers, staleness, sync_steps))
+    return tuple(out)
+
+
+@attrs.frozen
+class Throughputs:
+    """What the simulator needs to know of the hardware (names as in ``SimulationConfig``).
+
+    Attributes:
+        training_tokens_per_s: the trainer's forwarded tokens per second.
+        training_fixed_s, training_per_sample_s: step costs beside the tokens.
+        generation_tokens_per_s: one server's completion tokens per second.
+        weight_sync_s: seconds a push holds the servers still.
+    """
+
+    training_tokens_per_s: float
+    training_fixed_s: float
+    training_per_sample_s: float
+    generation_tokens_per_s: float
+    weight_sync_s: float
+
+    def as_settings(self) -> dict[str, float]:
+        return attrs.asdict(self)
+
+
+def scaled_throughputs(
+    measured: Throughputs,
+    measured_train_devices: int,
+    measured_server_devices: int,
+    candidate: Candidate,
+    devices: int,
+) -> Throughputs:
+    """``measured`` (a run with ``measured_train_devices`` to the trainer and
+    ``measured_server_devices`` per server) scaled to ``candidate`` on ``devices``: per-token
+    throughputs in proportion to the devices, the rest as measured (the module's docstring).
+
+    Example:
+        >>> m = Throughputs(1000.0, 0.1, 0.0, 500.0, 0.2)
+        >>> s = scaled_throughputs(m, 1, 1, Candidate(3, 2, 1, 1), devices=7)
+        >>> s.training_tokens_per_s, s.generation_tokens_per_s, s.training_fixed_s
+        (3000.0, 1000.0, 0.1)
+    """
+    if measured_train_devices < 1 or measured_server_devices < 1:
+        raise ValueError("the calibration run's devices must be >= 1 on each side")
+    per_server = candidate.generation_devices(devices) / candidate.servers
+    return attrs.evolve(
+        measured,
+        training_tokens_per_s=measured.training_tokens_per_s
+        * candidate.train_devices
+        / measured_train_devices,
+        generation_tokens_per_s=measured.generation_tokens_per_s
+        * per_server
+        / measured_server_devices,
+    )
+
+
+@attrs.frozen
+class GPU:
+    """A GPU's published peak figures (dense bf16 FLOP/s, memory bandwidth in bytes/s)."""
+
+    name: str
+    bf16_flops: float
+    memory_bytes_per_s: float
+
+
+GPUS: Mapping[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("a100", 312e12, 2.039e12),
+        GPU("h100", 989e12, 3.35e12),
+        GPU("h200", 989e12, 4.8e12),
+        GPU("l40s", 362e12, 0.864e12),
+    )
+}
+"""Vendors' data-sheet figures: A100 80GB SXM, H100 SXM, H200 SXM, L40S (dense, no sparsity)."""
+
+
+def gpu_throughputs(
+    gpu: GPU,
+    parameters: float,
+    concurrency: int,
+    train_mfu: float = 0.4,
+    decode_mfu: float = 0.5,
+    weight_sync_s: float = 1.0,
+) -> Throughputs:
+    """Predicted throughputs of one GPU for a model of ``parameters`` in bf16, from its peak
+    figures, **not measured**: training ``train_mfu x peak / (6 x parameters)`` forwarded
+    tokens per second (forward and backward); decoding ``concurrency`` requests per server,
+    each decode step reads the weights once (``2 x parameters`` bytes over the bandwidth) or
+    computes ``2 x parameters`` FLOPs per request at ``decode_mfu``, whichever is slower.
+    Prefill, the KV cache's reads and the trainer's step costs beside its tokens are left out,
+    so both are upper bounds.
+
+    Example:
+        >>> t = gpu_throughputs(GPUS["h100"], 1.5e9, concurrency=256)
+        >>> round(t.training_tokens_per_s), round(t.generation_tokens_per_s)
+        (43956, 164833)
+    """
+    if parameters <= 0 or concurrency < 1:
+        raise ValueError("parameters must be > 0 and concurrency >= 1")
+    train = train_mfu * gpu.bf16_flops / (6.0 * parameters)
+    read_s = 2.0 * parameters / gpu.memory_bytes_per_s
+    compute_s = concurrency * 2.0 * parameters / (decode_mfu * gpu.bf16_flops)
+    return Throughputs(train, 0.0, 0.0, concurrency / max(read_s, compute_s), weight_sync_s)
+
+
+@attrs.frozen
+class Prediction:
+    """A candidate's simulated figures.
+
+    Attributes:
+        candidate: the setting.
+        samples_per_s: trained samples per second of the run (after its first window).
+        step_s: mean step seconds.
+        staleness: mean staleness of trained samples (versions).
+        trainer_idle_frac: share of the step the trainer waited for samples.
+    """
+
+    candidate: Candidate
+    samples_per_s: float
+    step_s: float
+    staleness: float
+    trainer_idle_frac: float
+
+
+def recommend(predictions: Sequence[Prediction], tolerance: float = TOLERANCE) -> Prediction:
+    """The recommended prediction (the module's docstring gives the rule).
+
+    Example:
+        >>> a = Prediction(Candidate(1, 1, 0, 1), 10.0, 1.0, 0.0, 0.3)
+        >>> b = Prediction(Candidate(1, 1, 4, 1), 10.3, 1.0, 2.5, 0.0)
+        >>> c = Prediction(Candidate(1, 1, 1, 1), 14.0, 0.8, 0.9, 0.0)
+        >>> recommend([a, b]).candidate.max_staleness, recommend([a, b, c]).candidate.max_staleness
+        (0, 1)
+    """
+    if not predictions:
+        raise ValueError("no predictions to recommend from")
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    best = max(p.samples_per_s for p in predictions)
+    close = [p for p in predictions if p.samples_per_s >= (1.0 - tolerance) * best]
+    return min(close, key=lambda p: (round(p.staleness, 2), p.candidate.weight_sync_steps,
+                                     p.candidate.servers, -p.samples_per_s))  # fmt: skip
