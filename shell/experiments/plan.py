@@ -38,6 +38,9 @@ from asyncgrpo.core.experiments.recommend import (
 from asyncgrpo.shell.experiments.calibrate import fit_run, run_config, simulation_of
 from asyncgrpo.shell.experiments.simulate import simulate
 
+TICKS_PER_GROUP = 20
+"""The simulation's tick is at most this fraction of a group's generation or training time."""
+
 PUSH_BYTES_PER_S = 25e9
 """The GPU prediction's push: bf16 weights at 25 GB/s (a conservative NCCL broadcast)."""
 
@@ -88,6 +91,15 @@ def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_d
     if max_steps is not None:
         simulation = attrs.evolve(simulation, max_steps=max_steps,
                                   logging_steps=max(1, max_steps // 8))  # fmt: skip
+    # ticks short enough that a group's generation or training spans TICKS_PER_GROUP of them
+    # (a GPU's throughputs make a step of this task milliseconds long)
+    group_tokens = simulation.num_generations * (
+        simulation.prompt_tokens
+        + (simulation.min_completion_tokens + simulation.max_completion_tokens) / 2
+    )
+    fastest = max(throughputs.generation_tokens_per_s, throughputs.training_tokens_per_s)
+    tick_s = min(simulation.tick_s, group_tokens / fastest / TICKS_PER_GROUP)
+    simulation = attrs.evolve(simulation, tick_s=tick_s)
     windows = simulate(simulation, output_dir / candidate.label(), progress=False)
     figures = pipeline_figures(windows)
     counted = [(w, w["step"] - p["step"]) for p, w in itertools.pairwise(windows)]
