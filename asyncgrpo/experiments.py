@@ -1,4 +1,5 @@
-"""Experiments as code: sweeps over settings and seeds, comparisons with intervals, claims.
+"""Experiments as code: sweeps over settings and seeds, comparisons with intervals, claims,
+and recommended settings for a machine (``plan``).
 
     from asyncgrpo.experiments import compare, run_sweep
 
@@ -7,7 +8,8 @@
     print(report.table)          # medians over seeds with bootstrap intervals
     report.exit_status           # 1 when a claim of the sweep file fails
 
-The same as ``asyncgrpo sweep`` and ``asyncgrpo compare`` (docs/experiments.md). The
+The same as ``asyncgrpo sweep``, ``asyncgrpo compare`` and ``asyncgrpo plan``
+(docs/experiments.md). The
 statistics are pure functions in :mod:`asyncgrpo.core.experiments.stats`,
 :mod:`asyncgrpo.core.experiments.curves` and :mod:`asyncgrpo.core.experiments.claims`.
 """
@@ -16,12 +18,15 @@ from __future__ import annotations
 
 from asyncgrpo.shell.experiments import (
     Comparison,
+    Plan,
     StopRule,
     Sweep,
     SweepError,
     SweepResult,
     compare,
     load_runs,
+    plan,
+    plan_report,
     read_index,
     read_sweep,
     run_sweep,
@@ -29,12 +34,15 @@ from asyncgrpo.shell.experiments import (
 
 __all__ = [
     "Comparison",
+    "Plan",
     "StopRule",
     "Sweep",
     "SweepError",
     "SweepResult",
     "compare",
     "load_runs",
+    "plan",
+    "plan_report",
     "read_index",
     "read_sweep",
     "run_sweep",
