@@ -439,7 +439,13 @@ class AsyncRolloutLoop:
                 return None
             server = self._route()
             if server is not None and self._allowance_admits(server):
-                break
+                # report the group before looking again: the trainer announces a step before
+                # it looks at the groups in flight, so one of the two sees the other (else a
+                # group admitted as the trainer takes a short step arrives stale)
+                self.channels.report_in_flight(self._ledger.groups_in_flight + 1)
+                if self._allowance_admits(server):
+                    break
+                self.channels.report_in_flight(self._ledger.groups_in_flight)
             waited_from = waited_from or time.monotonic()
             await self._changes.wait(CHANGE_BACKSTOP_S)
         if waited_from is not None and self._ledger.groups_completed:

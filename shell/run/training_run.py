@@ -426,20 +426,25 @@ class TrainingRun:
             return RESYNC
         self._apply(step_queue.advance(self.queue, self.learner.step))
         self._drain(wait_s=0.0)
-        while not step_queue.ready(self.queue, self.process.groups_in_flight(),
-                                   behind=self.learner.step - self.version):  # fmt: skip
-            if self.pusher is not None:
-                self.pusher.raise_if_silent()  # the push thread found the server frozen
-            if self._servers_to_resync():
-                return RESYNC
-            self._drain(wait_s=0.2)
-            if collapse.step_due(self.spread, self.groups_per_step) and self._close_spread_step():
-                return SPREADLESS
+        while True:
+            while not step_queue.ready(self.queue, self.process.groups_in_flight(),
+                                       behind=self.learner.step - self.version):  # fmt: skip
+                if (interrupted := self._wait_for_samples()) is not None:
+                    return interrupted
+            # announce the step, then look again: the rollout loop reports a group in flight
+            # before its last look at the steps taken, so a group it admitted against the old
+            # count shows here, and is waited for instead of arriving stale (a short step is
+            # ready only with no group in flight)
+            self.process.set_steps_taken(self.learner.step + 1)
+            if self.queue.plan.full or not self.process.groups_in_flight():
+                break
+            if (interrupted := self._wait_for_samples()) is not None:
+                self.process.set_steps_taken(self.learner.step)
+                return interrupted
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
-        # the generator learns of the step before its tokens are released: it never sees room
+        # the generator learned of the step before its tokens are released: it never sees room
         # freed without the version it costs (pacing.steps_left)
-        self.process.set_steps_taken(self.learner.step + 1)
         self.process.samples_taken(step.released_tokens)
         assert step.queue.tokens_per_step is not None
         self.process.step_consumed(step.queue.tokens_per_step)
@@ -482,6 +487,19 @@ class TrainingRun:
         back = self.watch.take_back() if self.watch is not None else ()
         self._resync_servers = back or None
         return bool(back)
+
+    def _wait_for_samples(self) -> str | None:
+        """Wait a moment for the rollout process's messages; :data:`RESYNC` or
+        :data:`SPREADLESS` when the step must not be taken now (else None). Raises when the
+        push thread found the server frozen."""
+        if self.pusher is not None:
+            self.pusher.raise_if_silent()  # the push thread found the server frozen
+        if self._servers_to_resync():
+            return RESYNC
+        self._drain(wait_s=0.2)
+        if collapse.step_due(self.spread, self.groups_per_step) and self._close_spread_step():
+            return SPREADLESS
+        return None
 
     def _drain(self, wait_s: float) -> None:
         assert self.process is not None and self.queue is not None

@@ -171,3 +171,38 @@ def test_the_simulator_drops_few_stale_samples_when_generation_keeps_up(tmp_path
     trained = sum(w["batch/samples_per_step"] * config.logging_steps for w in windows)
     assert dropped < 0.1 * trained
     assert all(w["sample/staleness_max"] <= max_staleness for w in windows)
+
+
+class SlippedInProcess(FakeRolloutProcess):
+    """A fake rollout process whose generator admits a group against the old step count at the
+    moment the trainer takes a short step (a race a real process shows about once in a few
+    hundred steps): the group is in flight once the step is announced, and arrives next."""
+
+    def __init__(self, ticks: list[list[GroupOutcome]], slipped: GroupOutcome) -> None:
+        super().__init__(ticks)
+        self.slipped: GroupOutcome | None = slipped
+        self.steps = 0
+
+    def groups_in_flight(self) -> int:
+        return int(self.steps > 0 and self.slipped is not None)
+
+    def get(self, wait_s: float) -> GroupOutcome | None:
+        if self.steps > 0 and self.slipped is not None:
+            slipped, self.slipped = self.slipped, None
+            return slipped
+        return super().get(wait_s)
+
+
+def test_a_group_admitted_as_a_short_step_is_taken_waits_for_it_instead_of_going_stale(tmp_path):
+    """max_staleness 0: the first group alone makes a short step ready (nothing in flight);
+    the step is announced, a group admitted against the old count shows in flight, and the
+    trainer takes it into the step, where it is fresh. Taken without it, it would arrive one
+    step late and be dropped as stale."""
+    run = _trainer_run(tmp_path, budget=64, rows=1, max_staleness=0)
+    first, slipped = _group(0, 0, [20, 20]), _group(1, 0, [3, 3])
+    run.process = SlippedInProcess([[first], [], [], []], slipped)
+    step = run._plan_next_step()
+    taken = {s.rollout_id for mb in step for r in mb if r is not None for s in r.samples}
+    assert taken == {"0-0", "0-1", "1-0", "1-1"}
+    assert metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0) == 0.0
+    assert run.process.steps == 1
