@@ -129,6 +129,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
             sim_sizes.append(state.steps.tokens_per_step)
             sim_stale = metrics.summarize(state.window).get("sample/dropped_stale_count", 0.0)
             state.version += 1
+            state.policy = state.version  # its weights land before the next step
 
     # The trainer's side: the same groups, built at the versions the simulator saw.
     run = _trainer_run(tmp, budget, rows, ms)
