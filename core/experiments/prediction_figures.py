@@ -10,7 +10,13 @@ from typing import Any
 
 import attrs
 
-from asyncgrpo.core.experiments.calibration import STALENESS, STEP, WAIT, metric_number
+from asyncgrpo.core.experiments.calibration import (
+    SAMPLES,
+    STALENESS,
+    STEP,
+    WAIT,
+    metric_number,
+)
 
 
 @attrs.frozen
@@ -71,6 +77,32 @@ generator_idle_frac=None)
         trainer_idle_frac=wait_total / step_total if step_total > 0 else 0.0,
         generator_idle_frac=generator_idle_frac,
     )
+
+
+def samples_per_s(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> float:
+    """Trained samples per second over a run's windows after the first ``skip_windows``: the
+    steps' ``batch/samples_per_step`` summed over their ``perf/step_s`` (each window's means
+    weighted by the steps it covers).
+
+    Example:
+        >>> rows = [{"step": 2, "perf/step_s": 1.0, "batch/samples_per_step": 8.0},
+        ...         {"step": 4, "perf/step_s": 2.0, "batch/samples_per_step": 16.0}]
+        >>> samples_per_s(rows, skip_windows=0)
+        8.0
+    """
+    samples = seconds = 0.0
+    previous = 0
+    for index, row in enumerate(rows):
+        step = int(row["step"])
+        steps, previous = step - previous, step
+        step_s = metric_number(row, STEP)
+        if index < skip_windows or step_s is None or steps < 1:
+            continue
+        samples += (metric_number(row, SAMPLES) or 0.0) * steps
+        seconds += step_s * steps
+    if seconds == 0:
+        raise ValueError(f"no window with {STEP} to score")
+    return samples / seconds
 
 
 @attrs.frozen

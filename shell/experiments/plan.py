@@ -15,14 +15,13 @@ a prediction for a machine that was not measured, labelled so in the report.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 from tqdm import tqdm
 
-from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+from asyncgrpo.core.experiments.prediction_figures import pipeline_figures, samples_per_s
 from asyncgrpo.core.experiments.recommend import (
     GPUS,
     STALENESS_CHOICES,
@@ -35,7 +34,12 @@ from asyncgrpo.core.experiments.recommend import (
     recommend,
     scaled_throughputs,
 )
-from asyncgrpo.shell.experiments.calibrate import fit_run, run_config, simulation_of
+from asyncgrpo.shell.experiments.calibrate import (
+    fit_run,
+    fitted_per_server,
+    run_config,
+    simulation_of,
+)
 from asyncgrpo.shell.experiments.simulate import simulate
 
 TICKS_PER_GROUP = 20
@@ -68,15 +72,13 @@ class Plan:
 
 
 def measured_throughputs(run: Path) -> Throughputs:
-    """The calibration run's fitted throughputs; a run that does not identify its generator
-    (its trainer never waited) cannot be planned from, and the error says what to run."""
+    """The calibration run's fitted throughputs, the generator's per server; a run that does
+    not identify its generator (its trainer never waited) cannot be planned from, and the
+    error says what to run."""
     fit = fit_run(run)
-    generation = fit.generation_tokens_per_s
-    if generation is None:
+    if fit.generation_tokens_per_s is None:
         raise ValueError(f"{run}: {fit.generation.note}")
-    return Throughputs(fit.training.tokens_per_s, fit.training.fixed_s,
-                       fit.training.per_sample_s, generation / len(run_config(run).server_urls),
-                       fit.weight_sync_s)  # fmt: skip
+    return Throughputs(**fitted_per_server(run, fit))
 
 
 def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_dir: Path,
@@ -102,11 +104,8 @@ def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_d
     simulation = attrs.evolve(simulation, tick_s=tick_s)
     windows = simulate(simulation, output_dir / candidate.label(), progress=False)
     figures = pipeline_figures(windows)
-    counted = [(w, w["step"] - p["step"]) for p, w in itertools.pairwise(windows)]
-    samples = sum(w.get("batch/samples_per_step", 0.0) * n for w, n in counted)
-    seconds = sum(w["perf/step_s"] * n for w, n in counted)
-    return Prediction(candidate, samples / seconds, figures.step_s, figures.staleness or 0.0,
-                      figures.trainer_idle_frac)  # fmt: skip
+    return Prediction(candidate, samples_per_s(windows), figures.step_s,
+                      figures.staleness or 0.0, figures.trainer_idle_frac)  # fmt: skip
 
 
 def plan(
