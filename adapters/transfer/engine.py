@@ -107,6 +107,11 @@ class WeightStream(WeightSource):
             pass
 
 
+# seconds a leaving trainer waits for the server to close its side of the group (a healthy
+# server answers in well under a second)
+LEAVE_TIMEOUT_S = 5.0
+
+
 class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
     """vLLM's HTTP weight-sync client, able to start after a trainer that left a session open,
     sending the server's API key when given one (:mod:`asyncgrpo.adapters.vllm.auth`)."""
@@ -217,9 +222,15 @@ class EngineSync:
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
 
     def close(self) -> None:
-        """Leave the group; the server keeps serving and accepts a new trainer."""
+        """Leave the group; the server keeps serving and accepts a new trainer.
+
+        Telling the server is a courtesy bounded by ``LEAVE_TIMEOUT_S``, not the run's
+        ``vllm_server_timeout``: a run that ends because its server went silent does not wait
+        that long again, and a server never told replaces the group at the next trainer's
+        handshake."""
         self.engine.shutdown()
         if self.sender:
+            self._wire.timeout = min(self._wire.timeout, LEAVE_TIMEOUT_S)
             try:
                 self._wire.shutdown_weight_transfer_engine()
             finally:
