@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from datasets import Dataset
+from side_by_side import start_together
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm.auth import bearer, configured_keys, new_api_key
@@ -37,16 +38,30 @@ class PluginOnlySpec(ServerSpec):
         return args[:at] + args[at + 2 :]
 
 
-@pytest.fixture(scope="module", params=["middleware", "plugin"])
-def keyed_server(request, tiny_qwen3, tmp_path_factory):
-    key = new_api_key()
-    spec_type = ServerSpec if request.param == "middleware" else PluginOnlySpec
-    spec = spec_type(enforce_eager=True, model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                     weight_transfer_backend="asyncgrpo_gloo", api_key=key)  # fmt: skip
-    assert "--middleware" in spec.command(8000) or request.param == "plugin"
-    log = tmp_path_factory.mktemp("logs") / f"vllm-{request.param}.log"
-    with VLLMServer(spec, log_path=log) as server:
-        yield server, key, request.param
+@pytest.fixture(scope="module")
+def keyed_servers(tiny_qwen3, tmp_path_factory):
+    """Both kinds of keyed server, started side by side (about the time of one)."""
+    started = {}
+    for kind, spec_type in (("middleware", ServerSpec), ("plugin", PluginOnlySpec)):
+        key = new_api_key()
+        spec = spec_type(enforce_eager=True, model=str(tiny_qwen3), max_model_len=1024,
+                         dtype="float32", weight_transfer_backend="asyncgrpo_gloo",
+                         api_key=key)  # fmt: skip
+        assert ("--middleware" in spec.command(8000)) == (kind == "middleware")
+        log = tmp_path_factory.mktemp("logs") / f"vllm-{kind}.log"
+        started[kind] = (VLLMServer(spec, log_path=log), key)
+    start_together([server for server, _ in started.values()])
+    try:
+        yield started
+    finally:
+        for server, _ in started.values():
+            server.stop()
+
+
+@pytest.fixture(params=["middleware", "plugin"])
+def keyed_server(request, keyed_servers):
+    server, key = keyed_servers[request.param]
+    return server, key, request.param
 
 
 def test_without_the_key_dev_and_weight_routes_answer_401(keyed_server) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from pathlib import Path
 
 import anyio
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
+from side_by_side import start_together
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -48,27 +48,6 @@ def spec(model: Path, **overrides) -> ServerSpec:
                    max_lora_rank=8, max_loras=4, enforce_eager=True)  # fmt: skip
     options.update(overrides)
     return ServerSpec(**options)
-
-
-def start_together(servers: list[VLLMServer]) -> None:
-    """Start the servers in parallel (each takes half a minute or more)."""
-    errors: list[BaseException] = []
-
-    def start(server: VLLMServer) -> None:
-        try:
-            server.start()
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        for server in servers:
-            server.stop()
-        raise errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +319,8 @@ def test_with_every_server_gone_the_run_fails_after_the_timeout_naming_them(
                 for server in pair:
                     server.kill()
 
-    run = trainer_for(pair, tiny_qwen3, tmp_path, [KillBoth()], vllm_server_timeout=20.0)
-    with pytest.raises(ServerGone, match="vllm_server_timeout=20 s") as failed:
+    run = trainer_for(pair, tiny_qwen3, tmp_path, [KillBoth()], vllm_server_timeout=10.0)
+    with pytest.raises(ServerGone, match="vllm_server_timeout=10 s") as failed:
         run.train()
     assert all(server.base_url in str(failed.value) for server in pair)
     assert read_metrics(tmp_path / "run")[0]["step"] == 1
