@@ -226,7 +226,7 @@ def test_a_blocked_reward_function_is_named_when_no_sample_comes(vllm_server, ti
         while "blocking_reward" not in process.activity():
             assert time.monotonic() < deadline, f"reward never called: {process.activity()}"
             process.get(wait_s=0.5)
-        process.timeout_s = 10.0
+        process.timeout_s = 5.0
         process.restart_wait_clock()
         deadline = time.monotonic() + 120
         with capture_logs() as logs, pytest.raises(RolloutWorkerError) as raised:
@@ -263,7 +263,7 @@ def test_groups_that_are_all_dropped_are_not_a_hang_and_are_counted(
     try:
         first = next_outcome(process)
         assert first.samples == () and first.dropped == "zero_reward_spread"
-        process.timeout_s = 10.0
+        process.timeout_s = 5.0
         process.restart_wait_clock()
         deadline = time.monotonic() + 180
         with capture_logs() as logs:

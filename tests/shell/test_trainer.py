@@ -273,8 +273,11 @@ def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path)
     class Dead:
         base_url = f"http://127.0.0.1:{free_port()}"
 
-    trainer = trainer_for(Dead, tiny_qwen3, tmp_path)
-    with pytest.raises(VLLMError, match="failed after 5 retries: ConnectError"):
+    """Nothing listens on the port: the run fails with the cause once the retries are spent
+    (vllm_server_timeout bounds them all; tests/shell/test_rollout_loop.py counts the five
+    retries of the default timeout)."""
+    trainer = trainer_for(Dead, tiny_qwen3, tmp_path, vllm_server_timeout=4.0)
+    with pytest.raises(VLLMError, match=r"failed after [1-5] retries: ConnectError"):
         trainer.train()
 
 
