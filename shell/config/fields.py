@@ -34,12 +34,13 @@ from transformers.trainer_utils import SchedulerType
 from asyncgrpo.adapters.vllm.auth import API_KEY_ENV
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.loss.objectives import (
+    OBJECTIVES,
     Objective,
     ObjectiveSettings,
     loss_type_from,
     objective_for,
 )
-from asyncgrpo.core.names import did_you_mean
+from asyncgrpo.core.names import did_you_mean, spoken_list
 from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.servers.routing import server_urls
 from asyncgrpo.core.weights.parity import FOREIGN_WINDOW
@@ -188,9 +189,7 @@ class AsyncGRPOConfig(TrainingArguments):
     loss_type: str | None = field(
         default=None,
         metadata=_help("Not in TRL's AsyncGRPOConfig. The policy objective (docs/objectives.md): "
-                       "score_centering, clipped_surrogate, tis_token, tis_sequence, "
-                       "tis_geometric, mis_token, mis_sequence, mis_geometric, icepop, "
-                       "decoupled_ppo, m2po or cispo. None: score_centering decides (True: "
+                       f"{spoken_list(OBJECTIVES)}. None: score_centering decides (True: "
                        "score_centering, False: clipped_surrogate)."),
     )  # fmt: skip
     vllm_importance_sampling_clip_min: float = field(

@@ -13,6 +13,8 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
+from asyncgrpo.core.loss.objectives import OBJECTIVES
+from asyncgrpo.core.names import spoken_list
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.commands.train import (
     TrainCommandError,
@@ -203,6 +205,8 @@ def test_train_help_shows_every_field_with_its_help(capsys) -> None:
         assert f"--{field.name}" in text, field.name
     assert "Top log-probs requested per token for score centering." in text
     assert "only the default: the packed tree-attention forward is not compiled" in text
+    assert f"The policy objective (docs/objectives.md): {spoken_list(OBJECTIVES)}." in text
+    assert "score_centering, clipped_surrogate, tis_token" in text  # the registry's order
 
 
 @pytest.mark.parametrize(
