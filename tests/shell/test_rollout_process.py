@@ -263,12 +263,14 @@ def test_groups_that_are_all_dropped_are_not_a_hang_and_are_counted(
     try:
         first = next_outcome(process)
         assert first.samples == () and first.dropped == "zero_reward_spread"
-        process.timeout_s = 5.0
+        # 10 s, not less: on 2 busy cores (a CI machine) the server, the child and this process
+        # can all stall for 5 s, which is a hang by this rule; the wait runs past it once.
+        process.timeout_s = 10.0
         process.restart_wait_clock()
         deadline = time.monotonic() + 180
         with capture_logs() as logs:
             told: list = []
-            while not any(e["waited_s"] > 2 * process.timeout_s for e in told):
+            while not any(e["waited_s"] > process.timeout_s for e in told):
                 assert time.monotonic() < deadline, f"not told in time: {logs}"
                 message = process.get(wait_s=0.5)
                 assert not (isinstance(message, GroupOutcome) and message.samples)
