@@ -1,28 +1,33 @@
-"""Metric windows: everything recorded since the last log, aggregated by the metric's name.
+"""Metric windows: everything recorded since the last log, each metric aggregated as its maker
+declared.
 
-TRL's AsyncGRPOTrainer rules, applied by :func:`aggregation_for`:
+A metric's reduction is declared where it is made, by the function that makes it, never read
+from its name (a rename cannot change how it adds up):
 
-* a **ratio** recorded with :func:`ratio` (rates such as ``rollout/generated_tokens_per_s``,
-  fractions such as ``tools/failure_frequency``) is total numerator / total denominator;
-* otherwise a name whose last part contains the word ``count`` is **summed**
-  (``sample/dropped_stale_count`` counts since the last log);
-* a last part containing the word ``max`` or ``min`` keeps the **extreme**
-  (``sample/staleness_max``, ``completions/min_length``);
-* anything else is the **mean** of the recorded values. A value measured per rollout, sample or
-  call is recorded with its weight (the number of items it stands for), so the window's mean is
-  over all items, not over batches;
-* a value recorded with :func:`latest` (an evaluation's result, which a window may hold more
-  than one of) keeps the one of the highest order (its weight version), whatever the order the
-  windows merge in.
+* :func:`mean` (a value measured per rollout, sample or call is recorded with its weight, the
+  number of items it stands for, so the window's mean is over all items, not over batches);
+* :func:`total` (counts since the last log: ``sample/dropped_stale_count``);
+* :func:`maximum` and :func:`minimum` keep the extreme (``sample/staleness_max``,
+  ``completions/min_length``);
+* :func:`ratio`: total numerator / total denominator (rates such as
+  ``rollout/generated_tokens_per_s``, fractions such as ``tools/failure_frequency``);
+* :func:`latest`: the value of the highest order (an evaluation's result, which a window may
+  hold more than one of, keeps the newest weight version's), whatever the order the windows
+  merge in.
+
+Metrics made in bulk as a name-to-value mapping (the loss's, an objective's, a step's
+``batch/*``) are declared in a table beside their names and recorded with :func:`declared`.
+The names follow TRL's AsyncGRPOTrainer's convention (a ``count`` is a total, a ``max`` or
+``min`` the extreme), which a test checks against the declarations.
 
 Windows are immutable and merge associatively (:func:`merge`), so windows from several
 processes or several steps combine into the same summary in any order.
 
 Example:
     >>> window = record(MetricWindow(), [
-    ...     value("sample/staleness_max", 2), value("sample/staleness_max", 5),
-    ...     value("sample/dropped_stale_count", 3), value("sample/dropped_stale_count", 4),
-    ...     value("reward", 1.0, weight=3), value("reward", 0.0, weight=1),
+    ...     maximum("sample/staleness_max", 2), maximum("sample/staleness_max", 5),
+    ...     total("sample/dropped_stale_count", 3), total("sample/dropped_stale_count", 4),
+    ...     mean("reward", 1.0, weight=3), mean("reward", 0.0, weight=1),
     ...     ratio("rollout/generated_tokens_per_s", 1000, 2.0),
     ...     ratio("rollout/generated_tokens_per_s", 500, 3.0),
     ... ])
@@ -34,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from enum import Enum
 
@@ -54,56 +58,59 @@ class Aggregation(Enum):
     LATEST = "latest"
 
 
-_WORDS = re.compile(r"[a-z0-9]+")
-
-
-def aggregation_for(name: str) -> Aggregation:
-    """The aggregation a plain value of metric ``name`` gets, from its last ``/`` part.
-
-    Example:
-        >>> [aggregation_for(n).value for n in
-        ...  ["tools/search/call_count", "completions/max_length", "clip_ratio/low_min",
-        ...   "reward", "rollout/turns_mean"]]
-        ['sum', 'max', 'min', 'mean', 'mean']
-    """
-    words = set(_WORDS.findall(name.rsplit("/", 1)[-1].lower()))
-    if "count" in words:
-        return Aggregation.SUM
-    if "max" in words:
-        return Aggregation.MAX
-    if "min" in words:
-        return Aggregation.MIN
-    return Aggregation.MEAN
-
-
 @attrs.frozen
 class Observation:
-    """One recorded measurement: a weighted value, or a numerator/denominator pair (ratio)."""
+    """One recorded measurement and how it aggregates: a weighted value, an extreme, a count,
+    a numerator/denominator pair (ratio) or an ordered value (latest)."""
 
     name: str
     amount: float
+    aggregation: Aggregation
     weight: float = 1.0
-    is_ratio: bool = False
-    aggregation: Aggregation | None = None
-    """Declared by the maker (:func:`latest`); None: read from the name
-    (:func:`aggregation_for`)."""
+    """The items a mean stands for; a ratio's denominator; a latest value's order."""
+
+    @property
+    def is_ratio(self) -> bool:
+        return self.aggregation is Aggregation.RATIO
 
 
-def value(name: str, amount: float, weight: float = 1.0) -> Observation:
-    """A plain value; ``weight`` is the number of items (rollouts, samples, calls) it averages.
+def mean(name: str, amount: float, weight: float = 1.0) -> Observation:
+    """A value averaged over the window; ``weight`` is the number of items (rollouts, samples,
+    calls) it averages.
 
     A non-finite value is ignored, so one NaN (e.g. a std over one item) cannot poison a window.
     """
     if weight < 0:
         raise ValueError(f"metric {name!r}: weight must be >= 0, got {weight}")
-    return Observation(name=name, amount=float(amount), weight=float(weight))
+    return Observation(name, float(amount), Aggregation.MEAN, float(weight))
+
+
+def total(name: str, amount: float) -> Observation:
+    """A count added up over the window (events since the last log).
+
+    Example:
+        >>> summarize(record(MetricWindow(), [total("tools/search/call_count", 2),
+        ...                                   total("tools/search/call_count", 1)]))
+        {'tools/search/call_count': 3.0}
+    """
+    return Observation(name, float(amount), Aggregation.SUM)
+
+
+def maximum(name: str, amount: float) -> Observation:
+    """A value of which the window keeps the largest."""
+    return Observation(name, float(amount), Aggregation.MAX)
+
+
+def minimum(name: str, amount: float) -> Observation:
+    """A value of which the window keeps the smallest."""
+    return Observation(name, float(amount), Aggregation.MIN)
 
 
 def ratio(name: str, numerator: float, denominator: float) -> Observation:
     """A ratio recorded as its parts; the window reports total numerator / total denominator."""
     if denominator < 0:
         raise ValueError(f"metric {name!r}: denominator must be >= 0, got {denominator}")
-    return Observation(name=name, amount=float(numerator), weight=float(denominator), is_ratio=True)
+    return Observation(name, float(numerator), Aggregation.RATIO, float(denominator))
 
 
 def latest(name: str, amount: float, order: float) -> Observation:
@@ -115,8 +122,41 @@ def latest(name: str, amount: float, order: float) -> Observation:
         ...                                   latest("eval/test/reward", 0.25, order=2)]))
         {'eval/test/reward': 0.5}
     """
-    return Observation(name=name, amount=float(amount), weight=float(order),
-                       aggregation=Aggregation.LATEST)  # fmt: skip
+    return Observation(name, float(amount), Aggregation.LATEST, float(order))
+
+
+_MAKERS = {Aggregation.SUM: total, Aggregation.MAX: maximum, Aggregation.MIN: minimum}
+
+
+def declared(
+    name: str, amount: float, weight: float, table: Mapping[str, Aggregation]
+) -> Observation:
+    """A metric made in bulk (a name-to-value mapping), aggregated as ``table`` declares its
+    name; ``weight`` counts for a mean only.
+
+    Raises:
+        ValueError: when ``table`` does not declare ``name``.
+
+    Example:
+        >>> table = {"clip_ratio/high_max": Aggregation.MAX, "entropy": Aggregation.MEAN}
+        >>> declared("clip_ratio/high_max", 0.5, 7, table).aggregation.value
+        'max'
+        >>> declared("entropy", 1.5, 7, table).weight
+        7.0
+    """
+    aggregation = table.get(name)
+    if aggregation is None:
+        raise ValueError(
+            f"metric {name!r} has no declared aggregation: add it to the table of the module "
+            f"that makes it (one of: {sorted({a.value for a in table.values()})}), beside the "
+            f"names it declares: {sorted(table)}"
+        )
+    if aggregation is Aggregation.MEAN:
+        return mean(name, amount, weight)
+    if aggregation in _MAKERS:
+        return _MAKERS[aggregation](name, amount)
+    raise ValueError(f"metric {name!r}: a table declares means, totals and extremes, not "
+                     f"{aggregation.value}")  # fmt: skip
 
 
 @attrs.frozen
@@ -193,7 +233,7 @@ def record(window: MetricWindow, observations: Iterable[Observation]) -> MetricW
     """
     stats = dict(window.stats)
     for observation in observations:
-        kind = _aggregation_of(observation)
+        kind = observation.aggregation
         stat = stats.get(observation.name) or Stat(kind)
         if stat.aggregation is not kind:
             raise ValueError(
@@ -202,12 +242,6 @@ def record(window: MetricWindow, observations: Iterable[Observation]) -> MetricW
             )
         stats[observation.name] = stat.add(observation)
     return MetricWindow(stats)
-
-
-def _aggregation_of(observation: Observation) -> Aggregation:
-    if observation.aggregation is not None:
-        return observation.aggregation
-    return Aggregation.RATIO if observation.is_ratio else aggregation_for(observation.name)
 
 
 def merge(a: MetricWindow, b: MetricWindow) -> MetricWindow:

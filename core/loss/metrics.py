@@ -8,28 +8,36 @@ device-to-host copy.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
+from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.loss.importance_sampling import importance_keep, importance_ratio, sampler_mass
 from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
+from asyncgrpo.core.metrics import Aggregation
 
-_BASE_METRICS = (
-    "sampling/importance_sampling_ratio/min",
-    "sampling/importance_sampling_ratio/mean",
-    "sampling/importance_sampling_ratio/max",
-    "sampling/sampling_logp_difference/mean",
-    "sampling/sampling_logp_difference/max",
-    "sampling/masked_mean",
-    "entropy",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_mean",
-    "clip_ratio/high_max",
-)
+_MEAN, _MIN, _MAX = Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX
 _SAMPLER_MASS = "sampling/sampler_mass"
+LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap({
+    "sampling/importance_sampling_ratio/min": _MIN,
+    "sampling/importance_sampling_ratio/mean": _MEAN,
+    "sampling/importance_sampling_ratio/max": _MAX,
+    "sampling/sampling_logp_difference/mean": _MEAN,
+    "sampling/sampling_logp_difference/max": _MAX,
+    "sampling/masked_mean": _MEAN,
+    "entropy": _MEAN,
+    "clip_ratio/region_mean": _MEAN,
+    "clip_ratio/low_mean": _MEAN,
+    "clip_ratio/low_min": _MIN,
+    "clip_ratio/high_mean": _MEAN,
+    "clip_ratio/high_max": _MAX,
+    _SAMPLER_MASS: _MEAN,
+})  # fmt: skip
+"""How each metric of :func:`loss_metrics` aggregates over a window's micro-batches (a mean
+weighted by the micro-batch's trained tokens, or the extreme)."""
+_BASE_METRICS = tuple(name for name in LOSS_METRICS if name != _SAMPLER_MASS)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 import numpy as np
 
-from asyncgrpo.core.metrics import Observation, ratio, value
+from asyncgrpo.core.metrics import Observation, maximum, mean, minimum, ratio
 from asyncgrpo.core.records import Rollout, TrainingSample
 from asyncgrpo.core.rollout.advantages import GroupScore, duplicate_frac
 from asyncgrpo.core.rollout.reconcile import Reconciled
@@ -58,20 +58,20 @@ def _length_observations(facts: GroupFacts) -> list[Observation]:
     terminated = [n for r, n in zip(facts.rollouts, lengths, strict=True)
                   if _terminated(r, facts.eos_token_ids)]  # fmt: skip
     obs = [
-        value("completions/mean_length", float(np.mean(lengths)), weight=len(lengths)),
-        value("completions/min_length", float(min(lengths))),
-        value("completions/max_length", float(max(lengths))),
+        mean("completions/mean_length", float(np.mean(lengths)), weight=len(lengths)),
+        minimum("completions/min_length", float(min(lengths))),
+        maximum("completions/max_length", float(max(lengths))),
         ratio("completions/clipped_ratio", len(lengths) - len(terminated), len(lengths)),
     ]
     if terminated:
         obs += [
-            value(
+            mean(
                 "completions/mean_terminated_length",
                 float(np.mean(terminated)),
                 weight=len(terminated),
             ),
-            value("completions/min_terminated_length", float(min(terminated))),
-            value("completions/max_terminated_length", float(max(terminated))),
+            minimum("completions/min_terminated_length", float(min(terminated))),
+            maximum("completions/max_terminated_length", float(max(terminated))),
         ]
     return obs
 
@@ -81,20 +81,20 @@ def _reward_observations(facts: GroupFacts) -> list[Observation]:
     rewards = score.rewards
     scored = rewards[~np.isnan(rewards)]
     kept_samples = sum(len(r.sequences) for r in facts.reconciled) if score.kept else 0
-    obs = [value("frac_reward_zero_std", 0.0 if score.kept else 1.0)]
+    obs = [mean("frac_reward_zero_std", 0.0 if score.kept else 1.0)]
     if scored.size:
-        obs.append(value("reward", float(scored.mean()), weight=scored.size))
+        obs.append(mean("reward", float(scored.mean()), weight=scored.size))
         name = "reward_kept" if score.kept else "reward_dropped"
-        obs.append(value(name, float(scored.mean()), weight=scored.size))
+        obs.append(mean(name, float(scored.mean()), weight=scored.size))
     if kept_samples:
-        obs.append(value("reward_group_std", score.group_std, weight=kept_samples))
+        obs.append(mean("reward_group_std", score.group_std, weight=kept_samples))
     for source, column in facts.reward_columns.items():
         values = np.array([v for v in column if v is not None], dtype=np.float64)
         if values.size:
-            obs.append(value(f"rewards/{source}/mean", float(values.mean()), weight=values.size))
+            obs.append(mean(f"rewards/{source}/mean", float(values.mean()), weight=values.size))
         if kept_samples and values.size >= 2:
             obs.append(
-                value(f"rewards/{source}/group_std", float(values.std(ddof=1)), weight=kept_samples)
+                mean(f"rewards/{source}/group_std", float(values.std(ddof=1)), weight=kept_samples)
             )
     return obs
 
@@ -103,9 +103,9 @@ def _turn_observations(facts: GroupFacts) -> list[Observation]:
     turns = [len(r.turns) for r in facts.rollouts]
     drift = [d for r in facts.reconciled for d in r.drift_tokens]
     obs = [
-        value("rollout/turns_mean", float(np.mean(turns)), weight=len(turns)),
-        value("rollout/turns_max", float(max(turns))),
-        value(
+        mean("rollout/turns_mean", float(np.mean(turns)), weight=len(turns)),
+        maximum("rollout/turns_max", float(max(turns))),
+        mean(
             "rollout/samples_per_rollout",
             float(np.mean([len(r.sequences) for r in facts.reconciled])),
             weight=len(facts.reconciled),
@@ -115,19 +115,19 @@ def _turn_observations(facts: GroupFacts) -> list[Observation]:
             sum(r.forks for r in facts.reconciled),
             sum(r.transitions for r in facts.reconciled),
         ),
-        value(
+        mean(
             "completions/duplicate_frac",
             duplicate_frac([tuple(t.output_ids for t in r.turns) for r in facts.rollouts]),
         ),
-        value(
+        mean(
             "completions/distinct_per_group",
             float(len({tuple(t.output_ids for t in r.turns) for r in facts.rollouts})),
         ),
     ]
     if drift:
         obs += [
-            value("rollout/drift_tokens_mean", float(np.mean(drift)), weight=len(drift)),
-            value("rollout/drift_tokens_max", float(max(drift))),
+            mean("rollout/drift_tokens_mean", float(np.mean(drift)), weight=len(drift)),
+            maximum("rollout/drift_tokens_max", float(max(drift))),
         ]
     return obs
 
@@ -191,12 +191,12 @@ def sample_observations(
     forwarded = [len(s.sequence) for s in samples]
     staleness = [s.staleness(current_version) for s in samples]
     return [
-        value("sample/forwarded_tokens_mean", float(np.mean(forwarded)), weight=n),
-        value("sample/forwarded_tokens_max", float(max(forwarded))),
-        value("sample/trained_tokens_mean",
+        mean("sample/forwarded_tokens_mean", float(np.mean(forwarded)), weight=n),
+        maximum("sample/forwarded_tokens_max", float(max(forwarded))),
+        mean("sample/trained_tokens_mean",
               float(np.mean([s.sequence.num_trained for s in samples])), weight=n),
-        value("sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])),
+        mean("sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])),
               weight=n),
-        value("sample/staleness_mean", float(np.mean(staleness)), weight=n),
-        value("sample/staleness_max", float(max(staleness))),
+        mean("sample/staleness_mean", float(np.mean(staleness)), weight=n),
+        maximum("sample/staleness_max", float(max(staleness))),
     ]  # fmt: skip

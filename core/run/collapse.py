@@ -145,8 +145,8 @@ def zero_spread_of(observations: Sequence[Observation]) -> bool | None:
     ``frac_reward_zero_std`` is 1); ``None`` for a group that was not scored (filtered).
 
     Example:
-        >>> from asyncgrpo.core.metrics import value
-        >>> zero_spread_of((value("frac_reward_zero_std", 1.0),))
+        >>> from asyncgrpo.core.metrics import mean
+        >>> zero_spread_of((mean("frac_reward_zero_std", 1.0),))
         True
     """
     for observation in observations:

@@ -24,11 +24,13 @@ bounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import FrozenMap
+from asyncgrpo.core.metrics import Aggregation
 from asyncgrpo.core.packing.tree import PackedRow, shared_positions
 from asyncgrpo.core.records import TrainingSample
 
@@ -245,6 +247,19 @@ def plan_step(
         for mb in state.micro_batches
     )
     return StepPlan(micro_batches, tuple(dropped), tuple(fitting[state.placed :]))
+
+
+BATCH_METRICS: Mapping[str, Aggregation] = FrozenMap({
+    **dict.fromkeys(("batch/forwarded_tokens_per_step", "batch/trained_tokens_per_step",
+                     "batch/samples_per_step", "batch/groups_per_step",
+                     "batch/microbatches_per_step", "batch/masked_token_frac",
+                     "batch/samples_per_row", "batch/row_tokens_mean", "batch/row_fill_frac",
+                     "batch/row_imbalance", "batch/packing_ratio", "batch/pad_frac"),
+                    Aggregation.MEAN),
+    "batch/row_tokens_max": Aggregation.MAX,
+    "batch/dropped_oversize_count": Aggregation.SUM,
+})  # fmt: skip
+"""How each metric of :func:`batch_metrics` aggregates over a window's steps."""
 
 
 def batch_metrics(

@@ -233,9 +233,7 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
                 state.blocked_since = state.clock
             return
         if state.blocked_since is not None:
-            state.observe(
-                metrics.value("rollout/backpressure_s", state.clock - state.blocked_since)
-            )
+            state.observe(metrics.mean("rollout/backpressure_s", state.clock - state.blocked_since))
             state.blocked_since = None
         server = _route(state, training)
         _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
@@ -295,11 +293,11 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
     state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, group.position, len(samples))
     state.queue.append(tuple(samples))
     if c.num_servers > 1:
-        state.observe(metrics.value(f"rollout/server/{group.server}/groups_count", 1))
+        state.observe(metrics.total(f"rollout/server/{group.server}/groups_count", 1))
     state.observe(
-        metrics.value("reward", float(np.nanmean(rewards)), weight=c.num_generations),
-        metrics.value("frac_reward_zero_std", 0.0 if score.kept else 1.0),
-        metrics.value("reward_group_std", score.group_std, weight=len(samples)),
+        metrics.mean("reward", float(np.nanmean(rewards)), weight=c.num_generations),
+        metrics.mean("frac_reward_zero_std", 0.0 if score.kept else 1.0),
+        metrics.mean("reward_group_std", score.group_std, weight=len(samples)),
     )
 
 
@@ -325,7 +323,7 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     Stale and oversize drops and the step's samples are the queue's decisions, the same the
     trainer makes; their tokens are released to the generator's ledger.
     """
-    state.observe(metrics.value("rollout/queue_size", sum(len(g) for g in state.queue)))
+    state.observe(metrics.mean("rollout/queue_size", sum(len(g) for g in state.queue)))
     _apply(state, step_queue.advance(state.steps, state.version))
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
@@ -347,7 +345,7 @@ def _apply(state: _Pipeline, decided: step_queue.Arrival) -> None:
         state.prompt_cursor, [s.prompt_position for s in dropped]
     )
     if decided.stale:
-        state.observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
+        state.observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
 
 
 def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
@@ -361,16 +359,16 @@ def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
         state.prompt_cursor, [s.prompt_position for s in batch]
     )
     state.observe(
-        metrics.value("sample/staleness_mean", float(np.mean(staleness)), weight=len(batch)),
-        metrics.value("sample/staleness_max", float(max(staleness))),
-        metrics.value(
+        metrics.mean("sample/staleness_mean", float(np.mean(staleness)), weight=len(batch)),
+        metrics.maximum("sample/staleness_max", float(max(staleness))),
+        metrics.mean(
             "sample/time_in_queue_s",
             float(np.mean([state.clock - s.queued_at for s in batch])),
             weight=len(batch),
         ),
-        metrics.value("batch/forwarded_tokens_per_step", step.forwarded_tokens),
-        metrics.value("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
-        metrics.value("batch/samples_per_step", len(batch)),
+        metrics.mean("batch/forwarded_tokens_per_step", step.forwarded_tokens),
+        metrics.mean("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
+        metrics.mean("batch/samples_per_step", len(batch)),
     )
     return (c.training_fixed_s + c.training_per_sample_s * len(batch)
             + step.forwarded_tokens / c.training_tokens_per_s)  # fmt: skip
@@ -384,9 +382,9 @@ def _train_and_push(state: _Pipeline, batch: step_queue.TakenStep) -> float:
     due = (state.version + 1) % c.weight_sync_steps == 0
     lands_at = state.push(state.version + 1, trained_at) if due else trained_at
     waits = due and not c.weight_push_overlap
-    state.observe(metrics.value("perf/weight_sync_s", lands_at - trained_at if waits else 0.0))
+    state.observe(metrics.mean("perf/weight_sync_s", lands_at - trained_at if waits else 0.0))
     if due and c.weight_push_overlap:
-        state.observe(metrics.value("perf/weight_push_s", lands_at - trained_at))
+        state.observe(metrics.mean("perf/weight_push_s", lands_at - trained_at))
     return lands_at if waits else trained_at
 
 
@@ -426,10 +424,10 @@ def simulate(
                         state.waiting_since = state.clock
                 else:
                     waited = state.clock - (state.waiting_since or state.clock)
-                    state.observe(metrics.value("perf/rollout_wait_s", waited))
+                    state.observe(metrics.mean("perf/rollout_wait_s", waited))
                     state.waiting_since = None
                     step_ends_at = _train_and_push(state, batch)
-                    state.observe(metrics.value("perf/step_s", step_ends_at - last_step_end))
+                    state.observe(metrics.mean("perf/step_s", step_ends_at - last_step_end))
                     last_step_at = state.clock
             elif state.clock >= step_ends_at:
                 last_step_end = step_ends_at

@@ -74,10 +74,18 @@ from asyncgrpo.adapters.process_group import (
 )
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import normalize_loss
-from asyncgrpo.core.loss.metrics import loss_metrics
+from asyncgrpo.core.loss.metrics import LOSS_METRICS, loss_metrics
 from asyncgrpo.core.loss.objectives import TokenInputs
-from asyncgrpo.core.loss.objectives.weights import trl_loss_config
-from asyncgrpo.core.metrics import MetricWindow, Observation, merge, record, summarize, value
+from asyncgrpo.core.loss.objectives.weights import OBJECTIVE_METRICS, trl_loss_config
+from asyncgrpo.core.metrics import (
+    MetricWindow,
+    Observation,
+    declared,
+    mean,
+    merge,
+    record,
+    summarize,
+)
 from asyncgrpo.core.packing.memory import (
     CheckpointingChoice,
     activation_bytes,
@@ -92,6 +100,10 @@ from asyncgrpo.shell.learner.optimization import optimizers_for, parameter_names
 
 log = structlog.get_logger("asyncgrpo.learner")
 
+LEARNER_METRICS = {**LOSS_METRICS, **OBJECTIVE_METRICS}
+"""How the loss's and the objective's metrics of a micro-batch aggregate (declared beside their
+names in :mod:`asyncgrpo.core.loss.metrics` and :mod:`asyncgrpo.core.loss.objectives.weights`)."""
+
 # --- step results --------------------------------------------------------------------------
 
 
@@ -102,7 +114,7 @@ class StepOutput:
     Attributes:
         metrics: one value per name (``summarize(window)``): the loss metrics of
             :func:`~asyncgrpo.core.loss.metrics.loss_metrics` (means over the step's trained tokens
-            on all processes, extremes for ``_min``/``_max``), ``loss`` (the step's objective,
+            on all processes, or the extremes they declare), ``loss`` (the step's objective,
             summed over processes and micro-batches), ``grad_norm`` (before clipping),
             ``learning_rate`` (of this step), ``aux_loss`` (MoE only; unscaled, mean over
             rows), ``perf/fwd_bwd_s`` = ``perf/fwd_s`` + ``perf/bwd_s``, and ``perf/optimizer_s``
@@ -258,8 +270,8 @@ class Learner:
             fwd_bwd_s += self._now() - start
             loss_sum += micro.loss.detach()
             observations.extend(micro.observations)
-        observations += [value("perf/fwd_s", fwd_s), value("perf/bwd_s", fwd_bwd_s - fwd_s),
-                         value("perf/fwd_bwd_s", fwd_bwd_s)]  # fmt: skip
+        observations += [mean("perf/fwd_s", fwd_s), mean("perf/bwd_s", fwd_bwd_s - fwd_s),
+                         mean("perf/fwd_bwd_s", fwd_bwd_s)]  # fmt: skip
         return self._finish_step(observations, loss_sum)
 
     def _global_counts(self, micro_batches: Sequence[PackedRow | None]) -> list[tuple[int, int]]:
@@ -292,16 +304,16 @@ class Learner:
             **self.objective.metrics(inputs, self.objective_settings),
         }  # fmt: skip
         n = len(row.target_ids)
-        observations = [value(name, v, weight=n) for name, v in metrics.items()]
+        observations = [declared(name, v, n, LEARNER_METRICS) for name, v in metrics.items()]
         gap, fresh = staleness0_gap((logp.detach() - sampler_logp).abs().double().cpu().numpy(),
                                     row.sample_index, [s.model_version for s in row.samples],
                                     self.step)  # fmt: skip
         if fresh:
-            observations.append(value(STALENESS0_GAP, gap, weight=fresh))
+            observations.append(mean(STALENESS0_GAP, gap, weight=fresh))
         if self.aux is not None:
             aux_term, aux = self._aux_term(routers, rows, accumulation)
             loss = loss + aux_term
-            observations.append(value("aux_loss", aux))
+            observations.append(mean("aux_loss", aux))
         return _MicroBatch(loss, tuple(observations))
 
     def _topk(self, row: PackedRow) -> SamplerTopK | None:
@@ -357,15 +369,15 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        observations.append(value("perf/optimizer_s", self._now() - start))
+        observations.append(mean("perf/optimizer_s", self._now() - start))
         window = self._gather_window(record(MetricWindow(), observations))
         dist.all_reduce(loss_sum)
         window = record(
             window,
             [
-                value("loss", float(loss_sum)),
-                value("grad_norm", grad_norm),
-                value("learning_rate", learning_rate),
+                mean("loss", float(loss_sum)),
+                mean("grad_norm", grad_norm),
+                mean("learning_rate", learning_rate),
             ],
         )
         return StepOutput(summarize(window), window)

@@ -56,7 +56,7 @@ from asyncgrpo.adapters.vllm.client import (
     VLLMClient,
 )
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
-from asyncgrpo.core.metrics import Observation, ratio, value
+from asyncgrpo.core.metrics import Observation, mean, ratio, total
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, pacing, sample_wait
 from asyncgrpo.core.rollout.activity import Activity, describe_activities
@@ -449,9 +449,7 @@ class AsyncRolloutLoop:
             waited_from = waited_from or time.monotonic()
             await self._changes.wait(CHANGE_BACKSTOP_S)
         if waited_from is not None and self._ledger.groups_completed:
-            self._pending_obs.append(
-                value("rollout/backpressure_s", time.monotonic() - waited_from)
-            )
+            self._pending_obs.append(mean("rollout/backpressure_s", time.monotonic() - waited_from))
         return server
 
     def _route(self) -> int | None:
@@ -510,7 +508,7 @@ class AsyncRolloutLoop:
         pending.completed_at = time.monotonic()
         await send.send(pending)
         self._pending_obs.append(
-            value("rollout/score_block_s", time.monotonic() - pending.completed_at)
+            mean("rollout/score_block_s", time.monotonic() - pending.completed_at)
         )
 
     async def _generate_group(
@@ -587,7 +585,7 @@ class AsyncRolloutLoop:
                     position=pending.position, error=str(error)[:400])  # fmt: skip
         self._ledger = pacing.group_finished(self._ledger, 0)
         self._changes.notify()
-        counted = (value("rollout/prompt_too_long_count", 1),)
+        counted = (total("rollout/prompt_too_long_count", 1),)
         self._publish(GroupOutcome(pending.position, pending.row_index, (), counted,
                                    dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
         # after the publish: the trainer waits for a group counted here to arrive
@@ -624,7 +622,7 @@ class AsyncRolloutLoop:
                     server.in_flight -= 1
                     server.completed += 1
                     self._slots.notify_all()
-        self._pending_obs.append(value("rollout/duration_s", time.monotonic() - start))
+        self._pending_obs.append(mean("rollout/duration_s", time.monotonic() - start))
         return rollout, env_reward
 
     # ----------------------------------------------------------------- evaluation
@@ -693,13 +691,13 @@ class AsyncRolloutLoop:
                 done = time.monotonic()
                 self._ledger = pacing.group_finished(self._ledger, outcome.forwarded_tokens)
                 self._changes.notify()
-                where = ((value(f"rollout/server/{pending.server}/groups_count", 1),)
+                where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
                          if self.pool is not None and len(self.pool) > 1 else ())  # fmt: skip
                 self._publish(attrs.evolve(outcome, observations=(
                     *outcome.observations,
-                    value("rollout/score_wait_s", started - pending.completed_at),
-                    value("rollout/score_s", done - started),
-                    value("rollout/score_queue_size", receive.statistics().current_buffer_used),
+                    mean("rollout/score_wait_s", started - pending.completed_at),
+                    mean("rollout/score_s", done - started),
+                    mean("rollout/score_queue_size", receive.statistics().current_buffer_used),
                     *where,
                 )))  # fmt: skip
                 # after the publish: the trainer waits for a group counted here to arrive
@@ -784,10 +782,10 @@ class AsyncRolloutLoop:
             obs = [
                 ratio("rollout/generated_tokens_per_s", self._generated_tokens - last_tokens,
                       now - last_time),
-                value("rollout/concurrency", pool.in_flight),
-                value("rollout/concurrency_cap", sum(s.cap.cap for s in pool.servers)),
-                value("rollout/vllm_retry_count", retries - last_retries),
-                value("rollout/vllm_regenerated_count", regenerated - last_regenerated),
+                mean("rollout/concurrency", pool.in_flight),
+                mean("rollout/concurrency_cap", sum(s.cap.cap for s in pool.servers)),
+                total("rollout/vllm_retry_count", retries - last_retries),
+                total("rollout/vllm_regenerated_count", regenerated - last_regenerated),
             ]  # fmt: skip
             snapshots = [(i, s.snapshot) for i, s in enumerate(pool.servers)
                          if s.snapshot is not None]  # fmt: skip
@@ -797,13 +795,13 @@ class AsyncRolloutLoop:
                     preempted += max(0, snapshot.preemptions - last_preemptions[index])
                     last_preemptions[index] = snapshot.preemptions
                 obs += [
-                    value("rollout/vllm_kv_cache_usage_frac",
+                    mean("rollout/vllm_kv_cache_usage_frac",
                           max(s.load.kv_cache_usage for _, s in snapshots)),
-                    value("rollout/vllm_running_requests",
+                    mean("rollout/vllm_running_requests",
                           sum(s.load.running for _, s in snapshots)),
-                    value("rollout/vllm_queued_requests",
+                    mean("rollout/vllm_queued_requests",
                           sum(s.load.waiting for _, s in snapshots)),
-                    value("rollout/vllm_preemption_count", preempted),
+                    total("rollout/vllm_preemption_count", preempted),
                 ]  # fmt: skip
             obs += pool.observations(now - last_time)
             last_time, last_tokens = now, self._generated_tokens

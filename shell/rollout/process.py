@@ -36,7 +36,7 @@ import attrs
 import structlog
 
 from asyncgrpo.adapters.parent_death import die_with_parent
-from asyncgrpo.core.metrics import value
+from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.cursor import PromptCursor, restart_cursor
 from asyncgrpo.shell.config import AsyncGRPOConfig
@@ -392,8 +392,8 @@ class RolloutProcess:
                     from_position=start.next_untrained)  # fmt: skip
         self.start()
         self._new_wait()
-        return LoopReport((value("rollout/process_restart_count", 1),
-                           value("rollout/process_restart_regenerated_groups", lost)))  # fmt: skip
+        return LoopReport((total("rollout/process_restart_count", 1),
+                           mean("rollout/process_restart_regenerated_groups", lost)))  # fmt: skip
 
     @property
     def pid(self) -> int | None:

@@ -34,7 +34,7 @@ from asyncgrpo.adapters.models.chat import (
     render_prompt,
     tool_schema,
 )
-from asyncgrpo.core.metrics import value
+from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
@@ -135,7 +135,7 @@ class ToolLoop:
             if not calls or (limit is not None and rounds >= limit):
                 break
             rounds += 1
-            self._observe(value("tools/parallel_calls_mean", len(calls)))
+            self._observe(mean("tools/parallel_calls_mean", len(calls)))
             for call in calls:
                 with self._doing(f"tool {call.name!r}"):
                     answer, failed = await self.call_tool(call, by_name)
@@ -161,7 +161,7 @@ class ToolLoop:
             return f"Error: {call.error}", 1
         tool = tools.get(call.name)
         if tool is None:
-            self._observe(value("tools/unknown_name_count", 1))
+            self._observe(total("tools/unknown_name_count", 1))
             return f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", 1
         start = time.monotonic()
         failed = 0
@@ -178,10 +178,10 @@ class ToolLoop:
             answer = f"Error: {type(error).__name__}: {error}"
         latency = time.monotonic() - start
         self._observe(
-            value("tools/latency_s", latency),
-            value(f"tools/{call.name}/latency_s", latency),
-            value(f"tools/{call.name}/call_count", 1),
-            value(f"tools/{call.name}/failure_count", failed),
+            mean("tools/latency_s", latency),
+            mean(f"tools/{call.name}/latency_s", latency),
+            total(f"tools/{call.name}/call_count", 1),
+            total(f"tools/{call.name}/failure_count", failed),
         )
         return answer, failed
 
@@ -217,7 +217,7 @@ class ToolLoop:
             text = await anyio.to_thread.run_sync(
                 functools.partial(environment.reset, **kwargs), limiter=self._limiter
             )
-        self._observe(value("env/reset_s", time.monotonic() - start))
+        self._observe(mean("env/reset_s", time.monotonic() - start))
         if isinstance(text, str):
             if prompt and prompt[-1].get("role") == "user":
                 prompt[-1]["content"] = f"{prompt[-1].get('content') or ''}{text}"
@@ -248,7 +248,7 @@ class ToolLoop:
                 reward = await get_reward()
             else:
                 reward = await anyio.to_thread.run_sync(get_reward, limiter=self._limiter)
-        self._observe(value("env/reward_s", time.monotonic() - start))
+        self._observe(mean("env/reward_s", time.monotonic() - start))
         if reward is None:
             return None
         return type(environment), float(reward)

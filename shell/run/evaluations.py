@@ -94,7 +94,7 @@ class Evaluations:
         if outcome.error:
             log.warning("evaluation failed; the run goes on", version=request.version,
                         error=outcome.error[:500])  # fmt: skip
-            return [metrics.value("eval/failed_count", 1)]
+            return [metrics.total("eval/failed_count", 1)]
         figures: dict[str, float] = {}
         for evaluation in outcome.evaluations:
             figures.update(evaluation_metrics(evaluation))

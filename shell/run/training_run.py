@@ -48,7 +48,7 @@ from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
 from asyncgrpo.core.rollout.sample_wait import OVERSIZE, STALE
 from asyncgrpo.core.run import collapse, schedule, step_queue, step_time
-from asyncgrpo.core.run.planner import batch_metrics
+from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
@@ -294,10 +294,10 @@ class TrainingRun:
                 self._push_after_step()
             step_end = time.monotonic()
             self._record_landed_pushes()
-            self._observe(metrics.value("perf/weight_sync_s", step_end - sync_start),
-                          metrics.value("perf/logging_s", after_step[0]),
-                          metrics.value("perf/checkpoint_s", after_step[1]),
-                          metrics.value("perf/step_s", step_end - step_start),
+            self._observe(metrics.mean("perf/weight_sync_s", step_end - sync_start),
+                          metrics.mean("perf/logging_s", after_step[0]),
+                          metrics.mean("perf/checkpoint_s", after_step[1]),
+                          metrics.mean("perf/step_s", step_end - step_start),
                           *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
             if self.rank0 and self.bar is not None:
                 self.bar.update(1)
@@ -402,8 +402,8 @@ class TrainingRun:
         if control[0] is None:
             return None
         rows = self._scatter(step if isinstance(step, list) else None)
-        self._observe(metrics.value("perf/send_s", time.monotonic() - send_start),
-                      metrics.value("perf/resync_s", plan_began - started))  # fmt: skip
+        self._observe(metrics.mean("perf/send_s", time.monotonic() - send_start),
+                      metrics.mean("perf/resync_s", plan_began - started))  # fmt: skip
         return rows
 
     def _scatter(self, step: list[list[Any]] | None) -> list[Any]:
@@ -450,10 +450,10 @@ class TrainingRun:
         self.process.step_consumed(step.queue.tokens_per_step)
         self.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
-        self._observe(metrics.value("perf/rollout_wait_s", self.waited_s),
-                      metrics.value("perf/plan_s", pack_start - waited_from - self.waited_s),
-                      metrics.value("rollout/queue_size", len(self.queue.buffer)),
-                      metrics.value("sample/dropped_stale_count", 0))  # fmt: skip
+        self._observe(metrics.mean("perf/rollout_wait_s", self.waited_s),
+                      metrics.mean("perf/plan_s", pack_start - waited_from - self.waited_s),
+                      metrics.mean("rollout/queue_size", len(self.queue.buffer)),
+                      metrics.total("sample/dropped_stale_count", 0))  # fmt: skip
         rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
@@ -461,12 +461,13 @@ class TrainingRun:
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
         self._observe(
             *sample_observations(placed, self.learner.step, time.monotonic()),
-            *(metrics.value(k, v) for k, v in batch_metrics(rows, self.token_budget).items()
+            *(metrics.declared(k, v, 1.0, BATCH_METRICS)
+              for k, v in batch_metrics(rows, self.token_budget).items()
               if k != "batch/dropped_oversize_count"),
         )  # fmt: skip
         if self.flops is not None:
             self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
-        self._observe(metrics.value("perf/pack_s", time.monotonic() - pack_start))
+        self._observe(metrics.mean("perf/pack_s", time.monotonic() - pack_start))
         return rows
 
     def _servers_to_resync(self) -> bool:
@@ -535,9 +536,9 @@ class TrainingRun:
         self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows long
         self.process.samples_dropped(OVERSIZE, len(decided.oversize))
         if decided.stale:
-            self._observe(metrics.value("sample/dropped_stale_count", len(decided.stale)))
+            self._observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
         if decided.oversize:
-            self._observe(metrics.value("batch/dropped_oversize_count", len(decided.oversize)))
+            self._observe(metrics.total("batch/dropped_oversize_count", len(decided.oversize)))
             log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
                         token_budget=self.token_budget,
                         longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
@@ -585,7 +586,7 @@ class TrainingRun:
             self._push()
             return
         if self.pusher.push_beside(self._published):
-            self._observe(metrics.value("perf/weight_snapshots_replaced_count", 1))
+            self._observe(metrics.total("perf/weight_snapshots_replaced_count", 1))
 
     def _published(self, pushed: Pushed) -> None:
         """Rank 0 (any thread): the server holds ``pushed.version``; the rollout process learns
@@ -631,7 +632,7 @@ class TrainingRun:
         for resynced in pushed.resynced:
             assert self.servers is not None  # rollouts go on there from here
             self.servers.trusts[resynced.server].pushed(resynced.covering, resynced.identity)
-            self._observe(metrics.value("rollout/vllm_outage_count", 1))
+            self._observe(metrics.total("rollout/vllm_outage_count", 1))
         if pushed.resynced and self.process is not None:
             self.process.set_model_version(self.version)  # wakes the loop: routable again
         self._record_push(pushed)
@@ -639,17 +640,17 @@ class TrainingRun:
 
     def _record_push(self, pushed: Pushed) -> None:
         if pushed.push_s is not None:
-            self._observe(metrics.value("perf/weight_push_s", pushed.push_s))
+            self._observe(metrics.mean("perf/weight_push_s", pushed.push_s))
         if pushed.held_s:
-            self._observe(metrics.value("perf/weight_push_held_s", pushed.held_s))
+            self._observe(metrics.mean("perf/weight_push_held_s", pushed.held_s))
         if pushed.timings is not None:
             timings = pushed.timings
             self._observe(
-                metrics.value("perf/weight_sync_server_s", timings.total_s),
-                metrics.value("perf/weight_sync_pause_s", timings.pause_s),
-                metrics.value("perf/weight_sync_barrier_s", timings.barrier_s),
-                metrics.value("perf/weight_sync_transfer_s", timings.transfer_s),
-                metrics.value("perf/weight_sync_write_s", timings.write_s),
+                metrics.mean("perf/weight_sync_server_s", timings.total_s),
+                metrics.mean("perf/weight_sync_pause_s", timings.pause_s),
+                metrics.mean("perf/weight_sync_barrier_s", timings.barrier_s),
+                metrics.mean("perf/weight_sync_transfer_s", timings.transfer_s),
+                metrics.mean("perf/weight_sync_write_s", timings.write_s),
             )
 
     def _close_spread_step(self) -> bool:

@@ -19,7 +19,7 @@ import attrs
 
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerMetrics
-from asyncgrpo.core.metrics import Observation, ratio, value
+from asyncgrpo.core.metrics import Observation, mean, ratio, total
 from asyncgrpo.core.rollout import pacing
 from asyncgrpo.core.servers import routing
 from asyncgrpo.shell.servers.outages import ServerOut
@@ -175,18 +175,18 @@ class ServerPool:
         for index, server in enumerate(self.servers):
             prefix = f"rollout/server/{index}"
             found += [
-                value(f"{prefix}/requests_count", server.requests),
+                total(f"{prefix}/requests_count", server.requests),
                 ratio(f"{prefix}/generated_tokens_per_s", server.generated_tokens, elapsed_s),
-                value(f"{prefix}/in_flight", server.in_flight),
-                value(f"{prefix}/concurrency_cap", server.cap.cap),
-                value(f"{prefix}/regenerated_groups_count", server.regenerated_groups),
+                mean(f"{prefix}/in_flight", server.in_flight),
+                mean(f"{prefix}/concurrency_cap", server.cap.cap),
+                total(f"{prefix}/regenerated_groups_count", server.regenerated_groups),
             ]
             if self.outages is not None:
                 outages = self.outages(index)
-                found.append(value(f"{prefix}/outage_count", outages - server.outages_reported))
+                found.append(total(f"{prefix}/outage_count", outages - server.outages_reported))
                 server.outages_reported = outages
             if server.snapshot is not None:
-                found.append(value(f"{prefix}/kv_cache_usage_frac",
+                found.append(mean(f"{prefix}/kv_cache_usage_frac",
                                    server.snapshot.load.kv_cache_usage))  # fmt: skip
             server.requests = server.generated_tokens = server.regenerated_groups = 0
         return found

@@ -14,8 +14,8 @@ from micro_batch_loss import policy_loss
 
 from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
 from asyncgrpo.core.loss.losses import clipped_surrogate, normalize_loss, token_log_probs
-from asyncgrpo.core.loss.metrics import loss_metrics
-from asyncgrpo.core.metrics import MetricWindow, record, summarize, value
+from asyncgrpo.core.loss.metrics import LOSS_METRICS, loss_metrics
+from asyncgrpo.core.metrics import MetricWindow, declared, record, summarize
 
 LOSSES = settings(deadline=None, max_examples=60)
 
@@ -484,7 +484,8 @@ def test_metrics_weighted_by_num_tokens_aggregate_to_the_whole(case: Case) -> No
     for a, b in itertools.pairwise(edges):
         piece, _ = case.run(rows=slice(a, b))
         window = record(
-            window, [value(k, v, weight=piece.num_tokens) for k, v in piece.metrics.items()]
+            window,
+            [declared(k, v, piece.num_tokens, LOSS_METRICS) for k, v in piece.metrics.items()],
         )
     summary = summarize(window)
     for name, amount in whole.metrics.items():

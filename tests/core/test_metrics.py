@@ -1,50 +1,108 @@
+import ast
 import math
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from asyncgrpo.core.loss.metrics import LOSS_METRICS
+from asyncgrpo.core.loss.objectives.weights import OBJECTIVE_METRICS
 from asyncgrpo.core.metrics import (
     Aggregation,
     MetricWindow,
-    aggregation_for,
+    declared,
+    maximum,
+    mean,
     merge,
+    minimum,
     ratio,
     record,
     summarize,
-    value,
+    total,
 )
+from asyncgrpo.core.run.planner import BATCH_METRICS
+
+PACKAGE = Path(__file__).resolve().parents[2]
+MAKERS = {"mean": Aggregation.MEAN, "total": Aggregation.SUM, "maximum": Aggregation.MAX,
+          "minimum": Aggregation.MIN}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("name", "aggregation"),
-    [
-        ("sample/dropped_stale_count", Aggregation.SUM),
-        ("tools/search/call_count", Aggregation.SUM),
-        ("batch/dropped_oversize_count", Aggregation.SUM),
-        ("sample/staleness_max", Aggregation.MAX),
-        ("completions/max_length", Aggregation.MAX),
-        ("rollout/turns_max", Aggregation.MAX),
-        ("sampling/importance_sampling_ratio/min", Aggregation.MIN),
-        ("clip_ratio/low_min", Aggregation.MIN),
-        ("completions/min_terminated_length", Aggregation.MIN),
-        ("reward", Aggregation.MEAN),
-        ("rollout/turns_mean", Aggregation.MEAN),
-        ("max_staleness_setting/value", Aggregation.MEAN),
-        ("batch/row_imbalance", Aggregation.MEAN),
-    ],
-)
-def test_aggregation_is_decided_by_the_last_name_part(name, aggregation) -> None:
-    assert aggregation_for(name) is aggregation
+def trl_convention(name: str) -> Aggregation:
+    """TRL's AsyncGRPOTrainer's naming of a metric by its aggregation, from the last ``/`` part
+    of its name (placeholders of an f-string left out): ``count`` sums, ``max``/``min`` keep the
+    extreme, anything else is a mean."""
+    words = set(re.findall(r"[a-z0-9]+", re.sub(r"\{[^}]*\}", "", name.rsplit("/", 1)[-1])))
+    for word, aggregation in (("count", Aggregation.SUM), ("max", Aggregation.MAX),
+                              ("min", Aggregation.MIN)):  # fmt: skip
+        if word in words:
+            return aggregation
+    return Aggregation.MEAN
+
+
+def made_in_the_package() -> list[tuple[str, str, Aggregation]]:
+    """Every metric the package makes with a maker and a literal name: (where, name, maker's
+    aggregation)."""
+    found = []
+    for path in sorted(PACKAGE.glob("[cs]*/**/*.py")):  # core/, shell/
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            func = node.func
+            maker = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            first = node.args[0]
+            if maker not in MAKERS or not isinstance(first, ast.Constant | ast.JoinedStr):
+                continue
+            name = first.value if isinstance(first, ast.Constant) else "".join(
+                v.value if isinstance(v, ast.Constant) else "{}" for v in first.values)  # fmt: skip
+            if (isinstance(name, str) and "/" in name) or name in ("reward", "loss", "grad_norm"):
+                found.append((f"{path.relative_to(PACKAGE)}:{node.lineno}", name, MAKERS[maker]))
+    return found
+
+
+def test_the_package_makes_metrics_with_declared_aggregations_named_as_trl_names_them() -> None:
+    """A metric's aggregation is what its maker declares; its name must still say it the way
+    TRL's AsyncGRPOTrainer does, so a user reading ``..._count`` sees a total."""
+    made = made_in_the_package()
+    assert len(made) > 60, made  # the scan finds the makers
+    assert {a for _, _, a in made} == set(MAKERS.values())
+    wrong = [(where, name, a.value) for where, name, a in made if trl_convention(name) is not a]
+    assert not wrong, wrong
+    for table in (LOSS_METRICS, OBJECTIVE_METRICS, BATCH_METRICS):
+        wrong = [(name, a.value) for name, a in table.items() if trl_convention(name) is not a]
+        assert not wrong, wrong
+
+
+def test_a_rename_does_not_change_the_aggregation() -> None:
+    """Negative control of the convention test: a name that says ``count`` is still a mean
+    when made by :func:`mean` (the window does what the maker says), and the convention check
+    above would name it."""
+    window = record(MetricWindow(), [mean("x/odd_count", 1.0), mean("x/odd_count", 3.0)])
+    assert summarize(window) == {"x/odd_count": 2.0}
+    assert trl_convention("x/odd_count") is Aggregation.SUM
+    assert trl_convention("tools/{}/call_count") is Aggregation.SUM
+    assert trl_convention("completions/min_length") is Aggregation.MIN
+
+
+def test_a_table_declares_a_bulk_metric_and_refuses_an_undeclared_one() -> None:
+    table = {"clip_ratio/low_min": Aggregation.MIN, "entropy": Aggregation.MEAN}
+    assert declared("clip_ratio/low_min", 0.5, 7, table) == minimum("clip_ratio/low_min", 0.5)
+    assert declared("entropy", 0.5, 7, table) == mean("entropy", 0.5, weight=7)
+    with pytest.raises(ValueError, match="'objective/new_thing' has no declared aggregation"):
+        declared("objective/new_thing", 1.0, 1, table)
 
 
 finite = st.floats(-1e6, 1e6)
-names = st.sampled_from(
-    ["reward", "sample/staleness_max", "completions/min_length", "sample/dropped_stale_count"]
+made = st.one_of(
+    st.builds(mean, st.just("reward"), finite, st.floats(0.5, 10)),
+    st.builds(maximum, st.just("sample/staleness_max"), finite),
+    st.builds(minimum, st.just("completions/min_length"), finite),
+    st.builds(total, st.just("sample/dropped_stale_count"), finite),
 )
 observations = st.lists(
     st.one_of(
-        st.builds(value, names, finite, st.floats(0.5, 10)),
+        made,
         st.builds(
             ratio, st.just("rollout/generated_tokens_per_s"), st.floats(0, 1e6), st.floats(0.1, 100)
         ),
@@ -79,11 +137,11 @@ def test_each_rule_matches_a_direct_computation(obs) -> None:
         weights = [o.weight for o in items]
         if items[0].is_ratio:
             expected = sum(amounts) / sum(weights)
-        elif name.endswith("_count"):
+        elif items[0].aggregation is Aggregation.SUM:
             expected = sum(amounts)
-        elif name.endswith("_max"):
+        elif items[0].aggregation is Aggregation.MAX:
             expected = max(amounts)
-        elif "min_" in name:
+        elif items[0].aggregation is Aggregation.MIN:
             expected = min(amounts)
         else:
             expected = sum(a * w for a, w in zip(amounts, weights, strict=True)) / sum(weights)
@@ -102,10 +160,10 @@ def test_ratio_is_total_over_total_and_nan_when_empty() -> None:
 
 def test_non_finite_values_are_ignored_and_mixing_kinds_is_an_error() -> None:
     window = record(
-        MetricWindow(), [value("reward_group_std", float("nan")), value("reward_group_std", 2.0)]
+        MetricWindow(), [mean("reward_group_std", float("nan")), mean("reward_group_std", 2.0)]
     )
     assert summarize(window)["reward_group_std"] == 2.0
     with pytest.raises(ValueError, match="record it one way"):
-        record(MetricWindow(), [value("x", 1.0), ratio("x", 1, 1)])
+        record(MetricWindow(), [mean("x", 1.0), ratio("x", 1, 1)])
     with pytest.raises(ValueError, match="weight must be"):
-        value("x", 1.0, weight=-1)
+        mean("x", 1.0, weight=-1)

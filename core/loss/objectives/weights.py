@@ -5,7 +5,8 @@ Shapes: N trained tokens; ``sample_index`` long [N] says which sample each token
 are any longs, a sample's tokens need not be contiguous). Every function here is pure tensor
 maths and keeps the device and dtype it is given.
 
-The objective metrics (each a float over one call's tokens; record it with weight N):
+The objective metrics (each a float over one call's tokens; how each aggregates over a window,
+a mean weighted by the call's N tokens or the extreme, is declared in :data:`OBJECTIVE_METRICS`):
 
 * ``objective/is_weight_mean``: mean of the detached importance weight each token's own term is
   multiplied by (0 for a dropped token); PPO clipping is not part of the weight.
@@ -28,15 +29,17 @@ The objective metrics (each a float over one call's tokens; record it with weigh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import attrs
 import torch
 from torch import Tensor
 
+from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.loss.inputs import LossConfig
 from asyncgrpo.core.loss.objectives.base import Needs, ObjectiveSettings, TokenInputs, metric_values
+from asyncgrpo.core.metrics import Aggregation
 
 Level = Literal["token", "sequence", "geometric"]
 """How token log-ratios become a weight: per token, summed over the sample (the product of its
@@ -50,6 +53,13 @@ CLIPPED_FRACTION = "objective/clipped_fraction"
 PROXIMAL_GAP = "objective/proximal_gap"
 SECOND_MOMENT = "objective/second_moment"
 TRUST_REGION_FRACTION = "objective/trust_region_fraction"
+OBJECTIVE_METRICS: Mapping[str, Aggregation] = FrozenMap({
+    **dict.fromkeys((IS_WEIGHT_MEAN, TRUNCATED_FRACTION, MASKED_FRACTION, CLIPPED_FRACTION,
+                     PROXIMAL_GAP, SECOND_MOMENT, TRUST_REGION_FRACTION), Aggregation.MEAN),
+    IS_WEIGHT_MAX: Aggregation.MAX,
+})  # fmt: skip
+"""How each objective metric aggregates over a window's calls; an objective's ``metrics`` may
+return only names declared here (a new one is declared here beside its name)."""
 
 
 def per_sample_sum(values: Tensor, sample_index: Tensor) -> Tensor:
