@@ -11,7 +11,9 @@ taken off the queue (trained or dropped as stale). A position accounted for is *
 * ``rollout_state.json`` holds the :class:`PromptCursor`: the first position not yet consumed
   and the consumed positions past it (groups finish out of order). Resuming starts at that
   position and skips the consumed ones, so nothing trained is replayed and nothing untrained is
-  skipped.
+  skipped. A group the checkpoint split (some of its samples trained, the rest still queued)
+  is not generated again either: its samples left are dropped, counted by
+  :func:`split_by_checkpoint` (a group is generated whole, so the rest cannot be).
 * A sampling request's seed is a function of the prompt's position (:func:`request_seed`), so
   a resumed run asks the server for the same samples as the run it continues.
 
@@ -37,6 +39,7 @@ import attrs
 import numpy as np
 
 from asyncgrpo.core.frozen import FrozenMap
+from asyncgrpo.core.rollout.sample_wait import GROUP_REASONS
 
 
 def _frozen_counts(values: Mapping[int, int]) -> Mapping[int, int]:
@@ -51,11 +54,13 @@ class PromptCursor:
         next_untrained: the first position not yet consumed; every position below it is.
         consumed_after: consumed positions above ``next_untrained``.
         pending: samples still expected on the queue, per position whose group was kept.
+        taken: samples already taken off the queue, per pending position that has some.
     """
 
     next_untrained: int = 0
     consumed_after: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     pending: Mapping[int, int] = attrs.field(factory=dict, converter=_frozen_counts)
+    taken: Mapping[int, int] = attrs.field(factory=dict, converter=_frozen_counts)
 
     def __attrs_post_init__(self) -> None:
         if self.next_untrained < 0:
@@ -68,19 +73,40 @@ class PromptCursor:
         return position < self.next_untrained or position in self.consumed_after
 
     def to_json(self) -> dict[str, Any]:
-        """The fields ``rollout_state.json`` stores (pending positions are not consumed)."""
+        """The fields ``rollout_state.json`` stores: pending positions are not consumed, and
+        ``split_by_checkpoint`` gives the samples left of each one the checkpoint split."""
         return {
             "next_untrained": self.next_untrained,
             "consumed_after": sorted(self.consumed_after),
+            "split_by_checkpoint": {str(p): self.pending[p] for p in sorted(self.taken)},
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PromptCursor:
-        """Read back :meth:`to_json`; a missing key is an error naming it."""
+        """Read back :meth:`to_json` for a resumed run: the positions a checkpoint split are
+        consumed (their samples left are dropped, :func:`split_by_checkpoint`); a missing key
+        is an error naming it.
+
+        Example:
+            >>> cursor = group_outcome(PromptCursor(), position=0, num_samples=4)
+            >>> cursor = samples_consumed(cursor, [0])  # 1 of 4 trained, then a checkpoint
+            >>> saved = cursor.to_json()
+            >>> saved["split_by_checkpoint"], PromptCursor.from_json(saved).next_untrained
+            ({'0': 3}, 1)
+        """
         for key in ("next_untrained", "consumed_after"):
             if key not in data:
                 raise ValueError(f"rollout_state.json: missing key {key!r}")
-        return cls(int(data["next_untrained"]), frozenset(int(p) for p in data["consumed_after"]))
+        cursor = cls(int(data["next_untrained"]), frozenset(int(p) for p in data["consumed_after"]))
+        for position in sorted(split_by_checkpoint(data)):
+            cursor = _consume(cursor, position, {})
+        return cursor
+
+
+def split_by_checkpoint(data: Mapping[str, Any]) -> dict[int, int]:
+    """The samples left of each group a checkpoint split, from its saved cursor
+    (:meth:`PromptCursor.to_json`; none in a checkpoint written before this was saved)."""
+    return {int(p): int(left) for p, left in data.get("split_by_checkpoint", {}).items()}
 
 
 def _consume(cursor: PromptCursor, position: int, pending: dict[int, int]) -> PromptCursor:
@@ -92,7 +118,8 @@ def _consume(cursor: PromptCursor, position: int, pending: dict[int, int]) -> Pr
     while nxt in done:
         done.discard(nxt)
         nxt += 1
-    return PromptCursor(nxt, frozenset(done), pending)
+    taken = {p: n for p, n in cursor.taken.items() if p != position}
+    return PromptCursor(nxt, frozenset(done), pending, taken)
 
 
 def group_outcome(cursor: PromptCursor, position: int, num_samples: int) -> PromptCursor:
@@ -113,16 +140,18 @@ def group_outcome(cursor: PromptCursor, position: int, num_samples: int) -> Prom
 
 def samples_consumed(cursor: PromptCursor, positions: Iterable[int]) -> PromptCursor:
     """Record samples taken off the queue (trained or dropped as stale), one position each."""
-    pending = dict(cursor.pending)
+    pending, taken = dict(cursor.pending), dict(cursor.taken)
     for position in positions:
         left = pending.get(position)
         if left is None:
             raise ValueError(f"sample of prompt position {position} has no pending group")
         if left > 1:
             pending[position] = left - 1
+            taken[position] = taken.get(position, 0) + 1
         else:
+            taken.pop(position, None)
             cursor = _consume(cursor, position, pending)
-    return attrs.evolve(cursor, pending=pending)
+    return attrs.evolve(cursor, pending=pending, taken=taken)
 
 
 def prompts_consumed(cursor: PromptCursor) -> int:
@@ -198,3 +227,106 @@ def request_seed(seed: int, position: int, rollout_index: int, turn: int) -> int
     """
     digest = hashlib.blake2b(struct.pack("<4q", seed, position, rollout_index, turn), digest_size=8)
     return int.from_bytes(digest.digest(), "little") >> 1
+
+
+# --- auditing a run's record of positions -------------------------------------------------------
+
+GROUP_DROPS = frozenset(GROUP_REASONS)
+"""Outcomes of ``positions.jsonl`` given once per group (every other outcome, ``trained``,
+``stale``, ``oversize``, is given once per sample)."""
+
+
+@attrs.frozen
+class PositionAudit:
+    """What a run's record of positions (``positions.jsonl``) says against a checkpoint's
+    cursor.
+
+    Attributes:
+        consumed: positions the cursor has consumed.
+        split: groups the checkpoint split (part trained, the rest queued).
+        trained_samples: samples trained.
+        dropped: positions (a group drop) or samples dropped, per outcome.
+        missing: consumed by the cursor (or split), with fewer entries in the record than
+            its group's outcome (lost).
+        repeated: in the record more often than one group's outcome allows (trained twice).
+        unconsumed: in the record but neither consumed nor split by the cursor.
+    """
+
+    consumed: int
+    split: int
+    trained_samples: int
+    dropped: Mapping[str, int]
+    missing: tuple[int, ...]
+    repeated: tuple[int, ...]
+    unconsumed: tuple[int, ...]
+
+    @property
+    def exact(self) -> bool:
+        """Every consumed position is in the record once, and nothing else is."""
+        return not (self.missing or self.repeated or self.unconsumed)
+
+
+def audit_positions(
+    rows: Iterable[Mapping[str, Any]], saved: Mapping[str, Any], samples_per_group: int
+) -> PositionAudit:
+    """Check that each position a checkpoint's cursor consumed was trained or dropped exactly
+    once, and that each group it split has exactly its part trained.
+
+    Args:
+        rows: the rows of ``positions.jsonl`` up to the checkpoint's step:
+            ``{"step": int, outcome: [positions]}``.
+        saved: the checkpoint's cursor as saved (``rollout_state.json``'s ``"cursor"``,
+            :meth:`PromptCursor.to_json`).
+        samples_per_group: samples a kept group gives (``num_generations`` without forks;
+            a position with more is counted as repeated).
+
+    A consumed position is accounted for once when it appears under one group-drop outcome
+    (:data:`GROUP_DROPS`) once, or under the per-sample outcomes ``samples_per_group`` times
+    in all (a kept group whose samples were trained or dropped); a split one, when its
+    samples appear ``samples_per_group`` less its samples left.
+
+    Example:
+        >>> rows = [{"step": 1, "trained": [0, 0], "zero_reward_spread": [1]},
+        ...         {"step": 2, "trained": [2], "stale": [2, 3]}]
+        >>> saved = {"next_untrained": 3, "consumed_after": [], "split_by_checkpoint": {"3": 1}}
+        >>> audit = audit_positions(rows, saved, samples_per_group=2)
+        >>> audit.exact, audit.trained_samples, dict(audit.dropped)
+        (True, 3, {'zero_reward_spread': 1, 'stale': 2})
+        >>> audit_positions(rows[:1], saved, 2).missing
+        (2, 3)
+    """
+    samples: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    dropped: dict[str, int] = {}
+    trained = 0
+    for row in rows:
+        for outcome, positions in row.items():
+            if outcome == "step":
+                continue
+            into = groups if outcome in GROUP_DROPS else samples
+            for position in positions:
+                into[position] = into.get(position, 0) + 1
+            if outcome == "trained":
+                trained += len(positions)
+            else:
+                dropped[outcome] = dropped.get(outcome, 0) + len(positions)
+    consumed = set(range(int(saved["next_untrained"]))) | {int(p) for p in saved["consumed_after"]}
+    expected = {p: samples_per_group for p in consumed}
+    expected.update({p: samples_per_group - left for p, left in split_by_checkpoint(saved).items()})
+    seen = samples.keys() | groups.keys()
+    missing, repeated = [], []
+    for position in sorted(seen | expected.keys()):
+        group_drops, count = groups.get(position, 0), samples.get(position, 0)
+        if group_drops > 1 or (group_drops and count) or count > expected.get(position, 0):
+            repeated.append(position)
+        elif position in expected and not group_drops and count < expected[position]:
+            missing.append(position)
+    return PositionAudit(
+        consumed=len(consumed),
+        split=len(expected) - len(consumed),
+        trained_samples=trained,
+        dropped=FrozenMap(dropped),
+        missing=tuple(missing),
+        repeated=tuple(repeated),
+        unconsumed=tuple(sorted(seen - expected.keys())),
+    )

@@ -35,6 +35,7 @@ PROMPT_TOO_LONG = "prompt_too_long"
 FILTERED = "filtered"
 STALE = "stale"
 OVERSIZE = "oversize"
+SPLIT_BY_RESUME = "split_by_resume"
 GROUP_REASONS = {
     ZERO_SPREAD: "dropped for zero reward spread",
     PROMPT_TOO_LONG: "skipped as too long for the server",
@@ -43,6 +44,7 @@ GROUP_REASONS = {
 SAMPLE_REASONS = {
     STALE: "dropped as stale",
     OVERSIZE: "dropped as longer than token_budget",
+    SPLIT_BY_RESUME: "dropped on resume: part of its group was trained before the checkpoint",
 }
 
 

@@ -31,7 +31,7 @@ import attrs
 import structlog
 from torch.distributed.checkpoint.api import CheckpointException
 
-from asyncgrpo.core.rollout.cursor import PromptCursor
+from asyncgrpo.core.rollout.cursor import PromptCursor, split_by_checkpoint
 from asyncgrpo.shell.learner import UnreadableCheckpoint, check_learner_files
 
 log = structlog.get_logger("asyncgrpo.checkpoints")
@@ -227,6 +227,17 @@ def read_last_evaluated(path: Path) -> int | None:
     except (OSError, ValueError) as error:
         raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
     return None if value is None else int(value)
+
+
+def read_split_groups(path: Path) -> dict[int, int]:
+    """The samples left of each group the checkpoint split (some of its samples trained before
+    it, the rest queued), which the resumed run drops
+    (:func:`asyncgrpo.core.rollout.cursor.split_by_checkpoint`)."""
+    try:
+        state = json.loads((path / ROLLOUT_STATE).read_text())
+        return split_by_checkpoint(state["cursor"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
 
 def _free_bytes(path: Path) -> int:

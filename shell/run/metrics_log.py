@@ -52,6 +52,8 @@ def _json_number(value: Any) -> Any:
 
 METRICS_FILE = "metrics.jsonl"
 EVALUATIONS_FILE = "evaluations.jsonl"
+POSITIONS_FILE = "positions.jsonl"
+TRAINED = "trained"
 
 
 class MetricsFile:
@@ -107,11 +109,11 @@ def read_metrics(output_dir: str | Path, name: str = METRICS_FILE) -> list[dict[
 
 
 def drop_rows_after(output_dir: str | Path, step: int) -> None:
-    """Remove the rows of ``metrics.jsonl``, ``completions.jsonl`` and ``evaluations.jsonl``
-    logged after ``step`` (an evaluation by its version): a run resumed from checkpoint
-    ``step`` logs those steps again, and each step is kept once. Each file is rewritten beside
-    itself and renamed into place."""
-    for name in (METRICS_FILE, "completions.jsonl", EVALUATIONS_FILE):
+    """Remove the rows of ``metrics.jsonl``, ``completions.jsonl``, ``positions.jsonl`` and
+    ``evaluations.jsonl`` logged after ``step`` (an evaluation by its version): a run resumed
+    from checkpoint ``step`` logs those steps again, and each step is kept once. Each file is
+    rewritten beside itself and renamed into place."""
+    for name in (METRICS_FILE, "completions.jsonl", POSITIONS_FILE, EVALUATIONS_FILE):
         path = Path(output_dir) / name
         if not path.is_file():
             continue
@@ -129,6 +131,31 @@ def _row_step(line: str) -> float:
         return float(json.loads(line).get("step", math.inf))
     except ValueError:  # a line cut short by a kill: written after the checkpoint
         return math.inf
+
+
+def write_positions(output_dir: str | Path, step: int, done: Mapping[str, Sequence[int]]) -> None:
+    """Append a window's row to ``<output_dir>/positions.jsonl``: the prompt positions the trainer
+    was done with since the last row, by outcome.
+
+    ``done`` maps ``"trained"`` to the positions of the samples trained (one entry per sample, so
+    a group of 8 shows its position 8 times) and each drop reason of
+    :mod:`asyncgrpo.core.rollout.sample_wait` (``stale``, ``oversize`` per sample;
+    ``zero_reward_spread``, ``prompt_too_long``, ... per group) to its positions. A position is
+    the prompt stream's index (epoch x dataset size + index in that epoch's order, see
+    :mod:`asyncgrpo.core.rollout.cursor`). Over a run's rows, resumed runs included, each sample
+    of a consumed position appears once: rows after a resumed checkpoint are removed with the
+    metrics' (:func:`drop_rows_after`).
+
+    Example:
+        >>> import tempfile
+        >>> out = tempfile.mkdtemp()
+        >>> write_positions(out, 3, {"trained": [4, 4], "stale": [2]})
+        >>> (Path(out) / POSITIONS_FILE).read_text()
+        '{"step": 3, "trained": [4, 4], "stale": [2]}\\n'
+    """
+    row = {"step": step, **{outcome: list(positions) for outcome, positions in done.items()}}
+    with (Path(output_dir) / POSITIONS_FILE).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def write_completions(

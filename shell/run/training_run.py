@@ -46,7 +46,7 @@ from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
-from asyncgrpo.core.rollout.sample_wait import OVERSIZE, STALE
+from asyncgrpo.core.rollout.sample_wait import OVERSIZE, SPLIT_BY_RESUME, STALE, ZERO_SPREAD
 from asyncgrpo.core.run import collapse, schedule, step_queue, step_time
 from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
 from asyncgrpo.core.servers import outage as server_outage
@@ -68,9 +68,11 @@ from asyncgrpo.shell.run.interrupts import (
 )
 from asyncgrpo.shell.run.metrics_log import (
     EVALUATIONS_FILE,
+    TRAINED,
     MetricsFile,
     drop_rows_after,
     write_completions,
+    write_positions,
 )
 from asyncgrpo.shell.servers import (
     ServerSettings,
@@ -122,6 +124,7 @@ class TrainingRun:
         self.version = 0
         self.queue: step_queue.StepQueue | None = None
         self.completions: list[tuple[str, str, float]] = []
+        self.done: dict[str, list[int]] = {}  # positions done with in this window, by outcome
         self.window = metrics.MetricWindow()
         self._logged: tuple[int, metrics.MetricWindow] | None = None  # the last row written
         self.forwarded_total = 0
@@ -136,6 +139,7 @@ class TrainingRun:
             learner.load_checkpoint(checkpoint)
             self.cursor = checkpoints.read_rollout_cursor(checkpoint)
             last_evaluated = checkpoints.read_last_evaluated(checkpoint)
+            self._drop_split_groups(checkpoints.read_split_groups(checkpoint))
         evaluating = inputs.eval_datasets and self.args.eval_strategy == "steps"
         every = (
             self.args.eval_steps if self.args.eval_steps is not None else self.args.logging_steps
@@ -312,6 +316,7 @@ class TrainingRun:
             ))  # fmt: skip
             if control.should_training_stop or self._finished():
                 self._await_pushes()  # the last step's window holds the last push
+            self._write_positions()
             if control.should_log:
                 summary = self._log_window()
             logged = time.monotonic()
@@ -397,6 +402,7 @@ class TrainingRun:
             if pushed is not None:
                 self._landed(pushed)
         if control[0] == SPREADLESS:  # ended for lack of reward spread: keep where it stopped
+            self._write_positions()
             self._save_checkpoint()
             return None
         if control[0] is None:
@@ -459,6 +465,7 @@ class TrainingRun:
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
         placed = step.samples
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
+        self._done(TRAINED, [s.prompt_position for s in placed])
         self._observe(
             *sample_observations(placed, self.learner.step, time.monotonic()),
             *(metrics.declared(k, v, 1.0, BATCH_METRICS)
@@ -515,6 +522,8 @@ class TrainingRun:
                     self.rollouts_since_step += self.args.num_generations
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
                                                    len(message.samples))  # fmt: skip
+                if not message.samples:
+                    self._done(message.dropped or ZERO_SPREAD, [message.position])
                 self.completions.extend(message.completions)
                 self._apply(step_queue.arrive(self.queue, message.samples, self.learner.step))
             if isinstance(message, EvalOutcome):
@@ -522,6 +531,32 @@ class TrainingRun:
             else:
                 self._observe(*message.observations)
             message = self.process.get(0.0)
+
+    def _done(self, outcome: str, positions: list[int]) -> None:
+        """Note prompt positions the trainer is done with, for ``positions.jsonl``."""
+        if positions:
+            self.done.setdefault(outcome, []).extend(positions)
+
+    def _drop_split_groups(self, left: dict[int, int]) -> None:
+        """Count the samples left of the groups the resumed checkpoint split: they were queued
+        when it was written and are gone; the rest of each group was trained, so it is not
+        generated again."""
+        if not left:
+            return
+        dropped = [p for p, n in sorted(left.items()) for _ in range(n)]
+        self._done(SPLIT_BY_RESUME, dropped)
+        self._observe(metrics.total("sample/dropped_split_by_resume_count", len(dropped)))
+        log.info("resumed with groups the checkpoint split: their samples left are dropped, "
+                 "the part trained is not generated again", groups=len(left),
+                 samples=len(dropped))  # fmt: skip
+
+    def _write_positions(self) -> None:
+        """Write the positions done with since the last row, as the current step's row: at
+        every step's end, before its checkpoint, so a checkpoint's cursor and the rows up to
+        its step tell the same positions."""
+        if self.rank0 and self.done:
+            write_positions(self.output_dir, self.learner.step, self.done)
+        self.done = {}
 
     def _apply(self, decided: step_queue.Arrival) -> None:
         """Act on the queue's decisions: dropped samples are consumed prompts, counted in the
@@ -532,6 +567,8 @@ class TrainingRun:
         if not dropped:
             return
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
+        self._done(STALE, [s.prompt_position for s in decided.stale])
+        self._done(OVERSIZE, [s.prompt_position for s in decided.oversize])
         self.process.samples_taken(decided.released_tokens)
         self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows long
         self.process.samples_dropped(OVERSIZE, len(decided.oversize))

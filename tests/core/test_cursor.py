@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from asyncgrpo.core.rollout.cursor import (
     PromptCursor,
+    audit_positions,
     epoch_order,
     epochs_consumed,
     group_outcome,
@@ -13,6 +14,7 @@ from asyncgrpo.core.rollout.cursor import (
     request_seed,
     row_at,
     samples_consumed,
+    split_by_checkpoint,
 )
 
 
@@ -48,10 +50,55 @@ def test_cursor_tracks_consumed_positions_whatever_the_order(history, stop_after
         assert {p for p in range(len(sizes)) if cursor.is_consumed(p)} == consumed
         assert prompts_consumed(cursor) == len(consumed)
         assert cursor.next_untrained == min(set(range(len(sizes) + 1)) - consumed)
-        # Resume: the worker regenerates exactly the unconsumed positions.
+        # Resume: the worker regenerates exactly the unconsumed positions none of whose
+        # samples was taken; a group split by the checkpoint has its samples left dropped.
+        split = {p: queue.count(p) for p in set(queue) if queue.count(p) < sizes[p]}
+        assert split_by_checkpoint(cursor.to_json()) == split
         restored = PromptCursor.from_json(cursor.to_json())
         resumed = set(positions_from(restored, stop=len(sizes)))
-        assert resumed == set(range(len(sizes))) - consumed
+        assert resumed == set(range(len(sizes))) - consumed - set(split)
+
+
+@given(st.lists(st.sampled_from([0, 3]), min_size=1, max_size=25),
+       st.randoms(use_true_random=False), st.integers(0, 200))  # fmt: skip
+def test_the_audit_finds_each_position_once_and_names_a_repeat_or_a_loss(sizes, rng, takes) -> None:
+    """A record written as the trainer writes it (each sample taken is trained, each empty
+    group dropped) audits exact against the saved cursor, groups it split included; a sample
+    recorded twice, a lost one, or one of a group the cursor never saw taken is named
+    (negative controls)."""
+    cursor, queue, rows = PromptCursor(), [], []
+    for step, position in enumerate(rng.sample(range(len(sizes)), len(sizes))):
+        cursor = group_outcome(cursor, position, sizes[position])
+        queue.extend([position] * sizes[position])
+        row = {"step": step, "trained": [], "zero_reward_spread": []}
+        if sizes[position] == 0:
+            row["zero_reward_spread"].append(position)
+        rng.shuffle(queue)
+        while queue and rng.random() < 0.7 and takes > 0:
+            takes -= 1
+            taken = queue.pop()
+            cursor = samples_consumed(cursor, [taken])
+            row["trained"].append(taken)
+        rows.append(row)
+    saved = cursor.to_json()
+    audit = audit_positions(rows, saved, samples_per_group=3)
+    assert audit.exact, audit
+    consumed = [p for p in range(len(sizes)) if cursor.is_consumed(p)]
+    split = split_by_checkpoint(saved)
+    assert audit.consumed == len(consumed) and audit.split == len(split)
+    assert audit.trained_samples == 3 * sum(sizes[p] > 0 for p in consumed) + sum(
+        3 - left for left in split.values())  # fmt: skip
+    trained = [p for p in [*consumed, *split] if sizes[p] == 3]
+    if trained:
+        again = [*rows, {"step": len(rows), "trained": [trained[0]]}]
+        assert audit_positions(again, saved, 3).repeated == (trained[0],)
+        lost = [{k: v if k == "step" else [p for p in v if p != trained[0]] for k, v in r.items()}
+                for r in rows]  # fmt: skip
+        assert audit_positions(lost, saved, 3).missing == (trained[0],)
+    queued = [p for p in range(len(sizes)) if sizes[p] == 3 and p not in trained]
+    if queued:  # a group whose samples all wait on the queue: not in the record
+        extra = [*rows, {"step": len(rows), "trained": [queued[0]]}]
+        assert audit_positions(extra, saved, 3).unconsumed == (queued[0],)
 
 
 def test_consuming_twice_or_without_a_group_is_an_error() -> None:

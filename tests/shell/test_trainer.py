@@ -14,10 +14,12 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer, AsyncRolloutLoop
 from asyncgrpo.adapters.vllm.client import VLLMError
 from asyncgrpo.adapters.vllm.server import free_port
+from asyncgrpo.core.rollout.cursor import audit_positions
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
 from asyncgrpo.shell.run import read_metrics
 from asyncgrpo.shell.run.checkpoints import CheckpointError
+from asyncgrpo.shell.run.metrics_log import POSITIONS_FILE
 
 
 def dataset(n: int = 8) -> Dataset:
@@ -127,6 +129,13 @@ def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
     assert steps == sorted(steps) and 1 in steps and set(steps) <= {1, 2, 3, 4}
     assert [r for r in completions if r["step"] <= 2] == kept
     assert not any("old" in r for r in read_metrics(run) + completions)
+    # each prompt position the last checkpoint consumed was trained or dropped once, over both
+    # runs (the killed run's rows after checkpoint 2 removed, a group it split dropped once)
+    positions = read_metrics(run, POSITIONS_FILE)
+    assert [r["step"] for r in positions] == sorted(r["step"] for r in positions)
+    saved = json.loads((run / "checkpoint-4" / "rollout_state.json").read_text())["cursor"]
+    audit = audit_positions(positions, saved, samples_per_group=4)
+    assert audit.exact and audit.trained_samples >= 4, audit
 
 
 def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_path) -> None:
