@@ -235,8 +235,23 @@ class EngineWeights:
         return self.engines.get(0)
 
     def start(self) -> None:
+        """Open a transfer group with each server.
+
+        Raises:
+            VLLMError: a server that does not open its group (gone since the run checked it,
+                or started without the engine), naming it, the cause and the fix.
+        """
         for index in range(len(self.urls)):
-            self._start(index)
+            try:
+                self._start(index)
+            except Exception as error:
+                raise VLLMError(
+                    f"the vLLM server at {self.urls[index]} did not open its weight-transfer "
+                    f"group at the start of the run ({type(error).__name__}: {error}). Check "
+                    "that it runs, with --weight-transfer-config '{\"backend\": "
+                    f"\"{self.backend}\"}}', and start the run again (asyncgrpo train --resume "
+                    "continues from the last checkpoint)"
+                ) from error
 
     def _start(self, index: int) -> None:
         from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream

@@ -1,5 +1,6 @@
 """The servers wing without a server: the rerouting gate, the rollout side's pool of servers,
-the records shared with the rollout process, and a push's fan-out to several servers."""
+the records shared with the rollout process, a push's fan-out to several servers, and a
+server gone before its transfer group opens."""
 
 from __future__ import annotations
 
@@ -8,10 +9,21 @@ import threading
 import anyio
 import pytest
 
+from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.transfer.files import SyncTimings
+from asyncgrpo.adapters.vllm.replies import VLLMError
+from asyncgrpo.adapters.vllm.server import free_port
 from asyncgrpo.core.rollout.pacing import LoadCap
-from asyncgrpo.shell.servers import RolloutGate, ServerOut, ServerPool, SharedServers
-from asyncgrpo.shell.weights.paths import each_server, landed_timings
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.servers import (
+    RolloutGate,
+    ServerOut,
+    ServerPool,
+    ServerSettings,
+    SharedServers,
+)
+from asyncgrpo.shell.weights.paths import EngineWeights, each_server, landed_timings
 
 
 def test_a_rerouting_gate_sends_the_group_elsewhere_instead_of_waiting() -> None:
@@ -89,3 +101,22 @@ def test_a_push_reaches_every_server_in_parallel_and_keeps_each_outcome() -> Non
     assert list(landing) == [0, 1, 2] and isinstance(landing[1], OSError)
     assert landed_timings(landing) == SyncTimings(0.2, 0.0, 0.5, 0.2)
     assert landed_timings({0: OSError("x")}) is None
+
+
+def test_a_server_gone_before_its_transfer_group_opens_is_named_with_the_fix(tiny_qwen3) -> None:
+    """A server of the run went away between the run's check and the opening of its
+    weight-transfer group: the start fails naming that server, the call's cause and --resume
+    (a chaos run found it failing with a bare requests.ConnectionError)."""
+    gone = f"http://127.0.0.1:{free_port()}"
+    other = f"http://127.0.0.1:{free_port()}"
+    args = AsyncGRPOConfig(vllm_server_base_url=[gone, other], vllm_server_timeout=5)
+    learner = Learner(load_causal_lm(tiny_qwen3), args)
+    settings = ServerSettings.of(args)
+    weights = EngineWeights(learner, args, lambda server=0: settings.client("m", server),
+                            backend="asyncgrpo_gloo", server_workers=1)  # fmt: skip
+    with pytest.raises(VLLMError) as raised:
+        weights.start()
+    message = str(raised.value)
+    assert f"the vLLM server at {gone} did not open its weight-transfer group" in message
+    assert "ConnectionError" in message and "asyncgrpo train --resume" in message
+    assert """--weight-transfer-config '{"backend": "asyncgrpo_gloo"}'""" in message
