@@ -243,11 +243,13 @@ def named(cause: str) -> bool:
 
 
 def cause_of(log: str) -> str:
-    """The last line of a trainer's log that names an error."""
+    """What a trainer's log says last of why it stopped: its command's last line, else the last
+    exception line, else its last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "Error" in line or "error" in line or "stopped" in line:
-            return line[:300]
+    for pattern in (r"^asyncgrpo train: ", r"^(\[rank\d+\]:\s*)?[\w.]+(Error|Exception)\w*: "):
+        found = [line for line in lines if re.match(pattern, line)]
+        if found:
+            return found[-1][:300]
     return lines[-1][:300] if lines else "(empty log)"
 
 
