@@ -248,8 +248,8 @@ class EngineWeights:
                 raise VLLMError(
                     f"the vLLM server at {self.urls[index]} did not open its weight-transfer "
                     f"group at the start of the run ({type(error).__name__}: {error}). Check "
-                    "that it runs, with --weight-transfer-config '{\"backend\": "
-                    f"\"{self.backend}\"}}', and start the run again (asyncgrpo train --resume "
+                    'that it runs, with --weight-transfer-config \'{"backend": '
+                    f'"{self.backend}"}}\', and start the run again (asyncgrpo train --resume '
                     "continues from the last checkpoint)"
                 ) from error
 
