@@ -161,8 +161,28 @@ def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: in
     (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
 
-def read_rollout_state(path: Path) -> tuple[PromptCursor, int]:
-    """The prompt cursor and step a checkpoint saved (:func:`write_rollout_state`).
+@attrs.frozen
+class RolloutState:
+    """What a checkpoint saved of the rollout side (:func:`write_rollout_state`).
+
+    Attributes:
+        cursor: the prompt cursor (the first untrained position and those done after it).
+        step: the optimizer step the checkpoint was written after.
+        last_evaluated: the version the run evaluated last; None for none, and for checkpoints
+            written before evaluations were recorded (a resumed run does not evaluate it again).
+        split_groups: the samples left of each group the checkpoint split (some of its samples
+            trained before it, the rest queued), by prompt position; the resumed run drops them
+            (:func:`asyncgrpo.core.rollout.cursor.split_by_checkpoint`).
+    """
+
+    cursor: PromptCursor
+    step: int
+    last_evaluated: int | None
+    split_groups: dict[int, int]
+
+
+def read_rollout_state(path: Path) -> RolloutState:
+    """The rollout state checkpoint ``path`` saved, from one read of ``rollout_state.json``.
 
     Raises:
         UnreadableCheckpoint: the file does not parse or lacks a key (names the file).
@@ -170,19 +190,25 @@ def read_rollout_state(path: Path) -> tuple[PromptCursor, int]:
     file = path / ROLLOUT_STATE
     try:
         state = json.loads(file.read_text())
-        return PromptCursor.from_json(state["cursor"]), int(state["step"])
+        last_evaluated = state.get("last_evaluated")
+        return RolloutState(
+            cursor=PromptCursor.from_json(state["cursor"]),
+            step=int(state["step"]),
+            last_evaluated=None if last_evaluated is None else int(last_evaluated),
+            split_groups=split_by_checkpoint(state["cursor"]),
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UnreadableCheckpoint(file, f"{type(error).__name__}: {error}") from error
 
 
-def read_rollout_cursor(path: Path) -> PromptCursor:
-    """The prompt cursor a checkpoint saved (:func:`write_rollout_state`).
+def load_rollout_state(path: Path) -> RolloutState:
+    """:func:`read_rollout_state` for a resume.
 
     Raises:
         CheckpointError: the rollout state does not load (names the file).
     """
     try:
-        return read_rollout_state(path)[0]
+        return read_rollout_state(path)
     except UnreadableCheckpoint as error:
         raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
@@ -217,27 +243,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value)
     return getattr(value, "value", str(value))
-
-
-def read_last_evaluated(path: Path) -> int | None:
-    """The version a checkpoint's run evaluated last (:func:`write_rollout_state`); None for
-    none, and for checkpoints written before evaluations were recorded."""
-    try:
-        value = json.loads((path / ROLLOUT_STATE).read_text()).get("last_evaluated")
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
-    return None if value is None else int(value)
-
-
-def read_split_groups(path: Path) -> dict[int, int]:
-    """The samples left of each group the checkpoint split (some of its samples trained before
-    it, the rest queued), which the resumed run drops
-    (:func:`asyncgrpo.core.rollout.cursor.split_by_checkpoint`)."""
-    try:
-        state = json.loads((path / ROLLOUT_STATE).read_text())
-        return split_by_checkpoint(state["cursor"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
 
 def _free_bytes(path: Path) -> int:

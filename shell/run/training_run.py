@@ -137,9 +137,9 @@ class TrainingRun:
         last_evaluated = None
         if checkpoint is not None:
             learner.load_checkpoint(checkpoint)
-            self.cursor = checkpoints.read_rollout_cursor(checkpoint)
-            last_evaluated = checkpoints.read_last_evaluated(checkpoint)
-            self._drop_split_groups(checkpoints.read_split_groups(checkpoint))
+            saved = checkpoints.load_rollout_state(checkpoint)
+            self.cursor, last_evaluated = saved.cursor, saved.last_evaluated
+            self._drop_split_groups(saved.split_groups)
         evaluating = inputs.eval_datasets and self.args.eval_strategy == "steps"
         every = (
             self.args.eval_steps if self.args.eval_steps is not None else self.args.logging_steps
