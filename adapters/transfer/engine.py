@@ -1,4 +1,5 @@
-"""Weight sync through a vLLM weight-transfer engine: ``nccl`` (vLLM's, GPU servers) or
+"""Weight sync through a vLLM weight-transfer engine: one of
+:data:`~asyncgrpo.core.weights.sync.ENGINES`, ``nccl`` (vLLM's, GPU servers) or
 ``asyncgrpo_gloo`` (:mod:`asyncgrpo.adapters.transfer.gloo`, CPU servers).
 
 The server must have been started with ``--weight-transfer-config '{"backend": ...}'``. Once per
@@ -17,6 +18,7 @@ weight the half-done one touched.
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import socket
 import time
@@ -35,7 +37,8 @@ from asyncgrpo.adapters.transfer.plugin import register
 from asyncgrpo.adapters.vllm.auth import bearer
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.server import free_port
-from asyncgrpo.core.weights.sync import GLOO, NCCL
+from asyncgrpo.core.names import spoken_list
+from asyncgrpo.core.weights.sync import ENGINES, engine_named
 
 
 def address_towards(url: str) -> str:
@@ -239,14 +242,11 @@ class EngineSync:
 
 
 def _init_info(backend: str, address: str, world_size: int, rank: int, timeout_s: float) -> Any:
-    port = free_port(address)
-    if backend == NCCL:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-        return NCCLTrainerInitInfo(address, port, world_size, rank=rank)
-    if backend == GLOO:
-        register()
-        from asyncgrpo.adapters.transfer.gloo import GlooTrainerInitInfo
-
-        return GlooTrainerInitInfo(address, port, world_size, timeout_s, rank=rank)
-    raise ValueError(f"no trainer-side weight transfer for backend {backend!r}; use nccl or {GLOO}")
+    engine = engine_named(backend)
+    if engine is None:
+        known = spoken_list(e.backend for e in ENGINES)
+        raise ValueError(f"no trainer-side weight transfer for backend {backend!r}; use {known}")
+    if engine.vllm_classes is not None:
+        register()  # an engine vLLM does not ship: into this process's trainer factory
+    module = importlib.import_module(engine.module)
+    return module.trainer_init_info(address, free_port(address), world_size, rank, timeout_s)

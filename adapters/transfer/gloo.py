@@ -171,6 +171,16 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 
+def trainer_init_info(
+    address: str, port: int, world_size: int, rank: int, timeout_s: float
+) -> GlooTrainerInitInfo:
+    """The trainer's handshake (:data:`asyncgrpo.core.weights.sync.ENGINES` names this module):
+    it hosts the rendezvous at ``address:port`` for ``world_size`` ranks (itself and the
+    server's workers) and waits ``timeout_s`` for them; ``rank`` is the trainer process's rank
+    (0 sends)."""
+    return GlooTrainerInitInfo(address, port, world_size, timeout_s, rank=rank)
+
+
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
     """The trainer-side engine: rank 0 broadcasts every parameter of its :class:`WeightSource`;
     other trainer ranks only iterate the source (the FSDP gather is a collective)."""

@@ -1,8 +1,9 @@
 """asyncgrpo's vLLM plugin (entry point group ``vllm.general_plugins``).
 
-vLLM calls :func:`register` in each of its processes. It registers the ``asyncgrpo_gloo``
-weight-transfer backend (:mod:`asyncgrpo.adapters.transfer.gloo`) by module path, so nothing is
-imported until a server is started with ``--weight-transfer-config '{"backend":
+vLLM calls :func:`register` in each of its processes. It registers the weight-transfer
+engines of :data:`~asyncgrpo.core.weights.sync.ENGINES` that vLLM does not ship (the
+``asyncgrpo_gloo`` backend, :mod:`asyncgrpo.adapters.transfer.gloo`) by module path, so nothing
+is imported until a server is started with ``--weight-transfer-config '{"backend":
 "asyncgrpo_gloo"}'``; on a CPU server it makes weight updates of routed experts take effect
 (:func:`repack_cpu_experts_on_update`); and on a server given an API key (``--api-key`` or
 ``VLLM_API_KEY``) the key guards every route but the probes and metrics, the dev-mode and
@@ -15,14 +16,13 @@ from contextlib import suppress
 from typing import Any
 
 from asyncgrpo.adapters.vllm.auth import guard_every_route
-from asyncgrpo.core.weights.sync import GLOO
+from asyncgrpo.core.weights.sync import ENGINES
 
-MODULE = "asyncgrpo.adapters.transfer.gloo"
 PATCHED = "_asyncgrpo_repacks_cpu_experts"
 
 
 def register() -> None:
-    """Register the backend with vLLM's worker and trainer factories, fix the CPU experts'
+    """Register asyncgrpo's engines with vLLM's worker and trainer factories, fix the CPU experts'
     weight updates and guard every route with the server's API key (idempotent; a vLLM
     without weight-transfer engines is left alone)."""
     guard_every_route()
@@ -33,12 +33,13 @@ def register() -> None:
         )
     except ImportError:
         return
-    for factory, engine in (
-        (WeightTransferEngineFactory, "GlooWeightTransferEngine"),
-        (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine"),
-    ):
-        with suppress(ValueError):  # already registered in this process
-            factory.register_engine(GLOO, MODULE, engine)
+    factories = (WeightTransferEngineFactory, WeightTransferTrainerFactory)
+    for engine in ENGINES:
+        if engine.vllm_classes is None:  # one of vLLM's own
+            continue
+        for factory, name in zip(factories, engine.vllm_classes, strict=True):
+            with suppress(ValueError):  # already registered in this process
+                factory.register_engine(engine.backend, engine.module, name)
     repack_cpu_experts_on_update()
 
 

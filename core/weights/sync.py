@@ -10,6 +10,11 @@ was started with, and picks:
 
 ``weight_transfer_backend="auto"`` takes the engine the server runs when the trainer can drive
 it, else the disk; naming a backend makes a mismatch an error at start.
+
+The engines the trainer drives are declared once, in :data:`ENGINES`. A new one is a module of
+``asyncgrpo.adapters.transfer`` (its ``trainer_init_info``, and its vLLM classes when vLLM does
+not ship it) and one entry there: the config's choices, this decision, the servers ``train``
+starts, the trainer's handshake and the vLLM plugin all read the entry.
 """
 
 from __future__ import annotations
@@ -18,11 +23,51 @@ from collections.abc import Sequence
 
 import attrs
 
+from asyncgrpo.core.names import spoken_list
+
 AUTO = "auto"
 DISK = "disk"
 NCCL = "nccl"
 GLOO = "asyncgrpo_gloo"
-WEIGHT_TRANSFER_BACKENDS = (AUTO, DISK, NCCL, GLOO)
+
+
+@attrs.frozen
+class Engine:
+    """A vLLM weight-transfer engine the trainer drives (an entry of :data:`ENGINES`).
+
+    Attributes:
+        backend: its name: the ``"backend"`` of the server's ``--weight-transfer-config``, and
+            a value of ``AsyncGRPOConfig.weight_transfer_backend``.
+        needs_cuda: the trainer sends from a CUDA device, so its weights must live on one.
+        module: the adapter module that drives it; its ``trainer_init_info(address, port,
+            world_size, rank, timeout_s)`` builds the trainer's side of the handshake.
+        vllm_classes: for an engine vLLM does not ship, the names of its worker-side and
+            trainer-side classes in ``module``, which asyncgrpo's vLLM plugin registers; None
+            for one of vLLM's own.
+    """
+
+    backend: str
+    needs_cuda: bool
+    module: str
+    vllm_classes: tuple[str, str] | None = None
+
+
+ENGINES = (
+    Engine(NCCL, needs_cuda=True, module="asyncgrpo.adapters.transfer.nccl"),
+    Engine(GLOO, needs_cuda=False, module="asyncgrpo.adapters.transfer.gloo",
+           vllm_classes=("GlooWeightTransferEngine", "GlooTrainerWeightTransferEngine")),
+)  # fmt: skip
+WEIGHT_TRANSFER_BACKENDS = (AUTO, DISK, *(engine.backend for engine in ENGINES))
+
+
+def engine_named(backend: str | None) -> Engine | None:
+    """The entry of :data:`ENGINES` named ``backend``; None for any other name, or None.
+
+    Example:
+        >>> engine_named("nccl").needs_cuda, engine_named("disk")
+        (True, None)
+    """
+    return next((engine for engine in ENGINES if engine.backend == backend), None)
 
 
 @attrs.frozen
@@ -66,26 +111,28 @@ def choose_weight_transfer(
     check_backend(requested)
     if requested == DISK:
         return TransferChoice(DISK, "weight_transfer_backend='disk'")
+    engine = engine_named(server_backend)
     if requested == AUTO:
-        if server_backend == GLOO:
-            return TransferChoice(GLOO, "the server runs the asyncgrpo_gloo engine")
-        if server_backend == NCCL and trainer_on_cuda:
-            return TransferChoice(NCCL, "the server runs the nccl engine")
-        if server_backend == NCCL:
-            return TransferChoice(DISK, "the server runs nccl but the trainer is not on CUDA")
-        offered = server_backend or "no --weight-transfer-config"
-        return TransferChoice(DISK, f"the server runs no engine the trainer drives ({offered})")
-    if server_backend != requested:
+        if engine is None:
+            offered = server_backend or "no --weight-transfer-config"
+            return TransferChoice(DISK, f"the server runs no engine the trainer drives ({offered})")
+        if engine.needs_cuda and not trainer_on_cuda:
+            return TransferChoice(
+                DISK, f"the server runs {engine.backend} but the trainer is not on CUDA"
+            )
+        return TransferChoice(engine.backend, f"the server runs the {engine.backend} engine")
+    if engine is None or engine.backend != requested:
         raise ValueError(
             f"AsyncGRPOConfig.weight_transfer_backend={requested!r} but the server runs "
             f"{server_backend or 'no weight-transfer engine'}: start vLLM with "
             f'--weight-transfer-config \'{{"backend": "{requested}"}}\' (and '
             "VLLM_SERVER_DEV_MODE=1), or set weight_transfer_backend='auto'"
         )
-    if requested == NCCL and not trainer_on_cuda:
+    if engine.needs_cuda and not trainer_on_cuda:
+        on_cpu = [repr(e.backend) for e in ENGINES if not e.needs_cuda] + [repr(DISK)]
         raise ValueError(
-            "AsyncGRPOConfig.weight_transfer_backend='nccl' needs the trainer on a CUDA device; "
-            f"on CPU use {GLOO!r} or 'disk'"
+            f"AsyncGRPOConfig.weight_transfer_backend={requested!r} needs the trainer on a CUDA "
+            f"device; on CPU use {spoken_list(on_cpu)}"
         )
     return TransferChoice(requested, f"weight_transfer_backend={requested!r}")
 
@@ -100,7 +147,7 @@ def local_server_engine(requested: str) -> str | None:
         ('asyncgrpo_gloo', None)
     """
     check_backend(requested)
-    return requested if requested in (GLOO, NCCL) else None
+    return requested if engine_named(requested) else None
 
 
 def chunk_bounds(nbytes: Sequence[int], limit: int) -> list[tuple[int, int]]:

