@@ -196,7 +196,7 @@ class AsyncGRPOTrainer:
                 output = run.loop()
                 self._publisher.final = FinalModel.of(learner, run.output_dir)
                 lora = run.weights.lora_name if run.weights is not None else None
-                self._served = (run.version, lora)
+                self._served = (run.ledger.version, lora)
                 self._callbacks.train_end()
                 return output
             except KeyboardInterrupt as error:

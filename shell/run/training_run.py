@@ -26,10 +26,9 @@ objects it holds: the :class:`~asyncgrpo.shell.learner.Learner`, the
 from __future__ import annotations
 
 import math
-import queue
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import attrs
@@ -47,7 +46,7 @@ from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
 from asyncgrpo.core.rollout.sample_wait import OVERSIZE, SPLIT_BY_RESUME, STALE, ZERO_SPREAD
-from asyncgrpo.core.run import collapse, schedule, step_queue, step_time
+from asyncgrpo.core.run import schedule, step_queue, step_time
 from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.core.weights import sync as weight_sync
@@ -74,6 +73,8 @@ from asyncgrpo.shell.run.metrics_log import (
     write_completions,
     write_positions,
 )
+from asyncgrpo.shell.run.push_ledger import PushLedger
+from asyncgrpo.shell.run.spread_guard import SpreadGuard
 from asyncgrpo.shell.servers import (
     ServerSettings,
     ServerWatch,
@@ -84,21 +85,15 @@ from asyncgrpo.shell.servers import (
 )
 from asyncgrpo.shell.weights import (
     ParityGuard,
-    Pushed,
     WeightPusher,
     WeightSync,
     open_weight_sync,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = structlog.get_logger("asyncgrpo.trainer")
 RESYNC = "resync"  # rank 0 to every rank: the server went away; push the weights again first
 STEP = "step"  # rank 0 to every rank: a step follows; each rank's rows come by scatter
 SPREADLESS = "spreadless"  # rank 0 to every rank: no reward spread left; checkpoint and stop
-SPREADLESS_SHARE = 0.9  # a step is spreadless when this share of its groups had zero spread
-WARN_AFTER_SPREADLESS = 3  # spreadless steps in a row before the warning
 
 
 @attrs.frozen
@@ -121,7 +116,6 @@ class TrainingRun:
         self.rank0 = learner.rank == 0
         self.output_dir = Path(self.args.output_dir)
         self.cursor = cursor.PromptCursor()
-        self.version = 0
         self.queue: step_queue.StepQueue | None = None
         self.completions: list[tuple[str, str, float]] = []
         self.done: dict[str, list[int]] = {}  # positions done with in this window, by outcome
@@ -155,6 +149,7 @@ class TrainingRun:
         # push, and the version that landed on each
         self.servers = SharedServers(self.args.server_urls) if self.rank0 else None
         self.trust = self.servers.trusts[0] if self.servers is not None else None
+        self.ledger = PushLedger(self._observe, self.servers, on_version=self.evaluations.landed)
         self.watch: ServerWatch | None = None  # rank 0, several servers: those out of routing
         self._resync_servers: tuple[int, ...] | None = None  # the RESYNC's servers (None: all)
         self.weights: WeightSync | None = None
@@ -165,15 +160,8 @@ class TrainingRun:
         self.step_flops = self.waited_s = 0.0
         self.parity: ParityGuard | None = None
         self.push_plan: weight_sync.PushPlan | None = None
-        self._pushes_landed: queue.SimpleQueue[Pushed] = queue.SimpleQueue()  # rank 0's thread
-        self.spread = collapse.SpreadWatch()
-        self.spread_settings = collapse.SpreadSettings(
-            SPREADLESS_SHARE, WARN_AFTER_SPREADLESS, self.args.stop_after_spreadless_steps
-        )
-        self.groups_per_step = 0  # groups whose samples filled the last step
-        self.rollouts_since_step = 0
+        self.spread = SpreadGuard(self.args.stop_after_spreadless_steps, self.args.num_generations)
         self.last_entropy = math.nan
-        self.stopped_spreadless = False
 
     def start(self) -> None:
         """Connect to the servers (several: check that they can stand in for each other),
@@ -219,13 +207,14 @@ class TrainingRun:
                 resume_cursor=lambda: self.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
             )  # fmt: skip
+            self.ledger.process = self.process
             self.process.start()
             for server in range(len(self.args.server_urls)):
-                self.process.set_server_version(server, self.version)
-            self.process.set_model_version(self.version)
+                self.process.set_server_version(server, self.ledger.version)
+            self.process.set_model_version(self.ledger.version)
             self.process.set_steps_taken(self.learner.step)
             self.evaluations.process = self.process
-            self.evaluations.landed(self.version, at_start=True)
+            self.evaluations.landed(self.ledger.version, at_start=True)
             self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
                             initial=self.learner.step, desc="train", unit="step",
                             disable=bool(self.args.disable_tqdm))  # fmt: skip
@@ -297,7 +286,7 @@ class TrainingRun:
             if self.learner.step % self.args.weight_sync_steps == 0:
                 self._push_after_step()
             step_end = time.monotonic()
-            self._record_landed_pushes()
+            self.ledger.record_landed()
             self._observe(metrics.mean("perf/weight_sync_s", step_end - sync_start),
                           metrics.mean("perf/logging_s", after_step[0]),
                           metrics.mean("perf/checkpoint_s", after_step[1]),
@@ -399,8 +388,8 @@ class TrainingRun:
                 break
             assert self.pusher is not None
             pushed = self.pusher.resync(control[1])
-            if pushed is not None:
-                self._landed(pushed)
+            if pushed is not None and self.rank0:
+                self.ledger.landed(pushed)
         if control[0] == SPREADLESS:  # ended for lack of reward spread: keep where it stopped
             self._write_positions()
             self._save_checkpoint()
@@ -434,7 +423,7 @@ class TrainingRun:
         self._drain(wait_s=0.0)
         while True:
             while not step_queue.ready(self.queue, self.process.groups_in_flight(),
-                                       behind=self.learner.step - self.version):  # fmt: skip
+                                       behind=self.learner.step - self.ledger.version):  # fmt: skip
                 if (interrupted := self._wait_for_samples()) is not None:
                     return interrupted
             # announce the step, then look again: the rollout loop reports a group in flight
@@ -454,7 +443,7 @@ class TrainingRun:
         self.process.samples_taken(step.released_tokens)
         assert step.queue.tokens_per_step is not None
         self.process.step_consumed(step.queue.tokens_per_step)
-        self.groups_per_step = len({s.group_id for s in step.samples})
+        self.spread.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
         self._observe(metrics.mean("perf/rollout_wait_s", self.waited_s),
                       metrics.mean("perf/plan_s", pack_start - waited_from - self.waited_s),
@@ -505,7 +494,7 @@ class TrainingRun:
         if self._servers_to_resync():
             return RESYNC
         self._drain(wait_s=0.2)
-        if collapse.step_due(self.spread, self.groups_per_step) and self._close_spread_step():
+        if self.spread.step_due() and self._close_spread_step():
             return SPREADLESS
         return None
 
@@ -516,10 +505,7 @@ class TrainingRun:
         self.waited_s += time.monotonic() - asked
         while message is not None:
             if isinstance(message, GroupOutcome):
-                zero_spread = collapse.zero_spread_of(message.observations)
-                if zero_spread is not None:
-                    self.spread = collapse.group_seen(self.spread, zero_spread)
-                    self.rollouts_since_step += self.args.num_generations
+                self.spread.group_seen(message.observations)
                 self.cursor = cursor.group_outcome(self.cursor, message.position,
                                                    len(message.samples))  # fmt: skip
                 if not message.samples:
@@ -612,8 +598,8 @@ class TrainingRun:
         rollout process."""
         assert self.pusher is not None
         pushed = self.pusher.push(at_start=at_start)
-        if pushed is not None:
-            self._landed(pushed)
+        if pushed is not None and self.rank0:
+            self.ledger.landed(pushed)
 
     def _push_after_step(self) -> None:
         """The push after a step: beside the next step when the plan allows
@@ -622,19 +608,8 @@ class TrainingRun:
         if not self.push_plan.overlapped:
             self._push()
             return
-        if self.pusher.push_beside(self._published):
+        if self.pusher.push_beside(self.ledger.published):
             self._observe(metrics.total("perf/weight_snapshots_replaced_count", 1))
-
-    def _published(self, pushed: Pushed) -> None:
-        """Rank 0 (any thread): the server holds ``pushed.version``; the rollout process learns
-        it now, the metrics follow on the trainer's thread (:meth:`_record_landed_pushes`)."""
-        self.version = pushed.version
-        if self.process is not None:
-            for server in pushed.servers:
-                self.process.set_server_version(server, pushed.version)
-            self.process.set_model_version(self.version)
-        self._pushes_landed.put(pushed)
-        self.evaluations.landed(pushed.version)  # before this thread takes the next push
 
     def _await_pushes(self) -> None:
         """Rank 0: wait until the server holds the weights of every push made (the run's end)
@@ -645,83 +620,12 @@ class TrainingRun:
         if self.process is not None and self.queue is not None:
             self.evaluations.wait_for_last(self._drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now
-            self._record_landed_pushes()
-
-    def _record_landed_pushes(self) -> None:
-        while True:
-            try:
-                self._record_push(self._pushes_landed.get_nowait())
-            except queue.Empty:
-                return
-
-    def _landed(self, pushed: Pushed) -> None:
-        """Rank 0: the server holds ``pushed.version`` (a push the run waited for); tell the
-        rollout process and record the push (and the outage a resync ended)."""
-        if not self.rank0:
-            return
-        self.version = pushed.version
-        if self.process is not None:
-            for server in pushed.servers:
-                self.process.set_server_version(server, pushed.version)
-            self.process.set_model_version(self.version)
-            if pushed.resynced:
-                self.process.restart_wait_clock()
-        for resynced in pushed.resynced:
-            assert self.servers is not None  # rollouts go on there from here
-            self.servers.trusts[resynced.server].pushed(resynced.covering, resynced.identity)
-            self._observe(metrics.total("rollout/vllm_outage_count", 1))
-        if pushed.resynced and self.process is not None:
-            self.process.set_model_version(self.version)  # wakes the loop: routable again
-        self._record_push(pushed)
-        self.evaluations.landed(pushed.version)
-
-    def _record_push(self, pushed: Pushed) -> None:
-        if pushed.push_s is not None:
-            self._observe(metrics.mean("perf/weight_push_s", pushed.push_s))
-        if pushed.held_s:
-            self._observe(metrics.mean("perf/weight_push_held_s", pushed.held_s))
-        if pushed.timings is not None:
-            timings = pushed.timings
-            self._observe(
-                metrics.mean("perf/weight_sync_server_s", timings.total_s),
-                metrics.mean("perf/weight_sync_pause_s", timings.pause_s),
-                metrics.mean("perf/weight_sync_barrier_s", timings.barrier_s),
-                metrics.mean("perf/weight_sync_transfer_s", timings.transfer_s),
-                metrics.mean("perf/weight_sync_write_s", timings.write_s),
-            )
+            self.ledger.record_landed()
 
     def _close_spread_step(self) -> bool:
-        """Rank 0: close the spread watch's step (a trained step, or a step's worth of groups
-        while waiting); warn once a collapse shows, and say whether the run must stop
-        (``stop_after_spreadless_steps``)."""
-        if not self.rank0:
-            return False
-        rollouts, self.rollouts_since_step = self.rollouts_since_step, 0
-        self.spread, verdict = collapse.close_step(self.spread, self.spread_settings)
-        if verdict is collapse.Verdict.NONE:
-            return False
-        figures = dict(step=self.learner.step, spreadless_steps=self.spread.spreadless_in_a_row,
-                       spreadless_steps_in_all=self.spread.spreadless_total,
-                       zero_spread_share=round(self.spread.last_share, 3),
-                       rollouts_for_the_step=rollouts)  # fmt: skip
-        if math.isfinite(self.last_entropy):  # none before the first trained step
-            figures["entropy"] = _rounded(self.last_entropy)
-        if verdict is collapse.Verdict.WARN:
-            log.warning(
-                "no reward spread left: almost every group's rewards are all equal, so GRPO has "
-                "nothing to learn from and the trainer generates and drops group after group. "
-                "The policy may have collapsed (low entropy) or solved the task. Make the task "
-                "harder, sample more diversely (temperature), or stop the run "
-                "(stop_after_spreadless_steps ends it with a checkpoint)",
-                next_warning_at=collapse.warning_due_at(self.spread.warnings,
-                                                        self.spread_settings),
-                **figures,
-            )  # fmt: skip
-            return False
-        log.warning("stopping: no reward spread for stop_after_spreadless_steps="
-                    f"{self.spread_settings.stop_after} steps in a row", **figures)  # fmt: skip
-        self.stopped_spreadless = True
-        return True
+        """Rank 0: close the spread guard's step; whether the run must stop for lack of reward
+        spread (``stop_after_spreadless_steps``)."""
+        return self.rank0 and self.spread.close_step(self.learner.step, self.last_entropy)
 
     def _log_window(self) -> dict[str, float]:
         """Log the window: a row of ``metrics.jsonl`` for the step, the console, the
@@ -774,7 +678,8 @@ class TrainingRun:
                 else None
             )
             checkpoints.write_model_source(path, self.inputs.model_name, peft)
-            checkpoints.write_rollout_state(path, self.cursor, self.version, self.learner.step,
+            checkpoints.write_rollout_state(path, self.cursor, self.ledger.version,
+                                            self.learner.step,
                                             last_evaluated=self.evaluations.completed)  # fmt: skip
 
     def close(self) -> None:

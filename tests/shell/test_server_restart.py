@@ -19,7 +19,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.server import VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
-from asyncgrpo.shell.run.training_run import TrainingRun
+from asyncgrpo.shell.run.push_ledger import PushLedger
 from asyncgrpo.shell.servers import SharedTrust
 from asyncgrpo.shell.weights.parity import ForeignWeightsError
 
@@ -162,17 +162,17 @@ def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: 
     restart = RestartUnseenAfterFirstStep(server, tmp_path, without_identity)
 
     def holding_first(publish):
-        def hold_then_publish(run: TrainingRun, pushed) -> None:
-            if pushed.version == 1 and run.process is not None and restart.trust is None:
-                assert run.trust is not None
-                restart.hold(run.trust)
-            publish(run, pushed)
+        def hold_then_publish(ledger: PushLedger, pushed) -> None:
+            if pushed.version == 1 and ledger.process is not None and restart.trust is None:
+                assert ledger.servers is not None
+                restart.hold(ledger.servers.trusts[0])
+            publish(ledger, pushed)
 
         return hold_then_publish
 
-    # a push the step waits for lands in _landed, one beside the next step in _published
-    monkeypatch.setattr(TrainingRun, "_landed", holding_first(TrainingRun._landed))
-    monkeypatch.setattr(TrainingRun, "_published", holding_first(TrainingRun._published))
+    # a push the step waits for lands in landed, one beside the next step in published
+    monkeypatch.setattr(PushLedger, "landed", holding_first(PushLedger.landed))
+    monkeypatch.setattr(PushLedger, "published", holding_first(PushLedger.published))
     return trainer(server, model_path, tmp_path, restart, foreign_weights_steps=1), restart
 
 
@@ -253,16 +253,16 @@ def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> N
 
 
 def foreign_push_before_publishing(foreign: ForeignTrainer, versions: set[int] | None):
-    """Patch for ``TrainingRun._landed``/``_published``: the foreign trainer pushes after this
+    """Patch for ``PushLedger.landed``/``published``: the foreign trainer pushes after this
     run's push of a version in ``versions`` (None: every odd one) lands, before the rollout
     side learns of it, so every sample for the next step comes from the foreign weights."""
 
     def patch(publish):
-        def foreign_push_then_publish(run: TrainingRun, pushed) -> None:
+        def foreign_push_then_publish(ledger: PushLedger, pushed) -> None:
             odd = versions is None and pushed.version % 2 == 1
-            if run.process is not None and (odd or pushed.version in (versions or ())):
+            if ledger.process is not None and (odd or pushed.version in (versions or ())):
                 foreign.on_step_end(None, None, None)
-            publish(run, pushed)
+            publish(ledger, pushed)
 
         return foreign_push_then_publish
 
@@ -277,8 +277,8 @@ def test_a_run_that_trained_a_step_on_foreign_weights_does_not_end_as_a_success(
     model, then fails naming the step that sampled the foreign weights."""
     server, path = served
     patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"), {2})
-    for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
-        monkeypatch.setattr(TrainingRun, landed, patch(getattr(TrainingRun, landed)))
+    for landed in ("landed", "published"):  # a push waited for, and one beside the step
+        monkeypatch.setattr(PushLedger, landed, patch(getattr(PushLedger, landed)))
     run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=4,
                   weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match=r"1 of its 4 steps \(step 3\)") as failed:
@@ -298,8 +298,8 @@ def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
     server, path = served
     patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"),
                                            None)  # fmt: skip
-    for landed in ("_landed", "_published"):  # a push waited for, and one beside the step
-        monkeypatch.setattr(TrainingRun, landed, patch(getattr(TrainingRun, landed)))
+    for landed in ("landed", "published"):  # a push waited for, and one beside the step
+        monkeypatch.setattr(PushLedger, landed, patch(getattr(PushLedger, landed)))
     run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=10,
                   weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:

@@ -141,7 +141,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
         trainer_steps.append([s.rollout_id for mb in rows_of_step for r in mb if r is not None
                               for s in r.samples])  # fmt: skip
         run.learner.step += 1
-        run.version = run.learner.step  # its weights land before the next step, as simulated
+        run.ledger.version = run.learner.step  # its weights land before the next step, as simulated
     trainer_stale = metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0)
 
     assert trainer_steps == sim_steps
