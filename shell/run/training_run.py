@@ -18,9 +18,11 @@ checkpoint. Training stops at ``max_steps`` (when > 0) or when ``num_train_epoch
 the prompts were consumed, counted in distinct prompts.
 
 Its decisions live in core (step queue, cursor, schedule, metrics) and its other jobs in the
-objects it holds: the :class:`~asyncgrpo.shell.learner.Learner`, the
-:class:`~asyncgrpo.shell.weights.WeightPusher`, the
-:class:`~asyncgrpo.shell.rollout.RolloutProcess` and the run's checkpoints and logs.
+objects it holds: the :class:`~asyncgrpo.shell.run.intake.SampleIntake` (messages into the step
+queue and the prompt cursor), the :class:`~asyncgrpo.shell.run.push_ledger.PushLedger` (the
+version the servers hold), the :class:`~asyncgrpo.shell.run.spread_guard.SpreadGuard`, the
+:class:`~asyncgrpo.shell.learner.Learner`, the :class:`~asyncgrpo.shell.weights.WeightPusher`,
+the :class:`~asyncgrpo.shell.rollout.RolloutProcess` and the run's checkpoints and logs.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
-from asyncgrpo.core.rollout.sample_wait import OVERSIZE, SPLIT_BY_RESUME, STALE, ZERO_SPREAD
 from asyncgrpo.core.run import schedule, step_queue, step_time
 from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
 from asyncgrpo.core.servers import outage as server_outage
@@ -53,8 +54,6 @@ from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import (
-    EvalOutcome,
-    GroupOutcome,
     LoopSpec,
     RolloutProcess,
 )
@@ -62,12 +61,12 @@ from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.evaluations import Evaluations
 from asyncgrpo.shell.run.flops import FlopsMeter
 from asyncgrpo.shell.run.inputs import RunInputs
+from asyncgrpo.shell.run.intake import SampleIntake
 from asyncgrpo.shell.run.interrupts import (
     interrupts_deferred,
 )
 from asyncgrpo.shell.run.metrics_log import (
     EVALUATIONS_FILE,
-    TRAINED,
     MetricsFile,
     drop_rows_after,
     write_completions,
@@ -115,10 +114,6 @@ class TrainingRun:
         self.callbacks = inputs.callbacks
         self.rank0 = learner.rank == 0
         self.output_dir = Path(self.args.output_dir)
-        self.cursor = cursor.PromptCursor()
-        self.queue: step_queue.StepQueue | None = None
-        self.completions: list[tuple[str, str, float]] = []
-        self.done: dict[str, list[int]] = {}  # positions done with in this window, by outcome
         self.window = metrics.MetricWindow()
         self._logged: tuple[int, metrics.MetricWindow] | None = None  # the last row written
         self.forwarded_total = 0
@@ -128,19 +123,18 @@ class TrainingRun:
             1, schedule.interval_steps(self.args.logging_steps, self.args.max_steps)
         )
         self.save_every = schedule.interval_steps(self.args.save_steps, self.args.max_steps)
-        last_evaluated = None
+        saved = None
         if checkpoint is not None:
             learner.load_checkpoint(checkpoint)
             saved = checkpoints.load_rollout_state(checkpoint)
-            self.cursor, last_evaluated = saved.cursor, saved.last_evaluated
-            self._drop_split_groups(saved.split_groups)
         evaluating = inputs.eval_datasets and self.args.eval_strategy == "steps"
         every = (
             self.args.eval_steps if self.args.eval_steps is not None else self.args.logging_steps
         )
         self.evaluations = Evaluations(
             schedule.interval_steps(every, self.args.max_steps) if evaluating else None,
-            bool(inputs.eval_datasets) and self.args.eval_on_start, last_evaluated,
+            bool(inputs.eval_datasets) and self.args.eval_on_start,
+            None if saved is None else saved.last_evaluated,
             on_metrics=lambda figures: self.callbacks.evaluate(figures),
         )  # fmt: skip
         self.pin = VersionPin() if self.rank0 else None
@@ -157,10 +151,16 @@ class TrainingRun:
         self.metrics_file: MetricsFile | None = None
         self.bar: tqdm | None = None
         self.flops: FlopsMeter | None = None
-        self.step_flops = self.waited_s = 0.0
+        self.step_flops = 0.0
         self.parity: ParityGuard | None = None
         self.push_plan: weight_sync.PushPlan | None = None
         self.spread = SpreadGuard(self.args.stop_after_spreadless_steps, self.args.num_generations)
+        self.intake = SampleIntake(
+            cursor.PromptCursor() if saved is None else saved.cursor,
+            lambda: self.learner.step, self._observe, self.spread, self.evaluations.outcome,
+        )  # fmt: skip
+        if saved is not None:
+            self.intake.drop_split_groups(saved.split_groups)
         self.last_entropy = math.nan
 
     def start(self) -> None:
@@ -179,7 +179,8 @@ class TrainingRun:
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
-            self.queue = self._new_queue()
+            self.intake.token_budget = self.token_budget
+            self.intake.queue = self._new_queue()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             checkpoints.remove_partials(self.output_dir)
             if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
@@ -204,10 +205,10 @@ class TrainingRun:
                 self._loop_spec(), self.args.rollout_worker_timeout, self.trust, self.servers,
                 pin=self.pin,
                 restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
-                resume_cursor=lambda: self.cursor,
+                resume_cursor=lambda: self.intake.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
             )  # fmt: skip
-            self.ledger.process = self.process
+            self.ledger.process = self.intake.process = self.process
             self.process.start()
             for server in range(len(self.args.server_urls)):
                 self.process.set_server_version(server, self.ledger.version)
@@ -256,7 +257,7 @@ class TrainingRun:
             rows_per_step=self.args.gradient_accumulation_steps * self.learner.world_size,
             tools=given.tools,
             environment_factory=given.environment_factory,
-            start_cursor=self.cursor,
+            start_cursor=self.intake.cursor,
             lora_name=self.weights.lora_name if self.weights is not None else None,
             eval_datasets=given.eval_datasets,
         )
@@ -347,7 +348,7 @@ class TrainingRun:
         """Passes over the prompts consumed so far (0 without a dataset)."""
         if not self.dataset_size:
             return 0.0
-        return cursor.epochs_consumed(self.cursor, self.dataset_size)
+        return cursor.epochs_consumed(self.intake.cursor, self.dataset_size)
 
     def _log_due(self, epochs_before: float, epochs_after: float) -> bool:
         step = self.learner.step
@@ -363,7 +364,7 @@ class TrainingRun:
             return self.learner.step >= self.args.max_steps
         if self.dataset_size is None:
             return False
-        consumed = cursor.epochs_consumed(self.cursor, self.dataset_size)
+        consumed = cursor.epochs_consumed(self.intake.cursor, self.dataset_size)
         return consumed >= self.args.num_train_epochs
 
     def _next_rows(self) -> list[Any] | None:
@@ -415,14 +416,15 @@ class TrainingRun:
     def _plan_next_step(self) -> list[list[Any]] | str:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0);
         :data:`RESYNC` instead when the server went away and the weights must be pushed."""
-        assert self.process is not None and self.queue is not None
-        waited_from, self.waited_s = time.monotonic(), 0.0
+        intake = self.intake
+        assert self.process is not None and intake.queue is not None
+        waited_from, intake.waited_s = time.monotonic(), 0.0
         if self._servers_back():
             return RESYNC
-        self._apply(step_queue.advance(self.queue, self.learner.step))
-        self._drain(wait_s=0.0)
+        intake.apply(step_queue.advance(intake.queue, self.learner.step))
+        intake.drain(wait_s=0.0)
         while True:
-            while not step_queue.ready(self.queue, self.process.groups_in_flight(),
+            while not step_queue.ready(intake.queue, self.process.groups_in_flight(),
                                        behind=self.learner.step - self.ledger.version):  # fmt: skip
                 if (interrupted := self._wait_for_samples()) is not None:
                     return interrupted
@@ -431,30 +433,23 @@ class TrainingRun:
             # count shows here, and is waited for instead of arriving stale (a short step is
             # ready only with no group in flight)
             self.process.set_steps_taken(self.learner.step + 1)
-            if self.queue.plan.full or not self.process.groups_in_flight():
+            if intake.queue.plan.full or not self.process.groups_in_flight():
                 break
             if (interrupted := self._wait_for_samples()) is not None:
                 self.process.set_steps_taken(self.learner.step)
                 return interrupted
-        step = step_queue.take_step(self.queue)
-        self.queue = step.queue
-        # the generator learned of the step before its tokens are released: it never sees room
-        # freed without the version it costs (pacing.steps_left)
-        self.process.samples_taken(step.released_tokens)
-        assert step.queue.tokens_per_step is not None
-        self.process.step_consumed(step.queue.tokens_per_step)
+        step = intake.take_step()
         self.spread.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
-        self._observe(metrics.mean("perf/rollout_wait_s", self.waited_s),
-                      metrics.mean("perf/plan_s", pack_start - waited_from - self.waited_s),
-                      metrics.mean("rollout/queue_size", len(self.queue.buffer)),
+        self._observe(metrics.mean("perf/rollout_wait_s", intake.waited_s),
+                      metrics.mean("perf/plan_s", pack_start - waited_from - intake.waited_s),
+                      metrics.mean("rollout/queue_size", len(step.queue.buffer)),
                       metrics.total("sample/dropped_stale_count", 0))  # fmt: skip
         rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
                 for mb in step.micro_batches]  # fmt: skip
         self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
         placed = step.samples
-        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in placed])
-        self._done(TRAINED, [s.prompt_position for s in placed])
+        intake.trained(placed)
         self._observe(
             *sample_observations(placed, self.learner.step, time.monotonic()),
             *(metrics.declared(k, v, 1.0, BATCH_METRICS)
@@ -493,86 +488,18 @@ class TrainingRun:
             self.pusher.raise_if_silent()  # the push thread found the server frozen
         if self._servers_to_resync():
             return RESYNC
-        self._drain(wait_s=0.2)
+        self.intake.drain(wait_s=0.2)
         if self.spread.step_due() and self._close_spread_step():
             return SPREADLESS
         return None
-
-    def _drain(self, wait_s: float) -> None:
-        assert self.process is not None and self.queue is not None
-        asked = time.monotonic()
-        message = self.process.get(wait_s)
-        self.waited_s += time.monotonic() - asked
-        while message is not None:
-            if isinstance(message, GroupOutcome):
-                self.spread.group_seen(message.observations)
-                self.cursor = cursor.group_outcome(self.cursor, message.position,
-                                                   len(message.samples))  # fmt: skip
-                if not message.samples:
-                    self._done(message.dropped or ZERO_SPREAD, [message.position])
-                self.completions.extend(message.completions)
-                self._apply(step_queue.arrive(self.queue, message.samples, self.learner.step))
-            if isinstance(message, EvalOutcome):
-                self._observe(*self.evaluations.outcome(message))
-            else:
-                self._observe(*message.observations)
-            message = self.process.get(0.0)
-
-    def _done(self, outcome: str, positions: list[int]) -> None:
-        """Note prompt positions the trainer is done with, for ``positions.jsonl``."""
-        if positions:
-            self.done.setdefault(outcome, []).extend(positions)
-
-    def _drop_split_groups(self, left: dict[int, int]) -> None:
-        """Count the samples left of the groups the resumed checkpoint split: they were queued
-        when it was written and are gone; the rest of each group was trained, so it is not
-        generated again."""
-        if not left:
-            return
-        dropped = [p for p, n in sorted(left.items()) for _ in range(n)]
-        self._done(SPLIT_BY_RESUME, dropped)
-        self._observe(metrics.total("sample/dropped_split_by_resume_count", len(dropped)))
-        log.info("resumed with groups the checkpoint split: their samples left are dropped, "
-                 "the part trained is not generated again", groups=len(left),
-                 samples=len(dropped))  # fmt: skip
 
     def _write_positions(self) -> None:
         """Write the positions done with since the last row, as the current step's row: at
         every step's end, before its checkpoint, so a checkpoint's cursor and the rows up to
         its step tell the same positions."""
-        if self.rank0 and self.done:
-            write_positions(self.output_dir, self.learner.step, self.done)
-        self.done = {}
-
-    def _apply(self, decided: step_queue.Arrival) -> None:
-        """Act on the queue's decisions: dropped samples are consumed prompts, counted in the
-        metrics and released to the rollout process's pacing."""
-        assert self.process is not None
-        self.queue = decided.queue
-        dropped = (*decided.stale, *decided.oversize)
-        if not dropped:
-            return
-        self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
-        self._done(STALE, [s.prompt_position for s in decided.stale])
-        self._done(OVERSIZE, [s.prompt_position for s in decided.oversize])
-        self.process.samples_taken(decided.released_tokens)
-        self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows long
-        self.process.samples_dropped(OVERSIZE, len(decided.oversize))
-        if decided.stale:
-            self._observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
-        if decided.oversize:
-            self._observe(metrics.total("batch/dropped_oversize_count", len(decided.oversize)))
-            log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
-                        token_budget=self.token_budget,
-                        longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
-            if self.queue.budget_too_small:
-                raise ValueError(
-                    f"token_budget={self.token_budget} is too small: the last "
-                    f"{self.queue.oversize_in_a_row} samples were all longer (the longest "
-                    f"{max(len(s.sequence) for s in decided.oversize)} tokens), so no step "
-                    "can be filled; raise token_budget to at least the prompt length plus "
-                    "max_completion_length"
-                )
+        done = self.intake.take_done()
+        if self.rank0 and done:
+            write_positions(self.output_dir, self.learner.step, done)
 
     # ----------------------------------------------------------------- weights and logs
 
@@ -617,8 +544,8 @@ class TrainingRun:
         if self.pusher is not None:
             self.pusher.wait_landed()
             self.pusher.raise_if_silent()
-        if self.process is not None and self.queue is not None:
-            self.evaluations.wait_for_last(self._drain, self.args.rollout_worker_timeout)
+        if self.process is not None and self.intake.queue is not None:
+            self.evaluations.wait_for_last(self.intake.drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now
             self.ledger.record_landed()
 
@@ -641,7 +568,7 @@ class TrainingRun:
         summary = metrics.summarize(window)
         self.window = metrics.MetricWindow()
         if self.dataset_size:
-            summary["epoch"] = cursor.epochs_consumed(self.cursor, self.dataset_size)
+            summary["epoch"] = cursor.epochs_consumed(self.intake.cursor, self.dataset_size)
         summary["num_tokens"] = float(self.forwarded_total)
         summary.update(step_time.window_rates(summary))
         if self.rank0 and self.metrics_file is not None:
@@ -657,10 +584,10 @@ class TrainingRun:
                          "sampling/sampling_logp_difference/max"), 6))  # fmt: skip
             if self.bar is not None:
                 self.bar.set_postfix(reward=_rounded(summary.get("reward")))
-            if self.completions:
-                write_completions(self.output_dir, self.learner.step, self.completions,
+            if self.intake.completions:
+                write_completions(self.output_dir, self.learner.step, self.intake.completions,
                                   self.args.num_completions_to_print)  # fmt: skip
-        self.completions = []
+        self.intake.completions = []
         self.callbacks.log(summary)
         return summary
 
@@ -678,7 +605,7 @@ class TrainingRun:
                 else None
             )
             checkpoints.write_model_source(path, self.inputs.model_name, peft)
-            checkpoints.write_rollout_state(path, self.cursor, self.ledger.version,
+            checkpoints.write_rollout_state(path, self.intake.cursor, self.ledger.version,
                                             self.learner.step,
                                             last_evaluated=self.evaluations.completed)  # fmt: skip
 

@@ -98,8 +98,8 @@ def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> Train
     learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
                               bf16=False)  # fmt: skip
     run = TrainingRun(inputs, learner, None)
-    run.token_budget = budget
-    run.queue = run._new_queue()
+    run.token_budget = run.intake.token_budget = budget
+    run.intake.queue = run._new_queue()
     return run
 
 
@@ -134,7 +134,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
     # The trainer's side: the same groups, built at the versions the simulator saw.
     run = _trainer_run(tmp, budget, rows, ms)
     process = FakeRolloutProcess([outcomes(v, t) for v, t in zip(versions, ticks, strict=True)])
-    run.process = process
+    run.process = run.intake.process = process
     trainer_steps = []
     for _ in sim_steps:
         rows_of_step = run._plan_next_step()
@@ -152,7 +152,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
 def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) -> None:
     run = _trainer_run(tmp_path, budget=16, rows=1, max_staleness=1)
     long = [_group(p, 0, [40] * 8) for p in range(8)]
-    run.process = FakeRolloutProcess([long] * 10)
+    run.process = run.intake.process = FakeRolloutProcess([long] * 10)
     with pytest.raises(ValueError, match="token_budget=16 is too small"):
         run._plan_next_step()
 
@@ -201,7 +201,7 @@ def test_a_group_admitted_as_a_short_step_is_taken_waits_for_it_instead_of_going
     step late and be dropped as stale."""
     run = _trainer_run(tmp_path, budget=64, rows=1, max_staleness=0)
     first, slipped = _group(0, 0, [20, 20]), _group(1, 0, [3, 3])
-    run.process = SlippedInProcess([[first], [], [], []], slipped)
+    run.process = run.intake.process = SlippedInProcess([[first], [], [], []], slipped)
     step = run._plan_next_step()
     taken = {s.rollout_id for mb in step for r in mb if r is not None for s in r.samples}
     assert taken == {"0-0", "0-1", "1-0", "1-1"}
