@@ -1,5 +1,6 @@
 """Console logs (structlog) and the metrics files of a run: ``metrics.jsonl`` (a row per logged
-window) and ``evaluations.jsonl`` (a row per evaluation, keyed by its weight version)."""
+window, :class:`WindowLog`) and ``evaluations.jsonl`` (a row per evaluation, keyed by its weight
+version)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
+from tqdm import tqdm
+
+from asyncgrpo.core import metrics as windows
+from asyncgrpo.core.run import step_time
+
+log = structlog.get_logger("asyncgrpo.trainer")
 
 
 class _CurrentStderr:
@@ -94,6 +101,70 @@ class MetricsFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WindowLog:
+    """The run's logged windows: each a row of ``metrics.jsonl`` for its step, a console line,
+    the progress bar's reward and the window's completions (rank 0 writes them; every rank gets
+    the summary). What arrives after a step's row was written (at the end: a push that
+    landed, an evaluation, the groups of a step that never came) joins that row, which is
+    written again: each step keeps one row.
+
+    Attributes:
+        file: ``metrics.jsonl``; None until the run opens it, and on the other ranks.
+        bar: the progress bar (a step each); None likewise.
+    """
+
+    def __init__(self, output_dir: Path, num_completions_to_print: int | None) -> None:
+        self.output_dir = output_dir
+        self.num_completions_to_print = num_completions_to_print
+        self.file: MetricsFile | None = None
+        self.bar: tqdm | None = None
+        self._logged: tuple[int, windows.MetricWindow] | None = None  # the last row written
+
+    def write(self, step: int, window: windows.MetricWindow, extra: Mapping[str, float],
+              completions: Sequence[tuple[str, str, float]]) -> dict[str, float]:  # fmt: skip
+        """Log ``step``'s window with ``extra`` figures (``epoch``, ``num_tokens``) and the
+        rates they give; return its summary."""
+        again = self._logged is not None and self._logged[0] == step
+        if again:
+            assert self._logged is not None
+            window = windows.merge(self._logged[1], window)
+        self._logged = (step, window)
+        summary = windows.summarize(window)
+        summary.update(extra)
+        summary.update(step_time.window_rates(summary))
+        if self.file is None:
+            return summary
+        if again:
+            self.file.replace_last(step, summary)
+        else:
+            self.file.write(step, summary)
+        log.info("step", step=step, reward=_rounded(summary.get("reward")),
+                 loss=_rounded(summary.get("loss")),
+                 staleness_max=summary.get("sample/staleness_max"),
+                 logp_diff_max=_rounded(summary.get("sampling/sampling_logp_difference/max"),
+                                        6))  # fmt: skip
+        if self.bar is not None:
+            self.bar.set_postfix(reward=_rounded(summary.get("reward")))
+        if completions:
+            write_completions(self.output_dir, step, completions, self.num_completions_to_print)
+        return summary
+
+    def step_done(self) -> None:
+        """A step was trained: the progress bar moves on."""
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _row(step: int, metrics: Mapping[str, Any]) -> str:

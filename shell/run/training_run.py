@@ -47,7 +47,7 @@ from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
-from asyncgrpo.core.run import schedule, step_queue, step_time
+from asyncgrpo.core.run import schedule, step_queue
 from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.core.weights import sync as weight_sync
@@ -68,8 +68,8 @@ from asyncgrpo.shell.run.interrupts import (
 from asyncgrpo.shell.run.metrics_log import (
     EVALUATIONS_FILE,
     MetricsFile,
+    WindowLog,
     drop_rows_after,
-    write_completions,
     write_positions,
 )
 from asyncgrpo.shell.run.push_ledger import PushLedger
@@ -115,7 +115,6 @@ class TrainingRun:
         self.rank0 = learner.rank == 0
         self.output_dir = Path(self.args.output_dir)
         self.window = metrics.MetricWindow()
-        self._logged: tuple[int, metrics.MetricWindow] | None = None  # the last row written
         self.forwarded_total = 0
         self.last_loss = math.nan
         self.dataset_size = None if inputs.dataset is None else len(inputs.dataset)
@@ -148,8 +147,7 @@ class TrainingRun:
         self._resync_servers: tuple[int, ...] | None = None  # the RESYNC's servers (None: all)
         self.weights: WeightSync | None = None
         self.pusher: WeightPusher | None = None
-        self.metrics_file: MetricsFile | None = None
-        self.bar: tqdm | None = None
+        self.window_log = WindowLog(self.output_dir, self.args.num_completions_to_print)
         self.flops: FlopsMeter | None = None
         self.step_flops = 0.0
         self.parity: ParityGuard | None = None
@@ -185,7 +183,7 @@ class TrainingRun:
             checkpoints.remove_partials(self.output_dir)
             if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
                 drop_rows_after(self.output_dir, self.learner.step)
-            self.metrics_file = MetricsFile(self.output_dir)
+            self.window_log.file = MetricsFile(self.output_dir)
             self.evaluations.file = MetricsFile(self.output_dir, EVALUATIONS_FILE)
             self.evaluations.started = time.monotonic()
         # The server may hold other weights than the trainer's (a resumed run, a server left
@@ -216,9 +214,14 @@ class TrainingRun:
             self.process.set_steps_taken(self.learner.step)
             self.evaluations.process = self.process
             self.evaluations.landed(self.ledger.version, at_start=True)
-            self.bar = tqdm(total=self.args.max_steps if self.args.max_steps > 0 else None,
-                            initial=self.learner.step, desc="train", unit="step",
-                            disable=bool(self.args.disable_tqdm))  # fmt: skip
+            total = self.args.max_steps if self.args.max_steps > 0 else None
+            self.window_log.bar = tqdm(
+                total=total,
+                initial=self.learner.step,
+                desc="train",
+                unit="step",
+                disable=bool(self.args.disable_tqdm),
+            )
 
     def _new_queue(self) -> step_queue.StepQueue:
         return step_queue.StepQueue(step_queue.QueueSettings(
@@ -293,8 +296,7 @@ class TrainingRun:
                           metrics.mean("perf/checkpoint_s", after_step[1]),
                           metrics.mean("perf/step_s", step_end - step_start),
                           *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
-            if self.rank0 and self.bar is not None:
-                self.bar.update(1)
+            self.window_log.step_done()
             epochs_after = self._epochs()
             save = schedule.due(self.args.save_strategy.value, self.learner.step,
                                 self.save_every, epochs_before, epochs_after)  # fmt: skip
@@ -555,38 +557,15 @@ class TrainingRun:
         return self.rank0 and self.spread.close_step(self.learner.step, self.last_entropy)
 
     def _log_window(self) -> dict[str, float]:
-        """Log the window: a row of ``metrics.jsonl`` for the step, the console, the
-        callbacks. What arrives after a step's row was written (at the end: a push that landed,
-        an evaluation, the groups of a step that never came) joins that row, which is written
-        again: each step keeps one row."""
-        window, step = self.window, self.learner.step
-        again = self._logged is not None and self._logged[0] == step
-        if again:
-            assert self._logged is not None
-            window = metrics.merge(self._logged[1], window)
-        self._logged = (step, window)
-        summary = metrics.summarize(window)
-        self.window = metrics.MetricWindow()
+        """Log the window (:class:`~asyncgrpo.shell.run.metrics_log.WindowLog`) and hand its
+        summary to the callbacks."""
+        extra = {"num_tokens": float(self.forwarded_total)}
         if self.dataset_size:
-            summary["epoch"] = cursor.epochs_consumed(self.intake.cursor, self.dataset_size)
-        summary["num_tokens"] = float(self.forwarded_total)
-        summary.update(step_time.window_rates(summary))
-        if self.rank0 and self.metrics_file is not None:
-            if again:
-                self.metrics_file.replace_last(step, summary)
-            else:
-                self.metrics_file.write(step, summary)
-            log.info("step", step=self.learner.step,
-                     reward=_rounded(summary.get("reward")),
-                     loss=_rounded(summary.get("loss")),
-                     staleness_max=summary.get("sample/staleness_max"),
-                     logp_diff_max=_rounded(summary.get(
-                         "sampling/sampling_logp_difference/max"), 6))  # fmt: skip
-            if self.bar is not None:
-                self.bar.set_postfix(reward=_rounded(summary.get("reward")))
-            if self.intake.completions:
-                write_completions(self.output_dir, self.learner.step, self.intake.completions,
-                                  self.args.num_completions_to_print)  # fmt: skip
+            extra = {"epoch": cursor.epochs_consumed(self.intake.cursor, self.dataset_size),
+                     **extra}  # fmt: skip
+        summary = self.window_log.write(self.learner.step, self.window, extra,
+                                        self.intake.completions)  # fmt: skip
+        self.window = metrics.MetricWindow()
         self.intake.completions = []
         self.callbacks.log(summary)
         return summary
@@ -619,13 +598,6 @@ class TrainingRun:
             self.process.stop()
         if self.weights is not None:
             self.weights.close()
-        if self.bar is not None:
-            self.bar.close()
-        if self.metrics_file is not None:
-            self.metrics_file.close()
+        self.window_log.close()
         if self.evaluations.file is not None:
             self.evaluations.file.close()
-
-
-def _rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
