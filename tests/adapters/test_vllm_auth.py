@@ -6,10 +6,12 @@ given the key trains against it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from datasets import Dataset
-from side_by_side import start_together
+from side_by_side import BackgroundStart
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm.auth import bearer, configured_keys, new_api_key
@@ -38,24 +40,35 @@ class PluginOnlySpec(ServerSpec):
         return args[:at] + args[at + 2 :]
 
 
-@pytest.fixture(scope="module")
-def keyed_servers(tiny_qwen3, tmp_path_factory):
-    """Both kinds of keyed server, started side by side (about the time of one)."""
-    started = {}
+def start_keyed_servers(tiny_qwen3: Path, logs: Path) -> list[BackgroundStart]:
+    """Both kinds of keyed server, starting side by side (about the time of one)."""
+    starts = []
     for kind, spec_type in (("middleware", ServerSpec), ("plugin", PluginOnlySpec)):
-        key = new_api_key()
         spec = spec_type(enforce_eager=True, model=str(tiny_qwen3), max_model_len=1024,
                          dtype="float32", weight_transfer_backend="asyncgrpo_gloo",
-                         api_key=key)  # fmt: skip
+                         api_key=new_api_key())  # fmt: skip
         assert ("--middleware" in spec.command(8000)) == (kind == "middleware")
-        log = tmp_path_factory.mktemp("logs") / f"vllm-{kind}.log"
-        started[kind] = (VLLMServer(spec, log_path=log), key)
-    start_together([server for server, _ in started.values()])
+        starts.append(BackgroundStart(VLLMServer(spec, log_path=logs / f"vllm-{kind}.log")))
+    return starts
+
+
+# started ahead of this module's first test (tests/conftest.py: ServersAhead)
+SERVERS_STARTED_AHEAD = {"keyed_servers": start_keyed_servers}
+
+
+@pytest.fixture(scope="module")
+def keyed_servers(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+    """Both kinds of keyed server by kind, with their keys."""
+    starts = servers_ahead.take("keyed_servers", request.module.__name__)
+    if starts is None:
+        starts = start_keyed_servers(tiny_qwen3, tmp_path_factory.mktemp("logs"))
     try:
-        yield started
+        servers = [start.result() for start in starts]
+        yield {kind: (server, server.spec.api_key)
+               for kind, server in zip(("middleware", "plugin"), servers, strict=True)}  # fmt: skip
     finally:
-        for server, _ in started.values():
-            server.stop()
+        for start in starts:
+            start.stop()
 
 
 @pytest.fixture(params=["middleware", "plugin"])
