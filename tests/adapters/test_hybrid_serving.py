@@ -5,9 +5,12 @@ routed experts only thanks to asyncgrpo's plugin); after each sync the sampler's
 the learner's within the measured staleness-0 bound, and before it they do not (the test can
 fail)."""
 
+from pathlib import Path
+
 import anyio
 import pytest
 import torch
+from side_by_side import BackgroundStart
 
 from asyncgrpo.adapters.models.causal_lm import build_tokenizer, load_causal_lm, save_tiny_model
 from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
@@ -30,6 +33,28 @@ def tiny_qwen3_next(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3-next", "qwen3_next")
 
 
+def start_bf16_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
+    """A bf16 server of a tiny Qwen3-Next of its own (saved beside its log; the same weights
+    as :func:`tiny_qwen3_next`), with the gloo engine, starting."""
+    model = save_tiny_model(logs / "tiny-qwen3-next", "qwen3_next")
+    spec = ServerSpec(model=str(model), max_model_len=256, dtype="bfloat16", max_logprobs=1,
+                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
+    return BackgroundStart(VLLMServer(spec, log_path=logs / "server.log"))
+
+
+# started ahead of this module's server test (tests/conftest.py: ServersAhead)
+SERVERS_STARTED_AHEAD = {"bf16_server": start_bf16_server}
+
+
+@pytest.fixture(scope="module")
+def bf16_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+    start = servers_ahead.take("bf16_server", request.module.__name__)
+    if start is None:
+        start = start_bf16_server(tiny_qwen3, tmp_path_factory.mktemp("logs"))
+    yield start.result()
+    start.stop()
+
+
 def test_a_float32_server_of_a_gated_delta_net_hybrid_is_refused(tiny_qwen3_next) -> None:
     with pytest.raises(ValueError, match="dtype='bfloat16'"):
         VLLMServer(
@@ -38,16 +63,15 @@ def test_a_float32_server_of_a_gated_delta_net_hybrid_is_refused(tiny_qwen3_next
 
 
 @pytest.mark.server
-def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_next, tmp_path):
+def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(bf16_server, tmp_path):
+    server, spec = bf16_server, bf16_server.spec
+    tiny_qwen3_next = spec.model
     prompt = build_tokenizer().apply_chat_template(
         [{"role": "user", "content": "Write a number."}], add_generation_prompt=True
     )["input_ids"]
     model = load_causal_lm(tiny_qwen3_next, dtype="bfloat16")
     reference = load_causal_lm(tiny_qwen3_next, dtype="bfloat16").eval()
     learner = Learner(model, AsyncGRPOConfig(dtype="bfloat16", seed=0))
-    spec = ServerSpec(model=str(tiny_qwen3_next), max_model_len=256, dtype="bfloat16",
-                      max_logprobs=1, weight_transfer_backend="asyncgrpo_gloo",
-                      enforce_eager=True)  # fmt: skip
 
     def perturb(seed: int) -> None:
         generator = torch.Generator().manual_seed(seed)
@@ -76,20 +100,19 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(tiny_qwen3_n
         async with VLLMClient(server.base_url, spec.name, timeout_s=120) as client:
             await DiskReload(client, tmp_path / "weights").sync(learner.export.synced_state_dict())
 
-    with VLLMServer(spec, log_path=tmp_path / "server.log") as server:
-        assert anyio.run(gap, server) < STALENESS_0_BOUND
-        perturb(seed=1)
-        assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND  # the server has the old weights
-        anyio.run(disk_sync, server)
-        assert anyio.run(gap, server) < STALENESS_0_BOUND
+    assert anyio.run(gap, server) < STALENESS_0_BOUND
+    perturb(seed=1)
+    assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND  # the server has the old weights
+    anyio.run(disk_sync, server)
+    assert anyio.run(gap, server) < STALENESS_0_BOUND
 
-        perturb(seed=2)
-        assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND
-        source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
-        engine = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
-                            "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
-        try:
-            engine.sync()
-        finally:
-            engine.close()
-        assert anyio.run(gap, server) < STALENESS_0_BOUND
+    perturb(seed=2)
+    assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND
+    source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
+    engine = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
+                        "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
+    try:
+        engine.sync()
+    finally:
+        engine.close()
+    assert anyio.run(gap, server) < STALENESS_0_BOUND
