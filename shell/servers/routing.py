@@ -6,8 +6,8 @@ rollouts routed to it (``reserved``) and those holding a slot there (``in_flight
 it generated. :meth:`ServerPool.route` asks :func:`asyncgrpo.core.servers.routing.route_group` which
 server the next group goes to; ``max_concurrent_rollouts`` bounds the rollouts of all servers
 together. A run with one server has a pool of one, routed to whenever the old single-server
-rules admit a group. With several, :meth:`ServerPool.observations` adds per-server metrics
-under ``rollout/server/<i>/...``.
+rules admit a group. :meth:`ServerPool.report` gives the ``rollout/*`` metrics of each poll;
+with several servers it adds per-server metrics under ``rollout/server/<i>/...``.
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ class ServerPool:
         self.version_of = version_of
         self.routable = routable
         self.outages = outages
+        # at the last report: tokens generated, retries, groups regenerated, each server's
+        # preemptions (counters that only grow)
+        self._reported = (0, 0, 0, [0] * len(clients))
 
     def __len__(self) -> int:
         return len(self.servers)
@@ -165,6 +168,39 @@ class ServerPool:
         async with anyio.create_task_group() as group:
             for server in self.servers:
                 group.start_soon(call, server)  # type: ignore[arg-type]
+
+    def report(self, elapsed_s: float, generated_tokens: int) -> list[Observation]:
+        """The ``rollout/*`` metrics since the last report, ``elapsed_s`` seconds ago:
+        throughput (``generated_tokens``: the loop's count so far), concurrency and its cap,
+        retries, regenerated groups, the servers' KV cache, requests and preemptions from
+        their last ``/metrics``, and each server's own (:meth:`observations`)."""
+        tokens, retries, regenerated, preemptions = self._reported
+        clients = [server.client for server in self.servers]
+        retries_now = sum(c.retry_count for c in clients)
+        regenerated_now = sum(c.regenerated_count for c in clients)
+        found = [
+            ratio("rollout/generated_tokens_per_s", generated_tokens - tokens, elapsed_s),
+            mean("rollout/concurrency", self.in_flight),
+            mean("rollout/concurrency_cap", sum(s.cap.cap for s in self.servers)),
+            total("rollout/vllm_retry_count", retries_now - retries),
+            total("rollout/vllm_regenerated_count", regenerated_now - regenerated),
+        ]
+        snapshots = [(i, s.snapshot) for i, s in enumerate(self.servers)
+                     if s.snapshot is not None]  # fmt: skip
+        if snapshots:
+            preempted = 0
+            for index, snapshot in snapshots:
+                preempted += max(0, snapshot.preemptions - preemptions[index])
+                preemptions[index] = snapshot.preemptions
+            found += [
+                mean("rollout/vllm_kv_cache_usage_frac",
+                     max(s.load.kv_cache_usage for _, s in snapshots)),
+                mean("rollout/vllm_running_requests", sum(s.load.running for _, s in snapshots)),
+                mean("rollout/vllm_queued_requests", sum(s.load.waiting for _, s in snapshots)),
+                total("rollout/vllm_preemption_count", preempted),
+            ]  # fmt: skip
+        self._reported = (generated_tokens, retries_now, regenerated_now, preemptions)
+        return found + self.observations(elapsed_s)
 
     def observations(self, elapsed_s: float) -> list[Observation]:
         """Each server's ``rollout/server/<i>/...`` metrics since the last call (none with one

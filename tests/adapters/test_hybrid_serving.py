@@ -47,10 +47,8 @@ SERVERS_STARTED_AHEAD = {"bf16_server": start_bf16_server}
 
 
 @pytest.fixture(scope="module")
-def bf16_server(request, servers_ahead, tiny_qwen3, tmp_path_factory):
-    start = servers_ahead.take("bf16_server", request.module.__name__)
-    if start is None:
-        start = start_bf16_server(tiny_qwen3, tmp_path_factory.mktemp("logs"))
+def bf16_server(request, servers_ahead, tiny_qwen3):
+    start = servers_ahead.take_or_start("bf16_server", tiny_qwen3, request.module)
     yield start.result()
     start.stop()
 

@@ -57,11 +57,9 @@ SERVERS_STARTED_AHEAD = {"keyed_servers": start_keyed_servers}
 
 
 @pytest.fixture(scope="module")
-def keyed_servers(request, servers_ahead, tiny_qwen3, tmp_path_factory):
+def keyed_servers(request, servers_ahead, tiny_qwen3):
     """Both kinds of keyed server by kind, with their keys."""
-    starts = servers_ahead.take("keyed_servers", request.module.__name__)
-    if starts is None:
-        starts = start_keyed_servers(tiny_qwen3, tmp_path_factory.mktemp("logs"))
+    starts = servers_ahead.take_or_start("keyed_servers", tiny_qwen3, request.module)
     try:
         servers = [start.result() for start in starts]
         yield {kind: (server, server.spec.api_key)

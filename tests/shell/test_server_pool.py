@@ -11,9 +11,9 @@ import pytest
 
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.transfer.files import SyncTimings
-from asyncgrpo.adapters.vllm.replies import VLLMError
+from asyncgrpo.adapters.vllm.replies import ServerMetrics, VLLMError
 from asyncgrpo.adapters.vllm.server import free_port
-from asyncgrpo.core.rollout.pacing import LoadCap
+from asyncgrpo.core.rollout.pacing import LoadCap, ServerLoad
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.servers import (
@@ -85,6 +85,38 @@ def test_the_pool_skips_a_server_out_of_routing_or_behind() -> None:
     assert pool(1, 64).observations(1.0) == []  # one server: the rollout/* metrics are its own
     names = {o.name for o in servers.observations(1.0)}
     assert "rollout/server/2/generated_tokens_per_s" in names
+
+
+class CountingClient:
+    """The counters of a :class:`VLLMClient` that a report reads (a fake: no server)."""
+
+    retry_count = 0
+    regenerated_count = 0
+
+
+def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> None:
+    clients = [CountingClient(), CountingClient()]
+    servers = ServerPool(clients, 16, lambda i: 0, lambda i: True)  # type: ignore[arg-type]
+    clients[0].retry_count = 3
+    servers[0].in_flight, servers[1].in_flight = 2, 5
+    servers[0].snapshot = ServerMetrics(ServerLoad(0.25, 2, 1), preemptions=4,
+                                        kv_cache_tokens=None)  # fmt: skip
+    first = {o.name: o for o in servers.report(2.0, generated_tokens=100)}
+    assert first["rollout/generated_tokens_per_s"].amount == 100
+    assert first["rollout/generated_tokens_per_s"].weight == 2.0
+    assert first["rollout/vllm_retry_count"].amount == 3
+    assert first["rollout/concurrency"].amount == 7
+    assert first["rollout/vllm_preemption_count"].amount == 4
+    assert first["rollout/vllm_kv_cache_usage_frac"].amount == 0.25
+    assert "rollout/server/1/in_flight" in first  # several servers: each one's own
+    clients[0].retry_count, clients[1].regenerated_count = 5, 1
+    servers[0].snapshot = ServerMetrics(ServerLoad(0.5, 1, 0), preemptions=6,
+                                        kv_cache_tokens=None)  # fmt: skip
+    second = {o.name: o for o in servers.report(1.0, generated_tokens=130)}
+    assert second["rollout/generated_tokens_per_s"].amount == 30
+    assert second["rollout/vllm_retry_count"].amount == 2
+    assert second["rollout/vllm_regenerated_count"].amount == 1
+    assert second["rollout/vllm_preemption_count"].amount == 2
 
 
 def test_a_push_reaches_every_server_in_parallel_and_keeps_each_outcome() -> None:
