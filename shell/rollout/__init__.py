@@ -1,7 +1,8 @@
 """The rollout process: the rollout loop (:mod:`.loop`), tools and environments
 (:mod:`.tools`), group scoring (:mod:`.scoring`), evaluations (:mod:`.evaluation`), prompt rows
 (:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the spawned process that runs
-the loop (:mod:`.process`).
+the loop (:mod:`.process`, the trainer's side; :mod:`.child`, the child's; :mod:`.spec`, what is
+sent into it).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from asyncgrpo.shell.rollout.evaluation import evaluate_now
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import EvalOutcome, GroupOutcome, LoopReport
-from asyncgrpo.shell.rollout.process import LoopSpec, RolloutProcess, RolloutWorkerError
+from asyncgrpo.shell.rollout.process import RolloutProcess
 from asyncgrpo.shell.rollout.prompts import PROMPT_FIX, check_conversational, check_row
+from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 
 __all__ = [
     "PROMPT_FIX",

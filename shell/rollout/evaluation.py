@@ -222,7 +222,7 @@ class _HeldVersion:
 
 def evaluate_now(spec: Any, version: int, step: int) -> EvalOutcome:
     """Evaluate ``spec.eval_datasets`` in this process with a loop built from ``spec`` (a
-    :class:`~asyncgrpo.shell.rollout.process.LoopSpec`), the servers holding weight ``version``
+    :class:`~asyncgrpo.shell.rollout.spec.LoopSpec`), the servers holding weight ``version``
     (an evaluation outside training: ``trainer.evaluate()``, ``asyncgrpo eval``)."""
     loop = spec.loop_cls(
         spec.config, spec.model_name, None, list(spec.reward_funcs), spec.processing_class,

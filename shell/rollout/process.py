@@ -12,267 +12,45 @@ raises with it (a reward function, tool or environment call that never returns b
 worker thread, so the heartbeat alone would go on beating). The child dies with the trainer
 (a parent-death signal) and ignores Ctrl-C, which the trainer handles.
 
-Everything sent into the child is pickled; :func:`check_picklable` fails early, at
-``train()``, with a ``TypeError`` that names the reward function, tool or factory that cannot
-be sent (a lambda or a closure).
+Everything sent into the child is pickled; :func:`~asyncgrpo.shell.rollout.spec.check_picklable`
+fails early, at ``train()``, with a ``TypeError`` that names the reward function, tool or
+factory that cannot be sent (a lambda or a closure). The child's side is
+:mod:`asyncgrpo.shell.rollout.child`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing as mp
 import os
 import pickle
 import queue
 import signal
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import anyio
 import attrs
 import structlog
 
-from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.cursor import PromptCursor, restart_cursor
-from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.child import CONTEXT, SharedState, child_main
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
-from asyncgrpo.shell.rollout.tools import callable_name
+from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 from asyncgrpo.shell.servers import (
     EvalRequest,
-    RolloutGate,
     SharedServers,
     SharedTrust,
     VersionPin,
 )
 
-_CONTEXT = mp.get_context("spawn")
 log = structlog.get_logger("asyncgrpo.rollout_process")
-ACTIVITY_BYTES = 2048
 LONG_WAIT_LOG_S = 60.0  # log a wait for samples this long, and every this often after
 WAIT_GAP_S = 5.0  # a pause between two get() calls this long: the trainer was busy, not waiting
 FAILED_STOP_GRACE_S = 1.0  # a child that failed or hung is not waited for longer than this
 TRACEBACK_WAIT_S = 1.0  # after the child exited, how long its traceback may take to arrive
-
-
-class RolloutWorkerError(RuntimeError):
-    """The rollout process failed or hung; the message carries the child's traceback."""
-
-
-def check_picklable(kind: str, objects: Sequence[Any] | Mapping[str, Any] | None) -> None:
-    """Raise a ``TypeError`` naming the first object of ``kind`` that cannot be pickled."""
-    items = objects.items() if isinstance(objects, Mapping) else enumerate(objects or ())
-    for key, obj in items:
-        try:
-            pickle.dumps(obj)
-        except Exception as error:
-            name = callable_name(obj) if callable(obj) else repr(obj)
-            where = f" (key {key!r})" if isinstance(objects, Mapping) else ""
-            raise TypeError(
-                f"{kind} {name!r}{where} cannot be sent to the rollout process: {error}. "
-                "Use a module-level function, functools.partial or a callable class instance; "
-                "lambdas and closures cannot be pickled"
-            ) from error
-
-
-@attrs.frozen
-class LoopSpec:
-    """Everything the child needs to build its loop (pickled into it)."""
-
-    loop_cls: type[AsyncRolloutLoop]
-    config: AsyncGRPOConfig
-    model_name: str
-    dataset: Any
-    reward_funcs: tuple[Callable[..., Any], ...]
-    processing_class: Any
-    max_model_len: int
-    token_budget: int
-    rows_per_step: int
-    tools: tuple[Callable[..., Any], ...] = ()
-    environment_factory: Any = None
-    lora_name: str | None = None
-    start_cursor: PromptCursor = attrs.field(factory=PromptCursor)
-    eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
-
-    def check(self) -> None:
-        """Fail early on anything that cannot reach the child."""
-        check_picklable("reward function", self.reward_funcs)
-        check_picklable("tool", self.tools)
-        if isinstance(self.environment_factory, Mapping):
-            check_picklable("environment factory", self.environment_factory)
-        elif self.environment_factory is not None:
-            check_picklable("environment factory", [self.environment_factory])
-        check_picklable("rollout loop class", [self.loop_cls])
-        check_picklable("dataset", [self.dataset])
-        check_picklable("eval dataset", dict(self.eval_datasets))
-        check_picklable("processing class", [self.processing_class])
-        check_picklable("config", [self.config])
-
-
-class _Wakeup:
-    """A pipe the trainer writes a byte to whenever it changes what the rollout loop reads, and
-    the loop awaits instead of polling (it crosses the spawn: the pipe's ends are
-    ``multiprocessing`` connections). Writes never block: a full pipe already wakes the loop."""
-
-    def __init__(self) -> None:
-        self._reader, self._writer = _CONTEXT.Pipe(duplex=False)
-
-    def notify(self) -> None:
-        with contextlib.suppress(BlockingIOError, BrokenPipeError):
-            os.set_blocking(self._writer.fileno(), False)
-            os.write(self._writer.fileno(), b"\0")
-
-    def close(self) -> None:
-        self._reader.close()
-        self._writer.close()
-
-    async def wait(self) -> None:
-        """Return once a byte was written since the last wait (in the rollout process)."""
-        fd = self._reader.fileno()
-        os.set_blocking(fd, False)
-        await anyio.wait_readable(fd)
-        with contextlib.suppress(BlockingIOError):
-            while os.read(fd, 4096):
-                pass
-
-
-class _Shared:
-    """The shared values between trainer and child.
-
-    A child may die at any instruction (``SIGKILL``, an out-of-memory kill), so nothing here
-    holds a lock the trainer could wait on forever: each value has one writer (the trainer:
-    version, step size, steps and tokens taken, stop; the child: groups in flight, heartbeat,
-    activity) and is an aligned machine word read and written whole (the activity text may be
-    read half written: it is only shown). The queues are written by the child only; once it
-    has started, the trainer closes its own copy of their write ends (:meth:`child_started`),
-    so a child that dies mid-message ends the trainer's read with ``EOFError`` instead of
-    leaving it waiting for the rest.
-    """
-
-    def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None,
-                 pin: VersionPin | None = None) -> None:  # fmt: skip
-        self.messages: mp.Queue = _CONTEXT.Queue()
-        self.errors: mp.Queue = _CONTEXT.Queue()
-        self.version = _CONTEXT.Value("q", 0, lock=False)
-        self.step_tokens = _CONTEXT.Value("d", -1.0, lock=False)
-        self.taken = _CONTEXT.Value("q", 0, lock=False)
-        self.steps_taken = _CONTEXT.Value("q", 0, lock=False)
-        self.in_flight = _CONTEXT.Value("q", 0, lock=False)
-        self.heartbeat = _CONTEXT.Value("d", time.time(), lock=False)
-        self.activity = _CONTEXT.Array("c", ACTIVITY_BYTES, lock=False)
-        self.stop = _CONTEXT.Value("b", 0, lock=False)
-        self.servers = servers or SharedServers(first=trust or SharedTrust())
-        self.trust = self.servers.trusts[0]
-        self.pin = pin or VersionPin()
-        self.wakeup = _Wakeup()
-
-    def child_started(self) -> None:
-        """The trainer's side, once the child holds its copies: close the queues' write ends
-        (the trainer only reads them)."""
-        for q in (self.messages, self.errors):
-            q._writer.close()  # mp.Queue keeps no public handle on it
-
-    def close(self) -> None:
-        for q in (self.messages, self.errors):
-            q.cancel_join_thread()
-            q.close()
-        self.wakeup.close()
-
-
-@attrs.frozen
-class _ProcessChannels:
-    """The loop's :class:`~asyncgrpo.shell.rollout.messages.Channels` across the process
-    boundary."""
-
-    shared: _Shared
-
-    def publish(self, message: GroupOutcome | LoopReport) -> None:
-        self.shared.messages.put(message)
-
-    def model_version(self) -> int:
-        return int(self.shared.version.value)
-
-    def tokens_per_step(self) -> float | None:
-        tokens = float(self.shared.step_tokens.value)
-        return None if tokens < 0 else tokens
-
-    def tokens_taken(self) -> int:
-        return int(self.shared.taken.value)
-
-    def steps_taken(self) -> int:
-        return int(self.shared.steps_taken.value)
-
-    def report_in_flight(self, groups: int) -> None:
-        self.shared.in_flight.value = groups
-
-    def beat(self, activity: str = "") -> None:
-        self.shared.heartbeat.value = time.time()
-        encoded = activity.encode("utf-8", "replace")[: ACTIVITY_BYTES - 1]
-        self.shared.activity.value = encoded
-
-    def stop_requested(self) -> bool:
-        return bool(self.shared.stop.value)
-
-    def eval_request(self) -> EvalRequest | None:
-        return self.shared.pin.request()
-
-    def eval_finished(self, request_id: int) -> None:
-        self.shared.pin.finish(request_id)
-
-    async def wait_for_trainer(self) -> None:
-        await self.shared.wakeup.wait()
-
-
-def _load_spec(pickled: bytes) -> LoopSpec:
-    """Unpickle the loop spec, naming the usual cause when user code cannot be found here."""
-    try:
-        return pickle.loads(pickled)
-    except (AttributeError, ImportError) as error:
-        raise RolloutWorkerError(
-            f"the rollout process could not load what the trainer sent it: "
-            f"{type(error).__name__}: {error}. The rollout process is spawned: it imports the "
-            "modules your reward functions, tools, environment factories and rollout loop "
-            "class live in, and runs the script that started training without its "
-            '`if __name__ == "__main__":` block. Define them at module level (above that '
-            "block, or in an importable module), not inside it, in a notebook cell or in the "
-            "interactive interpreter"
-        ) from error
-
-
-def _child_main(pickled_spec: bytes, shared: _Shared, parent_pid: int) -> None:
-    # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
-    # killed outright takes this process with it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(signal.SIGKILL, parent_pid)
-    try:
-        spec = _load_spec(pickled_spec)
-        loop = spec.loop_cls(
-            spec.config,
-            spec.model_name,
-            spec.dataset,
-            list(spec.reward_funcs),
-            spec.processing_class,
-            _ProcessChannels(shared),
-            max_model_len=spec.max_model_len,
-            token_budget=spec.token_budget,
-            rows_per_step=spec.rows_per_step,
-            tools=list(spec.tools),
-            environment_factory=spec.environment_factory,
-            lora_name=spec.lora_name,
-            start_cursor=spec.start_cursor,
-            eval_datasets=spec.eval_datasets,
-            server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
-            **({"servers": shared.servers} if len(shared.servers) > 1 else {}),
-        )
-        anyio.run(loop.run)
-    except BaseException as error:
-        shared.errors.put(f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}")
-        raise
 
 
 def _exit_description(code: int | None) -> str:
@@ -347,7 +125,7 @@ class RolloutProcess:
         self.restarted = 0
         self._resume_cursor = resume_cursor
         self._on_start = on_start
-        self._shared = _Shared(trust, servers, pin)
+        self._shared = SharedState(trust, servers, pin)
         self._process: Any = None
         self._waiting_since: float | None = None  # the trainer waits and no sample came
         self._silent_since: float | None = None  # ... and nothing at all came
@@ -358,8 +136,8 @@ class RolloutProcess:
 
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
-            self._process = _CONTEXT.Process(
-                target=_child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid()),
+            self._process = CONTEXT.Process(
+                target=child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid()),
                 name="asyncgrpo-rollout",
                 daemon=True,
             )  # fmt: skip
@@ -376,7 +154,7 @@ class RolloutProcess:
         figures (policy version, steps, step size) carried over. Returns the metrics."""
         assert self._resume_cursor is not None
         lost = self.groups_in_flight()
-        old, self._shared = self._shared, _Shared(self._shared.trust, self._shared.servers,
+        old, self._shared = self._shared, SharedState(self._shared.trust, self._shared.servers,
                                                   self._shared.pin)  # fmt: skip
         for name in ("version", "step_tokens", "steps_taken"):
             getattr(self._shared, name).value = getattr(old, name).value

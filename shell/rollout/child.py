@@ -1,0 +1,195 @@
+"""The rollout process's child side and what crosses the process boundary: the values and
+queues the trainer and the child share (:class:`SharedState`: one writer each, nothing a dead
+child could leave locked), the wake-up pipe the loop awaits (:class:`Wakeup`), the loop's
+channels over them (:class:`ProcessChannels`), and the child's main (:func:`child_main`), which
+builds the loop from the :class:`~asyncgrpo.shell.rollout.spec.LoopSpec` the trainer sent and
+runs it, its failure's traceback going back to the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import traceback
+
+import anyio
+import attrs
+
+from asyncgrpo.adapters.parent_death import die_with_parent
+from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
+from asyncgrpo.shell.servers import (
+    EvalRequest,
+    RolloutGate,
+    SharedServers,
+    SharedTrust,
+    VersionPin,
+)
+
+CONTEXT = mp.get_context("spawn")
+ACTIVITY_BYTES = 2048
+
+
+class Wakeup:
+    """A pipe the trainer writes a byte to whenever it changes what the rollout loop reads, and
+    the loop awaits instead of polling (it crosses the spawn: the pipe's ends are
+    ``multiprocessing`` connections). Writes never block: a full pipe already wakes the loop."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = CONTEXT.Pipe(duplex=False)
+
+    def notify(self) -> None:
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.set_blocking(self._writer.fileno(), False)
+            os.write(self._writer.fileno(), b"\0")
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+    async def wait(self) -> None:
+        """Return once a byte was written since the last wait (in the rollout process)."""
+        fd = self._reader.fileno()
+        os.set_blocking(fd, False)
+        await anyio.wait_readable(fd)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fd, 4096):
+                pass
+
+
+class SharedState:
+    """The shared values between trainer and child.
+
+    A child may die at any instruction (``SIGKILL``, an out-of-memory kill), so nothing here
+    holds a lock the trainer could wait on forever: each value has one writer (the trainer:
+    version, step size, steps and tokens taken, stop; the child: groups in flight, heartbeat,
+    activity) and is an aligned machine word read and written whole (the activity text may be
+    read half written: it is only shown). The queues are written by the child only; once it
+    has started, the trainer closes its own copy of their write ends (:meth:`child_started`),
+    so a child that dies mid-message ends the trainer's read with ``EOFError`` instead of
+    leaving it waiting for the rest.
+    """
+
+    def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None,
+                 pin: VersionPin | None = None) -> None:  # fmt: skip
+        self.messages: mp.Queue = CONTEXT.Queue()
+        self.errors: mp.Queue = CONTEXT.Queue()
+        self.version = CONTEXT.Value("q", 0, lock=False)
+        self.step_tokens = CONTEXT.Value("d", -1.0, lock=False)
+        self.taken = CONTEXT.Value("q", 0, lock=False)
+        self.steps_taken = CONTEXT.Value("q", 0, lock=False)
+        self.in_flight = CONTEXT.Value("q", 0, lock=False)
+        self.heartbeat = CONTEXT.Value("d", time.time(), lock=False)
+        self.activity = CONTEXT.Array("c", ACTIVITY_BYTES, lock=False)
+        self.stop = CONTEXT.Value("b", 0, lock=False)
+        self.servers = servers or SharedServers(first=trust or SharedTrust())
+        self.trust = self.servers.trusts[0]
+        self.pin = pin or VersionPin()
+        self.wakeup = Wakeup()
+
+    def child_started(self) -> None:
+        """The trainer's side, once the child holds its copies: close the queues' write ends
+        (the trainer only reads them)."""
+        for q in (self.messages, self.errors):
+            q._writer.close()  # mp.Queue keeps no public handle on it
+
+    def close(self) -> None:
+        for q in (self.messages, self.errors):
+            q.cancel_join_thread()
+            q.close()
+        self.wakeup.close()
+
+
+@attrs.frozen
+class ProcessChannels:
+    """The loop's :class:`~asyncgrpo.shell.rollout.messages.Channels` across the process
+    boundary."""
+
+    shared: SharedState
+
+    def publish(self, message: GroupOutcome | LoopReport) -> None:
+        self.shared.messages.put(message)
+
+    def model_version(self) -> int:
+        return int(self.shared.version.value)
+
+    def tokens_per_step(self) -> float | None:
+        tokens = float(self.shared.step_tokens.value)
+        return None if tokens < 0 else tokens
+
+    def tokens_taken(self) -> int:
+        return int(self.shared.taken.value)
+
+    def steps_taken(self) -> int:
+        return int(self.shared.steps_taken.value)
+
+    def report_in_flight(self, groups: int) -> None:
+        self.shared.in_flight.value = groups
+
+    def beat(self, activity: str = "") -> None:
+        self.shared.heartbeat.value = time.time()
+        encoded = activity.encode("utf-8", "replace")[: ACTIVITY_BYTES - 1]
+        self.shared.activity.value = encoded
+
+    def stop_requested(self) -> bool:
+        return bool(self.shared.stop.value)
+
+    def eval_request(self) -> EvalRequest | None:
+        return self.shared.pin.request()
+
+    def eval_finished(self, request_id: int) -> None:
+        self.shared.pin.finish(request_id)
+
+    async def wait_for_trainer(self) -> None:
+        await self.shared.wakeup.wait()
+
+
+def load_spec(pickled: bytes) -> LoopSpec:
+    """Unpickle the loop spec, naming the usual cause when user code cannot be found here."""
+    try:
+        return pickle.loads(pickled)
+    except (AttributeError, ImportError) as error:
+        raise RolloutWorkerError(
+            f"the rollout process could not load what the trainer sent it: "
+            f"{type(error).__name__}: {error}. The rollout process is spawned: it imports the "
+            "modules your reward functions, tools, environment factories and rollout loop "
+            "class live in, and runs the script that started training without its "
+            '`if __name__ == "__main__":` block. Define them at module level (above that '
+            "block, or in an importable module), not inside it, in a notebook cell or in the "
+            "interactive interpreter"
+        ) from error
+
+
+def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int) -> None:
+    # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
+    # killed outright takes this process with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL, parent_pid)
+    try:
+        spec = load_spec(pickled_spec)
+        loop = spec.loop_cls(
+            spec.config,
+            spec.model_name,
+            spec.dataset,
+            list(spec.reward_funcs),
+            spec.processing_class,
+            ProcessChannels(shared),
+            max_model_len=spec.max_model_len,
+            token_budget=spec.token_budget,
+            rows_per_step=spec.rows_per_step,
+            tools=list(spec.tools),
+            environment_factory=spec.environment_factory,
+            lora_name=spec.lora_name,
+            start_cursor=spec.start_cursor,
+            eval_datasets=spec.eval_datasets,
+            server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
+            **({"servers": shared.servers} if len(shared.servers) > 1 else {}),
+        )
+        anyio.run(loop.run)
+    except BaseException as error:
+        shared.errors.put(f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}")
+        raise
