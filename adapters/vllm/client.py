@@ -3,31 +3,9 @@
 Token ids in, token ids and log-probs out, through ``/v1/completions``: the prompt is sent as
 token ids, ``return_token_ids`` returns the sampled ids, ``logprobs=K`` the sampled token's
 log-prob and the sampler's top ``K`` keyed by id (``return_tokens_as_token_ids``). Every
-sampling parameter is sent explicitly, with a seed unique to the request.
-
-Faults: a timeout, a dropped connection or a 5xx is retried by the one retry policy
-(:mod:`asyncgrpo.adapters.vllm.retries`: backoff, at most ``max_retries`` retries, all tries within
-``timeout_s``) and counted (``retry_count``, logged as ``rollout/vllm_retry_count``); when the
-tries run out the last cause is raised. A 4xx is the caller's mistake and raises at once; a
-prompt the server rejects as too long raises :class:`PromptTooLongError`, which says which limit
-to raise.
-
-Idle connections: vLLM's API server closes a kept-alive connection after 5 s idle
-(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client lets its own idle connections go sooner
-(:data:`KEEPALIVE_EXPIRY_S`), and a request whose connection the server dropped as it went out
-is sent once more on a new connection before the drop counts as anything
-(``dropped_connection_count``): a healthy server is never taken for a lost one.
-
-A server that stops answering (frozen, overloaded to a standstill) is named within seconds: a
-call that has had no answer for ``stall_s`` probes ``/health`` on a connection of its own; while
-the server does not answer that either, the client logs ``the vLLM server at URL has not
-answered for N s`` every 10 s, and once it has been silent for ``timeout_s`` the call raises
-:class:`ServerNotAnswering`, naming the server, the setting and how to resume. The silence is
-counted from the first probe that went unanswered until anything answers, across calls (the
-calls of one push count in total). A request's own HTTP timeout comes
-:data:`WATCHDOG_LEAD_S` later, so a silent server is always named as such; it is left for a
-call that takes too long on a server that still answers ``/health`` (retried, as TRL retries a
-timed-out generation request).
+sampling parameter is sent explicitly, with a seed unique to the request. Every call goes
+through the server's :class:`~asyncgrpo.adapters.vllm.transport.ServerTransport` (retries,
+dropped connections, the silence watch).
 
 A client given a :class:`ServerGate` (the rollout loop's) survives a server that goes away:
 a request that finds the server unreachable
@@ -43,11 +21,9 @@ may trust it, and on every ``/metrics`` scrape, and hands it to the gate
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import anyio
 import httpx
 import structlog
 
@@ -63,32 +39,15 @@ from asyncgrpo.adapters.vllm.replies import (
     server_flags,
     server_transfer,
 )
-from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying
+from asyncgrpo.adapters.vllm.retries import retrying
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.adapters.vllm.transport import ServerTransport, ServerUnreachable
 from asyncgrpo.core.rollout.candidate_sets import CandidateSetSupport
 from asyncgrpo.core.servers.match import ServerFlags
-from asyncgrpo.core.servers.outage import Failure, classify_failure
 
 
 class PromptTooLongError(VLLMError):
     """The server rejected a request as longer than its ``--max-model-len``."""
-
-
-class ServerUnreachable(VLLMError):
-    """The server could not be reached or dropped the connection (it may be restarting)."""
-
-
-class ServerNotAnswering(VLLMError):
-    """The server took connections but answered nothing, not even ``/health``, for
-    ``vllm_server_timeout`` seconds (a frozen or wedged server)."""
-
-
-class _ServerFailed(VLLMError):
-    """A 5xx answer (retried as a failure of the try)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class _Aborted(VLLMError):
@@ -100,15 +59,6 @@ def _is_aborted(error: BaseException) -> bool:
 
 
 log = structlog.get_logger("asyncgrpo.vllm_client")
-KEEPALIVE_EXPIRY_S = 2.0
-"""Seconds the client keeps an idle connection: below vLLM's 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``),
-so that the client lets a connection go before the server closes it."""
-SILENCE_LOG_EVERY_S = 10.0
-PROBE_TIMEOUT_S = 5.0
-WATCHDOG_LEAD_S = PROBE_TIMEOUT_S + 5.0
-"""Seconds a request's own HTTP timeouts come after ``timeout_s``: a silent server is named by
-the silence watchdog (``ServerNotAnswering``), never by a bare ``ReadTimeout`` that races it.
-The HTTP timeout is left for a call that takes too long on a server that answers ``/health``."""
 PRIORITY_POLICY = "priority"  # vLLM's --scheduling-policy that orders requests by priority
 
 
@@ -127,28 +77,6 @@ class ServerGate(Protocol):
 
     def identity_seen(self, identity: float | None) -> None:
         """Record the server's identity read now (a new one means it restarted)."""
-
-
-_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-
-
-def failure_of(error: BaseException | None, status: int | None = None) -> Failure:
-    """Classify an ``httpx`` exception (or an HTTP ``status`` >= 500) for the retry logic.
-
-    Example:
-        >>> failure_of(httpx.ConnectError("refused")).value
-        'unreachable'
-        >>> failure_of(httpx.ReadTimeout("slow")).value
-        'timeout'
-    """
-    if isinstance(error, _ServerFailed):
-        status = error.status
-    return classify_failure(
-        connect_failed=isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)),
-        dropped=isinstance(error, _DROPPED),
-        timed_out=isinstance(error, httpx.TimeoutException),
-        status=status,
-    )
 
 
 def _too_long(detail: str) -> bool:
@@ -196,194 +124,33 @@ class VLLMClient:
         stall_outage: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.stall_outage = stall_outage
         self.model = model
         self.max_retries = max_retries
         self.gate = gate
         self.timeout_s = timeout_s
-        self.stall_s = stall_s
-        self.policy = RetryPolicy(deadline_s=timeout_s, max_attempts=max_retries + 1,
-                                  first_backoff_s=backoff_s)  # fmt: skip
-        self._retries = RetryCounter("retrying a request to the vLLM server", self.policy,
-                                     url=self.base_url)  # fmt: skip
+        self.transport = ServerTransport(
+            self.base_url, timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+            max_connections=max_connections, gated=gate is not None, stall_s=stall_s,
+            headers=headers, stall_outage=stall_outage,
+        )  # fmt: skip
+        self.policy = self.transport.policy
         self.regenerated_count = 0
-        self.dropped_connection_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
         self.fresh_identity = FreshIdentity(self.server_identity)
-        self._timeout = httpx.Timeout(timeout_s + WATCHDOG_LEAD_S, connect=min(timeout_s, 30.0))
-        self._headers = dict(headers or {})
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=self._timeout,
-            headers=self._headers,
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            ),
-        )
-        self._last_answer = time.monotonic()  # of any request or probe
-        self._silent_since: float | None = None  # silence seen by a probe, until an answer
-        self._probe_lock = anyio.Lock()
-        self._probed_at = -float("inf")
-        self._probe_answered = True
-        self._silence_logged_at = -float("inf")
 
     @property
     def retry_count(self) -> int:
         """Retries so far (of requests and of aborted generations)."""
-        return self._retries.count
+        return self.transport.retries.count
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self.transport.aclose()
 
     async def __aenter__(self) -> VLLMClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One call under the retry policy: a 2xx-4xx response, or the last failure raised (a
-        gated client raises :class:`ServerUnreachable` at once when the server is gone)."""
-        tries = 0
-        try:
-            async for attempt in retrying(self.policy, self._retryable, self._retries):
-                with attempt:
-                    tries += 1
-                    return await self._send(method, path, **kwargs)
-        except (httpx.TimeoutException, httpx.TransportError, _ServerFailed) as error:
-            where = f"{method} {self.base_url}{path}"
-            cause = f"{type(error).__name__}: {error}"
-            if isinstance(error, httpx.TimeoutException) and not str(error):
-                cause += (f"no reply in {self._timeout.read:.0f} s, though the server answers "
-                          "/health")  # fmt: skip
-            if self.gate is not None and failure_of(error) is Failure.UNREACHABLE:
-                raise ServerUnreachable(f"{where}: {cause}") from error
-            retried = f" after {tries - 1} retries" if tries > 1 else ""
-            raise VLLMError(f"{where} failed{retried}: {cause}") from error
-        raise AssertionError("unreachable: the retry loop returns or raises")
-
-    def _retryable(self, error: BaseException) -> bool:
-        if not isinstance(error, (httpx.TimeoutException, httpx.TransportError, _ServerFailed)):
-            return False
-        return self.gate is None or failure_of(error) is not Failure.UNREACHABLE
-
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One try: a response below 500, else :class:`_ServerFailed`. A connection the server
-        dropped as the request went out (it closed it for idleness) is tried once more on a new
-        connection, before the drop counts as a failure."""
-        what = f"{method} {path}"
-        try:
-            response = await self._watched(lambda: self._http.request(method, path, **kwargs),
-                                           what)  # fmt: skip
-        except _DROPPED:
-            self.dropped_connection_count += 1
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout,
-                                         headers=self._headers) as fresh:  # fmt: skip
-                response = await self._watched(lambda: fresh.request(method, path, **kwargs),
-                                               what)  # fmt: skip
-        if response.status_code >= 500:
-            raise _ServerFailed(f"{what}: HTTP {response.status_code}: {response.text[:500]}",
-                                response.status_code)  # fmt: skip
-        return response
-
-    async def _watched(self, send: Callable[[], Awaitable[httpx.Response]],
-                       what: str) -> httpx.Response:  # fmt: skip
-        """``send()``, watched: while it has no answer the server is probed, its silence
-        logged, and after ``timeout_s`` of silence the call raises :class:`ServerNotAnswering`."""
-        started = time.monotonic()
-        outcome: list[httpx.Response | BaseException] = []
-        async with anyio.create_task_group() as group:
-
-            async def run() -> None:
-                try:
-                    outcome.append(await send())
-                except Exception as error:  # handed to the caller below, unwrapped
-                    outcome.append(error)
-                group.cancel_scope.cancel()
-
-            async def watch() -> None:
-                silent = await self._until_silent_too_long(started, what)
-                if self.stall_outage:
-                    outcome.append(ServerUnreachable(
-                        f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
-                        f"({what}), not even /health"))  # fmt: skip
-                    group.cancel_scope.cancel()
-                    return
-                outcome.append(ServerNotAnswering(
-                    f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
-                    f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
-                    "but answers nothing, not even /health. Restart it and resume the run "
-                    "(resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
-                group.cancel_scope.cancel()
-
-            group.start_soon(run)
-            group.start_soon(watch)
-        result = outcome[0]
-        if isinstance(result, BaseException):
-            raise result
-        self._answered()
-        return result
-
-    def _answered(self) -> None:
-        self._last_answer, self._silent_since = time.monotonic(), None
-
-    def _silent_from(self, started: float) -> float:
-        """When the server's silence began, for a call that ``started`` then: a silence a probe
-        already saw goes on across calls (the calls of one push count in total), else the
-        later of the call's start and the server's last answer."""
-        if self._silent_since is not None:
-            return self._silent_since
-        return max(started, self._last_answer)
-
-    async def _until_silent_too_long(self, started: float, what: str) -> float:
-        """Return once the server has answered nothing (no call, no probe) for ``timeout_s``
-        (``stall_outage``: once a probe after ``stall_s`` of silence is not answered); probe
-        ``/health`` after ``stall_s`` of silence, then about every ``SILENCE_LOG_EVERY_S`` (and
-        at the deadline), logging the silence each time."""
-        while True:
-            await anyio.sleep(max(0.0, self._silent_from(started) + self.stall_s
-                                  - time.monotonic()))  # fmt: skip
-            silent_from = self._silent_from(started)
-            if time.monotonic() - silent_from < self.stall_s:
-                continue  # something answered meanwhile
-            if await self._answers():
-                continue
-            if self._silent_since is None:
-                self._silent_since = silent_from
-            silent = time.monotonic() - silent_from
-            if silent >= self.timeout_s or self.stall_outage:
-                return silent
-            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S - 1.0:
-                self._silence_logged_at = time.monotonic()
-                log.warning(f"the vLLM server at {self.base_url} has not answered for "
-                            f"{silent:.0f} s", call=what,
-                            fails_after_s=round(self.timeout_s))  # fmt: skip
-            # the next probe ends about when the next log or the deadline is due
-            next_due = min(self._silence_logged_at + SILENCE_LOG_EVERY_S,
-                           silent_from + self.timeout_s)  # fmt: skip
-            await anyio.sleep(max(0.5, next_due - time.monotonic() - PROBE_TIMEOUT_S))
-
-    async def _answers(self) -> bool:
-        """Whether ``/health`` answers now, on a connection of its own (one probe at a time
-        for all the calls that ask; a probe less than a second old is reused)."""
-        async with self._probe_lock:
-            if time.monotonic() - self._probed_at < 1.0:
-                return self._probe_answered
-            timeout = min(PROBE_TIMEOUT_S, self.stall_s, self.timeout_s)
-            try:
-                async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
-                                             headers=self._headers) as probe:  # fmt: skip
-                    await probe.get("/health")
-                answered = True
-            except (httpx.TimeoutException, httpx.TransportError):
-                answered = False
-            self._probed_at = time.monotonic()
-            self._probe_answered = answered
-            if answered:
-                self._last_answer, self._silent_since = self._probed_at, None
-            return answered
 
     @staticmethod
     def _raise_for_client_error(response: httpx.Response, what: str) -> None:
@@ -452,7 +219,7 @@ class VLLMClient:
         """A whole generation: one the server aborted (a pause with ``mode=abort``) is asked
         again under the retry policy, and a partial completion is never returned."""
         try:
-            async for attempt in retrying(self.policy, _is_aborted, self._retries):
+            async for attempt in retrying(self.policy, _is_aborted, self.transport.retries):
                 with attempt:
                     generation = await self._generate_trusted(path, body, parse)
                     if generation.finish_reason == "abort":
@@ -474,7 +241,7 @@ class VLLMClient:
         while True:
             started = await self.gate.enter() if self.gate is not None else 0
             try:
-                response = await self._request("POST", path, json=body)
+                response = await self.transport.request("POST", path, json=body)
             except ServerUnreachable as error:
                 assert self.gate is not None  # only a gated client raises it
                 await self.gate.unreachable(error)
@@ -505,7 +272,7 @@ class VLLMClient:
         when it restarts; ``None`` when the server has no ``/metrics`` or does not export it
         (then ``identity_offered`` turns false). Raises :class:`ServerUnreachable` on a gated
         client whose server is gone."""
-        response = await self._request("GET", "/metrics", params=IDENTITY_QUERY)
+        response = await self.transport.request("GET", "/metrics", params=IDENTITY_QUERY)
         if response.status_code == 404:
             self.identity_offered = False
             return None
@@ -516,13 +283,13 @@ class VLLMClient:
 
     async def served_models(self) -> list[str]:
         """The names the server serves (``/v1/models``; its base model first)."""
-        response = await self._request("GET", "/v1/models")
+        response = await self.transport.request("GET", "/v1/models")
         self._raise_for_client_error(response, "/v1/models")
         return [str(entry.get("id")) for entry in response.json().get("data", [])]
 
     async def max_model_len(self) -> int:
         """The served model's ``max_model_len`` from ``/v1/models``."""
-        response = await self._request("GET", "/v1/models")
+        response = await self.transport.request("GET", "/v1/models")
         self._raise_for_client_error(response, "/v1/models")
         for entry in response.json().get("data", []):
             if entry.get("id") == self.model:
@@ -536,7 +303,7 @@ class VLLMClient:
         server's identity to the gate."""
         while True:
             try:
-                response = await self._request("GET", "/metrics")
+                response = await self.transport.request("GET", "/metrics")
                 break
             except ServerUnreachable as error:
                 assert self.gate is not None
@@ -553,10 +320,10 @@ class VLLMClient:
         """Whether the server answers ``/health`` with 200 and serves the client's model now
         (one try each, no retries: a probe while waiting for a restarted server)."""
         try:
-            health = await self._http.get("/health", timeout=timeout_s)
+            health = await self.transport.http.get("/health", timeout=timeout_s)
             if health.status_code != 200:
                 return False
-            models = await self._http.get("/v1/models", timeout=timeout_s)
+            models = await self.transport.http.get("/v1/models", timeout=timeout_s)
         except (httpx.TimeoutException, httpx.TransportError):
             return False
         if models.status_code != 200:
@@ -566,7 +333,7 @@ class VLLMClient:
     async def server_config(self) -> dict[str, Any] | None:
         """The server's ``vllm_config`` from ``/server_info`` as JSON, or ``None`` when the
         server does not expose it (started without ``VLLM_SERVER_DEV_MODE=1``)."""
-        response = await self._request(
+        response = await self.transport.request(
             "GET", "/server_info", params={"config_format": "json"}, timeout=60.0
         )
         if response.status_code == 404:
@@ -588,19 +355,23 @@ class VLLMClient:
         """Whether the server records sampling masks (``/server_info``) and serves the token
         endpoint (an empty request to it: 403 when ``--enable-scale-out`` is off)."""
         config = await self.server_config()
-        probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+        probe = await self.transport.request(
+            "POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0
+        )
         return vllm_tokens.candidate_set_support(config, probe.status_code)
 
     async def server_flags(self, probe_token_endpoint: bool = False) -> ServerFlags:
         """What the server offers that a run relies on (``/v1/models`` and ``/server_info``;
         with ``probe_token_endpoint``, whether it serves the token endpoint), to compare the
         servers of a run (:func:`~asyncgrpo.core.servers.match.check_servers`)."""
-        response = await self._request("GET", "/v1/models")
+        response = await self.transport.request("GET", "/v1/models")
         self._raise_for_client_error(response, "/v1/models")
         config = await self.server_config()
         token_endpoint = None
         if probe_token_endpoint:
-            probe = await self._request("POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0)
+            probe = await self.transport.request(
+                "POST", vllm_tokens.TOKEN_ENDPOINT, json={}, timeout=60.0
+            )
             support = vllm_tokens.candidate_set_support(config, probe.status_code)
             token_endpoint = support.serves_token_endpoint
         return server_flags(response.json(), config, self.model, token_endpoint)
@@ -612,7 +383,7 @@ class VLLMClient:
         return None if config is None else server_transfer(config)
 
     async def _post(self, path: str, **kwargs: Any) -> Any:
-        response = await self._request("POST", path, **kwargs)
+        response = await self.transport.request("POST", path, **kwargs)
         self._raise_for_client_error(response, path)
         if not response.content:
             return None

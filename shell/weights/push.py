@@ -36,8 +36,9 @@ import torch.distributed as dist
 
 from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.transfer.files import SyncTimings
-from asyncgrpo.adapters.vllm.client import ServerNotAnswering, VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_blocking
+from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from asyncgrpo.adapters.vllm.client import ServerNotAnswering, VLLMClient, VLLMError
+from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.server import free_port
+from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 
 TIMEOUT_S = 3.0  # vllm_server_timeout
 STALL_S = 0.5  # vllm_server_stall_timeout

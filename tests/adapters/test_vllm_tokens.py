@@ -137,7 +137,7 @@ def test_the_client_sends_candidate_set_requests_to_the_token_endpoint() -> None
 
     async def main():
         async with VLLMClient("http://fake", "m") as client:
-            client._http = httpx.AsyncClient(
+            client.transport.http = httpx.AsyncClient(
                 base_url="http://fake", transport=httpx.MockTransport(handler)
             )
             params = SamplingParams(max_tokens=3, top_k=TOP_K, num_sampler_logprobs=2)

@@ -118,7 +118,7 @@ async def stream_with_sync_at_a_held_token(
     finish_reason = ""
     allow(gate, 1)
     try:
-        async with client._http.stream(
+        async with client.transport.http.stream(
             "POST", "/v1/completions", json=body | {"stream": True}
         ) as reply:
             reply.raise_for_status()

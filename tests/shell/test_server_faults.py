@@ -95,7 +95,7 @@ def test_a_connection_dropped_as_a_request_goes_out_is_no_outage(vllm_server, ti
             async with VLLMClient(url, vllm_server.spec.name, timeout_s=60, gate=gate) as client:
                 generation = await client.generate(prompt, SamplingParams(max_tokens=4), seed=1)
                 metrics = await client.metrics()
-                dropped = client.dropped_connection_count
+                dropped = client.transport.dropped_connection_count
             group.cancel_scope.cancel()
         assert metrics is not None
         return len(generation.output_ids), dropped

@@ -170,7 +170,7 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
 
     async def served_adapters(server: VLLMServer) -> set[str]:
         async with VLLMClient(server.base_url, server.spec.name) as client:
-            response = await client._request("GET", "/v1/models")
+            response = await client.transport.request("GET", "/v1/models")
         return {m["id"] for m in response.json()["data"]}
 
     kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
