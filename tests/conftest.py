@@ -205,14 +205,15 @@ def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
 
 
 # Servers started ahead of the tests that use them. Each kind (its fixture) starts in the
-# background when the test START_AHEAD_TESTS before its first user begins, the first kind
-# with the session's first test (so the fast tier, which runs first, covers its start). A
+# background when the test START_AHEAD_TESTS before its first user begins; the first kind, and
+# any whose start would fall in the fast tier, with the session's first test (the fast tier,
+# which runs first, takes about two minutes and covers their start). A
 # start then overlaps tests that leave a core idle (timeouts, frozen servers) instead of
 # holding up its first user, and servers used late in the session do not sit idle from its
 # start. The kinds: a session's (one for all tests), or a module's (one per module that uses
 # it, stopped after that module: PER_MODULE). A test module may declare its own
 # module-scoped kinds in ``SERVERS_STARTED_AHEAD`` (fixture name -> starter).
-START_AHEAD_TESTS = 4
+START_AHEAD_TESTS = 6
 SERVERS_STARTED_AHEAD = {"vllm_server": session_server,
                          "restartable_lora_server": session_lora_server,
                          "short_keep_alive_server": short_keep_alive,
@@ -245,7 +246,9 @@ class ServersAhead:
                 if key in planned:
                     continue
                 planned.add(key)
-                at = 0 if not self.due else max(0, index - START_AHEAD_TESTS)
+                at = max(0, index - START_AHEAD_TESTS)
+                if not self.due or in_fast_tier(items[at]):
+                    at = 0  # the fast tier is quick per test: the session's start is ahead
                 self.due.setdefault(items[at].nodeid, []).append((key, kinds[name]))
 
     def start_due(self, nodeid: str, tiny_qwen3: Path) -> None:
