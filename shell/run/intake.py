@@ -43,7 +43,6 @@ class SampleIntake:
         cursor: the prompt cursor.
         queue: the step queue; None until the run starts (its token budget is the server's).
         process: the rollout process; None until the run starts.
-        token_budget: tokens per row (for the oversize error).
         completions: ``(prompt, completion, reward)`` of the groups since the last logged
             window.
         waited_s: seconds the current step has waited for messages.
@@ -60,7 +59,6 @@ class SampleIntake:
         self.cursor = start
         self.queue: step_queue.StepQueue | None = None
         self.process: RolloutProcess | None = None
-        self.token_budget = 0
         self.completions: list[tuple[str, str, float]] = []
         self.waited_s = 0.0
         self._step = step
@@ -113,12 +111,13 @@ class SampleIntake:
             self._observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
         if decided.oversize:
             self._observe(metrics.total("batch/dropped_oversize_count", len(decided.oversize)))
+            budget = self.queue.settings.token_budget
             log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
-                        token_budget=self.token_budget,
+                        token_budget=budget,
                         longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
             if self.queue.budget_too_small:
                 raise ValueError(
-                    f"token_budget={self.token_budget} is too small: the last "
+                    f"token_budget={budget} is too small: the last "
                     f"{self.queue.oversize_in_a_row} samples were all longer (the longest "
                     f"{max(len(s.sequence) for s in decided.oversize)} tokens), so no step "
                     "can be filled; raise token_budget to at least the prompt length plus "

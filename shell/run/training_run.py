@@ -177,7 +177,6 @@ class TrainingRun:
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
             self.token_budget = self.args.token_budget or self.max_model_len
-            self.intake.token_budget = self.token_budget
             self.intake.queue = self._new_queue()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             checkpoints.remove_partials(self.output_dir)

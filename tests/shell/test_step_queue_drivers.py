@@ -98,7 +98,7 @@ def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> Train
     learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
                               bf16=False)  # fmt: skip
     run = TrainingRun(inputs, learner, None)
-    run.token_budget = run.intake.token_budget = budget
+    run.token_budget = budget
     run.intake.queue = run._new_queue()
     return run
 
