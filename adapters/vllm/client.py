@@ -127,13 +127,11 @@ class VLLMClient:
         self.model = model
         self.max_retries = max_retries
         self.gate = gate
-        self.timeout_s = timeout_s
         self.transport = ServerTransport(
             self.base_url, timeout_s, max_retries=max_retries, backoff_s=backoff_s,
             max_connections=max_connections, gated=gate is not None, stall_s=stall_s,
             headers=headers, stall_outage=stall_outage,
         )  # fmt: skip
-        self.policy = self.transport.policy
         self.regenerated_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
         self.fresh_identity = FreshIdentity(self.server_identity)
@@ -219,7 +217,8 @@ class VLLMClient:
         """A whole generation: one the server aborted (a pause with ``mode=abort``) is asked
         again under the retry policy, and a partial completion is never returned."""
         try:
-            async for attempt in retrying(self.policy, _is_aborted, self.transport.retries):
+            transport = self.transport
+            async for attempt in retrying(transport.policy, _is_aborted, transport.retries):
                 with attempt:
                     generation = await self._generate_trusted(path, body, parse)
                     if generation.finish_reason == "abort":
