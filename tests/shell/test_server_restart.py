@@ -247,7 +247,9 @@ def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> N
                   weight_push_overlap=False)  # fmt: skip
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
         run.train()
-    assert re.search(r"on 2 of the last [23] checked step\(s\)", str(failed.value)), failed.value
+    # a step whose samples were all drawn between this trainer's push and the foreign one is
+    # clean, so the second foreign step may come after up to 4 clean ones (6 steps in all)
+    assert re.search(r"on 2 of the last [2-6] checked step\(s\)", str(failed.value)), failed.value
     rows = read_metrics(tmp_path / "run")  # logged up to the failure
     assert rows[0]["sampling/staleness0_logp_difference/mean"] < 1e-4  # before the foreign push
 
