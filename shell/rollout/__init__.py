@@ -1,5 +1,6 @@
-"""The rollout process: the rollout loop (:mod:`.loop`), tools and environments
-(:mod:`.tools`), group scoring (:mod:`.scoring`), evaluations (:mod:`.evaluation`), prompt rows
+"""The rollout process: the rollout loop (:mod:`.loop`), when it starts a group and where
+(:mod:`.admission`), tools and environments (:mod:`.tools`), group scoring (:mod:`.scoring`),
+evaluations (:mod:`.evaluation`), what it is doing (:mod:`.heartbeat`), prompt rows
 (:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the spawned process that runs
 the loop (:mod:`.process`, the trainer's side; :mod:`.child`, the child's; :mod:`.spec`, what is
 sent into it).

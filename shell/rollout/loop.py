@@ -19,12 +19,14 @@ documentation):
 ``setup()``, ``close()``                   when the loop starts and stops
 ==============================  =======================================================
 
-Its parts live beside it: the tool loop and environments (:mod:`asyncgrpo.shell.rollout.tools`),
-group scoring (:mod:`asyncgrpo.shell.rollout.scoring`), dataset rows
-(:mod:`asyncgrpo.shell.rollout.prompts`) and the messages to the trainer
-(:mod:`asyncgrpo.shell.rollout.messages`). Here: the hooks, dispatch under pacing and the
-load cap, the server poller and the heartbeat, over one event loop's counters (rollouts in
-flight, the generation ledger, generated tokens, calls in flight).
+Its parts live beside it: admission under pacing and routing
+(:mod:`asyncgrpo.shell.rollout.admission`), the tool loop and environments
+(:mod:`asyncgrpo.shell.rollout.tools`), group scoring (:mod:`asyncgrpo.shell.rollout.scoring`),
+evaluations (:mod:`asyncgrpo.shell.rollout.evaluation`), dataset rows
+(:mod:`asyncgrpo.shell.rollout.prompts`), the heartbeat (:mod:`asyncgrpo.shell.rollout.heartbeat`)
+and the messages to the trainer (:mod:`asyncgrpo.shell.rollout.messages`). Here: the hooks, the
+dispatcher, a group's rollouts under the load cap (and generated again elsewhere when its server
+goes), the scoring task and the server poller, on one event loop.
 
 With several servers (``vllm_server_base_url`` a list), each group goes to one of them
 (:class:`~asyncgrpo.shell.servers.routing.ServerPool`: the least loaded for its cap, among
@@ -37,10 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -58,12 +59,13 @@ from asyncgrpo.adapters.vllm.client import (
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.metrics import Observation, mean, total
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
-from asyncgrpo.core.rollout import cursor, pacing, sample_wait
-from asyncgrpo.core.rollout.activity import Activity, describe_activities
+from asyncgrpo.core.rollout import cursor, sample_wait
 from asyncgrpo.core.rollout.advantages import standardize_rewards
 from asyncgrpo.core.rollout.candidate_sets import plan_candidate_sets
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.rollout.admission import Admission
 from asyncgrpo.shell.rollout.evaluation import EvalRollout, Evaluator
+from asyncgrpo.shell.rollout.heartbeat import CURRENT_GROUP, Heartbeat
 from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
@@ -71,7 +73,6 @@ from asyncgrpo.shell.rollout.tools import ToolLoop
 from asyncgrpo.shell.servers import (
     EvalRequest,
     RolloutGate,
-    ServerGone,
     ServerOut,
     ServerPool,
     ServerSettings,
@@ -81,13 +82,10 @@ from asyncgrpo.shell.servers import (
 log = structlog.get_logger("asyncgrpo.rollout")
 
 METRICS_POLL_S = 4.5  # off vLLM's 5 s keep-alive boundary
-CHANGE_BACKSTOP_S = 1.0  # the dispatcher looks again at least this often, changes or not
 _GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_version", default=0)
 _ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
     "rollout", default=None
 )
-# (group_id, row_index) of the group a rollout task works for, for the activity report
-_GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
 # the server the current group runs on (its index in vllm_server_base_url)
 _SERVER: contextvars.ContextVar[int] = contextvars.ContextVar("server", default=0)
 # inside an evaluation's rollout: its sampling settings (None: training's)
@@ -95,27 +93,7 @@ _EVALUATING: contextvars.ContextVar[SamplingParams | None] = contextvars.Context
     "evaluating", default=None
 )
 EVAL_PRIORITY = 1  # vLLM schedules lower values first; training's requests have 0
-HEARTBEAT_S = 1.0
 TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
-
-
-class _Changes:
-    """Wakes the dispatcher when something it waits on may have changed: :meth:`arm` before
-    looking, :meth:`wait` after, and a :meth:`notify` in between is not lost."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def arm(self) -> None:
-        if self._event.is_set():
-            self._event = anyio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout_s: float) -> None:
-        with anyio.move_on_after(timeout_s):
-            await self._event.wait()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[Any]:
@@ -200,27 +178,24 @@ class AsyncRolloutLoop:
         self.eos_token_ids = self._eos_ids(processing_class)
         self.sampling = config.sampling_params()
         self._candidate_logprobs: int | None = None  # set at start: see _plan_candidate_sets
-        self._ledger = pacing.GenerationLedger()
-        self._taken_seen = 0
         self._slots = anyio.Condition()
-        self._changes = _Changes()  # anything the dispatcher waits on may have changed
         self._pending_obs: list[Observation] = []
+        self.heartbeat = Heartbeat(channels, self._rollouts_in_flight)
+        self.admission = Admission(config, channels, self._version_of, token_budget,
+                                   rows_per_step, self._observe)  # fmt: skip
         self.tool_loop = ToolLoop(
-            config, processing_class, environment_factory, self._doing, self._observe
+            config, processing_class, environment_factory, self.heartbeat.doing, self._observe
         )
         self._generated_tokens = 0
         self._next_group_id = 0
         self._unkeyed_requests = 0
-        self._activities: dict[int, Activity] = {}
         self._too_long_in_a_row = 0
-        self._activity_ids = itertools.count()
-        self._published = sample_wait.WaitTally()  # every group published, for the heartbeat
         self.eval_sampling = config.eval_sampling_params()
         self._priority_scheduling = False  # set at start: whether the servers schedule by it
         self.evaluator = Evaluator(
             dict(eval_datasets or {}), self.reward_funcs, config.eval_num_generations,
             config.max_concurrent_rollouts, self.evaluation_rollout, self._server_versions,
-            self._wait_for_version_change, self._doing,
+            self._wait_for_version_change, self.heartbeat.doing,
         )  # fmt: skip
 
     @property
@@ -335,7 +310,7 @@ class AsyncRolloutLoop:
             )
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._heartbeat_forever)
+                    tg.start_soon(self.heartbeat.beat_forever)
                     tg.start_soon(self._poll_server_forever)
                     tg.start_soon(self._score_forever, receive)
                     tg.start_soon(self._relay_trainer_changes)
@@ -409,74 +384,23 @@ class AsyncRolloutLoop:
                         f"filter_prompt rejected all {size} prompts of an epoch; no batch can "
                         "reach the trainer"
                     )
-                self._publish(GroupOutcome(position, row_index, (), (),
+                self.heartbeat.publish(GroupOutcome(position, row_index, (), (),
                                            dropped=sample_wait.FILTERED))  # fmt: skip
                 continue
             rejected_in_a_row = 0
-            server = await self._wait_for_allowance()
+            assert self.pool is not None
+            server = await self.admission.admit(self.pool)
             if server is None:
                 return
-            self._ledger = pacing.group_started(self._ledger)
-            self.channels.report_in_flight(self._ledger.groups_in_flight)
-            assert self.pool is not None
-            self.pool[server].reserved += self.config.num_generations
-            self.pool[server].routed += 1
             group_id = self._next_group_id
             self._next_group_id += 1
             tg.start_soon(self._run_group, send, position, row_index, row, group_id, server)
-
-    async def _wait_for_allowance(self) -> int | None:
-        """Wait until a server can take a group (a rollout slot free, its policy recent
-        enough: :meth:`ServerPool.route`) and the staleness allowance admits it; the server,
-        or ``None`` when the trainer asks to stop. The wait sleeps until something it depends
-        on changes: a group here finishes or is scored, the load cap moves, or the trainer
-        takes samples, takes a step or pushes weights."""
-        waited_from: float | None = None
-        await anyio.lowlevel.checkpoint()
-        while True:
-            self._changes.arm()  # a change from here on ends the wait below at once
-            if self.channels.stop_requested():
-                return None
-            server = self._route()
-            if server is not None and self._allowance_admits(server):
-                # report the group before looking again: the trainer announces a step before
-                # it looks at the groups in flight, so one of the two sees the other (else a
-                # group admitted as the trainer takes a short step arrives stale)
-                self.channels.report_in_flight(self._ledger.groups_in_flight + 1)
-                if self._allowance_admits(server):
-                    break
-                self.channels.report_in_flight(self._ledger.groups_in_flight)
-            waited_from = waited_from or time.monotonic()
-            await self._changes.wait(CHANGE_BACKSTOP_S)
-        if waited_from is not None and self._ledger.groups_completed:
-            self._pending_obs.append(mean("rollout/backpressure_s", time.monotonic() - waited_from))
-        return server
-
-    def _route(self) -> int | None:
-        """The server the next group would go to
-        (:func:`~asyncgrpo.core.servers.routing.route_group`)."""
-        assert self.pool is not None
-        return self.pool.route(self.channels.steps_taken(), self.config.max_staleness)
-
-    def _allowance_admits(self, server: int = 0) -> bool:
-        """Whether the staleness allowance admits a group on ``server`` now
-        (:func:`~asyncgrpo.core.rollout.pacing.may_start_group`)."""
-        taken = self.channels.tokens_taken()
-        self._ledger = pacing.samples_taken(self._ledger, taken - self._taken_seen)
-        self._taken_seen = taken
-        behind = self.channels.steps_taken() - self._version_of(server)
-        allowance = pacing.token_allowance(
-            self.channels.tokens_per_step(), self.config.max_staleness,
-            self.token_budget, self.rows_per_step, behind,
-        )  # fmt: skip
-        return pacing.may_start_group(self._ledger, allowance, behind=behind,
-                                      max_staleness=self.config.max_staleness)  # fmt: skip
 
     async def _relay_trainer_changes(self) -> None:
         """Wake the dispatcher whenever the trainer changes what it reads."""
         while True:
             await self.channels.wait_for_trainer()
-            self._changes.notify()
+            self.admission.changes.notify()
 
     async def _run_group(
         self, send: Any, position: int, row_index: int, row: dict[str, Any], group_id: int,
@@ -493,7 +417,7 @@ class AsyncRolloutLoop:
             env_rewards=[],
             server=server,
         )
-        _GROUP.set((group_id, row_index))
+        CURRENT_GROUP.set((group_id, row_index))
         while True:
             results, too_long, lost = await self._generate_group(pending, position)
             if too_long:
@@ -538,35 +462,19 @@ class AsyncRolloutLoop:
             lost += _leaves(errors)
         finally:
             assert self.pool is not None
-            self.pool[pending.server].reserved -= self.config.num_generations
-            self._changes.notify()
+            self.admission.release(self.pool, pending.server)
         return results, too_long, lost
 
     async def _reroute(self, pending: PendingGroup, lost: ServerOut) -> None:
         """The group's server went out of routing: wait for another one that can take the
-        group (:meth:`_route`) and move the group there, at that server's policy version.
-        Gives up ``2 x vllm_server_timeout`` after every server went away (the trainer fails
-        the run after one)."""
+        group and move the group there, at that server's policy version
+        (:meth:`~asyncgrpo.shell.rollout.admission.Admission.reroute`)."""
         assert self.pool is not None and self.shared_servers is not None
         old = pending.server
         self.pool[old].regenerated_groups += 1
         log.info("a group is generated again on another server", position=pending.position,
                  lost=lost.url, cause=str(lost)[:300])  # fmt: skip
-        while (server := self._route()) is None:
-            self._changes.arm()
-            if (server := self._route()) is not None:
-                break
-            since = self.shared_servers.all_gone_since()
-            limit = 2 * self.config.vllm_server_timeout
-            if since is not None and time.time() - since >= limit:
-                raise ServerGone(
-                    f"no vLLM server of the run ({', '.join(self.shared_servers.urls)}) came "
-                    f"back within {limit:.0f} s (2 x vllm_server_timeout) with the trainer's "
-                    "weights"
-                )
-            await self._changes.wait(CHANGE_BACKSTOP_S)
-        self.pool[server].reserved += self.config.num_generations
-        self.pool[server].routed += 1
+        server = await self.admission.reroute(self.pool, self.shared_servers)
         pending.server = server
         pending.model_version = self._version_of(server)
 
@@ -583,13 +491,11 @@ class AsyncRolloutLoop:
             ) from error
         log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
                     position=pending.position, error=str(error)[:400])  # fmt: skip
-        self._ledger = pacing.group_finished(self._ledger, 0)
-        self._changes.notify()
+        self.admission.finished(0)
         counted = (total("rollout/prompt_too_long_count", 1),)
-        self._publish(GroupOutcome(pending.position, pending.row_index, (), counted,
+        self.heartbeat.publish(GroupOutcome(pending.position, pending.row_index, (), counted,
                                    dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
-        # after the publish: the trainer waits for a group counted here to arrive
-        self.channels.report_in_flight(self._ledger.groups_in_flight)
+        self.admission.report_in_flight()
 
     async def _one_rollout(
         self, pending: PendingGroup
@@ -641,7 +547,7 @@ class AsyncRolloutLoop:
         ``which.server`` at ``which.version``; its seeds are its own (a negative position)."""
         _SERVER.set(which.server)
         _GROUP_VERSION.set(which.version)
-        _GROUP.set((-1, which.row_index))
+        CURRENT_GROUP.set((-1, which.row_index))
         _ROLLOUT.set(_RolloutKey(-1 - which.row_index, which.index))
         _EVALUATING.set(self.eval_sampling)
         environment = None
@@ -660,8 +566,8 @@ class AsyncRolloutLoop:
         return [self._version_of(server) for server in range(len(self.pool))]
 
     async def _wait_for_version_change(self) -> None:
-        self._changes.arm()
-        await self._changes.wait(CHANGE_BACKSTOP_S)
+        self.admission.changes.arm()
+        await self.admission.changes.wait()
 
     async def _evaluate_forever(self) -> None:
         """Run each evaluation the trainer asks for, one at a time, and publish its outcome."""
@@ -670,7 +576,7 @@ class AsyncRolloutLoop:
             if request is None:
                 await self._wait_for_version_change()
                 continue
-            with self._doing(f"evaluation of version {request.version}", (-1, -1)):
+            with self.heartbeat.doing(f"evaluation of version {request.version}", (-1, -1)):
                 outcome = await self.evaluate(request)
             self.channels.publish(outcome)
             self.channels.eval_finished(request.request_id)
@@ -681,7 +587,7 @@ class AsyncRolloutLoop:
         async with receive:
             async for pending in receive:
                 started = time.monotonic()
-                columns = await reward_columns(pending, self.reward_funcs, self._doing)
+                columns = await reward_columns(pending, self.reward_funcs, self.heartbeat.doing)
                 outcome = scored_outcome(
                     pending, columns, self.compute_advantages,
                     eos_token_ids=self.eos_token_ids,
@@ -689,19 +595,17 @@ class AsyncRolloutLoop:
                     log_completions=self.config.log_completions,
                 )  # fmt: skip
                 done = time.monotonic()
-                self._ledger = pacing.group_finished(self._ledger, outcome.forwarded_tokens)
-                self._changes.notify()
+                self.admission.finished(outcome.forwarded_tokens)
                 where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
                          if self.pool is not None and len(self.pool) > 1 else ())  # fmt: skip
-                self._publish(attrs.evolve(outcome, observations=(
+                self.heartbeat.publish(attrs.evolve(outcome, observations=(
                     *outcome.observations,
                     mean("rollout/score_wait_s", started - pending.completed_at),
                     mean("rollout/score_s", done - started),
                     mean("rollout/score_queue_size", receive.statistics().current_buffer_used),
                     *where,
                 )))  # fmt: skip
-                # after the publish: the trainer waits for a group counted here to arrive
-                self.channels.report_in_flight(self._ledger.groups_in_flight)
+                self.admission.report_in_flight()
 
     # ----------------------------------------------------------------- load and liveness
 
@@ -722,44 +626,12 @@ class AsyncRolloutLoop:
             warnings.warn(plan.warning, stacklevel=2)
         self._candidate_logprobs = plan.logprobs_to_request if plan.request_sets else None
 
-    @contextlib.contextmanager
-    def _doing(self, what: str, group: tuple[int, int] | None = None) -> Iterator[None]:
-        """Record a call in flight for :meth:`describe_activity` (the current task's group
-        unless ``group`` is given)."""
-        group_id, row_index = group or _GROUP.get()
-        key = next(self._activity_ids)
-        self._activities[key] = Activity(what, group_id, row_index, time.monotonic())
-        try:
-            yield
-        finally:
-            del self._activities[key]
-
-    def _publish(self, outcome: GroupOutcome) -> None:
-        """Send a group's outcome to the trainer, counted for the heartbeat's report."""
-        self._published = sample_wait.outcome_arrived(self._published, len(outcome.samples),
-                                                      outcome.dropped)  # fmt: skip
-        self.channels.publish(outcome)
+    def _rollouts_in_flight(self) -> int:
+        return self.pool.in_flight if self.pool is not None else 0
 
     def _observe(self, *observations: Observation) -> None:
         """Keep metrics for the next :class:`LoopReport`."""
         self._pending_obs.extend(observations)
-
-    def describe_activity(self) -> str:
-        """One line: rollouts in flight and the longest-running calls (reward functions,
-        tools, environment methods, generation requests), with their groups."""
-        calls = describe_activities(self._activities.values(), time.monotonic())
-        in_flight = self.pool.in_flight if self.pool is not None else 0
-        published = self._published
-        dropped = ", ".join(f"{n} {sample_wait.GROUP_REASONS.get(r, r)}"
-                            for r, n in sorted(published.groups_dropped.items()))  # fmt: skip
-        groups = f"; {published.groups} groups published" if published.groups else ""
-        groups += f" ({dropped})" if dropped else ""
-        return f"{in_flight} rollouts in flight; {calls}{groups}"
-
-    async def _heartbeat_forever(self) -> None:
-        while True:
-            self.channels.beat(self.describe_activity())
-            await anyio.sleep(HEARTBEAT_S)
 
     async def _poll_server_forever(self) -> None:
         """Every few seconds: each server's /metrics moves its load cap, and a report of the
@@ -769,7 +641,7 @@ class AsyncRolloutLoop:
         while True:
             await anyio.sleep(METRICS_POLL_S)
             await self.pool.poll()
-            self._changes.notify()
+            self.admission.changes.notify()
             async with self._slots:
                 self._slots.notify_all()
             now = time.monotonic()
