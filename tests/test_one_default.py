@@ -5,15 +5,17 @@ fields) either has no default of its own for a setting, or the config's."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import attrs
 import pytest
 
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.loss.inputs import LossConfig
-from asyncgrpo.core.loss.objectives import ObjectiveSettings, example_settings
+from asyncgrpo.core.loss.objectives import SETTINGS, example_settings
 from asyncgrpo.core.run.step_queue import QueueSettings
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.config import fields as config_fields
 from asyncgrpo.shell.experiments.simulate import SimulationConfig
 from asyncgrpo.shell.servers import ServerSettings
 
@@ -31,8 +33,9 @@ OWN_MEANING = {
     "means a real server's max_model_len",
 }
 """Fields that share a config field's name but not its meaning, and why."""
-COMPONENTS = (SamplingParams, LossConfig, QueueSettings, ObjectiveSettings, SimulationConfig,
-              ServerSettings)  # fmt: skip
+COMPONENTS = (SamplingParams, LossConfig, QueueSettings, SimulationConfig, ServerSettings)
+"""Objective settings take their one default from their objective's declaration
+(:func:`test_each_objective_setting_is_a_config_field_with_its_declared_default`)."""
 
 
 def component_defaults(cls: type) -> list[tuple[str, str, object]]:
@@ -71,3 +74,29 @@ def test_the_checker_catches_a_second_default() -> None:
 
     assert component_defaults(Stale) == [("max_staleness", "max_staleness", 1)]
     assert CONFIG_DEFAULTS["max_staleness"] != 1
+
+
+def test_each_objective_setting_is_a_config_field_with_its_declared_default() -> None:
+    """An objective declares its settings once (core.loss.objectives.SETTINGS); the config has
+    a field of each, with the declared default, help and type, and builds the settings from
+    those fields."""
+    fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
+    hints = typing.get_type_hints(AsyncGRPOConfig)  # as HfArgumentParser reads them
+    for setting in SETTINGS:
+        field = fields[setting.name]
+        assert field.default == setting.default, setting.name
+        assert field.metadata["help"] == setting.help, setting.name
+        assert hints[setting.name] == (float | None if setting.optional else float), setting.name
+    changed = {setting.name: 0.75 for setting in SETTINGS if setting.name.endswith("_clip_min")}
+    config = AsyncGRPOConfig(output_dir="x", **changed)
+    assert {name: config.objective_settings().values[name] for name in changed} == changed
+
+
+def test_a_config_field_may_not_redeclare_an_objective_setting() -> None:
+    with pytest.raises(TypeError, match="tis_token_cap is declared by its objective"):
+
+        @dataclasses.dataclass
+        @config_fields._with_objective_settings
+        class Redeclared(AsyncGRPOConfig):
+            loss_type: str | None = None
+            tis_token_cap: float = 3.0

@@ -19,6 +19,7 @@ Python, a config file (:meth:`AsyncGRPOConfig.from_file`) or command-line flags.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,7 +40,9 @@ from asyncgrpo.core.loss.objectives import (
     ObjectiveSettings,
     loss_type_from,
     objective_for,
+    objective_settings,
 )
+from asyncgrpo.core.loss.objectives import SETTINGS as OBJECTIVE_SETTINGS
 from asyncgrpo.core.names import did_you_mean, spoken_list
 from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.servers.routing import server_urls
@@ -54,10 +57,34 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+def _with_objective_settings(cls: type) -> type:
+    """Give ``cls`` a field per objective setting (:data:`asyncgrpo.core.loss.objectives.
+    SETTINGS`), after ``loss_type``, with the default and help its objective declares; applied
+    before ``@dataclass`` reads the fields."""
+    own = inspect.get_annotations(cls)  # this class's fields, not TrainingArguments'
+    annotations: dict[str, object] = {}
+    for name, kind in own.items():
+        annotations[name] = kind
+        if name != "loss_type":
+            continue
+        for setting in OBJECTIVE_SETTINGS:
+            if setting.name in own:
+                raise TypeError(f"{setting.name} is declared by its objective, not here")
+            annotations[setting.name] = "float | None" if setting.optional else "float"
+            setattr(cls, setting.name,
+                    field(default=setting.default, metadata=_help(setting.help)))  # fmt: skip
+    cls.__annotations__ = annotations
+    return cls
+
+
 @dataclass
+@_with_objective_settings
 class AsyncGRPOConfig(TrainingArguments):
     """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer`: ``TrainingArguments`` plus the
-    fields of TRL's ``AsyncGRPOConfig`` (the reference is docs/configuration.md)."""
+    fields of TRL's ``AsyncGRPOConfig`` (the reference is docs/configuration.md). Each policy
+    objective's settings are fields too, after ``loss_type``: ``epsilon``, ``epsilon_high``,
+    ``vllm_importance_sampling_clip_min``/``_max`` (TRL's) and those the other objectives
+    declare (:data:`asyncgrpo.core.loss.objectives.SETTINGS`)."""
 
     _VALID_DICT_FIELDS = [  # noqa: RUF012 (TrainingArguments' own class attribute)
         *TrainingArguments._VALID_DICT_FIELDS,
@@ -177,10 +204,6 @@ class AsyncGRPOConfig(TrainingArguments):
     )  # fmt: skip
 
     # loss
-    epsilon: float = field(default=0.2, metadata=_help("Lower clipping epsilon."))
-    epsilon_high: float | None = field(
-        default=None, metadata=_help("Upper clipping epsilon; None: epsilon.")
-    )
     score_centering: bool = field(
         default=True,
         metadata=_help("Score centering over the sampler's top tokens instead of the clipped "
@@ -192,66 +215,6 @@ class AsyncGRPOConfig(TrainingArguments):
                        f"{spoken_list(OBJECTIVES)}. None: score_centering decides (True: "
                        "score_centering, False: clipped_surrogate)."),
     )  # fmt: skip
-    vllm_importance_sampling_clip_min: float = field(
-        default=0.5, metadata=_help("Tokens with a sampler ratio below this are masked.")
-    )
-    vllm_importance_sampling_clip_max: float = field(
-        default=5.0, metadata=_help("Tokens with a sampler ratio above this are masked.")
-    )
-    tis_token_cap: float = field(
-        default=2.0, metadata=_help("Not in TRL. tis_token: cap C of the token ratio (>= 1).")
-    )
-    tis_sequence_cap: float = field(
-        default=5.0,
-        metadata=_help("Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1)."),
-    )
-    tis_geometric_cap: float = field(
-        default=2.0,
-        metadata=_help("Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio."),
-    )
-    mis_token_clip_min: float = field(
-        default=0.5, metadata=_help("Not in TRL. mis_token: tokens with a ratio below are masked.")
-    )
-    mis_token_clip_max: float = field(
-        default=2.0, metadata=_help("Not in TRL. mis_token: tokens with a ratio above are masked.")
-    )
-    mis_sequence_clip_min: float = field(
-        default=0.5,
-        metadata=_help("Not in TRL. mis_sequence: samples whose product of ratios is below are "
-                       "masked."),
-    )  # fmt: skip
-    mis_sequence_clip_max: float = field(
-        default=2.0, metadata=_help("Not in TRL. mis_sequence: the keep range's upper end.")
-    )
-    mis_geometric_clip_min: float = field(
-        default=0.99,
-        metadata=_help("Not in TRL. mis_geometric: samples whose geometric-mean ratio is below "
-                       "are masked."),
-    )  # fmt: skip
-    mis_geometric_clip_max: float = field(
-        default=1.01, metadata=_help("Not in TRL. mis_geometric: the keep range's upper end.")
-    )
-    icepop_alpha: float = field(
-        default=0.5, metadata=_help("Not in TRL. icepop: tokens with a ratio below are masked.")
-    )
-    icepop_beta: float = field(
-        default=5.0, metadata=_help("Not in TRL. icepop: tokens with a ratio above are masked.")
-    )
-    behav_imp_weight_cap: float = field(
-        default=5.0,
-        metadata=_help("Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over "
-                       "sampler) exceeds this are dropped (AReaL's name)."),
-    )  # fmt: skip
-    m2po_threshold: float = field(
-        default=0.04,
-        metadata=_help("Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio."),
-    )
-    cispo_clip_min: float = field(
-        default=0.0, metadata=_help("Not in TRL. cispo: lower clip of the IS weight.")
-    )
-    cispo_clip_max: float = field(
-        default=5.0, metadata=_help("Not in TRL. cispo: upper clip of the IS weight.")
-    )
     num_sampler_logprobs: int = field(
         default=8, metadata=_help("Top log-probs requested per token for score centering.")
     )
@@ -535,9 +498,9 @@ class AsyncGRPOConfig(TrainingArguments):
     def objective_settings(self) -> ObjectiveSettings:
         """The objectives' hyperparameters, under the same names; a bad value raises naming
         its field."""
-        names = [f.name for f in attrs.fields(ObjectiveSettings)]
+        names = [setting.name for setting in OBJECTIVE_SETTINGS]
         try:
-            return ObjectiveSettings(**{name: getattr(self, name) for name in names})
+            return objective_settings(**{name: getattr(self, name) for name in names})
         except ValueError as error:
             raise ValueError(f"AsyncGRPOConfig: {error}") from None
 

@@ -42,6 +42,7 @@ from asyncgrpo.core.loss.objectives import (
     example_settings,
     loss_type_from,
     objective_for,
+    objective_settings,
 )
 
 PROPERTY = settings(deadline=None, max_examples=60)
@@ -115,7 +116,7 @@ def bound_pair(low: tuple[float, float], high: tuple[float, float]):
 
 
 @st.composite
-def objective_settings(draw) -> ObjectiveSettings:
+def valid_settings(draw) -> ObjectiveSettings:
     """Valid settings whose bounds stay away from 1 (an on-policy ratio is exactly 1)."""
     vis = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
     mis_token = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
@@ -123,7 +124,7 @@ def objective_settings(draw) -> ObjectiveSettings:
     mis_geometric = draw(bound_pair((0.5, 0.99), (1.01, 2.0)))
     icepop = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
     cispo = draw(bound_pair((0.0, 0.95), (1.05, 6.0)))
-    return ObjectiveSettings(
+    return objective_settings(
         epsilon=draw(st.floats(0.05, 0.5)),
         epsilon_high=draw(st.one_of(st.none(), st.floats(0.05, 0.5))),
         vllm_importance_sampling_clip_min=vis[0],
@@ -177,7 +178,7 @@ def cases(draw, proximal: bool | None = None) -> Case:
         topk_sampler_logp=np.where(valid, topk_sampler, np.nan),
         topk_valid=valid,
         topk_logp=np.where(valid, topk_policy, -np.inf),
-        settings=draw(objective_settings()),
+        settings=draw(valid_settings()),
     )
 
 
@@ -630,7 +631,7 @@ def test_in_this_trainer_icepop_and_decoupled_ppo_are_token_masked_is(case: Case
     mis = OBJECTIVES["mis_token"]
     for name, low, high in (("icepop", s.icepop_alpha, s.icepop_beta),
                             ("decoupled_ppo", 0.0, s.behav_imp_weight_cap)):  # fmt: skip
-        as_mis = attrs.evolve(s, mis_token_clip_min=low, mis_token_clip_max=high)
+        as_mis = s.replace(mis_token_clip_min=low, mis_token_clip_max=high)
         got = OBJECTIVES[name].per_token_loss(inputs, s)
         assert torch.equal(got, mis.per_token_loss(inputs, as_mis)), name
 
@@ -641,7 +642,7 @@ def test_in_this_trainer_cispo_without_a_lower_clip_has_the_gradient_of_tis(case
     s = case.settings
     logp, _ = case.leaves(topk=False)
     inputs = case.inputs(logp, None)
-    as_cispo = attrs.evolve(s, cispo_clip_min=0.0, cispo_clip_max=s.tis_token_cap)
+    as_cispo = s.replace(cispo_clip_min=0.0, cispo_clip_max=s.tis_token_cap)
     (tis,) = torch.autograd.grad(OBJECTIVES["tis_token"].per_token_loss(inputs, s).sum(), logp)
     cispo_loss = OBJECTIVES["cispo"].per_token_loss(inputs, as_cispo)
     (cispo,) = torch.autograd.grad(cispo_loss.sum(), logp)
@@ -911,14 +912,15 @@ def test_bad_token_inputs_name_the_field(overrides, error, match) -> None:
 )
 def test_bad_settings_name_the_field(change, match) -> None:
     with pytest.raises(ValueError, match=match):
-        attrs.evolve(example_settings(), **change)
+        example_settings().replace(**change)
 
 
 def test_settings_have_no_defaults_and_allow_an_infinite_upper_bound() -> None:
-    assert all(f.default is attrs.NOTHING for f in attrs.fields(ObjectiveSettings))
-    relaxed = attrs.evolve(
-        example_settings(), tis_sequence_cap=math.inf, mis_sequence_clip_max=math.inf
-    )
+    values = dict(example_settings().values)
+    del values["cispo_clip_max"]
+    with pytest.raises(ValueError, match="no value for the objective setting"):
+        objective_settings(**values)
+    relaxed = example_settings().replace(tis_sequence_cap=math.inf, mis_sequence_clip_max=math.inf)
     assert relaxed.tis_sequence_cap == math.inf
 
 

@@ -55,8 +55,7 @@ def policy_loss(
         )
     centering_topk = topk if objective.needs.sampler_topk else None
     tokens = token_log_probs(logits, target_ids, config.temperature, candidate_mask, centering_topk)
-    settings = attrs.evolve(
-        example_settings(),
+    settings = example_settings().replace(
         epsilon=config.epsilon,
         epsilon_high=config.epsilon_high,
         vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,

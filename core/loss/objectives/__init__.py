@@ -25,7 +25,8 @@ metrics, and it declares what the shell must provide
 ======================  ====================================================================
 
 **Adding an objective** is its module (exposing ``OBJECTIVES``, a tuple of objects following the
-protocol), its tests (a brute-force reference and a negative control in
+protocol, and ``SETTINGS``, the hyperparameters it reads, which become ``AsyncGRPOConfig``
+fields), its tests (a brute-force reference and a negative control in
 ``tests/core/test_objectives.py``) and one line in :data:`_MODULES` below.
 
 Example:
@@ -43,8 +44,8 @@ from asyncgrpo.core.loss.objectives.base import (
     Needs,
     Objective,
     ObjectiveSettings,
+    Setting,
     TokenInputs,
-    example_settings,
 )
 from asyncgrpo.core.names import did_you_mean
 
@@ -74,6 +75,46 @@ def _registry() -> dict[str, Objective]:
 
 OBJECTIVES: dict[str, Objective] = _registry()
 """Every objective by its ``loss_type`` name."""
+
+
+def _declared_settings() -> tuple[Setting, ...]:
+    declared: dict[str, Setting] = {}
+    for module in ("weights", *_MODULES):
+        for setting in getattr(import_module(f"{__name__}.{module}"), "SETTINGS", ()):
+            if setting.name in declared:
+                raise ValueError(f"two modules declare the objective setting {setting.name!r}")
+            declared[setting.name] = setting
+    return tuple(declared.values())
+
+
+SETTINGS: tuple[Setting, ...] = _declared_settings()
+"""Every objective setting: the shared ones (:mod:`.weights`), then each registered module's
+``SETTINGS`` in registry order. ``AsyncGRPOConfig`` has one field per entry."""
+
+
+def objective_settings(**values: float | None) -> ObjectiveSettings:
+    """:class:`ObjectiveSettings` of ``values``, one per declared setting, checked.
+
+    Example:
+        >>> defaults = {setting.name: setting.default for setting in SETTINGS}
+        >>> objective_settings(**defaults).tis_token_cap
+        2.0
+        >>> objective_settings(**{**defaults, "tis_token_cap": 0.5})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: tis_token_cap must be >= 1 (math.inf for no cap), got 0.5; ...
+    """
+    return ObjectiveSettings(values, SETTINGS)
+
+
+def example_settings() -> ObjectiveSettings:
+    """Every setting at its declared default, for worked examples and tests (the shell builds
+    its settings from ``AsyncGRPOConfig``, whose fields take the same defaults).
+
+    Example:
+        >>> example_settings().trust_region
+        (0.8, 1.2)
+    """
+    return objective_settings(**{setting.name: setting.default for setting in SETTINGS})
 
 
 def objective_for(name: str) -> Objective:
@@ -126,11 +167,14 @@ def loss_type_from(loss_type: str | None, score_centering: bool) -> str:
 
 __all__ = [
     "OBJECTIVES",
+    "SETTINGS",
     "Needs",
     "Objective",
     "ObjectiveSettings",
+    "Setting",
     "TokenInputs",
     "example_settings",
     "loss_type_from",
     "objective_for",
+    "objective_settings",
 ]

@@ -23,51 +23,21 @@ Conventions shared by every objective:
 * Weights computed from log-probs are detached; gradient flows through ``logp`` and
   ``topk_logp`` only, never through the sampler's or the proximal log-probs.
 
-**Settings and their proposed config fields.** :class:`ObjectiveSettings` has no defaults: each
-setting gets its one default in ``AsyncGRPOConfig``. Proposed names (TRL-style, prefixed by the
-objective as TRL's ``sapo_temperature_pos`` or ``vespo_k_pos``) and recommended defaults:
-
-======================================  ===========  ==========================================
-config field                            default      source of the default
-======================================  ===========  ==========================================
-``epsilon``                             0.2          TRL (GRPOConfig, AsyncGRPOConfig)
-``epsilon_high``                        None (=eps)  TRL; DAPO recommends 0.28
-``vllm_importance_sampling_clip_min``   0.5          TRL's AsyncGRPOTrainer documentation
-``vllm_importance_sampling_clip_max``   5.0          TRL's AsyncGRPOTrainer documentation
-``tis_token_cap``                       2.0          Yao et al. 2025 (TIS blog, C = 2); verl
-                                                     ``rollout_is_threshold``; SkyRL
-                                                     ``token_tis_ratio_clip_high``
-``tis_sequence_cap``                    5.0          SkyRL ``sequence_tis_ratio_clip_high``
-                                                     (verl: typical 2-10)
-``tis_geometric_cap``                   2.0          slime ``mis_upper_bound`` (slime applies
-                                                     one bound at every level)
-``mis_token_clip_min``                  0.5          slime ``mis_lower_bound``; verl token RS
-                                                     (lower = 1 / upper)
-``mis_token_clip_max``                  2.0          slime ``mis_upper_bound``; verl token RS
-``mis_sequence_clip_min``               0.5          SkyRL ``product_mask_low``
-``mis_sequence_clip_max``               2.0          SkyRL ``product_mask_high``
-``mis_geometric_clip_min``              0.99         SkyRL ``geo_mask_low``
-``mis_geometric_clip_max``              1.01         SkyRL ``geo_mask_high`` (verl: typical
-                                                     1.0002-1.001)
-``icepop_alpha``                        0.5          IcePop as shipped by prime-rl (INTELLECT-3)
-``icepop_beta``                         5.0          IcePop as shipped by prime-rl (INTELLECT-3)
-``behav_imp_weight_cap``                5.0          AReaL's name; its example configs use 5.0
-``m2po_threshold``                      0.04         M2PO paper, section 5.2 (AReaL
-                                                     ``m2_threshold``)
-``cispo_clip_min``                      0.0          MiniMax-M1 (no lower clip); ScaleRL; SkyRL
-                                                     ``1 - cispo_eps_clip_low``
-``cispo_clip_max``                      5.0          ScaleRL via TRL's ``loss_type="cispo"``
-                                                     docs; SkyRL ``1 + cispo_eps_clip_high``
-======================================  ===========  ==========================================
-
-The first four exist in ``AsyncGRPOConfig`` already. ``tis_*``, ``mis_*``, ``icepop_*`` carry one
-pair (or cap) per level because a sequence's product of ratios and its geometric mean live on
-very different scales (a product over 500 tokens, a mean that stays within 1%).
+**Settings.** Each objective module declares the hyperparameters it reads in ``SETTINGS`` (a
+tuple of :class:`Setting`: name, default, help, the default's source, its check); the shared ones
+(the trust region and TRL's keep range) are in :mod:`asyncgrpo.core.loss.objectives.weights`.
+``AsyncGRPOConfig`` gets one field per declared setting, with its default and help, and builds
+:class:`ObjectiveSettings` from those fields. Names are TRL-style, prefixed by the objective (as
+TRL's ``sapo_temperature_pos``). ``tis_*``, ``mis_*`` and ``icepop_*`` carry one pair (or cap) per
+level because a sequence's product of ratios and its geometric mean live on very different
+scales (a product over 500 tokens, a mean that stays within 1%).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -216,105 +186,137 @@ class Needs:
 # --- settings -------------------------------------------------------------------------------
 
 
-def _finite(_: object, attribute: attrs.Attribute, value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"{attribute.name} must be finite, got {value}")
+Check = Callable[[str, "Mapping[str, float | None]"], None]
+"""Raises ValueError naming the setting ``name`` when its value in ``values`` is invalid (given
+every setting's value, for a range's two ends)."""
 
 
-def _cap(_: object, attribute: attrs.Attribute, value: float) -> None:
-    if math.isnan(value) or value < 1.0:
+@attrs.frozen
+class Setting:
+    """One objective hyperparameter, declared once, in ``SETTINGS`` of the objective module
+    that reads it. ``AsyncGRPOConfig`` has a field of the same name with this default and help
+    (docs/configuration.md and ``asyncgrpo train --help`` show them); :class:`ObjectiveSettings`
+    checks values with ``check``.
+
+    Attributes:
+        name: the config field (TRL-style, prefixed by the objective, as TRL's
+            ``vespo_k_pos``).
+        default: its one default.
+        help: the config field's help text.
+        source: where the default comes from (a paper, a framework's setting).
+        check: see :data:`Check`.
+        optional: None is a valid value (the check is skipped).
+    """
+
+    name: str
+    default: float | None
+    help: str
+    source: str
+    check: Check
+    optional: bool = False
+
+
+def finite(name: str, values: Mapping[str, float | None]) -> None:
+    """A finite value >= 0."""
+    value = values[name]
+    if value is None or not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+
+
+def cap(name: str, values: Mapping[str, float | None]) -> None:
+    """A cap on a ratio: >= 1, ``math.inf`` for none."""
+    value = values[name]
+    if value is None or math.isnan(value) or value < 1.0:
         raise ValueError(
-            f"{attribute.name} must be >= 1 (math.inf for no cap), got {value}; a cap below 1 "
+            f"{name} must be >= 1 (math.inf for no cap), got {value}; a cap below 1 "
             "down-weights on-policy tokens"
         )
 
 
-@attrs.frozen(kw_only=True)
-class ObjectiveSettings:
-    """Every hyperparameter any objective uses, under the proposed config names (the module
-    docstring lists each one's recommended default and its source). Validated when built; no
-    defaults here.
+def unit_interval(name: str, values: Mapping[str, float | None]) -> None:
+    """A value in [0, 1]."""
+    value = values[name]
+    if value is None or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
 
-    A keep range ``(clip_min, clip_max)`` must contain 1 (``0 <= min <= 1 <= max``, max may be
-    ``math.inf``), or it would drop every on-policy token. A cap must be >= 1.
+
+@attrs.frozen
+class RangeContainingOne:
+    """The check of a keep range ``(low, high)``, declared on both ends: it must contain 1
+    (``0 <= low <= 1 <= high``, high may be ``math.inf``), or it would drop every on-policy
+    token.
 
     Attributes:
-        epsilon: lower trust-region width: the PPO ratio is clipped below at ``1 - epsilon``.
-        epsilon_high: upper width, ``1 + epsilon_high``; None means ``epsilon``.
-        vllm_importance_sampling_clip_min: lower end of the keep range of TRL's two objectives
-            (score centering, clipped surrogate).
-        vllm_importance_sampling_clip_max: its upper end.
-        tis_token_cap: TIS cap C on the token ratio.
-        tis_sequence_cap: TIS cap on a sample's product of ratios.
-        tis_geometric_cap: TIS cap on a sample's geometric-mean ratio.
-        mis_token_clip_min: masked-IS keep range of the token ratio, lower end.
-        mis_token_clip_max: its upper end.
-        mis_sequence_clip_min: masked-IS keep range of a sample's product of ratios, lower end.
-        mis_sequence_clip_max: its upper end.
-        mis_geometric_clip_min: masked-IS keep range of a sample's geometric-mean ratio.
-        mis_geometric_clip_max: its upper end.
-        icepop_alpha: IcePop's lower bound on the train/infer ratio.
-        icepop_beta: IcePop's upper bound.
-        behav_imp_weight_cap: decoupled PPO drops tokens whose behaviour weight
-            ``pi_prox / mu`` exceeds this.
-        m2po_threshold: M2PO's bound on the mean squared log-ratio of the kept tokens (>= 0).
-        cispo_clip_min: CISPO clips its IS weight below at this.
-        cispo_clip_max: and above at this.
+        low_name: the setting of the lower end.
+        high_name: the setting of the upper end.
     """
 
-    epsilon: float
-    epsilon_high: float | None
-    vllm_importance_sampling_clip_min: float
-    vllm_importance_sampling_clip_max: float
-    tis_token_cap: float = attrs.field(validator=_cap)
-    tis_sequence_cap: float = attrs.field(validator=_cap)
-    tis_geometric_cap: float = attrs.field(validator=_cap)
-    mis_token_clip_min: float
-    mis_token_clip_max: float
-    mis_sequence_clip_min: float
-    mis_sequence_clip_max: float
-    mis_geometric_clip_min: float
-    mis_geometric_clip_max: float
-    icepop_alpha: float
-    icepop_beta: float
-    behav_imp_weight_cap: float = attrs.field(validator=_cap)
-    m2po_threshold: float = attrs.field(validator=_finite)
-    cispo_clip_min: float
-    cispo_clip_max: float
+    low_name: str
+    high_name: str
 
-    def __attrs_post_init__(self) -> None:
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must lie in [0, 1], got {self.epsilon}; 0.2 is usual")
-        if self.epsilon_high is not None and not (
-            math.isfinite(self.epsilon_high) and self.epsilon_high >= 0.0
+    def __call__(self, _: str, values: Mapping[str, float | None]) -> None:
+        low, high = values[self.low_name], values[self.high_name]
+        if (
+            low is None
+            or high is None
+            or not (math.isfinite(low) and 0.0 <= low <= 1.0 <= high)
+            or math.isnan(high)
         ):
             raise ValueError(
-                f"epsilon_high must be finite and >= 0, got {self.epsilon_high}; or None to use "
-                "epsilon"
+                f"need 0 <= {self.low_name} <= 1 <= {self.high_name} ({self.high_name} may be "
+                f"math.inf), got {low} and {high}; a range without 1 drops every on-policy token"
             )
-        for prefix in ("vllm_importance_sampling", "mis_token", "mis_sequence", "mis_geometric",
-                       "cispo"):  # fmt: skip
-            _check_range(self, f"{prefix}_clip_min", f"{prefix}_clip_max")
-        _check_range(self, "icepop_alpha", "icepop_beta")
-        if self.m2po_threshold < 0.0:
-            raise ValueError(
-                f"m2po_threshold must be >= 0, got {self.m2po_threshold}; the paper uses 0.04"
-            )
+
+
+@attrs.frozen
+class ObjectiveSettings:
+    """The value of every declared objective setting, read as attributes
+    (``settings.tis_token_cap``); checked when built, no defaults here. Build it with
+    :func:`asyncgrpo.core.loss.objectives.objective_settings` (every registered objective's
+    declarations) or from ``AsyncGRPOConfig.objective_settings()``.
+
+    Attributes:
+        values: each setting's value by name.
+        declared: the declarations ``values`` must match, name for name.
+    """
+
+    values: Mapping[str, float | None] = attrs.field(
+        converter=lambda values: MappingProxyType(dict(values))
+    )
+    declared: tuple[Setting, ...]
+
+    def __attrs_post_init__(self) -> None:
+        names = [setting.name for setting in self.declared]
+        unknown = sorted(set(self.values) - set(names))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: no objective declares such a setting")
+        missing = [name for name in names if name not in self.values]
+        if missing:
+            raise ValueError(f"no value for the objective setting(s) {', '.join(missing)}")
+        for setting in self.declared:
+            if not (setting.optional and self.values[setting.name] is None):
+                setting.check(setting.name, self.values)
+
+    def __getattr__(self, name: str) -> float | None:
+        if name.startswith("__") or name in ("values", "declared"):
+            raise AttributeError(name)  # before the slots are set (copying, unpickling)
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(f"no objective declares a setting named {name!r}") from None
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, float | None], tuple[Setting, ...]]]:
+        return ObjectiveSettings, (dict(self.values), self.declared)
+
+    def replace(self, **changes: float | None) -> ObjectiveSettings:
+        """These settings with ``changes``, checked again."""
+        return ObjectiveSettings({**self.values, **changes}, self.declared)
 
     @property
     def trust_region(self) -> tuple[float, float]:
         """``(1 - epsilon, 1 + epsilon_high)``, with ``epsilon_high`` defaulting to epsilon."""
         high = self.epsilon if self.epsilon_high is None else self.epsilon_high
         return 1.0 - self.epsilon, 1.0 + high
-
-
-def _check_range(settings: ObjectiveSettings, low_name: str, high_name: str) -> None:
-    low, high = getattr(settings, low_name), getattr(settings, high_name)
-    if not (math.isfinite(low) and 0.0 <= low <= 1.0 <= high) or math.isnan(high):
-        raise ValueError(
-            f"need 0 <= {low_name} <= 1 <= {high_name} ({high_name} may be math.inf), got "
-            f"{low} and {high}; a range without 1 drops every on-policy token"
-        )
 
 
 # --- the objective ----------------------------------------------------------------------------
@@ -368,24 +370,3 @@ def metric_values(names: tuple[str, ...], values: list[Tensor]) -> dict[str, flo
     """
     stacked = torch.stack([v.detach().to(torch.float64) for v in values])
     return dict(zip(names, stacked.tolist(), strict=True))
-
-
-def example_settings() -> ObjectiveSettings:
-    """Settings with the recommended values of the module docstring's table, for worked
-    examples and tests. The shell builds its settings from ``AsyncGRPOConfig``, which holds the
-    one default of each setting.
-
-    Example:
-        >>> example_settings().trust_region
-        (0.8, 1.2)
-    """
-    return ObjectiveSettings(
-        epsilon=0.2, epsilon_high=None,
-        vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=5.0,
-        tis_token_cap=2.0, tis_sequence_cap=5.0, tis_geometric_cap=2.0,
-        mis_token_clip_min=0.5, mis_token_clip_max=2.0,
-        mis_sequence_clip_min=0.5, mis_sequence_clip_max=2.0,
-        mis_geometric_clip_min=0.99, mis_geometric_clip_max=1.01,
-        icepop_alpha=0.5, icepop_beta=5.0, behav_imp_weight_cap=5.0, m2po_threshold=0.04,
-        cispo_clip_min=0.0, cispo_clip_max=5.0,
-    )  # fmt: skip

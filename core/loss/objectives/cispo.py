@@ -27,7 +27,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of the clipp
 ``objective/truncated_fraction`` (tokens whose ratio was outside the clip range).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.5])),
     ...     sampler_logp=torch.log(torch.tensor([0.1, 0.5])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
@@ -44,6 +44,8 @@ from torch import Tensor
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
     ObjectiveSettings,
+    RangeContainingOne,
+    Setting,
     TokenInputs,
     empty_loss,
     metric_values,
@@ -55,6 +57,15 @@ from asyncgrpo.core.loss.objectives.weights import (
     fraction,
     log_bound,
 )
+
+SETTINGS = (
+    Setting("cispo_clip_min", 0.0, "Not in TRL. cispo: lower clip of the IS weight.",
+            "MiniMax-M1 (no lower clip); ScaleRL; SkyRL 1 - cispo_eps_clip_low",
+            RangeContainingOne("cispo_clip_min", "cispo_clip_max")),
+    Setting("cispo_clip_max", 5.0, "Not in TRL. cispo: upper clip of the IS weight.",
+            "ScaleRL via TRL's loss_type='cispo' docs; SkyRL 1 + cispo_eps_clip_high",
+            RangeContainingOne("cispo_clip_min", "cispo_clip_max")),
+)  # fmt: skip
 
 
 @attrs.frozen

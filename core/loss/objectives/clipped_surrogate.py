@@ -21,7 +21,7 @@ dropped ones), ``objective/masked_fraction`` (ratio outside the keep range) and
 
 Example:
     >>> import math
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> half, quarter = math.log(0.5), math.log(0.25)
     >>> inputs = TokenInputs(
     ...     logp=torch.tensor([half, half]), sampler_logp=torch.tensor([quarter, quarter]),

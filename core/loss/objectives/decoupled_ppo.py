@@ -32,7 +32,7 @@ policy), ``objective/proximal_gap`` (mean ``|log pi - log pi_prox|``).
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.1, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
@@ -42,8 +42,15 @@ Example:
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings
+from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, Setting, cap
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+
+SETTINGS = (
+    Setting("behav_imp_weight_cap", 5.0,
+            "Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over sampler) "
+            "exceeds this are dropped (AReaL's name).",
+            "AReaL's name; its example configs use 5.0", cap),
+)  # fmt: skip
 
 
 def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:

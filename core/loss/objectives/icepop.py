@@ -24,7 +24,7 @@ in its runs), ``objective/clipped_fraction``, ``objective/proximal_gap``.
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9, 0.01])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9, 0.5])),
     ...     advantages=torch.tensor([1.0, 1.0, 1.0]), sample_index=torch.tensor([0, 0, 0]),
@@ -35,8 +35,17 @@ Example:
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings
+from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContainingOne, Setting
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+
+SETTINGS = (
+    Setting("icepop_alpha", 0.5, "Not in TRL. icepop: tokens with a ratio below are masked.",
+            "IcePop as shipped by prime-rl (INTELLECT-3)",
+            RangeContainingOne("icepop_alpha", "icepop_beta")),
+    Setting("icepop_beta", 5.0, "Not in TRL. icepop: tokens with a ratio above are masked.",
+            "IcePop as shipped by prime-rl (INTELLECT-3)",
+            RangeContainingOne("icepop_alpha", "icepop_beta")),
+)  # fmt: skip
 
 
 def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:

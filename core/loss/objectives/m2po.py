@@ -30,7 +30,7 @@ Metrics: ``objective/masked_fraction`` (tokens masked), ``objective/second_momen
 ``objective/is_weight_mean`` and ``objective/is_weight_max`` (of ``M_t r_t``).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.9, 0.5, 0.5])),
     ...     sampler_logp=torch.log(torch.tensor([0.3, 0.45, 0.5])),
     ...     advantages=torch.tensor([1.0, 1.0, 1.0]), sample_index=torch.tensor([0, 0, 1]),
@@ -50,8 +50,10 @@ from torch import Tensor
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
     ObjectiveSettings,
+    Setting,
     TokenInputs,
     empty_loss,
+    finite,
     metric_values,
 )
 from asyncgrpo.core.loss.objectives.weights import (
@@ -63,6 +65,12 @@ from asyncgrpo.core.loss.objectives.weights import (
     fraction,
     masked_weight,
 )
+
+SETTINGS = (
+    Setting("m2po_threshold", 0.04,
+            "Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio.",
+            "M2PO paper, section 5.2 (AReaL m2_threshold)", finite),
+)  # fmt: skip
 
 
 def trust_region_tokens(log_ratio: Tensor, advantages: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
@@ -43,8 +43,34 @@ Example:
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings
+from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContainingOne, Setting
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+
+SETTINGS = (
+    Setting("mis_token_clip_min", 0.5,
+            "Not in TRL. mis_token: tokens with a ratio below are masked.",
+            "slime mis_lower_bound; verl token RS (lower = 1 / upper)",
+            RangeContainingOne("mis_token_clip_min", "mis_token_clip_max")),
+    Setting("mis_token_clip_max", 2.0,
+            "Not in TRL. mis_token: tokens with a ratio above are masked.",
+            "slime mis_upper_bound; verl token RS",
+            RangeContainingOne("mis_token_clip_min", "mis_token_clip_max")),
+    Setting("mis_sequence_clip_min", 0.5,
+            "Not in TRL. mis_sequence: samples whose product of ratios is below are masked.",
+            "SkyRL product_mask_low",
+            RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max")),
+    Setting("mis_sequence_clip_max", 2.0,
+            "Not in TRL. mis_sequence: the keep range's upper end.", "SkyRL product_mask_high",
+            RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max")),
+    Setting("mis_geometric_clip_min", 0.99,
+            "Not in TRL. mis_geometric: samples whose geometric-mean ratio is below are masked.",
+            "SkyRL geo_mask_low",
+            RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max")),
+    Setting("mis_geometric_clip_max", 1.01,
+            "Not in TRL. mis_geometric: the keep range's upper end.",
+            "SkyRL geo_mask_high (verl: typical 1.0002-1.001)",
+            RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max")),
+)  # fmt: skip
 
 
 def token_range(settings: ObjectiveSettings) -> tuple[float, float]:

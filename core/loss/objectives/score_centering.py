@@ -23,7 +23,7 @@ their centering term stays).
 Example:
     >>> import math
     >>> from asyncgrpo.core.loss.inputs import SamplerTopK
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> quarter = math.log(0.25)
     >>> inputs = TokenInputs(
     ...     logp=torch.tensor([quarter]), sampler_logp=torch.tensor([quarter]),

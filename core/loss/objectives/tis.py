@@ -35,7 +35,7 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 the current one).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives.base import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
@@ -51,7 +51,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from asyncgrpo.core.loss.objectives.base import Needs, ObjectiveSettings, TokenInputs
+from asyncgrpo.core.loss.objectives.base import Needs, ObjectiveSettings, Setting, TokenInputs, cap
 from asyncgrpo.core.loss.objectives.weights import (
     TRUNCATED_FRACTION,
     Level,
@@ -64,6 +64,18 @@ from asyncgrpo.core.loss.objectives.weights import (
     plain_needs,
     truncated_weight,
 )
+
+SETTINGS = (
+    Setting("tis_token_cap", 2.0, "Not in TRL. tis_token: cap C of the token ratio (>= 1).",
+            "Yao et al. 2025 (TIS blog, C = 2); verl rollout_is_threshold; SkyRL "
+            "token_tis_ratio_clip_high", cap),
+    Setting("tis_sequence_cap", 5.0,
+            "Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1).",
+            "SkyRL sequence_tis_ratio_clip_high (verl: typical 2-10)", cap),
+    Setting("tis_geometric_cap", 2.0,
+            "Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio.",
+            "slime mis_upper_bound (slime applies one bound at every level)", cap),
+)  # fmt: skip
 
 
 @attrs.frozen

@@ -38,7 +38,16 @@ from torch import Tensor
 
 from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.loss.inputs import LossConfig
-from asyncgrpo.core.loss.objectives.base import Needs, ObjectiveSettings, TokenInputs, metric_values
+from asyncgrpo.core.loss.objectives.base import (
+    Needs,
+    ObjectiveSettings,
+    RangeContainingOne,
+    Setting,
+    TokenInputs,
+    finite,
+    metric_values,
+    unit_interval,
+)
 from asyncgrpo.core.metrics import Aggregation
 
 Level = Literal["token", "sequence", "geometric"]
@@ -60,6 +69,26 @@ OBJECTIVE_METRICS: Mapping[str, Aggregation] = FrozenMap({
 })  # fmt: skip
 """How each objective metric aggregates over a window's calls; an objective's ``metrics`` may
 return only names declared here (a new one is declared here beside its name)."""
+
+
+SETTINGS = (
+    Setting("epsilon", 0.2, "Lower clipping epsilon.", "TRL (GRPOConfig, AsyncGRPOConfig)",
+            unit_interval),
+    Setting("epsilon_high", None, "Upper clipping epsilon; None: epsilon.",
+            "TRL; DAPO recommends 0.28", finite, optional=True),
+    Setting("vllm_importance_sampling_clip_min", 0.5,
+            "Tokens with a sampler ratio below this are masked.",
+            "TRL's AsyncGRPOTrainer documentation",
+            RangeContainingOne("vllm_importance_sampling_clip_min",
+                                 "vllm_importance_sampling_clip_max")),
+    Setting("vllm_importance_sampling_clip_max", 5.0,
+            "Tokens with a sampler ratio above this are masked.",
+            "TRL's AsyncGRPOTrainer documentation",
+            RangeContainingOne("vllm_importance_sampling_clip_min",
+                                 "vllm_importance_sampling_clip_max")),
+)  # fmt: skip
+"""The settings several objectives share: the trust region (PPO's clip) and the keep range of
+TRL's two objectives (score centering, clipped surrogate)."""
 
 
 def per_sample_sum(values: Tensor, sample_index: Tensor) -> Tensor:
@@ -162,7 +191,7 @@ def ppo_term(
     the clip never binds, the value is ``-A`` and the gradient is REINFORCE's ``-A grad logp``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives.base import example_settings
+        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> logp = torch.tensor([-1.0, -1.0], requires_grad=True)
         >>> ppo_term(logp, logp.detach(), torch.tensor([2.0, -1.0]),
         ...          example_settings()).tolist()
@@ -178,7 +207,7 @@ def ppo_clipped(ratio: Tensor, advantages: Tensor, settings: ObjectiveSettings) 
     ``rho > 1 + epsilon_high``, or ``A < 0`` and ``rho < 1 - epsilon``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives.base import example_settings
+        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> ppo_clipped(torch.tensor([1.5, 1.5, 0.5]), torch.tensor([1.0, -1.0, -1.0]),
         ...             example_settings()).tolist()
         [True, False, True]
@@ -203,7 +232,7 @@ def trl_loss_config(settings: ObjectiveSettings) -> LossConfig:
     them).
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives.base import example_settings
+        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> trl_loss_config(example_settings()).keep_range
         (0.5, 5.0)
     """
@@ -226,7 +255,7 @@ def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Ten
     term is ``-A`` with REINFORCE's gradient, so the gradient is ``-weight A grad logp``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives.base import example_settings
+        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> inputs = TokenInputs(logp=torch.tensor([-1.0, -1.0], requires_grad=True),
         ...     sampler_logp=torch.tensor([-1.0, -1.0]), advantages=torch.tensor([2.0, 2.0]),
         ...     sample_index=torch.tensor([0, 1]), entropy=torch.zeros(2))
@@ -253,7 +282,7 @@ def decoupled_metrics(
     ``proximal_gap``, then ``extra`` (name to 0-d tensor). Empty when N = 0.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives.base import example_settings
+        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> inputs = TokenInputs(logp=torch.tensor([-1.0, -1.0]),
         ...     sampler_logp=torch.tensor([-1.0, -1.0]), advantages=torch.tensor([2.0, 2.0]),
         ...     sample_index=torch.tensor([0, 1]), entropy=torch.zeros(2))
