@@ -1,5 +1,6 @@
 """The rollout process: the rollout loop (:mod:`.loop`), when it starts a group and where
-(:mod:`.admission`), tools and environments (:mod:`.tools`), group scoring (:mod:`.scoring`),
+(:mod:`.admission`), a group's rollouts (:mod:`.groups`) and what the current task works for
+(:mod:`.context`), tools and environments (:mod:`.tools`), group scoring (:mod:`.scoring`),
 evaluations (:mod:`.evaluation`), what it is doing (:mod:`.heartbeat`), prompt rows
 (:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the spawned process that runs
 the loop (:mod:`.process`, the trainer's side; :mod:`.child`, the child's; :mod:`.spec`, what is

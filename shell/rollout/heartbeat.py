@@ -10,7 +10,6 @@ picks the longest-running calls).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -19,13 +18,10 @@ import anyio
 
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.activity import Activity, describe_activities
+from asyncgrpo.shell.rollout import context
 from asyncgrpo.shell.rollout.messages import Channels, GroupOutcome
 
 HEARTBEAT_S = 1.0
-# (group_id, row_index) of the group the current task works for; (-1, -1) outside a group
-CURRENT_GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
-    "group", default=(-1, -1)
-)
 
 
 class Heartbeat:
@@ -46,7 +42,7 @@ class Heartbeat:
     @contextlib.contextmanager
     def doing(self, what: str, group: tuple[int, int] | None = None) -> Iterator[None]:
         """Record a call in flight (for the current task's group unless ``group`` is given)."""
-        group_id, row_index = group or CURRENT_GROUP.get()
+        group_id, row_index = group or context.GROUP.get()
         key = next(self._keys)
         self._activities[key] = Activity(what, group_id, row_index, time.monotonic())
         try:

@@ -20,13 +20,14 @@ documentation):
 ==============================  =======================================================
 
 Its parts live beside it: admission under pacing and routing
-(:mod:`asyncgrpo.shell.rollout.admission`), the tool loop and environments
+(:mod:`asyncgrpo.shell.rollout.admission`), a group's rollouts under the load cap, generated
+again elsewhere when its server goes (:mod:`asyncgrpo.shell.rollout.groups`), what the current
+task works for (:mod:`asyncgrpo.shell.rollout.context`), the tool loop and environments
 (:mod:`asyncgrpo.shell.rollout.tools`), group scoring (:mod:`asyncgrpo.shell.rollout.scoring`),
 evaluations (:mod:`asyncgrpo.shell.rollout.evaluation`), dataset rows
 (:mod:`asyncgrpo.shell.rollout.prompts`), the heartbeat (:mod:`asyncgrpo.shell.rollout.heartbeat`)
 and the messages to the trainer (:mod:`asyncgrpo.shell.rollout.messages`). Here: the hooks, the
-dispatcher, a group's rollouts under the load cap (and generated again elsewhere when its server
-goes), the scoring task and the server poller, on one event loop.
+dispatcher, the scoring task and the server poller, on one event loop.
 
 With several servers (``vllm_server_base_url`` a list), each group goes to one of them
 (:class:`~asyncgrpo.shell.servers.routing.ServerPool`: the least loaded for its cap, among
@@ -38,7 +39,6 @@ whose server goes away is generated again, whole and with the same seeds, on ano
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -52,20 +52,20 @@ import structlog
 from asyncgrpo.adapters.transfer.files import adapter_name
 from asyncgrpo.adapters.vllm.client import (
     PRIORITY_POLICY,
-    PromptTooLongError,
     ServerGate,
     VLLMClient,
 )
-from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.metrics import Observation, mean, total
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, sample_wait
 from asyncgrpo.core.rollout.advantages import standardize_rewards
 from asyncgrpo.core.rollout.candidate_sets import plan_candidate_sets
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.rollout import context
 from asyncgrpo.shell.rollout.admission import Admission
 from asyncgrpo.shell.rollout.evaluation import EvalRollout, Evaluator
-from asyncgrpo.shell.rollout.heartbeat import CURRENT_GROUP, Heartbeat
+from asyncgrpo.shell.rollout.groups import GroupRunner
+from asyncgrpo.shell.rollout.heartbeat import Heartbeat
 from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
@@ -73,7 +73,6 @@ from asyncgrpo.shell.rollout.tools import ToolLoop
 from asyncgrpo.shell.servers import (
     EvalRequest,
     RolloutGate,
-    ServerOut,
     ServerPool,
     ServerSettings,
     SharedServers,
@@ -82,26 +81,7 @@ from asyncgrpo.shell.servers import (
 log = structlog.get_logger("asyncgrpo.rollout")
 
 METRICS_POLL_S = 4.5  # off vLLM's 5 s keep-alive boundary
-_GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_version", default=0)
-_ROLLOUT: contextvars.ContextVar[_RolloutKey | None] = contextvars.ContextVar(
-    "rollout", default=None
-)
-# the server the current group runs on (its index in vllm_server_base_url)
-_SERVER: contextvars.ContextVar[int] = contextvars.ContextVar("server", default=0)
-# inside an evaluation's rollout: its sampling settings (None: training's)
-_EVALUATING: contextvars.ContextVar[SamplingParams | None] = contextvars.ContextVar(
-    "evaluating", default=None
-)
 EVAL_PRIORITY = 1  # vLLM schedules lower values first; training's requests have 0
-TOO_LONG_IN_A_ROW = 32  # this many prompts in a row rejected as too long (or an epoch): raise
-
-
-def _leaves(group: BaseExceptionGroup) -> list[Any]:
-    """The exceptions of ``group``, nested groups flattened."""
-    found: list[Any] = []
-    for error in group.exceptions:
-        found += _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
-    return found
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:
@@ -112,16 +92,6 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(error, anyio.get_cancelled_exc_class()):
             return error
     return group
-
-
-@attrs.define
-class _RolloutKey:
-    """Which rollout a task generates (its prompt position and index in the group) and how many
-    requests it has sent, for :func:`asyncgrpo.core.rollout.cursor.request_seed`."""
-
-    position: int
-    index: int
-    turns: int = 0
 
 
 class AsyncRolloutLoop:
@@ -178,9 +148,9 @@ class AsyncRolloutLoop:
         self.eos_token_ids = self._eos_ids(processing_class)
         self.sampling = config.sampling_params()
         self._candidate_logprobs: int | None = None  # set at start: see _plan_candidate_sets
-        self._slots = anyio.Condition()
         self._pending_obs: list[Observation] = []
         self.heartbeat = Heartbeat(channels, self._rollouts_in_flight)
+        self.groups: GroupRunner | None = None  # runs each admitted group; set in opened()
         self.admission = Admission(config, channels, self._version_of, token_budget,
                                    rows_per_step, self._observe)  # fmt: skip
         self.tool_loop = ToolLoop(
@@ -189,7 +159,6 @@ class AsyncRolloutLoop:
         self._generated_tokens = 0
         self._next_group_id = 0
         self._unkeyed_requests = 0
-        self._too_long_in_a_row = 0
         self.eval_sampling = config.eval_sampling_params()
         self._priority_scheduling = False  # set at start: whether the servers schedule by it
         self.evaluator = Evaluator(
@@ -204,7 +173,7 @@ class AsyncRolloutLoop:
         group's task; ``None`` before the loop starts)."""
         if self.pool is None:
             return None
-        return self.pool[_SERVER.get()].client
+        return self.pool[context.SERVER.get()].client
 
     @property
     def rerouting(self) -> bool:
@@ -257,8 +226,10 @@ class AsyncRolloutLoop:
         if self.client is None:
             raise RuntimeError("generate_one_turn called before the loop started")
         seed = self._next_seed()
-        adapter = adapter_name(self.lora_prefix, _GROUP_VERSION.get()) if self.lora_prefix else None
-        evaluation = _EVALUATING.get()
+        adapter = None
+        if self.lora_prefix:
+            adapter = adapter_name(self.lora_prefix, context.GROUP_VERSION.get())
+        evaluation = context.EVALUATING.get()
         if evaluation is not None:  # below training's priority, no candidate sets
             priority = EVAL_PRIORITY if self._priority_scheduling else 0
             gen = await self.client.generate(prompt_ids, evaluation, seed, model=adapter,
@@ -270,7 +241,7 @@ class AsyncRolloutLoop:
             )  # fmt: skip
             self._generated_tokens += len(gen.output_ids)
             assert self.pool is not None
-            server = self.pool[_SERVER.get()]
+            server = self.pool[context.SERVER.get()]
             server.requests += 1
             server.generated_tokens += len(gen.output_ids)
         return TurnRecord(
@@ -282,7 +253,7 @@ class AsyncRolloutLoop:
         )
 
     def _next_seed(self) -> int:
-        key = _ROLLOUT.get()
+        key = context.ROLLOUT.get()
         if key is None:  # a request outside a rollout task (a hook called directly)
             self._unkeyed_requests += 1
             return cursor.request_seed(self.config.seed, -1, 0, self._unkeyed_requests)
@@ -338,6 +309,11 @@ class AsyncRolloutLoop:
         try:
             await self._start_load_cap()
             await self._plan_candidate_sets()
+            self.groups = GroupRunner(
+                self.config, self.pool, self.generate_one, self.tool_loop, self.tools,
+                self.prompt_rows, self.admission, self.heartbeat, self._version_of,
+                self.shared_servers, self._observe,
+            )  # fmt: skip
             self._priority_scheduling = all(
                 [await c.scheduling_policy() == PRIORITY_POLICY for c in clients]
             )
@@ -394,142 +370,14 @@ class AsyncRolloutLoop:
                 return
             group_id = self._next_group_id
             self._next_group_id += 1
-            tg.start_soon(self._run_group, send, position, row_index, row, group_id, server)
+            assert self.groups is not None
+            tg.start_soon(self.groups.run, send, position, row_index, row, group_id, server)
 
     async def _relay_trainer_changes(self) -> None:
         """Wake the dispatcher whenever the trainer changes what it reads."""
         while True:
             await self.channels.wait_for_trainer()
             self.admission.changes.notify()
-
-    async def _run_group(
-        self, send: Any, position: int, row_index: int, row: dict[str, Any], group_id: int,
-        server: int = 0,
-    ) -> None:  # fmt: skip
-        pending = PendingGroup(
-            position=position,
-            row_index=row_index,
-            row=row,
-            prompt=self.prompt_rows.prompt_of(row, row_index),
-            group_id=group_id,
-            model_version=self._version_of(server),
-            rollouts=[],
-            env_rewards=[],
-            server=server,
-        )
-        CURRENT_GROUP.set((group_id, row_index))
-        while True:
-            results, too_long, lost = await self._generate_group(pending, position)
-            if too_long:
-                self._skip_too_long(pending, too_long[0])
-                return
-            if not lost:
-                break
-            await self._reroute(pending, lost[0])  # generated again, whole, on another server
-        self._too_long_in_a_row = 0
-        pending.rollouts = [r[0] for r in results if r is not None]
-        pending.env_rewards = [r[1] for r in results if r is not None]
-        pending.completed_at = time.monotonic()
-        await send.send(pending)
-        self._pending_obs.append(
-            mean("rollout/score_block_s", time.monotonic() - pending.completed_at)
-        )
-
-    async def _generate_group(
-        self, pending: PendingGroup, position: int
-    ) -> tuple[list[Any], list[PromptTooLongError], list[ServerOut]]:
-        """Run the group's rollouts on its server; the results, and the errors that end the
-        group (a prompt too long, the server out of routing)."""
-        _SERVER.set(pending.server)
-        _GROUP_VERSION.set(pending.model_version)  # its rollouts finish under this policy
-        results: list[tuple[Rollout, tuple[type, float] | None] | None] = [None] * (
-            self.config.num_generations
-        )
-
-        async def one(index: int) -> None:
-            _ROLLOUT.set(_RolloutKey(position, index))  # this task's copy: seeds from turn 0
-            results[index] = await self._one_rollout(pending)
-
-        too_long: list[PromptTooLongError] = []
-        lost: list[ServerOut] = []
-        try:
-            async with anyio.create_task_group() as tg:
-                for index in range(self.config.num_generations):
-                    tg.start_soon(one, index)
-        except* PromptTooLongError as errors:
-            too_long += _leaves(errors)
-        except* ServerOut as errors:
-            lost += _leaves(errors)
-        finally:
-            assert self.pool is not None
-            self.admission.release(self.pool, pending.server)
-        return results, too_long, lost
-
-    async def _reroute(self, pending: PendingGroup, lost: ServerOut) -> None:
-        """The group's server went out of routing: wait for another one that can take the
-        group and move the group there, at that server's policy version
-        (:meth:`~asyncgrpo.shell.rollout.admission.Admission.reroute`)."""
-        assert self.pool is not None and self.shared_servers is not None
-        old = pending.server
-        self.pool[old].regenerated_groups += 1
-        log.info("a group is generated again on another server", position=pending.position,
-                 lost=lost.url, cause=str(lost)[:300])  # fmt: skip
-        server = await self.admission.reroute(self.pool, self.shared_servers)
-        pending.server = server
-        pending.model_version = self._version_of(server)
-
-    def _skip_too_long(self, pending: PendingGroup, error: PromptTooLongError) -> None:
-        """A prompt the server rejects as too long: skip its group (consumed, as a filtered
-        prompt), count it (``rollout/prompt_too_long_count``) and log its row; raise when
-        every prompt of an epoch, or ``TOO_LONG_IN_A_ROW`` in a row, were rejected."""
-        self._too_long_in_a_row += 1
-        limit = min(self.prompt_rows.size or TOO_LONG_IN_A_ROW, TOO_LONG_IN_A_ROW)
-        if self._too_long_in_a_row >= limit:
-            raise PromptTooLongError(
-                f"the last {self._too_long_in_a_row} prompts were all rejected as too long; "
-                f"no batch can reach the trainer. {error}"
-            ) from error
-        log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
-                    position=pending.position, error=str(error)[:400])  # fmt: skip
-        self.admission.finished(0)
-        counted = (total("rollout/prompt_too_long_count", 1),)
-        self.heartbeat.publish(GroupOutcome(pending.position, pending.row_index, (), counted,
-                                   dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
-        self.admission.report_in_flight()
-
-    async def _one_rollout(
-        self, pending: PendingGroup
-    ) -> tuple[Rollout, tuple[type, float] | None]:
-        """One rollout of ``pending`` on its server, holding one of the server's slots (under
-        its load cap and ``max_concurrent_rollouts``)."""
-        assert self.pool is not None
-        server = self.pool[pending.server]
-        async with self._slots:
-            while not self.pool.admits(pending.server):
-                await self._slots.wait()
-            server.in_flight += 1
-        start = time.monotonic()
-        environment = None
-        try:
-            prompt, tools, environment = await self.tool_loop.open_environment(
-                pending.prompt, pending.row, pending.row_index, self.tools
-            )
-            rollout = await self.generate_one(prompt, tools, pending.group_id)
-            env_reward = await self.tool_loop.environment_reward(environment)
-            if environment is not None:
-                self.tool_loop.release_environment(pending.row, environment)
-        except ServerOut:  # generated again elsewhere: its environment is reset when reused
-            if environment is not None:
-                self.tool_loop.release_environment(pending.row, environment)
-            raise
-        finally:
-            with anyio.CancelScope(shield=True):  # a cancelled sibling still frees its slot
-                async with self._slots:
-                    server.in_flight -= 1
-                    server.completed += 1
-                    self._slots.notify_all()
-        self._pending_obs.append(mean("rollout/duration_s", time.monotonic() - start))
-        return rollout, env_reward
 
     # ----------------------------------------------------------------- evaluation
 
@@ -545,11 +393,11 @@ class AsyncRolloutLoop:
         """One rollout of an evaluation through this loop's rollout code (:meth:`generate_one`,
         tools and environments as in training), with the evaluation's sampling settings, on
         ``which.server`` at ``which.version``; its seeds are its own (a negative position)."""
-        _SERVER.set(which.server)
-        _GROUP_VERSION.set(which.version)
-        CURRENT_GROUP.set((-1, which.row_index))
-        _ROLLOUT.set(_RolloutKey(-1 - which.row_index, which.index))
-        _EVALUATING.set(self.eval_sampling)
+        context.SERVER.set(which.server)
+        context.GROUP_VERSION.set(which.version)
+        context.GROUP.set((-1, which.row_index))
+        context.ROLLOUT.set(context.RolloutKey(-1 - which.row_index, which.index))
+        context.EVALUATING.set(self.eval_sampling)
         environment = None
         try:
             messages, tools, environment = await self.tool_loop.open_environment(
@@ -642,8 +490,8 @@ class AsyncRolloutLoop:
             await anyio.sleep(METRICS_POLL_S)
             await self.pool.poll()
             self.admission.changes.notify()
-            async with self._slots:
-                self._slots.notify_all()
+            assert self.groups is not None
+            await self.groups.wake()
             now = time.monotonic()
             obs = self.pool.report(now - last_time, self._generated_tokens)
             last_time = now

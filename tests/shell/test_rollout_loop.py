@@ -16,7 +16,8 @@ from asyncgrpo.adapters.vllm.client import PromptTooLongError
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.core.rollout.cursor import PromptCursor, request_seed
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.rollout.loop import _ROLLOUT, AsyncRolloutLoop
+from asyncgrpo.shell.rollout import context
+from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.tools import reward_names
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
@@ -382,7 +383,7 @@ class SeedRecordingLoop(ScriptedLoop):
     """The scripted tool loop, recording each request's seed under its rollout and turn."""
 
     async def generate_one_turn(self, prompt_ids):
-        key = _ROLLOUT.get()
+        key = context.ROLLOUT.get()
         turn = key.turns
         self.seeds[(key.position, key.index, turn)] = self._next_seed()
         return await super().generate_one_turn(prompt_ids)
