@@ -1,5 +1,6 @@
 """The run's configuration: :class:`AsyncGRPOConfig` (TRL's field names and defaults), the rules
-for every inherited ``TrainingArguments`` field (:mod:`.rules`), config files (:mod:`.files`),
+for every inherited ``TrainingArguments`` field (:mod:`.rules`), the checks of its own values
+(:mod:`.checks`), config files (:mod:`.files`),
 objects and datasets named by text (:mod:`.named`)
 and the generated reference docs/configuration.md (:mod:`.docs`).
 

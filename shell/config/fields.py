@@ -44,11 +44,11 @@ from asyncgrpo.core.loss.objectives import (
 )
 from asyncgrpo.core.loss.objectives import SETTINGS as OBJECTIVE_SETTINGS
 from asyncgrpo.core.names import did_you_mean, spoken_list
-from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.servers.routing import server_urls
 from asyncgrpo.core.weights.parity import FOREIGN_WINDOW
-from asyncgrpo.core.weights.sync import WEIGHT_TRANSFER_BACKENDS, check_backend
+from asyncgrpo.core.weights.sync import WEIGHT_TRANSFER_BACKENDS
 from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.config.checks import check_trackers, check_values
 from asyncgrpo.shell.config.files import read_config
 from asyncgrpo.shell.config.rules import field_names
 
@@ -331,9 +331,9 @@ class AsyncGRPOConfig(TrainingArguments):
         config_rules.check_types(self)
         config_rules.reject_unhonoured(self, config_rules.field_defaults(type(self)))
         super().__post_init__()
-        _check_trackers(self.report_to)
+        check_trackers(self.report_to)
         config_rules.check_choices(self)
-        self._check_values()
+        check_values(self)
 
     def _undo_derived_values(self) -> None:
         """Give back the as-declared form of values ``TrainingArguments.__post_init__`` derives,
@@ -360,96 +360,6 @@ class AsyncGRPOConfig(TrainingArguments):
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self._n_gpu = 0
         return torch.device("cpu")
-
-    def _check_values(self) -> None:
-        self._check_positive("num_generations",
-                             "gradient_accumulation_steps", "max_concurrent_rollouts",
-                             "weight_sync_steps")  # fmt: skip
-        if self.num_generations < 2:
-            raise ValueError(
-                "AsyncGRPOConfig.num_generations must be >= 2: advantages are "
-                "computed within a group"
-            )
-        if self.max_staleness < 0:
-            raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
-        if self.max_staleness < self.weight_sync_steps - 1:
-            raise ValueError(
-                f"AsyncGRPOConfig.max_staleness={self.max_staleness} is below "
-                f"weight_sync_steps - 1 = {self.weight_sync_steps - 1}: the last steps before a "
-                "weight sync would train only samples more than max_staleness behind, so no "
-                "sample could be trained; raise max_staleness or lower weight_sync_steps"
-            )
-        check_backend(self.weight_transfer_backend)
-        server_urls(self.vllm_server_base_url)
-        if self.rollout_worker_restarts < 0:
-            raise ValueError(
-                "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
-                f"{self.rollout_worker_restarts}"
-            )
-        if not (self.vllm_server_timeout > 0 and self.vllm_server_stall_timeout > 0):
-            raise ValueError(
-                "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
-                f"seconds, got {self.vllm_server_timeout} and {self.vllm_server_stall_timeout}"
-            )
-        if self.stop_after_spreadless_steps is not None and self.stop_after_spreadless_steps < 1:
-            raise ValueError(
-                "AsyncGRPOConfig.stop_after_spreadless_steps must be >= 1 or None, got "
-                f"{self.stop_after_spreadless_steps}"
-            )
-        if self.foreign_weights_steps < 0:
-            raise ValueError(
-                "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
-                f"{self.foreign_weights_steps}"
-            )
-        if self.foreign_weights_window is not None and self.foreign_weights_window < max(
-            self.foreign_weights_steps, 1
-        ):
-            raise ValueError(
-                f"AsyncGRPOConfig.foreign_weights_window={self.foreign_weights_window} must be "
-                f">= foreign_weights_steps={self.foreign_weights_steps} (and >= 1): the run "
-                "fails once foreign_weights_steps of the last foreign_weights_window checked "
-                "steps show foreign weights"
-            )
-        check_cpu_sharing(self.cpu_sharing, self.server_cpus)
-        self.sampling_params()  # checks the sampling fields (temperature, top_p, ...)
-        if self.top_k < 0:
-            raise ValueError("AsyncGRPOConfig.top_k must be >= 0 (0 disables top-k)")
-        if self.top_p < 1.0 and self.top_k == 0:
-            raise ValueError(
-                "AsyncGRPOConfig.top_p < 1 needs top_k > 0 as well: vLLM caps the candidate "
-                "set it returns at top_k (set e.g. top_k=512)"
-            )
-        if self.min_p is not None and self.min_p > 0 and self.top_k == 0:
-            raise ValueError("AsyncGRPOConfig.min_p > 0 needs top_k > 0 as well")
-        self.objective_settings()
-        objective = self.objective()  # checks loss_type and every objective setting
-        if objective.needs.sampler_topk and self.num_sampler_logprobs < 1:
-            raise ValueError(
-                f"AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with loss_type="
-                f"{objective.name!r}: it needs the sampler's top log-probs"
-            )
-        self._check_positive("eval_num_generations")
-        self.eval_sampling_params()  # checks the evaluation's sampling fields
-        if self.token_budget is not None and self.token_budget < 1:
-            raise ValueError("AsyncGRPOConfig.token_budget must be >= 1 or None")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"AsyncGRPOConfig.dtype must be auto, float32, bfloat16 or "
-                f"float16, got {self.dtype!r}"
-            )
-        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
-            raise ValueError("AsyncGRPOConfig.max_tool_calling_iterations must be >= 0 or None")
-        schedule = SchedulerType(self.lr_scheduler_type).value
-        if schedule not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
-            raise ValueError(
-                "AsyncGRPOConfig.lr_scheduler_type decays over optimizer steps, whose number "
-                "is unknown in advance; set max_steps explicitly with a decaying schedule"
-            )
-
-    def _check_positive(self, *names: str) -> None:
-        for name in names:
-            if getattr(self, name) < 1:
-                raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
 
     def sampling_params(self) -> SamplingParams:
         """The sampling settings of every request: the generation fields, and the sampler's
@@ -557,16 +467,3 @@ class AsyncGRPOConfig(TrainingArguments):
         return cls(**{**values, **overrides})
 
     from_toml = from_file
-
-
-def _check_trackers(report_to: list[str]) -> None:
-    """``report_to`` (a list once ``TrainingArguments`` read ``"all"``/``"none"``) names
-    integrations transformers reports to."""
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
-    unknown = sorted(set(report_to) - set(INTEGRATION_TO_CALLBACK))
-    if unknown:
-        raise ValueError(
-            f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use transformers' "
-            f"integrations ({', '.join(sorted(INTEGRATION_TO_CALLBACK))}), all or none"
-        )

@@ -1,0 +1,120 @@
+"""The checks of :class:`~asyncgrpo.AsyncGRPOConfig`'s own values, each and across fields: the
+run's shape (generations, staleness against weight syncs), the servers, sampling, the policy
+objective and its settings, evaluation, trackers. The checks every field goes through (types,
+choices, inherited fields the trainer cannot honour) are in :mod:`asyncgrpo.shell.config.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.trainer_utils import SchedulerType
+
+from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
+from asyncgrpo.core.servers.routing import server_urls
+from asyncgrpo.core.weights.sync import check_backend
+
+
+def check_values(config: Any) -> None:
+    """The fields' values, each and across fields (``config`` an ``AsyncGRPOConfig``, whose
+    ``__post_init__`` calls this); a bad value raises naming the field and the fix."""
+    _check_positive(config, "num_generations", "gradient_accumulation_steps",
+                    "max_concurrent_rollouts", "weight_sync_steps")  # fmt: skip
+    if config.num_generations < 2:
+        raise ValueError(
+            "AsyncGRPOConfig.num_generations must be >= 2: advantages are computed within a group"
+        )
+    if config.max_staleness < 0:
+        raise ValueError("AsyncGRPOConfig.max_staleness must be >= 0")
+    if config.max_staleness < config.weight_sync_steps - 1:
+        raise ValueError(
+            f"AsyncGRPOConfig.max_staleness={config.max_staleness} is below "
+            f"weight_sync_steps - 1 = {config.weight_sync_steps - 1}: the last steps before a "
+            "weight sync would train only samples more than max_staleness behind, so no "
+            "sample could be trained; raise max_staleness or lower weight_sync_steps"
+        )
+    check_backend(config.weight_transfer_backend)
+    server_urls(config.vllm_server_base_url)
+    if config.rollout_worker_restarts < 0:
+        raise ValueError(
+            "AsyncGRPOConfig.rollout_worker_restarts must be >= 0, got "
+            f"{config.rollout_worker_restarts}"
+        )
+    if not (config.vllm_server_timeout > 0 and config.vllm_server_stall_timeout > 0):
+        raise ValueError(
+            "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
+            f"seconds, got {config.vllm_server_timeout} and {config.vllm_server_stall_timeout}"
+        )
+    if config.stop_after_spreadless_steps is not None and config.stop_after_spreadless_steps < 1:
+        raise ValueError(
+            "AsyncGRPOConfig.stop_after_spreadless_steps must be >= 1 or None, got "
+            f"{config.stop_after_spreadless_steps}"
+        )
+    if config.foreign_weights_steps < 0:
+        raise ValueError(
+            "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "
+            f"{config.foreign_weights_steps}"
+        )
+    if config.foreign_weights_window is not None and config.foreign_weights_window < max(
+        config.foreign_weights_steps, 1
+    ):
+        raise ValueError(
+            f"AsyncGRPOConfig.foreign_weights_window={config.foreign_weights_window} must be "
+            f">= foreign_weights_steps={config.foreign_weights_steps} (and >= 1): the run "
+            "fails once foreign_weights_steps of the last foreign_weights_window checked "
+            "steps show foreign weights"
+        )
+    check_cpu_sharing(config.cpu_sharing, config.server_cpus)
+    config.sampling_params()  # checks the sampling fields (temperature, top_p, ...)
+    if config.top_k < 0:
+        raise ValueError("AsyncGRPOConfig.top_k must be >= 0 (0 disables top-k)")
+    if config.top_p < 1.0 and config.top_k == 0:
+        raise ValueError(
+            "AsyncGRPOConfig.top_p < 1 needs top_k > 0 as well: vLLM caps the candidate "
+            "set it returns at top_k (set e.g. top_k=512)"
+        )
+    if config.min_p is not None and config.min_p > 0 and config.top_k == 0:
+        raise ValueError("AsyncGRPOConfig.min_p > 0 needs top_k > 0 as well")
+    config.objective_settings()
+    objective = config.objective()  # checks loss_type and every objective setting
+    if objective.needs.sampler_topk and config.num_sampler_logprobs < 1:
+        raise ValueError(
+            f"AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with loss_type="
+            f"{objective.name!r}: it needs the sampler's top log-probs"
+        )
+    _check_positive(config, "eval_num_generations")
+    config.eval_sampling_params()  # checks the evaluation's sampling fields
+    if config.token_budget is not None and config.token_budget < 1:
+        raise ValueError("AsyncGRPOConfig.token_budget must be >= 1 or None")
+    if config.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(
+            f"AsyncGRPOConfig.dtype must be auto, float32, bfloat16 or "
+            f"float16, got {config.dtype!r}"
+        )
+    if config.max_tool_calling_iterations is not None and config.max_tool_calling_iterations < 0:
+        raise ValueError("AsyncGRPOConfig.max_tool_calling_iterations must be >= 0 or None")
+    schedule = SchedulerType(config.lr_scheduler_type).value
+    if schedule not in ("constant", "constant_with_warmup") and config.max_steps <= 0:
+        raise ValueError(
+            "AsyncGRPOConfig.lr_scheduler_type decays over optimizer steps, whose number "
+            "is unknown in advance; set max_steps explicitly with a decaying schedule"
+        )
+
+
+def _check_positive(config: Any, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(config, name)}")
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """``report_to`` (a list once ``TrainingArguments`` read ``"all"``/``"none"``) names
+    integrations transformers reports to."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    unknown = sorted(set(report_to) - set(INTEGRATION_TO_CALLBACK))
+    if unknown:
+        raise ValueError(
+            f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use transformers' "
+            f"integrations ({', '.join(sorted(INTEGRATION_TO_CALLBACK))}), all or none"
+        )
