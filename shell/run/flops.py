@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from asyncgrpo.core.metrics import Observation, ratio
 from asyncgrpo.core.packing.flops import (
     ModelShape,
     gpu_peak_flops,
@@ -82,3 +83,14 @@ class FlopsMeter:
         trained = sum(len(r.target_ids) for r in rows)
         pairs = sum(query_key_pairs(r.cu_seqlens_q, r.cu_seqlens_k) for r in rows)
         return train_flops(self.shape, forwarded, trained, pairs)
+
+    def mfu(
+        self, step_flops: float, fwd_bwd_s: float | None, processes: int
+    ) -> tuple[Observation, ...]:
+        """``perf/fwd_bwd_mfu`` of a step: its rows' model FLOPs (``step_flops``, all
+        processes) over its fwd+bwd seconds x one process's peak x ``processes``; nothing
+        without a time or FLOPs."""
+        if not fwd_bwd_s or not step_flops:
+            return ()
+        capacity = fwd_bwd_s * self.peak_flops * processes
+        return (ratio("perf/fwd_bwd_mfu", step_flops, capacity),)

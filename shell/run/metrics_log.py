@@ -122,6 +122,11 @@ class WindowLog:
         self.bar: tqdm | None = None
         self._logged: tuple[int, windows.MetricWindow] | None = None  # the last row written
 
+    def open_bar(self, step: int, max_steps: int, disable: bool) -> None:
+        """The progress bar, a tick per step from ``step`` (to ``max_steps`` when > 0)."""
+        total = max_steps if max_steps > 0 else None
+        self.bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=disable)
+
     def write(self, step: int, window: windows.MetricWindow, extra: Mapping[str, float],
               completions: Sequence[tuple[str, str, float]]) -> dict[str, float]:  # fmt: skip
         """Log ``step``'s window with ``extra`` figures (``epoch``, ``num_tokens``) and the

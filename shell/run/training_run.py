@@ -19,9 +19,11 @@ the prompts were consumed, counted in distinct prompts.
 
 Its decisions live in core (step queue, cursor, schedule, metrics) and its other jobs in the
 objects it holds: the :class:`~asyncgrpo.shell.run.intake.SampleIntake` (messages into the step
-queue and the prompt cursor), the :class:`~asyncgrpo.shell.run.push_ledger.PushLedger` (the
-version the servers hold), the :class:`~asyncgrpo.shell.run.spread_guard.SpreadGuard`, the
-:class:`~asyncgrpo.shell.learner.Learner`, the :class:`~asyncgrpo.shell.weights.WeightPusher`,
+queue and the prompt cursor), the :class:`~asyncgrpo.shell.run.pushes.RunPushes` (each push,
+and when servers need the weights again) and its
+:class:`~asyncgrpo.shell.run.push_ledger.PushLedger` (the version the servers hold), the
+:class:`~asyncgrpo.shell.run.spread_guard.SpreadGuard`, the
+:class:`~asyncgrpo.shell.learner.Learner`,
 the :class:`~asyncgrpo.shell.rollout.RolloutProcess` and the run's checkpoints and logs.
 """
 
@@ -36,12 +38,11 @@ import anyio
 import attrs
 import structlog
 import torch.distributed as dist
-from tqdm import tqdm
 from transformers import (
     TrainerControl,
 )
 
-from asyncgrpo.adapters.process_group import decided_on_rank0, free_bytes
+from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
@@ -49,8 +50,6 @@ from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.metrics import sample_observations
 from asyncgrpo.core.run import schedule, step_queue
 from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
-from asyncgrpo.core.servers import outage as server_outage
-from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import (
@@ -73,10 +72,10 @@ from asyncgrpo.shell.run.metrics_log import (
     write_positions,
 )
 from asyncgrpo.shell.run.push_ledger import PushLedger
+from asyncgrpo.shell.run.pushes import RunPushes
 from asyncgrpo.shell.run.spread_guard import SpreadGuard
 from asyncgrpo.shell.servers import (
     ServerSettings,
-    ServerWatch,
     SharedServers,
     VersionPin,
     check_servers_match,
@@ -143,15 +142,12 @@ class TrainingRun:
         self.servers = SharedServers(self.args.server_urls) if self.rank0 else None
         self.trust = self.servers.trusts[0] if self.servers is not None else None
         self.ledger = PushLedger(self._observe, self.servers, on_version=self.evaluations.landed)
-        self.watch: ServerWatch | None = None  # rank 0, several servers: those out of routing
-        self._resync_servers: tuple[int, ...] | None = None  # the RESYNC's servers (None: all)
         self.weights: WeightSync | None = None
-        self.pusher: WeightPusher | None = None
+        self.pushes: RunPushes | None = None
         self.window_log = WindowLog(self.output_dir, self.args.num_completions_to_print)
         self.flops: FlopsMeter | None = None
         self.step_flops = 0.0
         self.parity: ParityGuard | None = None
-        self.push_plan: weight_sync.PushPlan | None = None
         self.spread = SpreadGuard(self.args.stop_after_spreadless_steps, self.args.num_generations)
         self.intake = SampleIntake(
             cursor.PromptCursor() if saved is None else saved.cursor,
@@ -169,10 +165,11 @@ class TrainingRun:
         self.weights = open_weight_sync(self.learner, self.args, self.inputs.model_name,
                                         self.output_dir)  # fmt: skip
         self.weights.start()
-        self.pusher = WeightPusher(self.weights, self.learner, self.servers, self._client,
-                                   self.args.vllm_server_timeout,
-                                   uninterruptible=interrupts_deferred,
-                                   hold=None if self.pin is None else self.pin.hold)  # fmt: skip
+        pusher = WeightPusher(self.weights, self.learner, self.servers, self._client,
+                              self.args.vllm_server_timeout, uninterruptible=interrupts_deferred,
+                              hold=None if self.pin is None else self.pin.hold)  # fmt: skip
+        self.pushes = RunPushes(pusher, self.weights, self.ledger, self.args, self.rank0,
+                                self.servers, self._observe)  # fmt: skip
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = anyio.run(self._max_model_len)
@@ -185,13 +182,7 @@ class TrainingRun:
             self.window_log.file = MetricsFile(self.output_dir)
             self.evaluations.file = MetricsFile(self.output_dir, EVALUATIONS_FILE)
             self.evaluations.started = time.monotonic()
-        # The server may hold other weights than the trainer's (a resumed run, a server left
-        # over from an earlier run): push the trainer's so staleness 0 means equal policies.
-        self._push(at_start=True)
-        self.push_plan = self._plan_push()
-        if self.rank0 and self.servers is not None and len(self.servers) > 1:
-            self.watch = ServerWatch(ServerSettings.of(self.args), self.inputs.model_name,
-                                     self.servers).start()  # fmt: skip
+        self.pushes.start(self.inputs.model_name)
         if self.rank0:
             self.flops = FlopsMeter(self.inputs.model_config, self.learner.device,
                                     self.learner.bf16)  # fmt: skip
@@ -213,14 +204,8 @@ class TrainingRun:
             self.process.set_steps_taken(self.learner.step)
             self.evaluations.process = self.process
             self.evaluations.landed(self.ledger.version, at_start=True)
-            total = self.args.max_steps if self.args.max_steps > 0 else None
-            self.window_log.bar = tqdm(
-                total=total,
-                initial=self.learner.step,
-                desc="train",
-                unit="step",
-                disable=bool(self.args.disable_tqdm),
-            )
+            self.window_log.open_bar(self.learner.step, self.args.max_steps,
+                                     bool(self.args.disable_tqdm))  # fmt: skip
 
     def _new_queue(self) -> step_queue.StepQueue:
         return step_queue.StepQueue(step_queue.QueueSettings(
@@ -287,14 +272,17 @@ class TrainingRun:
             self.last_entropy = out.metrics.get("entropy", math.nan)
             sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
-                self._push_after_step()
+                assert self.pushes is not None
+                self.pushes.after_step()
             step_end = time.monotonic()
             self.ledger.record_landed()
+            fwd_bwd_s = out.metrics.get("perf/fwd_bwd_s")
             self._observe(metrics.mean("perf/weight_sync_s", step_end - sync_start),
                           metrics.mean("perf/logging_s", after_step[0]),
                           metrics.mean("perf/checkpoint_s", after_step[1]),
                           metrics.mean("perf/step_s", step_end - step_start),
-                          *self._mfu(out.metrics.get("perf/fwd_bwd_s")))  # fmt: skip
+                          *(self.flops.mfu(self.step_flops, fwd_bwd_s, self.learner.world_size)
+                            if self.flops is not None else ()))  # fmt: skip
             self.window_log.step_done()
             epochs_after = self._epochs()
             save = schedule.due(self.args.save_strategy.value, self.learner.step,
@@ -328,14 +316,6 @@ class TrainingRun:
         if self.parity is not None:  # a run that sampled foreign weights is not a success
             self.parity.after_training(self.learner.step, str(self.output_dir))
         return TrainOutput(self.learner.step, self.last_loss, summary)
-
-    def _mfu(self, fwd_bwd_s: float | None) -> tuple[metrics.Observation, ...]:
-        """``perf/fwd_bwd_mfu`` of this step: its rows' model FLOPs (all processes) over
-        fwd+bwd seconds x one process's peak x processes."""
-        if self.flops is None or not fwd_bwd_s or not self.step_flops:
-            return ()
-        capacity = fwd_bwd_s * self.flops.peak_flops * self.learner.world_size
-        return (metrics.ratio("perf/fwd_bwd_mfu", self.step_flops, capacity),)
 
     def _agree(self, control: TrainerControl) -> TrainerControl:
         """Rank 0's ``should_log``/``should_save``/``should_training_stop`` on every rank."""
@@ -383,15 +363,13 @@ class TrainingRun:
             if self.rank0 and not self._finished():
                 step = self._plan_next_step()
             send_start = time.monotonic()
-            control = [STEP if isinstance(step, list) else step, self._resync_servers]
+            assert self.pushes is not None
+            control = [STEP if isinstance(step, list) else step, self.pushes.resync_servers]
             if self.learner.world_size > 1:
                 dist.broadcast_object_list(control, src=0)
             if control[0] != RESYNC:
                 break
-            assert self.pusher is not None
-            pushed = self.pusher.resync(control[1])
-            if pushed is not None and self.rank0:
-                self.ledger.landed(pushed)
+            self.pushes.resync(control[1])
         if control[0] == SPREADLESS:  # ended for lack of reward spread: keep where it stopped
             self._write_positions()
             self._save_checkpoint()
@@ -420,7 +398,7 @@ class TrainingRun:
         intake = self.intake
         assert self.process is not None and intake.queue is not None
         waited_from, intake.waited_s = time.monotonic(), 0.0
-        if self._servers_back():
+        if self.pushes is not None and self.pushes.servers_back():
             return RESYNC
         intake.apply(step_queue.advance(intake.queue, self.learner.step))
         intake.drain(wait_s=0.0)
@@ -462,33 +440,15 @@ class TrainingRun:
         self._observe(metrics.mean("perf/pack_s", time.monotonic() - pack_start))
         return rows
 
-    def _servers_to_resync(self) -> bool:
-        """Rank 0, while the step waits for samples: whether the weights must be pushed again
-        first: no server holds them (``_resync_servers`` None: wait for one), or, with
-        several, servers out of routing answer again (:meth:`_servers_back`)."""
-        assert self.process is not None
-        self._resync_servers = None
-        if self.servers is None or len(self.servers) == 1:
-            return not server_outage.weights_known(self.process.trust.read())
-        if not any(self.servers.routable(i) for i in range(len(self.servers))):
-            return True
-        return self._servers_back()
-
-    def _servers_back(self) -> bool:
-        """Rank 0, several servers: whether servers out of routing answer again; the next
-        RESYNC pushes the current weights to them (``_resync_servers``)."""
-        back = self.watch.take_back() if self.watch is not None else ()
-        self._resync_servers = back or None
-        return bool(back)
-
     def _wait_for_samples(self) -> str | None:
         """Wait a moment for the rollout process's messages; :data:`RESYNC` or
         :data:`SPREADLESS` when the step must not be taken now (else None). Raises when the
         push thread found the server frozen."""
-        if self.pusher is not None:
-            self.pusher.raise_if_silent()  # the push thread found the server frozen
-        if self._servers_to_resync():
-            return RESYNC
+        if self.pushes is not None:
+            assert self.process is not None
+            self.pushes.pusher.raise_if_silent()  # the push thread found the server frozen
+            if self.pushes.resync_due(self.process):
+                return RESYNC
         self.intake.drain(wait_s=0.2)
         if self.spread.step_due() and self._close_spread_step():
             return SPREADLESS
@@ -504,47 +464,11 @@ class TrainingRun:
 
     # ----------------------------------------------------------------- weights and logs
 
-    def _plan_push(self) -> weight_sync.PushPlan:
-        """Whether the pushes after steps run beside training (rank 0 measures the memory a
-        snapshot needs and has free; every process follows its choice)."""
-        weights = self.weights
-        assert weights is not None
-        if not self.args.weight_push_overlap:
-            return weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
-                                        "for the push")  # fmt: skip
-
-        def plan() -> weight_sync.PushPlan:
-            size, where = weights.snapshot_size()
-            choice = weight_sync.plan_push(size, free_bytes(where), where)
-            log.info("weight push", overlapped=choice.overlapped, reason=choice.reason)
-            return choice
-
-        return decided_on_rank0(plan)
-
-    def _push(self, at_start: bool = False) -> None:
-        """Push the current policy and wait for it (collective); what landed goes to the
-        rollout process."""
-        assert self.pusher is not None
-        pushed = self.pusher.push(at_start=at_start)
-        if pushed is not None and self.rank0:
-            self.ledger.landed(pushed)
-
-    def _push_after_step(self) -> None:
-        """The push after a step: beside the next step when the plan allows
-        (:meth:`WeightPusher.push_beside`), else waited for."""
-        assert self.pusher is not None and self.push_plan is not None
-        if not self.push_plan.overlapped:
-            self._push()
-            return
-        if self.pusher.push_beside(self.ledger.published):
-            self._observe(metrics.total("perf/weight_snapshots_replaced_count", 1))
-
     def _await_pushes(self) -> None:
         """Rank 0: wait until the server holds the weights of every push made (the run's end)
         and the evaluation asked for meanwhile has arrived, and record them."""
-        if self.pusher is not None:
-            self.pusher.wait_landed()
-            self.pusher.raise_if_silent()
+        if self.pushes is not None:
+            self.pushes.wait_landed()
         if self.process is not None and self.intake.queue is not None:
             self.evaluations.wait_for_last(self.intake.drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now
@@ -588,11 +512,9 @@ class TrainingRun:
                                             last_evaluated=self.evaluations.completed)  # fmt: skip
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
         self.evaluations.release()  # a push held for an evaluation goes now
-        if self.pusher is not None:  # a transfer the server takes part in is never cut
-            self.pusher.wait_landed()
+        if self.pushes is not None:
+            self.pushes.close()
         if self.process is not None:
             self.process.stop()
         if self.weights is not None:
