@@ -1,8 +1,8 @@
 """Experiments as code, the library behind :mod:`asyncgrpo.experiments`: sweeps over settings
-and seeds (:mod:`.sweep`), comparisons with intervals and claims (:mod:`.compare`), the
-pipeline simulator (:mod:`.simulate`) and its calibration from a real run (:mod:`.calibrate`),
-recommended settings for a machine (:mod:`.plan`), a run's plots (:mod:`.plot`) and
-evaluations of any model or checkpoint (:mod:`.evaluate`).
+and seeds (:mod:`.sweep`; each run's process: :mod:`.sweep_run`), comparisons with intervals
+and claims (:mod:`.compare`), the pipeline simulator (:mod:`.simulate`) and its calibration
+from a real run (:mod:`.calibrate`), recommended settings for a machine (:mod:`.plan`), a run's
+plots (:mod:`.plot`) and evaluations of any model or checkpoint (:mod:`.evaluate`).
 
 It sits above the run wing (a sweep's run is a trainer) and below the commands, which are
 argparse glue over it.
