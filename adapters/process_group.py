@@ -76,6 +76,19 @@ def decided_on_rank0(
     return box[0]
 
 
+def first_failure(error: Exception | None) -> str | None:
+    """The outcome of a collective stage on every rank: ``None`` when it succeeded on all, else
+    the first failure (``"<Type>: <message>"``, rank 0's first, another rank's named), the same
+    on every rank (one all-gather); without a process group of several ranks, this rank's."""
+    failure = None if error is None else f"{type(error).__name__}: {error}"
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return failure
+    failures: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    return next((f if rank == 0 else f"rank {rank}: {f}" for rank, f in enumerate(failures)
+                 if f is not None), None)  # fmt: skip
+
+
 class _Refused:
     """Rank 0's refusal, in the box of :func:`decided_on_rank0` (a decision may itself be an
     exception object)."""

@@ -25,7 +25,7 @@ from asyncgrpo.shell.servers.outages import (
     SharedServers,
     SharedTrust,
     wait_for_server,
-    wait_for_servers,
+    wait_for_servers_out,
 )
 from asyncgrpo.shell.servers.pins import EvalRequest, VersionPin
 from asyncgrpo.shell.servers.routing import PooledServer, ServerPool
@@ -51,5 +51,5 @@ __all__ = [
     "server_cpus_for",
     "servers_cpus_for",
     "wait_for_server",
-    "wait_for_servers",
+    "wait_for_servers_out",
 ]

@@ -27,7 +27,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import anyio
 import structlog
@@ -318,3 +318,35 @@ async def wait_for_servers(
             "them and resume the run (resume_from_checkpoint=True, or asyncgrpo train --resume)"
         ) from None
     return tuple(i for i, ok in enumerate(answered) if ok), time.time() - down_since
+
+
+def wait_for_servers_out(
+    records: SharedServers, client_of: Callable[[int], VLLMClient], timeout_s: float
+) -> tuple[tuple[int, ...], dict[int, int], float]:
+    """Wait until a server out of routing (every server, if none is out) answers and serves
+    the model (:func:`wait_for_servers`): those that do, the outages seen on each before the
+    wait (a push that lands on it covers them), and the seconds since the last went away.
+
+    Raises:
+        ServerGone: ``timeout_s`` passed with none back (with one server: since it went away;
+            with several: since the last of them did).
+    """
+    out = records.out() or tuple(range(len(records)))
+    covering = {i: records.trusts[i].read().outages for i in out}
+    if len(records) == 1:
+        down_since = records.trusts[0].down_since()
+    else:
+        down_since = records.all_gone_since() or time.time()
+
+    async def wait() -> tuple[tuple[int, ...], float]:
+        clients = [client_of(i) for i in out]
+        try:
+            return await wait_for_servers(clients, down_since, timeout_s)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for client in clients:
+                    await client.aclose()
+
+    answered, down_s = anyio.run(wait)
+    back = tuple(out[i] for i in answered)
+    return back, {i: covering[i] for i in back}, down_s

@@ -32,16 +32,15 @@ from typing import Any
 import anyio
 import attrs
 import structlog
-import torch.distributed as dist
 
-from asyncgrpo.adapters.process_group import decided_on_rank0
+from asyncgrpo.adapters.process_group import decided_on_rank0, first_failure
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_blocking
 from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers
+from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers_out
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
 
 log = structlog.get_logger("asyncgrpo.trainer")
@@ -154,7 +153,8 @@ class WeightPusher:
         """Push the current policy to the servers in routing (collective; rank 0 talks to
         them).
 
-        Every process learns the push's outcome (:meth:`_agreed`). Mid-run, a server that
+        Every process learns the push's outcome
+        (:func:`~asyncgrpo.adapters.process_group.first_failure`). Mid-run, a server that
         restarted since the last push (rank 0 reads its identity first), or that the push
         failed on, is taken as gone: it is recorded; with several servers it leaves routing and
         the push counts on the others, and when the push landed nowhere the next step waits
@@ -187,7 +187,7 @@ class WeightPusher:
                 error = self._nowhere(landing, at_start)
         except Exception as failed:
             error = failed
-        failure = self._agreed(error)
+        failure = first_failure(error)
         if failure is None:
             landed = self._record_failures(landing, "trainer weight sync") if self.rank0 else ()
             return Pushed(self.learner.step, landed_timings(landing) if landing else None,
@@ -448,7 +448,7 @@ class WeightPusher:
             self.weights.reconnect(back)
         except Exception as failed:
             error = failed
-        failure = self._agreed(error)
+        failure = first_failure(error)
         if failure is None:
             try:
                 with self._uninterruptible():
@@ -459,7 +459,7 @@ class WeightPusher:
                     error = self._nowhere(landing, at_start=False)
             except Exception as failed:
                 error = failed
-            failure = self._agreed(error)
+            failure = first_failure(error)
         if failure is not None:
             if self.rank0:
                 self._outage_on(back, landing, failure, "resync")
@@ -470,72 +470,25 @@ class WeightPusher:
         return Pushed(self.learner.step, landed_timings(landing) if landing else None,
                       resynced=resynced, servers=landed)  # fmt: skip
 
-    def _agreed(self, error: Exception | None) -> str | None:
-        """The outcome of a collective stage on every process: ``None`` when it succeeded on
-        all, else the first failure (``"<Type>: <message>"``, rank 0's first)."""
-        failure = None if error is None else f"{type(error).__name__}: {error}"
-        if self.learner.world_size == 1:
-            return failure
-        failures: list[str | None] = [None] * self.learner.world_size
-        dist.all_gather_object(failures, failure)
-        return next((f if rank == 0 else f"rank {rank}: {f}" for rank, f in enumerate(failures)
-                     if f is not None), None)  # fmt: skip
-
     def _wait_everywhere(
         self, servers: tuple[int, ...] | None
     ) -> tuple[tuple[int, ...], dict[int, int]]:
-        """Rank 0 waits for the servers when none is in routing (:meth:`_wait_for_servers`),
-        or takes ``servers`` as they are; every process then learns which servers the push
-        goes to, or raises :class:`ServerGone` if none came back. The outages covered per
-        server (rank 0; empty elsewhere)."""
-        covering: dict[int, int] = {}
-        back: tuple[int, ...] = ()
-        gone = None
-        if self.rank0:
-            assert self.servers is not None
-            try:
-                if servers is None:
-                    back, covering = self._wait_for_servers()
-                else:
-                    back = servers
-                    covering = {i: self.servers.trusts[i].read().outages for i in servers}
-            except ServerGone as error:
-                gone = error
-        if self.learner.world_size > 1:
-            verdict = [None if gone is None else str(gone), back]
-            dist.broadcast_object_list(verdict, src=0)
-            if verdict[0] is not None and gone is None:
-                raise ServerGone(verdict[0])
-            back = tuple(verdict[1])
-        if gone is not None:
-            raise gone
-        return back, covering
+        """Rank 0 waits for the servers when none is in routing
+        (:func:`~asyncgrpo.shell.servers.wait_for_servers_out`), or takes ``servers`` as they
+        are; every process learns which servers the push goes to, and the outages it covers on
+        each, or raises :class:`ServerGone` if none came back."""
 
-    def _wait_for_servers(self) -> tuple[tuple[int, ...], dict[int, int]]:
-        """Rank 0: wait until a server out of routing answers; those that do, and the outages
-        seen on each before the wait."""
-        assert self.servers is not None
-        records = self.servers
-        out = records.out() or tuple(range(self.count))
-        covering = {i: records.trusts[i].read().outages for i in out}
-        if self.count == 1:
-            down_since = records.trusts[0].down_since()
-        else:
-            down_since = records.all_gone_since() or time.time()
+        def wait() -> tuple[tuple[int, ...], dict[int, int]]:
+            records = self.servers
+            assert records is not None
+            if servers is not None:
+                return servers, {i: records.trusts[i].read().outages for i in servers}
+            back, covering, down_s = wait_for_servers_out(records, self._client,
+                                                          self.server_timeout_s)  # fmt: skip
+            log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
+                     step=self.learner.step,
+                     **({"servers": [records.urls[i] for i in back]} if self.count > 1
+                        else {}))  # fmt: skip
+            return back, covering
 
-        async def wait() -> tuple[tuple[int, ...], float]:
-            clients = [self._client(i) for i in out]
-            try:
-                return await wait_for_servers(clients, down_since, self.server_timeout_s)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    for client in clients:
-                        await client.aclose()
-
-        answered, down_s = anyio.run(wait)
-        back = tuple(out[i] for i in answered)
-        log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
-                 step=self.learner.step,
-                 **({"servers": [records.urls[i] for i in back]} if self.count > 1
-                    else {}))  # fmt: skip
-        return back, {i: covering[i] for i in back}
+        return decided_on_rank0(wait, refusals=(ServerGone,))
