@@ -76,6 +76,18 @@ def decided_on_rank0(
     return box[0]
 
 
+def scattered_from_rank0(per_rank: list[Any] | None) -> Any:
+    """This rank's item of ``per_rank`` (a list with one item per rank, given on rank 0 only),
+    in one scatter, so that each rank receives only its own; without a process group of
+    several ranks, the first item."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        assert per_rank is not None
+        return per_rank[0]
+    received: list[Any] = [None]
+    dist.scatter_object_list(received, per_rank, src=0)
+    return received[0]
+
+
 def first_failure(error: Exception | None) -> str | None:
     """The outcome of a collective stage on every rank: ``None`` when it succeeded on all, else
     the first failure (``"<Type>: <message>"``, rank 0's first, another rank's named), the same

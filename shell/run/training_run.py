@@ -37,12 +37,11 @@ from typing import Any
 import anyio
 import attrs
 import structlog
-import torch.distributed as dist
 from transformers import (
     TrainerControl,
 )
 
-from asyncgrpo.adapters.process_group import decided_on_rank0
+from asyncgrpo.adapters.process_group import decided_on_rank0, scattered_from_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
 from asyncgrpo.core.packing.tree import pack_row
@@ -343,10 +342,7 @@ class TrainingRun:
     def _finished(self) -> bool:
         if self.args.max_steps > 0:
             return self.learner.step >= self.args.max_steps
-        if self.dataset_size is None:
-            return False
-        consumed = cursor.epochs_consumed(self.intake.cursor, self.dataset_size)
-        return consumed >= self.args.num_train_epochs
+        return self.dataset_size is not None and self._epochs() >= self.args.num_train_epochs
 
     def _next_rows(self) -> list[Any] | None:
         """This process's rows of the next step, or None when training is over (collective).
@@ -364,9 +360,8 @@ class TrainingRun:
                 step = self._plan_next_step()
             send_start = time.monotonic()
             assert self.pushes is not None
-            control = [STEP if isinstance(step, list) else step, self.pushes.resync_servers]
-            if self.learner.world_size > 1:
-                dist.broadcast_object_list(control, src=0)
+            told = (STEP if isinstance(step, list) else step, self.pushes.resync_servers)
+            control = decided_on_rank0(lambda told=told: told)  # rank 0's, on every rank
             if control[0] != RESYNC:
                 break
             self.pushes.resync(control[1])
@@ -384,13 +379,8 @@ class TrainingRun:
     def _scatter(self, step: list[list[Any]] | None) -> list[Any]:
         """Rank ``r``'s row of every micro-batch of ``step`` (given on rank 0 only)."""
         world = self.learner.world_size
-        if world == 1:
-            assert step is not None
-            return [mb[0] for mb in step]
         per_rank = None if step is None else [[mb[r] for mb in step] for r in range(world)]
-        received: list[Any] = [None]
-        dist.scatter_object_list(received, per_rank, src=0)
-        return received[0]
+        return scattered_from_rank0(per_rank)
 
     def _plan_next_step(self) -> list[list[Any]] | str:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0);
@@ -484,8 +474,7 @@ class TrainingRun:
         summary to the callbacks."""
         extra = {"num_tokens": float(self.forwarded_total)}
         if self.dataset_size:
-            extra = {"epoch": cursor.epochs_consumed(self.intake.cursor, self.dataset_size),
-                     **extra}  # fmt: skip
+            extra = {"epoch": self._epochs(), **extra}
         summary = self.window_log.write(self.learner.step, self.window, extra,
                                         self.intake.completions)  # fmt: skip
         self.window = metrics.MetricWindow()
