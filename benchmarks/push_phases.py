@@ -37,11 +37,11 @@ async def one_push(client: VLLMClient, weights: dict[str, torch.Tensor], where: 
     start = time.perf_counter()
     write_safetensors(weights, where)
     times["write_s"] = time.perf_counter() - start
-    for name, call in (("pause_s", client.pause),
-                       ("reload_s", lambda: client.collective_rpc(
+    for name, call in (("pause_s", client.admin.pause),
+                       ("reload_s", lambda: client.admin.collective_rpc(
                            "reload_weights", kwargs={"weights_path": str(where)})),
-                       ("reset_s", client.reset_prefix_cache),
-                       ("resume_s", client.resume)):  # fmt: skip
+                       ("reset_s", client.admin.reset_prefix_cache),
+                       ("resume_s", client.admin.resume)):  # fmt: skip
         start = time.perf_counter()
         await call()
         times[name] = time.perf_counter() - start

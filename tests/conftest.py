@@ -393,7 +393,7 @@ async def unload_adapters(server: VLLMServer) -> None:
     """Unload every LoRA adapter the server has loaded (all it serves but the model)."""
     async with VLLMClient(server.base_url, server.spec.name) as client:
         for name in set(await client.served_models()) - {server.spec.name}:
-            await client.unload_lora_adapter(name)
+            await client.admin.unload_lora_adapter(name)
 
 
 async def serving(server: VLLMServer) -> bool:

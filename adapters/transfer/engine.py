@@ -209,18 +209,18 @@ class EngineSync:
 
     def _send(self, barrier_s: float) -> SyncTimings:
         start = time.monotonic()
-        self._portal.call(self._client.pause)
+        self._portal.call(self._client.admin.pause)
         paused = time.monotonic()
         try:
             self.engine.send_weights()
-            self._portal.call(self._client.reset_prefix_cache)
+            self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause
             try:
-                self._portal.call(self._client.resume)
+                self._portal.call(self._client.admin.resume)
             except Exception as also:
                 failed.add_note(f"resuming the server failed too: {type(also).__name__}: {also}")
             raise
-        self._portal.call(self._client.resume)
+        self._portal.call(self._client.admin.resume)
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
 

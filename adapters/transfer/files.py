@@ -98,15 +98,15 @@ class DiskReload:
         """The server's side of :meth:`sync`, the weights already written (by one write for
         several servers): pause, reload, drop the prefix cache, resume."""
         start = time.monotonic()
-        await self.client.pause()
+        await self.client.admin.pause()
         paused = time.monotonic()
         try:
-            await self.client.collective_rpc(
+            await self.client.admin.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(self.directory)}
             )
-            await self.client.reset_prefix_cache()
+            await self.client.admin.reset_prefix_cache()
         finally:
-            await self.client.resume()
+            await self.client.admin.resume()
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused,
                            write_s=write_s)  # fmt: skip
@@ -144,12 +144,12 @@ class AdapterSync:
         version loaded before (pushed again after an outage) is loaded in place."""
         start = time.monotonic()
         again = version in self.loaded
-        await client.load_lora_adapter(self.name(version), str(self.path(version)), again)
+        await client.admin.load_lora_adapter(self.name(version), str(self.path(version)), again)
         if not again:
             self.loaded.append(version)
         while len(self.loaded) > self.keep:
             old = self.loaded.pop(0)
-            await client.unload_lora_adapter(self.name(old))
+            await client.admin.unload_lora_adapter(self.name(old))
             if self.remove_files:
                 shutil.rmtree(self.path(old), ignore_errors=True)
         return SyncTimings(pause_s=0.0, barrier_s=barrier_s, transfer_s=time.monotonic() - start)
@@ -159,7 +159,7 @@ class AdapterSync:
         load every kept version again, in place, so rollouts that started under an older
         policy are generated again under that same policy."""
         for version in self.loaded:
-            await client.load_lora_adapter(self.name(version), str(self.path(version)), True)
+            await client.admin.load_lora_adapter(self.name(version), str(self.path(version)), True)
 
 
 def adapter_name(prefix: str, version: int) -> str:

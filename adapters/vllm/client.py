@@ -1,4 +1,5 @@
-"""The vLLM HTTP API: generation, server metrics, and the weight-sync control endpoints.
+"""The vLLM HTTP API: generation and what the server reports (metrics, flags, identity); its
+control endpoints are :attr:`VLLMClient.admin` (:mod:`asyncgrpo.adapters.vllm.admin`).
 
 Token ids in, token ids and log-probs out, through ``/v1/completions``: the prompt is sent as
 token ids, ``return_token_ids`` returns the sampled ids, ``logprobs=K`` the sampled token's
@@ -28,6 +29,7 @@ import httpx
 import structlog
 
 from asyncgrpo.adapters.vllm import tokens as vllm_tokens
+from asyncgrpo.adapters.vllm.admin import ServerAdmin
 from asyncgrpo.adapters.vllm.identity import IDENTITY_QUERY, FreshIdentity
 from asyncgrpo.adapters.vllm.replies import (
     Generation,
@@ -132,6 +134,7 @@ class VLLMClient:
             max_connections=max_connections, gated=gate is not None, stall_s=stall_s,
             headers=headers, stall_outage=stall_outage,
         )  # fmt: skip
+        self.admin = ServerAdmin(self.transport, self._raise_for_client_error)
         self.regenerated_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
         self.fresh_identity = FreshIdentity(self.server_identity)
@@ -380,50 +383,3 @@ class VLLMClient:
         ``/server_info`` (started without ``VLLM_SERVER_DEV_MODE=1``)."""
         config = await self.server_config()
         return None if config is None else server_transfer(config)
-
-    async def _post(self, path: str, **kwargs: Any) -> Any:
-        response = await self.transport.request("POST", path, **kwargs)
-        self._raise_for_client_error(response, path)
-        if not response.content:
-            return None
-        if "json" in response.headers.get("content-type", ""):
-            return response.json()
-        return response.text
-
-    async def pause(self) -> None:
-        """Pause the scheduler for a weight update; needs ``VLLM_SERVER_DEV_MODE=1``.
-
-        In-flight requests are frozen (``mode=keep``), not aborted: they continue after
-        :meth:`resume`, and each token's sampler log-prob is that of the policy that sampled it.
-        """
-        await self._post("/pause", params={"mode": "keep"})
-
-    async def resume(self) -> None:
-        await self._post("/resume")
-
-    async def reset_prefix_cache(self) -> None:
-        """Drop all cached KV, preempting running requests so that their KV is recomputed
-        under the current weights when they continue; raises if the server could not."""
-        reply = await self._post("/reset_prefix_cache", params={"reset_running_requests": True})
-        if isinstance(reply, dict) and reply.get("success") is False:
-            raise VLLMError(
-                "/reset_prefix_cache: the server kept its prefix cache (blocks still held); "
-                "KV computed by the old weights would be reused"
-            )
-
-    async def collective_rpc(
-        self, method: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-    ) -> list[Any]:
-        """Call ``method`` on every worker; returns each worker's result."""
-        payload = {"method": method, "args": list(args), "kwargs": dict(kwargs or {})}
-        result = await self._post("/collective_rpc", json=payload)
-        return list((result or {}).get("results", []))
-
-    async def load_lora_adapter(self, name: str, path: str, in_place: bool = False) -> None:
-        """Register a LoRA adapter (needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``);
-        ``in_place`` replaces one loaded under ``name`` (else the server refuses the name)."""
-        body = {"lora_name": name, "lora_path": path, "load_inplace": in_place}
-        await self._post("/v1/load_lora_adapter", json=body)
-
-    async def unload_lora_adapter(self, name: str) -> None:
-        await self._post("/v1/unload_lora_adapter", json={"lora_name": name})

@@ -206,7 +206,7 @@ def _load_adapter(args: AsyncGRPOConfig, model: str, adapter: str, name: str) ->
     async def load() -> None:
         for server in range(settings.count):
             async with settings.client(model, server) as client:
-                await client.load_lora_adapter(name, str(Path(adapter).resolve()))
+                await client.admin.load_lora_adapter(name, str(Path(adapter).resolve()))
 
     anyio.run(load)
 

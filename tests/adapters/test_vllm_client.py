@@ -94,10 +94,10 @@ def test_models_metrics_and_control_endpoints(vllm_server) -> None:
             assert await client.max_model_len() == 1024
             metrics = await client.metrics()
             identity = await client.server_identity()
-            await client.pause()
-            await client.resume()
-            await client.reset_prefix_cache()
-            results = await client.collective_rpc("reload_weights")
+            await client.admin.pause()
+            await client.admin.resume()
+            await client.admin.reset_prefix_cache()
+            results = await client.admin.collective_rpc("reload_weights")
             return metrics, identity, results, client.retry_count
 
     metrics, identity, results, retries = run(main)
@@ -166,14 +166,14 @@ def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) 
             async def generate():
                 results.append(await client.generate(prompt, params, seed=5))
 
-            await client.pause()
+            await client.admin.pause()
             try:
                 group.start_soon(generate)
                 with anyio.fail_after(60):
-                    while not (await client._post("/abort_requests", json={}))["aborted"]:
+                    while not (await client.admin.post("/abort_requests", json={}))["aborted"]:
                         await anyio.sleep(0.01)
             finally:
-                await client.resume()
+                await client.admin.resume()
         async with client_for(vllm_server) as reference:
             expected = await reference.generate(prompt, params, seed=5)
         return results[0], client.retry_count, expected

@@ -39,7 +39,7 @@ def test_a_frozen_server_is_named_as_silent_not_as_a_read_timeout(frozen_url) ->
         async with VLLMClient(frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S,
                               max_retries=5, backoff_s=0.01) as client:  # fmt: skip
             with pytest.raises(VLLMError) as raised:
-                await client.pause()
+                await client.admin.pause()
             return raised.value, client.retry_count
 
     error, retries = anyio.run(main)
@@ -60,9 +60,9 @@ def test_the_silence_is_counted_in_total_across_the_calls_of_one_operation(froze
         async with VLLMClient(frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S,
                               max_retries=5, backoff_s=0.01) as client:  # fmt: skip
             with pytest.raises(ServerNotAnswering) as first:
-                await client.pause()
+                await client.admin.pause()
             with pytest.raises(ServerNotAnswering) as then:
-                await client.resume()
+                await client.admin.resume()
             return first.value, then.value
 
     first, then = anyio.run(main)
@@ -76,7 +76,7 @@ def test_a_failure_without_retries_does_not_claim_any() -> None:
     async def main() -> None:
         async with VLLMClient(f"http://127.0.0.1:{free_port()}", "m", timeout_s=2,
                               max_retries=0) as client:  # fmt: skip
-            await client.pause()
+            await client.admin.pause()
 
     with pytest.raises(VLLMError) as raised:
         anyio.run(main)

@@ -130,7 +130,7 @@ async def stream_with_sync_at_a_held_token(
             paused = anyio.Event()
 
             async def pause() -> None:
-                await client.pause()
+                await client.admin.pause()
                 paused.set()
 
             async with anyio.create_task_group() as tasks:
