@@ -22,8 +22,12 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 
 # Largest |learner - sampler| log-prob of a sampled token at staleness 0, bf16 learner and bf16
-# sampler, over these weights (measured 0.002-0.067; docs/architectures.md).
-STALENESS_0_BOUND = 0.1
+# sampler, over these weights (measured 0.002-0.067 on the stack of 2026-11; 0.0015-0.104 with
+# torch 2.13, transformers 5.19, vllm 0.32 on 2026-12-03: one token after the engine sync;
+# docs/architectures.md).
+STALENESS_0_BOUND = 0.2
+# Before a sync the server holds the old weights: the gap exceeds this (measured 0.73-2.18).
+STALE_GAP = 0.4
 
 pytestmark = pytest.mark.usefixtures("process_group")
 
@@ -100,12 +104,12 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(bf16_server,
 
     assert anyio.run(gap, server) < STALENESS_0_BOUND
     perturb(seed=1)
-    assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND  # the server has the old weights
+    assert anyio.run(gap, server) > STALE_GAP  # the server has the old weights
     anyio.run(disk_sync, server)
     assert anyio.run(gap, server) < STALENESS_0_BOUND
 
     perturb(seed=2)
-    assert anyio.run(gap, server) > 4 * STALENESS_0_BOUND
+    assert anyio.run(gap, server) > STALE_GAP
     source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
     engine = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
                         "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
