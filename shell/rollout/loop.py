@@ -139,8 +139,6 @@ class AsyncRolloutLoop:
         self.tokenizer = processing_class
         self.channels = channels
         self.max_model_len = max_model_len
-        self.token_budget = token_budget
-        self.rows_per_step = rows_per_step
         self.tools = list(tools or [])
         self.environment_factory = environment_factory
         self.score_queue_maxsize = score_queue_maxsize
