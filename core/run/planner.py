@@ -30,9 +30,10 @@ import attrs
 import numpy as np
 
 from asyncgrpo.core.frozen import FrozenMap
-from asyncgrpo.core.metrics import Aggregation
-from asyncgrpo.core.packing.tree import PackedRow, shared_positions
+from asyncgrpo.core.metrics import Aggregation, Observation, declared
+from asyncgrpo.core.packing.tree import PackedRow, pack_row, shared_positions
 from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.core.rollout.metrics import sample_observations
 
 
 def added_cost(length: int, shared: int) -> int:
@@ -309,3 +310,57 @@ def batch_metrics(
         "batch/pad_frac": float(np.mean(padding)) if padding else 0.0,
         "batch/dropped_oversize_count": float(dropped_oversize),
     }
+
+
+@attrs.frozen
+class PackedStep:
+    """A step taken off the queue, packed for the learner.
+
+    Attributes:
+        micro_batches: per micro-batch, one packed row per process (``None`` for a process
+            without a sample), each without its samples' sampler tables, which the learner
+            reads from the row's own trained-token arrays.
+    """
+
+    micro_batches: tuple[tuple[PackedRow | None, ...], ...]
+
+    @property
+    def rows(self) -> list[PackedRow]:
+        """The rows that hold samples, micro-batch by micro-batch."""
+        return [row for mb in self.micro_batches for row in mb if row is not None]
+
+    @property
+    def forwarded_tokens(self) -> int:
+        """Tokens the learner forwards for the step, shared prefixes counted once."""
+        return sum(row.num_tokens for row in self.rows)
+
+
+def pack_step(micro_batches: Sequence[Sequence[Sequence[TrainingSample]]]) -> PackedStep:
+    """Pack each row of a step (per micro-batch, one tuple of samples per process) with
+    :func:`~asyncgrpo.core.packing.tree.pack_row`; an empty row becomes ``None``."""
+    return PackedStep(tuple(
+        tuple(pack_row(list(row)).without_sample_tables() if row else None for row in mb)
+        for mb in micro_batches
+    ))  # fmt: skip
+
+
+def step_observations(
+    step: PackedStep, version: int, now: float, token_budget: int
+) -> list[Observation]:
+    """The ``sample/*`` and ``batch/*`` metrics of a step the trainer takes.
+
+    Args:
+        step: the packed step.
+        version: the policy version being trained, for ``sample/staleness_*``.
+        now: ``time.monotonic()`` when the step was taken, for ``sample/time_in_queue_s``.
+        token_budget: tokens per row, for ``batch/row_fill_frac``.
+
+    ``batch/dropped_oversize_count`` is left to the step queue, which counts what it drops.
+    """
+    samples = [sample for row in step.rows for sample in row.samples]
+    return [
+        *sample_observations(samples, version, now),
+        *(declared(name, value, 1.0, BATCH_METRICS)
+          for name, value in batch_metrics(step.micro_batches, token_budget).items()
+          if name != "batch/dropped_oversize_count"),
+    ]  # fmt: skip

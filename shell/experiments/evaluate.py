@@ -178,7 +178,7 @@ def evaluate_model(
         if served.adapter is not None:
             lora = ADAPTER_PREFIX
             _load_adapter(args, name, served.adapter, adapter_name(lora, 0))
-        longest = anyio.run(_max_model_len, ServerSettings.of(args), name)
+        longest = ServerSettings.of(args).max_model_len(name)
         spec = LoopSpec(
             loop_cls=AsyncRolloutLoop, config=args, model_name=name, dataset=None,
             reward_funcs=tuple(reward_funcs),
@@ -193,11 +193,6 @@ def evaluate_model(
     for evaluation in outcome.evaluations:
         figures.update(evaluation_metrics(evaluation))
     return figures
-
-
-async def _max_model_len(settings: ServerSettings, model: str) -> int:
-    async with settings.client(model) as client:
-        return await client.max_model_len()
 
 
 def _load_adapter(args: AsyncGRPOConfig, model: str, adapter: str, name: str) -> None:

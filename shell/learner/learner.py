@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import structlog
@@ -205,6 +206,12 @@ class Learner:
     def is_peft(self) -> bool:
         """LoRA adapters are trained (the model is a ``PeftModel``)."""
         return self.export.is_peft
+
+    @property
+    def lora_config(self) -> dict[str, Any] | None:
+        """The LoRA adapters' config as a dict (a checkpoint's record of it); None when the
+        whole model is trained."""
+        return self.model.peft_config["default"].to_dict() if self.is_peft else None
 
     def _prepare(self, model: PreTrainedModel, peft_config: PeftConfig | None) -> nn.Module:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""

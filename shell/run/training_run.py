@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import attrs
 import structlog
 from transformers import (
@@ -44,11 +43,8 @@ from transformers import (
 from asyncgrpo.adapters.process_group import decided_on_rank0, scattered_from_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
-from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.rollout import cursor
-from asyncgrpo.core.rollout.metrics import sample_observations
-from asyncgrpo.core.run import schedule, step_queue
-from asyncgrpo.core.run.planner import BATCH_METRICS, batch_metrics
+from asyncgrpo.core.run import planner, schedule, step_queue
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import (
@@ -171,7 +167,7 @@ class TrainingRun:
                                 self.servers, self._observe)  # fmt: skip
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
-            self.max_model_len = anyio.run(self._max_model_len)
+            self.max_model_len = ServerSettings.of(self.args).max_model_len(self.inputs.model_name)
             self.token_budget = self.args.token_budget or self.max_model_len
             self.intake.queue = self._new_queue()
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -224,10 +220,6 @@ class TrainingRun:
 
     def _client(self, server: int = 0, **options: Any) -> VLLMClient:
         return ServerSettings.of(self.args).client(self.inputs.model_name, server, **options)
-
-    async def _max_model_len(self) -> int:
-        async with self._client() as client:
-            return await client.max_model_len()
 
     def _loop_spec(self) -> LoopSpec:
         given = self.inputs
@@ -355,12 +347,13 @@ class TrainingRun:
         started = time.monotonic()
         while True:
             plan_began = time.monotonic()
-            step: list[list[Any]] | str | None = None
+            step: planner.PackedStep | str | None = None
             if self.rank0 and not self._finished():
                 step = self._plan_next_step()
             send_start = time.monotonic()
             assert self.pushes is not None
-            told = (STEP if isinstance(step, list) else step, self.pushes.resync_servers)
+            what = STEP if isinstance(step, planner.PackedStep) else step
+            told = (what, self.pushes.resync_servers)
             control = decided_on_rank0(lambda told=told: told)  # rank 0's, on every rank
             if control[0] != RESYNC:
                 break
@@ -371,18 +364,19 @@ class TrainingRun:
             return None
         if control[0] is None:
             return None
-        rows = self._scatter(step if isinstance(step, list) else None)
+        rows = self._scatter(step if isinstance(step, planner.PackedStep) else None)
         self._observe(metrics.mean("perf/send_s", time.monotonic() - send_start),
                       metrics.mean("perf/resync_s", plan_began - started))  # fmt: skip
         return rows
 
-    def _scatter(self, step: list[list[Any]] | None) -> list[Any]:
+    def _scatter(self, step: planner.PackedStep | None) -> list[Any]:
         """Rank ``r``'s row of every micro-batch of ``step`` (given on rank 0 only)."""
         world = self.learner.world_size
-        per_rank = None if step is None else [[mb[r] for mb in step] for r in range(world)]
+        per_rank = None if step is None else [[mb[r] for mb in step.micro_batches]
+                                              for r in range(world)]  # fmt: skip
         return scattered_from_rank0(per_rank)
 
-    def _plan_next_step(self) -> list[list[Any]] | str:
+    def _plan_next_step(self) -> planner.PackedStep | str:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0);
         :data:`RESYNC` instead when the server went away and the weights must be pushed."""
         intake = self.intake
@@ -414,21 +408,15 @@ class TrainingRun:
                       metrics.mean("perf/plan_s", pack_start - waited_from - intake.waited_s),
                       metrics.mean("rollout/queue_size", len(step.queue.buffer)),
                       metrics.total("sample/dropped_stale_count", 0))  # fmt: skip
-        rows = [[pack_row(list(row)).without_sample_tables() if row else None for row in mb]
-                for mb in step.micro_batches]  # fmt: skip
-        self.forwarded_total += sum(r.num_tokens for mb in rows for r in mb if r is not None)
-        placed = step.samples
-        intake.trained(placed)
-        self._observe(
-            *sample_observations(placed, self.learner.step, time.monotonic()),
-            *(metrics.declared(k, v, 1.0, BATCH_METRICS)
-              for k, v in batch_metrics(rows, self.token_budget).items()
-              if k != "batch/dropped_oversize_count"),
-        )  # fmt: skip
+        packed = planner.pack_step(step.micro_batches)
+        self.forwarded_total += packed.forwarded_tokens
+        intake.trained(step.samples)
+        self._observe(*planner.step_observations(packed, self.learner.step, time.monotonic(),
+                                                 self.token_budget))  # fmt: skip
         if self.flops is not None:
-            self.step_flops = self.flops.of_rows([r for mb in rows for r in mb if r is not None])
+            self.step_flops = self.flops.of_rows(packed.rows)
         self._observe(metrics.mean("perf/pack_s", time.monotonic() - pack_start))
-        return rows
+        return packed
 
     def _wait_for_samples(self) -> str | None:
         """Wait a moment for the rollout process's messages; :data:`RESYNC` or
@@ -490,12 +478,7 @@ class TrainingRun:
     def _write_checkpoint(self, path: Path) -> None:
         self.learner.save_checkpoint(path)
         if self.rank0:
-            peft = (
-                self.learner.model.peft_config["default"].to_dict()
-                if self.learner.is_peft
-                else None
-            )
-            checkpoints.write_model_source(path, self.inputs.model_name, peft)
+            checkpoints.write_model_source(path, self.inputs.model_name, self.learner.lora_config)
             checkpoints.write_rollout_state(path, self.intake.cursor, self.ledger.version,
                                             self.learner.step,
                                             last_evaluated=self.evaluations.completed)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import attrs
 
 from asyncgrpo.adapters.vllm.auth import bearer
@@ -52,3 +53,13 @@ class ServerSettings:
         return VLLMClient(self.urls[server], model, timeout_s=self.timeout_s,
                           stall_s=self.stall_s, headers=bearer(self.api_key),
                           **options)  # fmt: skip
+
+    def max_model_len(self, model: str) -> int:
+        """The first server's ``max_model_len`` for ``model`` (every server of a run matches
+        it: :func:`~asyncgrpo.shell.servers.check_servers_match`)."""
+
+        async def ask() -> int:
+            async with self.client(model) as client:
+                return await client.max_model_len()
+
+        return anyio.run(ask)

@@ -6,7 +6,15 @@ from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
 from asyncgrpo.core.packing.tree import pack_row
-from asyncgrpo.core.run.planner import added_cost, attention_cost, batch_metrics, plan_step
+from asyncgrpo.core.run.planner import (
+    BATCH_METRICS,
+    added_cost,
+    attention_cost,
+    batch_metrics,
+    pack_step,
+    plan_step,
+    step_observations,
+)
 
 plans = st.tuples(
     sample_sets(max_groups=6), st.integers(4, 40), st.integers(1, 3), st.integers(1, 3)
@@ -59,6 +67,28 @@ def test_group_affinity_and_balancing() -> None:
     (mb,) = plan.micro_batches
     assert mb[0].samples == (0, 2, 3)  # the group stays together, sharing its prompt
     assert mb[1].samples == (1,)  # the other group takes the empty row
+
+
+@given(plans, st.integers(0, 5))
+def test_a_packed_step_holds_each_planned_row_and_the_metrics_of_its_samples(case, version):
+    samples, budget, processes, accumulation = case
+    plan = plan_step(samples, budget, processes, accumulation)
+    taken = [[tuple(samples[i] for i in row.samples) for row in mb] for mb in plan.micro_batches]
+    packed = pack_step(taken)
+    assert [[row is None for row in mb] for mb in packed.micro_batches] == [
+        [not row for row in mb] for mb in taken
+    ]
+    assert packed.forwarded_tokens == sum(row.tokens for mb in plan.micro_batches for row in mb)
+    assert all(row.samples[0].sequence.sampler_top_logprobs is None for row in packed.rows)
+    observed = {o.name: o.amount for o in step_observations(packed, version, 10.0, budget)}
+    # the step queue counts what it drops as oversize; a step's own rows drop nothing
+    assert set(BATCH_METRICS) - set(observed) == {"batch/dropped_oversize_count"}
+    assert observed["batch/samples_per_step"] == len(plan.placed)
+    if plan.placed:  # make_sample's samples come from version 0, queued at time 0
+        assert observed["sample/staleness_max"] == version
+        assert observed["sample/time_in_queue_s"] == 10.0
+    else:
+        assert "sample/staleness_max" not in observed
 
 
 def test_step_leaves_the_rest_for_the_next_one() -> None:

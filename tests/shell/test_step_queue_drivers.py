@@ -138,8 +138,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
     trainer_steps = []
     for _ in sim_steps:
         rows_of_step = run._plan_next_step()
-        trainer_steps.append([s.rollout_id for mb in rows_of_step for r in mb if r is not None
-                              for s in r.samples])  # fmt: skip
+        trainer_steps.append([s.rollout_id for r in rows_of_step.rows for s in r.samples])
         run.learner.step += 1
         run.ledger.version = run.learner.step  # its weights land before the next step, as simulated
     trainer_stale = metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0)
@@ -203,7 +202,7 @@ def test_a_group_admitted_as_a_short_step_is_taken_waits_for_it_instead_of_going
     first, slipped = _group(0, 0, [20, 20]), _group(1, 0, [3, 3])
     run.process = run.intake.process = SlippedInProcess([[first], [], [], []], slipped)
     step = run._plan_next_step()
-    taken = {s.rollout_id for mb in step for r in mb if r is not None for s in r.samples}
+    taken = {s.rollout_id for r in step.rows for s in r.samples}
     assert taken == {"0-0", "0-1", "1-0", "1-1"}
     assert metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0) == 0.0
     assert run.process.steps == 1
