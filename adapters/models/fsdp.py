@@ -58,10 +58,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolicy) -> None:
-    """``fully_shard`` each decoder layer, then the root, with gradients summed over ranks."""
+    """``fully_shard`` each decoder layer, then the root, with gradients summed over ranks.
+
+    One process holds every shard whole: a layer keeps the weights gathered for its forward
+    until its backward (no second gather), and its gradient is left as it is (a sum over one
+    process; a divide factor set would still cost a division and a copy of each layer's
+    gradients per step). Measured on the real model: `docs/benchmarks.md`."""
+    alone = mesh.size() == 1
     for layer in decoder_layers(policy.model):
-        fully_shard(layer, mesh=mesh, mp_policy=precision)
-    fully_shard(policy, mesh=mesh, mp_policy=precision)
+        fully_shard(layer, mesh=mesh, mp_policy=precision, reshard_after_forward=not alone)
+    fully_shard(policy, mesh=mesh, mp_policy=precision, reshard_after_forward=not alone)
+    if alone:
+        return
     for module in policy.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
