@@ -22,7 +22,8 @@ it adds 0 to every gradient, 0 trained tokens to the global count and no metrics
 :mod:`asyncgrpo.adapters.models.fsdp`); unset, it is on with CUDA, and on a CPU for a model of
 50M parameters or more when this CPU multiplies bf16 matrices at least twice as fast as fp32
 (:mod:`asyncgrpo.core.packing.precision`; rank 0 measures and decides for every rank, and the
-choice is logged). Exported weights
+choice is logged). On a CPU the process keeps the memory a step frees for the next one
+(:mod:`asyncgrpo.core.packing.host_memory`, logged as ``freed memory``). Exported weights
 (``learner.export``, a :class:`~asyncgrpo.shell.learner.export.WeightExport`) are in bf16
 then, as TRL's AsyncGRPOTrainer documentation says; checkpoints for resuming keep the master
 weights.
@@ -47,6 +48,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, set_seed
 
+from asyncgrpo.adapters.host_memory import keep_freed_memory
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import DEFAULT_CHUNK_SIZE
@@ -185,8 +187,10 @@ class Learner:
         # every rank must compute alike: rank 0's measurement decides for all
         precision = decided_on_rank0(lambda: precision_for(config.bf16, self.device, model))
         self.bf16 = precision.bf16
+        kept = keep_freed_memory(self.device.type)  # each process its own allocator
         if self.rank == 0:
             log.info("precision", bf16=precision.bf16, reason=precision.reason)
+            log.info("freed memory", kept=kept.retain, reason=kept.reason)
         self.objective = config.objective()
         self.objective_settings = config.objective_settings()
         self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics

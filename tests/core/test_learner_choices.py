@@ -1,9 +1,11 @@
-"""The learner's precision and checkpointing decisions: a setting in the config always wins,
-and the automatic choice is monotone in what it weighs."""
+"""The learner's precision, checkpointing and freed-memory decisions: a setting in the config
+(or the environment, for the allocator) always wins, and the automatic choice is monotone in
+what it weighs."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from asyncgrpo.core.packing.host_memory import MALLOC_ENVIRONMENT, choose_host_memory
 from asyncgrpo.core.packing.memory import (
     ACTIVATION_SHARE,
     activation_bytes,
@@ -72,3 +74,20 @@ def test_checkpointing_turns_on_past_a_share_of_free_memory(kept, free_bytes, mo
     assert choice.enabled == (free_bytes is None or kept > ACTIVATION_SHARE * free_bytes)
     if choice.enabled:  # a larger row keeps it on
         assert choose_checkpointing(None, kept + more, free_bytes).enabled
+
+
+@given(
+    st.sampled_from(["cpu", "cuda", "xpu"]),
+    st.sampled_from(["", " ", "/usr/lib/libjemalloc.so.2", "libtcmalloc.so"]),
+    st.lists(st.sampled_from(MALLOC_ENVIRONMENT), unique=True).map(tuple),
+    st.sampled_from(["glibc", "musl", ""]),
+)
+def test_freed_memory_is_kept_only_where_nobody_chose_the_allocator(
+    device, preloaded, given_settings, libc
+) -> None:
+    choice = choose_host_memory(device, preloaded, given_settings, libc)
+    alone = device == "cpu" and not preloaded.strip() and not given_settings and libc == "glibc"
+    assert choice.retain is alone
+    assert choice.reason
+    if preloaded.strip() and device == "cpu":
+        assert preloaded in choice.reason

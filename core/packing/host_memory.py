@@ -1,0 +1,62 @@
+"""Whether a learner on a CPU keeps the memory its step frees for the next step.
+
+glibc's ``malloc`` serves a block of 32 MiB or more (the logits over the vocabulary, the
+embedding's gradient, a decoder layer's gathered weights and gradients) with a fresh ``mmap``
+and returns it to the kernel when it is freed. Every step then faults those pages in again, each
+one zeroed by the kernel first: on SmolLM2-135M on one core that was about a fifth of forward
+and backward (docs/benchmarks.md). Keeping freed memory (no ``mmap`` for large blocks, no trim of
+the heap) is what PyTorch's CPU performance guide gets from preloading jemalloc or tcmalloc; the
+process's resident memory then stays at its peak instead of falling between steps.
+
+It is left alone when the process's allocator is chosen already: another one preloaded, or
+glibc's own settings given in the environment (``MALLOC_MMAP_MAX_`` ...), and on a C library
+other than glibc, whose ``mallopt`` differs.
+
+Example:
+    >>> choose_host_memory("cpu", preloaded="", malloc_environment=(), libc="glibc").retain
+    True
+    >>> choose_host_memory("cpu", "/usr/lib/libjemalloc.so.2", (), "glibc").reason
+    'another allocator is preloaded (LD_PRELOAD=/usr/lib/libjemalloc.so.2)'
+    >>> choose_host_memory("cuda", "", (), "glibc").retain
+    False
+"""
+
+from __future__ import annotations
+
+import attrs
+
+MALLOC_ENVIRONMENT = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                      "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")  # fmt: skip
+"""glibc's own allocator settings in the environment: given, they are the user's choice."""
+
+
+@attrs.frozen
+class HostMemoryChoice:
+    """Keep freed memory in the process or not, and why (for the run's log)."""
+
+    retain: bool
+    reason: str
+
+
+def choose_host_memory(
+    device: str, preloaded: str, malloc_environment: tuple[str, ...], libc: str
+) -> HostMemoryChoice:
+    """Whether the learner's process keeps the memory a step frees.
+
+    Args:
+        device: the learner's device type (``"cpu"``, ``"cuda"``, ...); an accelerator's memory
+            has its own caching allocator, and the host's matters little there.
+        preloaded: ``LD_PRELOAD`` ("" when unset).
+        malloc_environment: which of :data:`MALLOC_ENVIRONMENT` the environment sets.
+        libc: the C library (``platform.libc_ver()[0]``, "" when unknown).
+    """
+    if device != "cpu":
+        return HostMemoryChoice(False, f"the learner runs on {device}")
+    if preloaded.strip():
+        return HostMemoryChoice(False, f"another allocator is preloaded (LD_PRELOAD={preloaded})")
+    if malloc_environment:
+        given = ", ".join(malloc_environment)
+        return HostMemoryChoice(False, f"the environment sets the allocator ({given})")
+    if libc != "glibc":
+        return HostMemoryChoice(False, f"the C library is {libc or 'unknown'}, not glibc")
+    return HostMemoryChoice(True, "a CPU learner with glibc's malloc: freed memory is kept")
