@@ -102,7 +102,9 @@ def token_log_probs(
             f"topk has {topk.ids.shape[0]} rows but logits has {n} trained tokens; gather the "
             "sampler's top-K at the same trained positions"
         )
-    scaled = logits.to(_compute_dtype(logits)) / temperature
+    scaled = logits.to(_compute_dtype(logits))
+    if temperature != 1.0:  # x / 1 is x exactly: spare a pass over the vocabulary
+        scaled = scaled / temperature
     if candidate_mask is not None:
         scaled = scaled.masked_fill(~candidate_mask, -math.inf)
     logp_all = torch.log_softmax(scaled, dim=-1)
@@ -111,7 +113,8 @@ def token_log_probs(
     if topk is not None:
         gathered = logp_all.gather(-1, topk.ids.masked_fill(~topk.valid, 0))
         topk_logp = gathered.masked_fill(~topk.valid, -math.inf)
-    return TokenLogProbs(logp=logp, entropy=_entropy(logp_all.detach()), topk_logp=topk_logp)
+    entropy = _entropy(logp_all.detach(), masked=candidate_mask is not None)
+    return TokenLogProbs(logp=logp, entropy=entropy, topk_logp=topk_logp)
 
 
 def clipped_surrogate(
@@ -228,5 +231,7 @@ def _compute_dtype(logits: Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _entropy(logp_all: Tensor) -> Tensor:
-    return -(logp_all.exp() * logp_all.nan_to_num(neginf=0.0)).sum(-1)
+def _entropy(logp_all: Tensor, masked: bool) -> Tensor:
+    """Entropy of each row of log-probs [N, V]; ``masked``: some are -inf (0 * -inf counts 0)."""
+    logp = logp_all.nan_to_num(neginf=0.0) if masked else logp_all
+    return -(logp_all.exp() * logp).sum(-1)
