@@ -16,17 +16,28 @@ process's peak resident memory::
 
     .venv/bin/python benchmarks/real_model.py
     .venv/bin/python benchmarks/real_model.py --settings fp32-ckpt,bf16 --rounds 3
+
+``--baseline COMMIT`` adds the trainer as it was at ``COMMIT`` (a git worktree of it, imported
+in place of this checkout): its fp32-with-checkpointing step, ``baseline``, takes its turn with
+the others and is the reference of the ratios. So a change to the learner is measured side by
+side with the code before it::
+
+    .venv/bin/python benchmarks/real_model.py --baseline HEAD --settings fp32-ckpt,bf16
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 SETTINGS = {  # name: (bf16, gradient_checkpointing, lora)
     "fp32-ckpt": (False, True, False),
@@ -94,6 +105,27 @@ def one_setting(name: str, steps: int, groups: int, prompt: int, completion: int
     }
 
 
+@contextlib.contextmanager
+def checkout_of(commit: str) -> Iterator[dict[str, str]]:
+    """The environment that imports ``asyncgrpo`` from a worktree of ``commit`` (the package's
+    folders laid out as the install maps them), removed afterwards."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree, shim = Path(tmp) / "tree", Path(tmp) / "shim" / "asyncgrpo"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree),
+                        commit], check=True)  # fmt: skip
+        try:
+            shim.mkdir(parents=True)
+            for entry in (tree / "asyncgrpo").iterdir():
+                (shim / entry.name).symlink_to(entry)
+            for package in ("core", "adapters", "shell"):
+                (shim / package).symlink_to(tree / package)
+            yield {**os.environ, "PYTHONPATH": str(shim.parent)}
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
+                           check=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
@@ -102,6 +134,11 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=48)
     parser.add_argument("--completion", type=int, default=24)
+    parser.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help="also run fp32 with checkpointing as COMMIT's trainer ran it",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args()
     if args.one:
@@ -109,19 +146,17 @@ def main() -> None:
                                      args.completion)))  # fmt: skip
         return
     names = args.settings.split(",")
-    results: dict[str, list[dict]] = {name: [] for name in names}
-    for round_ in range(args.rounds):
-        for name in names if round_ % 2 == 0 else list(reversed(names)):
-            command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps),
-                       "--groups", str(args.groups), "--prompt", str(args.prompt),
-                       "--completion", str(args.completion)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {round_ + 1} {name}: "
-                  f"{results[name][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)  # fmt: skip
-    reference = "fp32-ckpt" if "fp32-ckpt" in names else names[0]
+    with contextlib.ExitStack() as stack:
+        environments = {name: None for name in names}
+        if args.baseline:
+            names = ["baseline", *names]
+            environments["baseline"] = stack.enter_context(checkout_of(args.baseline))
+        results = run_rounds(args, names, environments)
+    reference = "baseline" if args.baseline else "fp32-ckpt" if "fp32-ckpt" in names else names[0]
     base = statistics.median(r["tokens_per_s"] for r in results[reference])
     first = results[names[0]][0]
+    if args.baseline:
+        print(f"baseline: fp32 with checkpointing, the trainer at {args.baseline}")
     print(f"SmolLM2-135M-Instruct, one thread; a row of {args.groups} groups x 8 samples, "
           f"{args.prompt}-token prompts, {args.completion}-token completions: "
           f"{first['forwarded_tokens']} forwarded tokens; {args.rounds} rounds x {args.steps} "
@@ -136,6 +171,25 @@ def main() -> None:
               f"| {statistics.median(r['mfu'] for r in results[name]):.2f} "
               f"| {statistics.median(r['optimizer_s'] for r in results[name]):.2f} "
               f"| {max(r['peak_rss_mib'] for r in results[name]):.0f} |")  # fmt: skip
+
+
+def run_rounds(
+    args: argparse.Namespace, names: list[str], environments: dict[str, dict[str, str] | None]
+) -> dict[str, list[dict]]:
+    """Each setting in a process of its own, ``args.rounds`` rounds in alternating order."""
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    for round_ in range(args.rounds):
+        for name in names if round_ % 2 == 0 else list(reversed(names)):
+            command = [sys.executable, __file__, "--one",
+                       "fp32-ckpt" if name == "baseline" else name, "--steps", str(args.steps),
+                       "--groups", str(args.groups), "--prompt", str(args.prompt),
+                       "--completion", str(args.completion)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, check=True,
+                                  env=environments[name])  # fmt: skip
+            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"round {round_ + 1} {name}: "
+                  f"{results[name][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)  # fmt: skip
+    return results
 
 
 if __name__ == "__main__":
