@@ -179,6 +179,11 @@ class SharedServers:
         """The servers with an outage pending, in order."""
         return tuple(i for i in range(len(self)) if not self.routable(i))
 
+    def outages_of(self, servers: Sequence[int]) -> dict[int, int]:
+        """The outages seen so far on each of ``servers``: what a push that lands there
+        covers."""
+        return {i: self.trusts[i].read().outages for i in servers}
+
     def all_gone_since(self) -> float | None:
         """When the last server went away, if none is routable (``time.time()`` seconds),
         else ``None`` (:func:`~asyncgrpo.core.servers.outage.all_gone_since`)."""
@@ -332,7 +337,7 @@ def wait_for_servers_out(
             with several: since the last of them did).
     """
     out = records.out() or tuple(range(len(records)))
-    covering = {i: records.trusts[i].read().outages for i in out}
+    covering = records.outages_of(out)
     if len(records) == 1:
         down_since = records.trusts[0].down_since()
     else:

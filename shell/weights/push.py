@@ -482,7 +482,7 @@ class WeightPusher:
             records = self.servers
             assert records is not None
             if servers is not None:
-                return servers, {i: records.trusts[i].read().outages for i in servers}
+                return servers, records.outages_of(servers)
             back, covering, down_s = wait_for_servers_out(records, self._client,
                                                           self.server_timeout_s)  # fmt: skip
             log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
