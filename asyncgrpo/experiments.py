@@ -11,7 +11,8 @@ and recommended settings for a machine (``plan``).
 The same as ``asyncgrpo sweep``, ``asyncgrpo compare`` and ``asyncgrpo plan``
 (docs/experiments.md). The
 statistics are pure functions in :mod:`asyncgrpo.core.experiments.stats`,
-:mod:`asyncgrpo.core.experiments.curves` and :mod:`asyncgrpo.core.experiments.claims`.
+:mod:`asyncgrpo.core.experiments.curves`, :mod:`asyncgrpo.core.experiments.claims` and
+:mod:`asyncgrpo.core.experiments.verdicts`.
 """
 
 from __future__ import annotations

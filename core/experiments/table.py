@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from asyncgrpo.core.experiments.claims import Selector, Verdict
+from asyncgrpo.core.experiments.claims import Selector
 from asyncgrpo.core.experiments.curves import CollapseRule, Run, Statistic, run_statistic
 from asyncgrpo.core.experiments.stats import (
     DEFAULT_CONFIDENCE,
@@ -41,6 +41,7 @@ from asyncgrpo.core.experiments.stats import (
     compare_settings,
     summarize,
 )
+from asyncgrpo.core.experiments.verdicts import Verdict
 
 
 def format_number(value: float, whole: bool = False) -> str:
@@ -298,7 +299,8 @@ def verdict_table(verdicts: Sequence[Verdict]) -> Table:
     """One row per claim: verdict, claim, confidence, the numbers that decided it.
 
     Example:
-        >>> from asyncgrpo.core.experiments.claims import evaluate_claim, parse_claim
+        >>> from asyncgrpo.core.experiments.claims import parse_claim
+        >>> from asyncgrpo.core.experiments.verdicts import evaluate_claim
         >>> verdict = evaluate_claim(parse_claim("collapsed[] == 0"), [])
         >>> verdict_table([verdict]).rows
         (('undecided', 'collapsed[] == 0', '90%', 'no run matches collapsed[]'),)

@@ -10,7 +10,7 @@ settings) or a run directory (one ``metrics.jsonl``; grouped under its directory
   threshold, the area under the reward curve, collapsed runs and the ``perf/*`` breakdown, each
   a median over seeds with its bootstrap interval (:mod:`asyncgrpo.core.experiments.table`),
   the time to the threshold as a ratio to a baseline setting with its interval, and each
-  claim's verdict (:mod:`asyncgrpo.core.experiments.claims`).
+  claim's verdict (:mod:`asyncgrpo.core.experiments.verdicts`).
 
 The exit status is 1 when a claim fails, so a claim can guard a result in CI or a benchmark.
 Training time is the runs' summed ``perf/step_s`` (start-up left out, alike for every run).
@@ -28,15 +28,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from asyncgrpo.core.experiments.claims import (
-    ClaimSyntaxError,
-    Verdict,
-    evaluate_claims,
-    exit_status,
-    parse_claim,
-)
+from asyncgrpo.core.experiments.claims import ClaimSyntaxError, parse_claim
 from asyncgrpo.core.experiments.curves import Run, Statistic, curve_from_rows
 from asyncgrpo.core.experiments.table import comparison_table, group_runs, markdown, verdict_table
+from asyncgrpo.core.experiments.verdicts import Verdict, evaluate_claims, exit_status
 from asyncgrpo.shell.experiments.sweep import SWEEP_COPY, SweepError, read_index
 from asyncgrpo.shell.run import read_metrics
 

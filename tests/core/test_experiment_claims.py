@@ -7,12 +7,8 @@ from hypothesis import strategies as st
 from asyncgrpo.core.experiments.claims import (
     Claim,
     ClaimSyntaxError,
-    Outcome,
     Selector,
     Term,
-    evaluate_claim,
-    evaluate_claims,
-    exit_status,
     format_claim,
     parse_claim,
     same_setting,
@@ -24,6 +20,12 @@ from asyncgrpo.core.experiments.curves import (
     Run,
     RunCurve,
     Statistic,
+)
+from asyncgrpo.core.experiments.verdicts import (
+    Outcome,
+    evaluate_claim,
+    evaluate_claims,
+    exit_status,
 )
 
 # ------------------------------------------------------------------ parse and format

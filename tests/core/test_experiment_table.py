@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiments.claims import evaluate_claims, parse_claim
+from asyncgrpo.core.experiments.claims import parse_claim
 from asyncgrpo.core.experiments.curves import Censored, CurvePoint, Run, RunCurve, Statistic
 from asyncgrpo.core.experiments.stats import summarize
 from asyncgrpo.core.experiments.table import (
@@ -16,6 +16,7 @@ from asyncgrpo.core.experiments.table import (
     summary_cell,
     verdict_table,
 )
+from asyncgrpo.core.experiments.verdicts import evaluate_claims
 
 
 @given(st.floats(1e-3, 1e9) | st.floats(-1e9, -1e-3))
