@@ -133,9 +133,13 @@ def test_packed_equals_unpacked_on_random_trees(models, samples, seed) -> None:
     assume(len(row.target_ids) > 0)
     packed, unpacked, got, want = compare(models, row, seed=seed)
     # float32 chunked delta rule: chunk boundaries differ packed and unpacked; seen up to
-    # 1.05e-5 on random trees, against > 1e-2 for a leak (the negative control below)
+    # 1.05e-5 on random trees, against > 1e-2 for a leak (the negative control below). The
+    # gradients' rounding reached 3.4e-5 (qwen3_next, one unshared 5-token sample) and 5.7e-5
+    # (qwen3_5_vl) of the largest gradient on trees hypothesis found, and up to 4.0e-5 over 40
+    # random trees per model (2026-12-03), so 2e-5 failed by chance; a leak moves gradients by
+    # about 1e-2. transformers' delta rule computes in float32 even for a float64 model.
     torch.testing.assert_close(packed, unpacked, rtol=0, atol=5e-5)
-    assert_gradients_close(got, want, rel=2e-5)
+    assert_gradients_close(got, want, rel=1e-4)
 
 
 def test_the_stock_layer_leaks_across_samples(models) -> None:
