@@ -131,7 +131,7 @@ def replanning(buffer_sizes=(64, 256, 1024, 4096, 8192), repeats: int = 5) -> No
         queue = step_queue.StepQueue(settings)
         for start in range(0, len(pool), 8):
             queue = step_queue.arrive(queue, pool[start : start + 8], version=0).queue
-            if step_queue.ready(queue, groups_in_flight=1):
+            if step_queue.ready(queue, step_queue.InFlight.of([0]), behind=0):
                 step_queue.take_step(queue)
                 return
 

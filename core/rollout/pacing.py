@@ -96,18 +96,20 @@ class GenerationLedger:
             (on the rollout queue or in the trainer's buffer).
         groups_in_flight: groups started whose scoring has not finished.
         groups_completed: groups completed so far (any outcome).
-        tokens_per_group: running mean of forwarded tokens per completed group; 0 until one
-            completes.
+        largest_group_tokens: the most tokens one completed group put on the queue; 0 until
+            one completes. A group in flight is expected to bring as many: completion lengths
+            vary from group to group, and counting the mean group let groups longer than it
+            push the samples behind them past their last step.
     """
 
     queued_tokens: int = 0
     groups_in_flight: int = 0
     groups_completed: int = 0
-    tokens_per_group: float = 0.0
+    largest_group_tokens: int = 0
 
-    def in_flight_tokens(self) -> float:
-        """Estimated tokens of the groups in flight (mean tokens per completed group)."""
-        return self.groups_in_flight * self.tokens_per_group
+    def in_flight_tokens(self) -> int:
+        """Tokens the groups in flight are expected to bring (each the largest group so far)."""
+        return self.groups_in_flight * self.largest_group_tokens
 
 
 def may_start_group(
@@ -123,7 +125,8 @@ def may_start_group(
 
     Otherwise, before any group completes the size of a group is unknown, so one group runs at a
     time. Afterwards a group starts if queued plus in-flight tokens plus its own expected tokens
-    (the mean group so far) stay within ``allowance``. With nothing queued or in flight a group
+    (each group in flight and the new one counted as the largest so far) stay within
+    ``allowance``. With nothing queued or in flight a group
     may always start, so a small allowance (say ``max_staleness=0``) never deadlocks; nor does a
     full buffer: the trainer takes a step when no group can start
     (:func:`asyncgrpo.core.run.step_queue.ready`).
@@ -139,7 +142,7 @@ def may_start_group(
         >>> may_start_group(GenerationLedger(groups_in_flight=1), 1e9, behind=0, max_staleness=1)
         False
         >>> ledger = GenerationLedger(queued_tokens=800, groups_completed=3,
-        ...                           tokens_per_group=200.0)
+        ...                           largest_group_tokens=200)
         >>> [may_start_group(ledger, a, behind=0, max_staleness=0) for a in (1000.0, 999.0)]
         [True, False]
         >>> [may_start_group(GenerationLedger(), 1e9, behind=1, max_staleness=m) for m in (0, 1)]
@@ -151,7 +154,7 @@ def may_start_group(
         return ledger.groups_in_flight == 0
     if ledger.queued_tokens == 0 and ledger.groups_in_flight == 0:
         return True
-    expected = ledger.queued_tokens + ledger.in_flight_tokens() + ledger.tokens_per_group
+    expected = ledger.queued_tokens + ledger.in_flight_tokens() + ledger.largest_group_tokens
     return expected <= allowance
 
 
@@ -168,13 +171,11 @@ def group_finished(ledger: GenerationLedger, forwarded_tokens: int) -> Generatio
     """
     if ledger.groups_in_flight < 1:
         raise ValueError("group_finished called with no group in flight")
-    completed = ledger.groups_completed + 1
-    mean = ledger.tokens_per_group + (forwarded_tokens - ledger.tokens_per_group) / completed
     return GenerationLedger(
         queued_tokens=ledger.queued_tokens + forwarded_tokens,
         groups_in_flight=ledger.groups_in_flight - 1,
-        groups_completed=completed,
-        tokens_per_group=mean,
+        groups_completed=ledger.groups_completed + 1,
+        largest_group_tokens=max(ledger.largest_group_tokens, forwarded_tokens),
     )
 
 

@@ -5,7 +5,8 @@ Samples arrive group by group (:func:`arrive`). Each one is, exactly once,
 * dropped as **oversize** on arrival when longer than ``token_budget`` (it fits no row);
 * dropped as **stale** when more than ``max_staleness`` weight updates behind the trainer's
   version, on arrival or when the version advances (:func:`advance`);
-* or **trained**: it waits in the buffer, is offered to the incremental planner
+* or **trained**: it waits in the buffer (oldest policy first, so a group that finished late
+  does not queue behind a newer policy's), is offered to the incremental planner
   (:class:`~asyncgrpo.core.run.planner.PlanState`) and leaves with the step that placed it
   (:func:`take_step`).
 
@@ -33,8 +34,9 @@ arrivals in and act on the decisions that come out.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -77,7 +79,8 @@ class StepQueue:
 
     Attributes:
         settings: see :class:`QueueSettings`.
-        buffer: samples waiting, in arrival order; the plan's samples are its first ones.
+        buffer: samples waiting, oldest policy first (arrival order within a policy version);
+            the plan's samples are its first ones.
         plan: the next step's plan over ``buffer`` (the first ``plan.placed`` samples).
         offered: buffer samples the plan has looked at (the rest arrived after it filled).
         buffered_tokens: unpacked tokens in ``buffer``.
@@ -224,30 +227,128 @@ def arrive(queue: StepQueue, group: Sequence[TrainingSample], version: int) -> A
     in_a_row = queue.oversize_in_a_row
     for s in group:
         in_a_row = in_a_row + 1 if len(s.sequence) > queue.settings.token_budget else 0
+    buffer, first_moved = _in_policy_order(queue.buffer, kept)
     queue = attrs.evolve(
         queue,
-        buffer=queue.buffer + kept,
+        buffer=buffer,
         buffered_tokens=queue.buffered_tokens + _tokens(kept),
         largest_group_tokens=max(queue.largest_group_tokens, _tokens(group)),
         oversize_in_a_row=in_a_row,
     )
+    if first_moved < queue.offered:  # an older policy's samples go ahead of planned ones
+        queue = _replanned(queue, queue.buffer, queue.buffered_tokens)
     return Arrival(_offer(queue), stale=moved.stale + stale, oversize=oversize)
 
 
-def ready(queue: StepQueue, groups_in_flight: int, *, behind: int) -> bool:
+def _in_policy_order(
+    buffer: tuple[TrainingSample, ...], kept: tuple[TrainingSample, ...]
+) -> tuple[tuple[TrainingSample, ...], int]:
+    """``buffer`` with ``kept`` added in policy order (oldest ``model_version`` first, arrival
+    order within a version), and the first index whose sample changed (``len(buffer)`` when
+    ``kept`` only extends it).
+
+    Groups finish out of order: one started under an older policy can arrive after groups of a
+    newer one. The generator admitted the newer groups counting the older one as ahead of them,
+    with the newer policy's later deadline, so queued behind them it could miss its own."""
+    versions = [s.model_version for s in (*buffer[-1:], *kept)]
+    if all(a <= b for a, b in itertools.pairwise(versions)):
+        return buffer + kept, len(buffer)
+    merged = tuple(sorted(buffer + kept, key=lambda s: s.model_version))  # stable
+    moved = (i for i, (a, b) in enumerate(zip(buffer, merged, strict=False)) if a is not b)
+    return merged, next(moved, len(buffer))
+
+
+@attrs.frozen
+class InFlight:
+    """The groups the generator has started and not yet delivered, as the trainer sees them.
+
+    Attributes:
+        groups: groups in flight.
+        oldest_version: the policy version of the oldest group in flight; ``None`` when none.
+        at_oldest: groups in flight under that version.
+    """
+
+    groups: int = 0
+    oldest_version: int | None = None
+    at_oldest: int = 0
+
+    @classmethod
+    def of(cls, versions: Iterable[int]) -> InFlight:
+        """The groups in flight under these policy versions (one per group).
+
+        Example:
+            >>> InFlight.of([3, 2, 4, 2])
+            InFlight(groups=4, oldest_version=2, at_oldest=2)
+        """
+        versions = list(versions)
+        if not versions:
+            return cls()
+        oldest = min(versions)
+        return cls(len(versions), oldest, versions.count(oldest))
+
+
+NONE_IN_FLIGHT = InFlight()
+
+
+def ready(queue: StepQueue, in_flight: InFlight, *, behind: int) -> bool:
     """Whether a step should be taken now: the plan is full, or the generator can start no
-    group (``groups_in_flight`` is 0 and buffered tokens plus the largest group exceed the
+    group (no group in flight, and buffered tokens plus the largest group exceed the
     allowance it has while the server's policy is ``behind`` versions behind the steps taken,
     :meth:`StepQueue.allowance_behind`) and the buffer holds something to train. Judged with
     the generator's own allowance, neither side waits on the other: with a smaller one the
-    generator could be stopped while the trainer waits for more."""
+    generator could be stopped while the trainer waits for more. Not while older groups in
+    flight need this step's room (:func:`waits_for_older_groups`)."""
+    if waits_for_older_groups(queue, in_flight):
+        return False
     if queue.plan.full:
         return True
     return (
         bool(queue.buffer)
-        and groups_in_flight == 0
+        and in_flight.groups == 0
         and queue.buffered_tokens + queue.largest_group_tokens > queue.allowance_behind(behind)
     )
+
+
+def waits_for_older_groups(queue: StepQueue, in_flight: InFlight) -> bool:
+    """Whether the step about to be taken (at the queue's ``version``) should wait for the
+    oldest groups in flight: its plan holds samples of a newer policy (or room left), and
+    the steps left before those groups are too stale cannot hold them.
+
+    Groups finish out of order: ones started under an older policy can still be generating
+    while newer groups fill a step. The buffer keeps the oldest policy first, so once they
+    arrive they go ahead of newer samples; but a step taken before they arrive trains the
+    newer samples in their place, and the ``max_staleness`` versions they may lag end
+    before the steps after it can take them all (each step holds ``tokens_per_step``, a
+    group in flight is counted as the largest seen). Waiting costs the time they have left.
+    A step whose plan holds no sample newer than them does not wait: those would still be
+    ahead of them.
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSample, TrainingSequence
+        >>> def new(token):  # a 3-token sample of policy 1
+        ...     seq = TrainingSequence([1, 2, token], [0, 1, 1], [0.0, -1.0, -1.0])
+        ...     return TrainingSample(seq, 1.0, 1, 0, 0, 0, "r")
+        >>> q = arrive(StepQueue(QueueSettings(3, 1, 1, 1)), [new(3), new(4)], version=1).queue
+        >>> q.plan.full, [waits_for_older_groups(q, InFlight(1, v, 1)) for v in (0, 1)]
+        (True, [True, False])
+        >>> waits_for_older_groups(q, NONE_IN_FLIGHT)
+        False
+    """
+    version = in_flight.oldest_version
+    if version is None:
+        return False
+    steps_after = version + queue.settings.max_staleness - queue.version
+    if steps_after < 0:  # too stale whenever they come
+        return False
+    plan = queue.plan
+    if not plan.full:
+        return True
+    if queue.buffer[plan.placed - 1].model_version <= version:
+        return False
+    step = queue.tokens_per_step
+    if step is None:
+        step = float(queue.settings.token_budget * queue.settings.rows_per_step)
+    return in_flight.at_oldest * queue.largest_group_tokens > steps_after * step
 
 
 def take_step(queue: StepQueue) -> TakenStep:

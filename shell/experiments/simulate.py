@@ -327,7 +327,8 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     _apply(state, step_queue.advance(state.steps, state.version))
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
-    if not step_queue.ready(state.steps, len(state.in_flight), behind=state.behind(False)):
+    in_flight = step_queue.InFlight.of(group.version for group in state.in_flight)
+    if not step_queue.ready(state.steps, in_flight, behind=state.behind(False)):
         return None
     step = step_queue.take_step(state.steps)
     state.steps = step.queue

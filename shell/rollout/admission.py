@@ -14,6 +14,7 @@ and :meth:`Admission.finished` as groups end.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ import anyio
 
 from asyncgrpo.core.metrics import Observation, mean
 from asyncgrpo.core.rollout import pacing
+from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout.messages import Channels
 from asyncgrpo.shell.servers import ServerGone, ServerPool, SharedServers
@@ -78,6 +80,7 @@ class Admission:
         self.observe = observe
         self.changes = Changes()
         self.ledger = pacing.GenerationLedger()
+        self.versions: collections.Counter[int] = collections.Counter()  # groups in flight
         self._taken_seen = 0
 
     def route(self, pool: ServerPool) -> int | None:
@@ -99,10 +102,10 @@ class Admission:
         return pacing.may_start_group(self.ledger, allowance, behind=behind,
                                       max_staleness=self.config.max_staleness)  # fmt: skip
 
-    async def admit(self, pool: ServerPool) -> int | None:
+    async def admit(self, pool: ServerPool) -> tuple[int, int] | None:
         """Wait until a server can take a group and the staleness allowance admits it, then
-        count the group in flight there; the server, or ``None`` when the trainer asks to
-        stop."""
+        count the group in flight there; the server and the policy version the group is
+        generated with, or ``None`` when the trainer asks to stop."""
         waited_from: float | None = None
         await anyio.lowlevel.checkpoint()
         while True:
@@ -114,7 +117,9 @@ class Admission:
                 # report the group before looking again: the trainer announces a step before
                 # it looks at the groups in flight, so one of the two sees the other (else a
                 # group admitted as the trainer takes a short step arrives stale)
-                self.channels.report_in_flight(self.ledger.groups_in_flight + 1)
+                self.channels.report_in_flight(
+                    InFlight.of([*self.versions.elements(), self.version_of(server)])
+                )
                 if self.admits(server):
                     break
                 self.report_in_flight()
@@ -122,15 +127,20 @@ class Admission:
             await self.changes.wait()
         if waited_from is not None and self.ledger.groups_completed:
             self.observe(mean("rollout/backpressure_s", time.monotonic() - waited_from))
+        version = self.version_of(server)
         self.ledger = pacing.group_started(self.ledger)
+        self.versions[version] += 1
         self.report_in_flight()
         self._assign(pool, server)
-        return server
+        return server, version
 
-    async def reroute(self, pool: ServerPool, shared_servers: SharedServers) -> int:
-        """A group's server went out of routing: wait for another one that can take the group
-        and move the group there. Gives up ``2 x vllm_server_timeout`` after every server went
-        away (the trainer fails the run after one)."""
+    async def reroute(
+        self, pool: ServerPool, shared_servers: SharedServers, version: int
+    ) -> tuple[int, int]:
+        """A group of policy ``version`` lost its server out of routing: wait for another one
+        that can take the group and move the group there; the server and the policy version
+        the group is generated with again. Gives up ``2 x vllm_server_timeout`` after every
+        server went away (the trainer fails the run after one)."""
         while (server := self.route(pool)) is None:
             self.changes.arm()
             if (server := self.route(pool)) is not None:
@@ -145,7 +155,11 @@ class Admission:
                 )
             await self.changes.wait()
         self._assign(pool, server)
-        return server
+        self._left(version)
+        version = self.version_of(server)
+        self.versions[version] += 1
+        self.report_in_flight()
+        return server, version
 
     def _assign(self, pool: ServerPool, server: int) -> None:
         pool[server].reserved += self.config.num_generations
@@ -156,12 +170,19 @@ class Admission:
         pool[server].reserved -= self.config.num_generations
         self.changes.notify()
 
-    def finished(self, forwarded_tokens: int) -> None:
-        """A group left the ledger: scored (its samples' forwarded tokens), or skipped (0)."""
+    def finished(self, forwarded_tokens: int, version: int) -> None:
+        """A group of policy ``version`` left the ledger: scored (its samples' forwarded
+        tokens), or skipped (0)."""
         self.ledger = pacing.group_finished(self.ledger, forwarded_tokens)
+        self._left(version)
         self.changes.notify()
 
+    def _left(self, version: int) -> None:
+        self.versions[version] -= 1
+        if not self.versions[version]:
+            del self.versions[version]
+
     def report_in_flight(self) -> None:
-        """Tell the trainer how many groups are in flight (after a group's outcome was
+        """Tell the trainer which groups are in flight (after a group's outcome was
         published: the trainer waits for a group counted here to arrive)."""
-        self.channels.report_in_flight(self.ledger.groups_in_flight)
+        self.channels.report_in_flight(InFlight.of(self.versions.elements()))

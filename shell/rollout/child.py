@@ -20,6 +20,7 @@ import anyio
 import attrs
 
 from asyncgrpo.adapters.parent_death import die_with_parent
+from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 from asyncgrpo.shell.servers import (
@@ -32,6 +33,30 @@ from asyncgrpo.shell.servers import (
 
 CONTEXT = mp.get_context("spawn")
 ACTIVITY_BYTES = 2048
+
+IN_FLIGHT_COUNT_BITS = 20  # groups in flight, and groups at the oldest version: each < 2**20
+
+
+def in_flight_word(in_flight: InFlight) -> int:
+    """``in_flight`` as one machine word, written and read whole (no torn read of the count
+    and the version): the groups, the groups at the oldest version, and that version plus
+    one (0: none) from bit ``2 x IN_FLIGHT_COUNT_BITS``."""
+    oldest = 0 if in_flight.oldest_version is None else in_flight.oldest_version + 1
+    bits = IN_FLIGHT_COUNT_BITS
+    return in_flight.groups | in_flight.at_oldest << bits | oldest << 2 * bits
+
+
+def in_flight_of_word(word: int) -> InFlight:
+    """The :class:`~asyncgrpo.core.run.step_queue.InFlight` :func:`in_flight_word` wrote.
+
+    Example:
+        >>> in_flight_of_word(in_flight_word(InFlight(7, 12, 3)))
+        InFlight(groups=7, oldest_version=12, at_oldest=3)
+    """
+    bits = IN_FLIGHT_COUNT_BITS
+    mask = (1 << bits) - 1
+    oldest = word >> 2 * bits
+    return InFlight(word & mask, None if oldest == 0 else oldest - 1, word >> bits & mask)
 
 
 class Wakeup:
@@ -127,8 +152,8 @@ class ProcessChannels:
     def steps_taken(self) -> int:
         return int(self.shared.steps_taken.value)
 
-    def report_in_flight(self, groups: int) -> None:
-        self.shared.in_flight.value = groups
+    def report_in_flight(self, in_flight: InFlight) -> None:
+        self.shared.in_flight.value = in_flight_word(in_flight)
 
     def beat(self, activity: str = "") -> None:
         self.shared.heartbeat.value = time.time()

@@ -30,6 +30,7 @@ import attrs
 from asyncgrpo.core.experiments.evaluation import Evaluation, PromptScore
 from asyncgrpo.core.records import Rollout
 from asyncgrpo.core.rollout.advantages import sum_rewards
+from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.rollout.messages import EvalOutcome
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns
@@ -201,7 +202,7 @@ class _HeldVersion:
     def steps_taken(self) -> int:
         return self.version
 
-    def report_in_flight(self, groups: int) -> None:
+    def report_in_flight(self, in_flight: InFlight) -> None:
         pass
 
     def beat(self, activity: str = "") -> None:

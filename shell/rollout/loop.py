@@ -309,8 +309,8 @@ class AsyncRolloutLoop:
             await self._plan_candidate_sets()
             self.groups = GroupRunner(
                 self.config, self.pool, self.generate_one, self.tool_loop, self.tools,
-                self.prompt_rows, self.admission, self.heartbeat, self._version_of,
-                self.shared_servers, self._observe,
+                self.prompt_rows, self.admission, self.heartbeat, self.shared_servers,
+                self._observe,
             )  # fmt: skip
             self._priority_scheduling = all(
                 [await c.scheduling_policy() == PRIORITY_POLICY for c in clients]
@@ -363,13 +363,16 @@ class AsyncRolloutLoop:
                 continue
             rejected_in_a_row = 0
             assert self.pool is not None
-            server = await self.admission.admit(self.pool)
-            if server is None:
+            admitted = await self.admission.admit(self.pool)
+            if admitted is None:
                 return
+            server, version = admitted
             group_id = self._next_group_id
             self._next_group_id += 1
             assert self.groups is not None
-            tg.start_soon(self.groups.run, send, position, row_index, row, group_id, server)
+            tg.start_soon(
+                self.groups.run, send, position, row_index, row, group_id, server, version
+            )
 
     async def _relay_trainer_changes(self) -> None:
         """Wake the dispatcher whenever the trainer changes what it reads."""
@@ -441,7 +444,7 @@ class AsyncRolloutLoop:
                     log_completions=self.config.log_completions,
                 )  # fmt: skip
                 done = time.monotonic()
-                self.admission.finished(outcome.forwarded_tokens)
+                self.admission.finished(outcome.forwarded_tokens, pending.model_version)
                 where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
                          if self.pool is not None and len(self.pool) > 1 else ())  # fmt: skip
                 self.heartbeat.publish(attrs.evolve(outcome, observations=(

@@ -17,6 +17,7 @@ import attrs
 from asyncgrpo.core.experiments.evaluation import Evaluation
 from asyncgrpo.core.metrics import Observation
 from asyncgrpo.core.records import TrainingSample
+from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.servers import EvalRequest
 
 
@@ -69,7 +70,7 @@ class Channels(Protocol):
 
     def steps_taken(self) -> int: ...
 
-    def report_in_flight(self, groups: int) -> None: ...
+    def report_in_flight(self, in_flight: InFlight) -> None: ...
 
     def beat(self, activity: str = "") -> None:
         """Alive; ``activity`` says what the loop is doing (the calls in flight)."""

@@ -36,7 +36,8 @@ import structlog
 from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.cursor import PromptCursor, restart_cursor
-from asyncgrpo.shell.rollout.child import CONTEXT, SharedState, child_main
+from asyncgrpo.core.run.step_queue import InFlight
+from asyncgrpo.shell.rollout.child import CONTEXT, SharedState, child_main, in_flight_of_word
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 from asyncgrpo.shell.servers import (
@@ -153,7 +154,7 @@ class RolloutProcess:
         shared values are fresh (the dead child may have held their locks), the trainer's
         figures (policy version, steps, step size) carried over. Returns the metrics."""
         assert self._resume_cursor is not None
-        lost = self.groups_in_flight()
+        lost = self.in_flight().groups
         old, self._shared = self._shared, SharedState(self._shared.trust, self._shared.servers,
                                                   self._shared.pin)  # fmt: skip
         for name in ("version", "step_tokens", "steps_taken"):
@@ -248,9 +249,10 @@ class RolloutProcess:
         self._shared.taken.value += tokens  # the trainer is its only writer
         self._shared.wakeup.notify()
 
-    def groups_in_flight(self) -> int:
-        """Groups the loop has started and not yet published (its last report)."""
-        return int(self._shared.in_flight.value)
+    def in_flight(self) -> InFlight:
+        """The groups the loop has started and not yet published, with the oldest one's
+        policy version (its last report)."""
+        return in_flight_of_word(int(self._shared.in_flight.value))
 
     def check_alive(self) -> LoopReport | None:
         """Raise :class:`RolloutWorkerError` if the child failed, stopped beating, or exited

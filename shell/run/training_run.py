@@ -386,17 +386,22 @@ class TrainingRun:
             return RESYNC
         intake.apply(step_queue.advance(intake.queue, self.learner.step))
         intake.drain(wait_s=0.0)
+
+        def ready() -> bool:
+            return step_queue.ready(intake.queue, self.process.in_flight(),
+                                    behind=self.learner.step - self.ledger.version)  # fmt: skip
+
         while True:
-            while not step_queue.ready(intake.queue, self.process.groups_in_flight(),
-                                       behind=self.learner.step - self.ledger.version):  # fmt: skip
+            while not ready():
                 if (interrupted := self._wait_for_samples()) is not None:
                     return interrupted
             # announce the step, then look again: the rollout loop reports a group in flight
             # before its last look at the steps taken, so a group it admitted against the old
             # count shows here, and is waited for instead of arriving stale (a short step is
-            # ready only with no group in flight)
+            # ready only with no group in flight, a full one not while older groups in flight
+            # need its room)
             self.process.set_steps_taken(self.learner.step + 1)
-            if intake.queue.plan.full or not self.process.groups_in_flight():
+            if ready():
                 break
             if (interrupted := self._wait_for_samples()) is not None:
                 self.process.set_steps_taken(self.learner.step)

@@ -20,6 +20,7 @@ from asyncgrpo.adapters.models.causal_lm import tiny_config
 from asyncgrpo.core import metrics
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.rollout import cursor
+from asyncgrpo.core.run.step_queue import NONE_IN_FLIGHT, InFlight
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, _Pipeline, _take_step
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
@@ -58,8 +59,8 @@ class FakeRolloutProcess:
     def step_consumed(self, tokens: float) -> None:
         self.step_sizes.append(tokens)
 
-    def groups_in_flight(self) -> int:
-        return 0
+    def in_flight(self) -> InFlight:
+        return NONE_IN_FLIGHT
 
 
 def _group(position: int, version: int, lengths: list[int]) -> GroupOutcome:
@@ -183,8 +184,10 @@ class SlippedInProcess(FakeRolloutProcess):
         self.slipped: GroupOutcome | None = slipped
         self.steps = 0
 
-    def groups_in_flight(self) -> int:
-        return int(self.steps > 0 and self.slipped is not None)
+    def in_flight(self) -> InFlight:
+        if self.steps > 0 and self.slipped is not None:
+            return InFlight(1, self.slipped.samples[0].model_version, 1)
+        return NONE_IN_FLIGHT
 
     def get(self, wait_s: float) -> GroupOutcome | None:
         if self.steps > 0 and self.slipped is not None:

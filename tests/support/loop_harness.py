@@ -51,8 +51,8 @@ class LocalChannels:
     def steps_taken(self) -> int:
         return self.version  # each step's weights are published as it is taken
 
-    def report_in_flight(self, groups: int) -> None:
-        self.in_flight = groups
+    def report_in_flight(self, in_flight) -> None:
+        self.in_flight = in_flight.groups
 
     def beat(self, activity: str = "") -> None:
         self.beats += 1
