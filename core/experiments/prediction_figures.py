@@ -30,12 +30,16 @@ class PipelineFigures:
         generator_idle_frac: the share of the run the generator ran no request (None when not
             measured: the trainer does not log it; a poller of the server's /metrics or the
             simulator gives it).
+        seconds_per_sample: summed ``perf/step_s`` over the samples trained
+            (``batch/samples_per_step``): the time to ``N`` samples is ``N`` times it (None
+            when no window logs samples).
     """
 
     step_s: float
     staleness: float | None
     trainer_idle_frac: float
     generator_idle_frac: float | None = None
+    seconds_per_sample: float | None = None
 
 
 def pipeline_figures(
@@ -51,9 +55,9 @@ def pipeline_figures(
         ...          "sample/staleness_mean": 1.0}]
         >>> pipeline_figures(rows, skip_windows=0)
         PipelineFigures(step_s=1.5, staleness=1.0, trainer_idle_frac=0.3333333333333333, \
-generator_idle_frac=None)
+generator_idle_frac=None, seconds_per_sample=None)
     """
-    step_total = wait_total = steps_total = 0.0
+    step_total = wait_total = steps_total = samples_total = 0.0
     stale_total = stale_steps = 0.0
     previous = 0
     for index, row in enumerate(rows):
@@ -64,6 +68,7 @@ generator_idle_frac=None)
             continue
         step_total += step_s * steps
         wait_total += (metric_number(row, WAIT) or 0.0) * steps
+        samples_total += (metric_number(row, SAMPLES) or 0.0) * steps
         steps_total += steps
         staleness = metric_number(row, STALENESS)
         if staleness is not None:
@@ -76,6 +81,7 @@ generator_idle_frac=None)
         staleness=stale_total / stale_steps if stale_steps else None,
         trainer_idle_frac=wait_total / step_total if step_total > 0 else 0.0,
         generator_idle_frac=generator_idle_frac,
+        seconds_per_sample=step_total / samples_total if samples_total > 0 else None,
     )
 
 
@@ -110,7 +116,8 @@ class FigureError:
     """One figure, predicted against measured.
 
     Attributes:
-        name: ``step_s``, ``staleness``, ``trainer_idle_frac`` or ``generator_idle_frac``.
+        name: ``step_s``, ``staleness``, ``trainer_idle_frac``, ``generator_idle_frac`` or
+            ``seconds_per_sample``.
         predicted, measured: the values.
         absolute: ``predicted - measured``.
         relative: ``(predicted - measured) / measured``; None when measured is 0 (a relative

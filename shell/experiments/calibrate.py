@@ -77,9 +77,14 @@ def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,
         forwarded = median("batch/forwarded_tokens_per_step", 0.0)
         sample = forwarded / max(median("batch/samples_per_step", 1.0), 1.0)
     prompt = max(1, round(sample - completion))
+    # the longest prompt, from the longest sample against the mean completion (at most 2x the
+    # mean prompt less one: the simulator draws prompts symmetric around the mean)
+    longest_samples = [r.get("sample/forwarded_tokens_max") for r in rows]
+    longest_sample = max((s for s in longest_samples if s is not None), default=0.0)
+    longest_prompt = min(max(prompt, round(longest_sample - completion)), 2 * prompt - 1)
     shortest = max(1, round(median("completions/min_length", completion)))
     longest = max(shortest, round(median("completions/max_length", completion)))
-    budget = config.token_budget or (prompt + config.max_completion_length)
+    budget = config.token_budget or (longest_prompt + config.max_completion_length)
     return SimulationConfig(
         max_steps=int(rows[-1]["step"]),
         dataset_size=SIMULATED_PROMPTS,
@@ -88,11 +93,13 @@ def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,
         weight_sync_steps=config.weight_sync_steps,
         weight_push_overlap=config.weight_push_overlap,
         max_concurrent_rollouts=max(config.max_concurrent_rollouts, config.num_generations),
-        token_budget=max(budget, prompt + longest),
+        token_budget=max(budget, longest_prompt + longest),
         rows_per_step=config.gradient_accumulation_steps,
         prompt_tokens=prompt,
+        longest_prompt_tokens=longest_prompt if longest_prompt > prompt else None,
         min_completion_tokens=shortest,
         max_completion_tokens=longest,
+        mean_completion_tokens=min(max(completion, shortest), longest),
         logging_steps=config.logging_steps if config.logging_steps >= 1 else 1,
         seed=seed,
         num_servers=servers or len(config.server_urls),

@@ -96,8 +96,7 @@ def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_d
     # ticks short enough that a group's generation or training spans TICKS_PER_GROUP of them
     # (a GPU's throughputs make a step of this task milliseconds long)
     group_tokens = simulation.num_generations * (
-        simulation.prompt_tokens
-        + (simulation.min_completion_tokens + simulation.max_completion_tokens) / 2
+        simulation.prompt_tokens + simulation.completion_tokens
     )
     fastest = max(throughputs.generation_tokens_per_s, throughputs.training_tokens_per_s)
     tick_s = min(simulation.tick_s, group_tokens / fastest / TICKS_PER_GROUP)

@@ -69,8 +69,16 @@ class SimulationConfig:
         token_budget: tokens per row.
         rows_per_step: ``gradient_accumulation_steps x num_processes`` (planned as one
             process's micro-batches).
-        prompt_tokens: tokens per prompt.
-        min_completion_tokens, max_completion_tokens: completion lengths, uniform.
+        prompt_tokens: tokens per prompt (the mean, with ``longest_prompt_tokens``).
+        longest_prompt_tokens: the longest prompt; None: every prompt has ``prompt_tokens``.
+            Otherwise a group's prompt length is uniform in ``[2 x prompt_tokens - longest,
+            longest]``: pacing counts a group in flight as the largest so far, so the
+            longest prompts set how many groups a step takes.
+        min_completion_tokens, max_completion_tokens: the shortest and longest completion.
+        mean_completion_tokens: their mean; None: uniform between the two. Otherwise a length
+            is the nearer end with the probability that moves the uniform mean there, else
+            uniform (:meth:`completion_lengths`): a run whose replies mostly stop at
+            ``max_completion_length`` packs as many groups into a step as it measured.
         generation_tokens_per_s: generator throughput shared by all groups in flight (with
             several servers: each server's, shared by its groups).
         num_servers: generation servers, each group routed to one (core.servers.routing).
@@ -96,8 +104,10 @@ class SimulationConfig:
     token_budget: int = 4096
     rows_per_step: int = 1
     prompt_tokens: int = 64
+    longest_prompt_tokens: int | None = None
     min_completion_tokens: int = 8
     max_completion_tokens: int = 128
+    mean_completion_tokens: float | None = None
     generation_tokens_per_s: float = 4500.0
     num_servers: int = 1
     training_tokens_per_s: float = 6000.0
@@ -131,12 +141,74 @@ class SimulationConfig:
                 raise ValueError(f"SimulationConfig.{name} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError("SimulationConfig.max_staleness must be >= 0")
-        longest = self.prompt_tokens + self.max_completion_tokens
+        mean = self.mean_completion_tokens
+        if (
+            mean is not None
+            and not self.min_completion_tokens <= mean <= self.max_completion_tokens
+        ):
+            raise ValueError(
+                f"SimulationConfig.mean_completion_tokens ({mean}) must lie between "
+                f"min_completion_tokens ({self.min_completion_tokens}) and "
+                f"max_completion_tokens ({self.max_completion_tokens})"
+            )
+        if self.longest_prompt_tokens is not None and not (
+            self.prompt_tokens <= self.longest_prompt_tokens < 2 * self.prompt_tokens
+        ):
+            raise ValueError(
+                f"SimulationConfig.longest_prompt_tokens ({self.longest_prompt_tokens}) must be "
+                f"at least prompt_tokens ({self.prompt_tokens}) and below twice it (the "
+                "shortest prompt is 2 x prompt_tokens - longest_prompt_tokens, at least 1)"
+            )
+        longest = (self.longest_prompt_tokens or self.prompt_tokens) + self.max_completion_tokens
         if longest > self.token_budget:
             raise ValueError(
                 f"SimulationConfig.token_budget ({self.token_budget}) is below the longest "
                 f"sample ({longest} tokens); raise token_budget"
             )
+
+    @property
+    def completion_tokens(self) -> float:
+        """The mean completion length, tokens."""
+        if self.mean_completion_tokens is not None:
+            return self.mean_completion_tokens
+        return (self.min_completion_tokens + self.max_completion_tokens) / 2
+
+    def prompt_length(self, rng: np.random.Generator) -> int:
+        """One group's prompt length (``prompt_tokens``, or uniform around it up to
+        ``longest_prompt_tokens``).
+
+        Example:
+            >>> config = SimulationConfig(prompt_tokens=15, longest_prompt_tokens=20)
+            >>> rng = np.random.default_rng(0)
+            >>> lengths = [config.prompt_length(rng) for _ in range(20_000)]
+            >>> min(lengths), max(lengths), round(float(np.mean(lengths)), 1)
+            (10, 20, 15.0)
+        """
+        longest = self.longest_prompt_tokens
+        if longest is None:
+            return self.prompt_tokens
+        return int(rng.integers(2 * self.prompt_tokens - longest, longest + 1))
+
+    def completion_lengths(self, rng: np.random.Generator, count: int) -> list[int]:
+        """``count`` completion lengths in ``[min_completion_tokens, max_completion_tokens]``
+        with mean ``completion_tokens``: uniform, each one replaced by the end on the mean's
+        side with the probability that moves the mean there.
+
+        Example:
+            >>> config = SimulationConfig(min_completion_tokens=8, max_completion_tokens=16,
+            ...                           mean_completion_tokens=15.0)
+            >>> lengths = config.completion_lengths(np.random.default_rng(0), 20_000)
+            >>> min(lengths), max(lengths), round(float(np.mean(lengths)), 1)
+            (8, 16, 15.0)
+        """
+        low, high = self.min_completion_tokens, self.max_completion_tokens
+        lengths = rng.integers(low, high + 1, count)
+        middle, mean = (low + high) / 2, self.completion_tokens
+        if mean == middle:
+            return lengths.tolist()
+        end = high if mean > middle else low
+        at_end = rng.random(count) < (mean - middle) / (end - middle)
+        return np.where(at_end, end, lengths).tolist()
 
 
 @attrs.define
@@ -146,6 +218,7 @@ class _Group:
     version: int
     lengths: list[int]
     remaining: float
+    prompt: int
     server: int = 0
 
 
@@ -237,11 +310,17 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
             state.blocked_since = None
         server = _route(state, training)
         _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
-        lengths = state.rng.integers(
-            c.min_completion_tokens, c.max_completion_tokens + 1, c.num_generations
-        ).tolist()
+        lengths = c.completion_lengths(state.rng, c.num_generations)
         state.in_flight.append(
-            _Group(state.next_position, row, state.policy, lengths, float(sum(lengths)), server)
+            _Group(
+                state.next_position,
+                row,
+                state.policy,
+                lengths,
+                float(sum(lengths)),
+                c.prompt_length(state.rng),
+                server,
+            )
         )
         state.ledger = pacing.group_started(state.ledger)
         state.next_position += 1
@@ -272,7 +351,7 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
         c.num_generations,
     )
     score = advantages.score_group(rewards)
-    prompt = list(range(c.prompt_tokens))
+    prompt = list(range(group.prompt))
     sequences = [
         reconcile_turns([TurnRecord(prompt, outputs, [-1.0] * len(outputs))]).sequences
         for outputs in (state.rng.integers(1000, 2000, n).tolist() for n in group.lengths)

@@ -227,11 +227,15 @@ def test_figures_and_errors():
     assert measured.step_s == pytest.approx(steps.mean())
     assert measured.trainer_idle_frac == pytest.approx(waits.sum() / steps.sum())
     assert measured.staleness == 0.0 and measured.generator_idle_frac == 0.4
-    predicted = PipelineFigures(measured.step_s * 1.08, 0.1, measured.trainer_idle_frac, 0.5)
+    samples = np.array([r["batch/samples_per_step"] for r in rows[1:]])
+    assert measured.seconds_per_sample == pytest.approx(steps.sum() / samples.sum())
+    predicted = PipelineFigures(measured.step_s * 1.08, 0.1, measured.trainer_idle_frac, 0.5,
+                                measured.seconds_per_sample * 0.95)  # fmt: skip
     errors = {e.name: e for e in compare_figures(predicted, measured)}
     assert errors["step_s"].relative == pytest.approx(0.08)
     assert errors["staleness"].relative is None and errors["staleness"].absolute == 0.1
     assert errors["trainer_idle_frac"].relative == pytest.approx(0.0)
     assert errors["generator_idle_frac"].relative == pytest.approx(0.25)
+    assert errors["seconds_per_sample"].relative == pytest.approx(-0.05)
     assert worst_relative_error(tuple(errors.values())) == pytest.approx(0.08)
     assert math.isnan(worst_relative_error((), ["step_s"]))
