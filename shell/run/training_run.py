@@ -397,9 +397,8 @@ class TrainingRun:
                     return interrupted
             # announce the step, then look again: the rollout loop reports a group in flight
             # before its last look at the steps taken, so a group it admitted against the old
-            # count shows here, and is waited for instead of arriving stale (a short step is
-            # ready only with no group in flight, a full one not while older groups in flight
-            # need its room)
+            # count shows here, and is waited for instead of arriving stale (step_queue.ready:
+            # a short step waits for any group in flight, a full one for older ones)
             self.process.set_steps_taken(self.learner.step + 1)
             if ready():
                 break
