@@ -65,7 +65,9 @@ def measure(
         lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
         lambda: iter(state().items()),
     )
-    engine = EngineSync(server.base_url, client, GLOO, source, workers=1, rank=0, timeout_s=600)
+    engine = EngineSync.join(
+        server.base_url, client, GLOO, source, workers=1, rank=0, timeout_s=600
+    )
 
     async def by_disk() -> SyncTimings:
         async with client() as c:

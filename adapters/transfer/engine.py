@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,12 +29,17 @@ from urllib.parse import urlsplit
 
 import torch
 from anyio.from_thread import start_blocking_portal
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerWeightTransferEngine,
+    WeightSource,
+)
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.transfer.plugin import register
+from asyncgrpo.adapters.transfer.streams import record_ready, stream_ordered
 from asyncgrpo.adapters.vllm.auth import bearer
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.server import free_port
@@ -65,7 +71,9 @@ class WeightStream(WeightSource):
 
     Each iteration is one round of that collective. The stream keeps the round it handed out,
     so a sender that fails half way can still run the gathers the other ranks are in
-    (:meth:`finish_round`).
+    (:meth:`finish_round`). Every tensor it hands out is stream-ordered after the weights were
+    last written (:func:`~asyncgrpo.adapters.transfer.streams.stream_ordered`): the sender may
+    pack on a CUDA stream of its own.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class WeightStream(WeightSource):
         self._weights = weights
         self._round: Iterator[tuple[str, torch.Tensor]] | None = None
         self._replay: list[tuple[str, torch.Tensor]] | None = None
+        self._ready: torch.cuda.Event | None = None
 
     def metadata(self) -> list[ParamMeta]:
         if self._replay is not None:  # from the snapshot itself: the model is not touched
@@ -86,20 +95,23 @@ class WeightStream(WeightSource):
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self._replay is not None:
             replay, self._replay = self._replay, None
-            return iter(replay)
-        self._round = iter(self._weights())
+            return stream_ordered(replay, self._ready)
+        self._round = stream_ordered(self._weights(), self._ready)
         return self._round
 
-    def replay(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def replay(self, weights: list[tuple[str, torch.Tensor]],
+               ready: torch.cuda.Event | None = None) -> None:  # fmt: skip
         """The next round yields ``weights`` (a snapshot taken earlier) instead of gathering,
         and the metadata comes from them: only the sender iterates it, no other rank takes
-        part, and the model is not read (the trainer may be training it meanwhile)."""
-        self._replay = weights
+        part, and the model is not read (the trainer may be training it meanwhile). ``ready``
+        completes when the snapshot's copies have (:func:`record_ready`)."""
+        self._replay, self._ready = weights, ready
 
-    def new_round(self) -> None:
+    def new_round(self, ready: torch.cuda.Event | None = None) -> None:
         """Forget the last round: the next :meth:`finish_round` runs a whole one unless this
-        push iterates the stream first."""
-        self._round = None
+        push iterates the stream first. ``ready`` completes once the last write to the weights
+        (the optimizer step) has run."""
+        self._round, self._ready = None, ready
 
     def finish_round(self) -> None:
         """Run to its end the round this push began (a whole round if it began none), so that
@@ -113,6 +125,64 @@ class WeightStream(WeightSource):
 # seconds a leaving trainer waits for the server to close its side of the group (a healthy
 # server answers in well under a second)
 LEAVE_TIMEOUT_S = 5.0
+# seconds a send that outlived its watchdog gets, once its group is aborted, to give up
+# (NCCL's abort ends the kernels it waits in; gloo's shutdown fails its pending broadcast)
+ABORT_GRACE_S = 10.0
+
+
+class WeightSendTimeout(TimeoutError):
+    """A weight send to a server did not finish within ``vllm_server_timeout``; its transfer
+    group was aborted. The push takes it as that server's outage (retried after the server
+    answers, the group opened anew)."""
+
+
+def send_within(send: Callable[[], None], timeout_s: float, abort: Callable[[], None],
+                server: str) -> None:  # fmt: skip
+    """Run ``send`` on a thread of its own and wait at most ``timeout_s`` seconds for it.
+
+    vLLM's NCCL engine blocks in a CUDA stream ``synchronize()`` with no timeout: a server
+    that dies mid-send would hold the trainer forever. On expiry ``abort()`` tears the
+    transfer group down (which ends the blocked NCCL calls), the thread gets
+    :data:`ABORT_GRACE_S` to give up, and :class:`WeightSendTimeout` is raised naming the
+    server and the setting. A send that fails in time raises its own error here.
+
+    The thread takes the caller's CUDA device (a per-thread setting) so that the send
+    allocates, gathers and packs where the caller would have. It is a daemon thread: one that
+    even the abort cannot free stays blocked, but never keeps the process alive.
+
+    Example:
+        >>> send_within(lambda: None, 1.0, abort=lambda: None, server="http://127.0.0.1:8000")
+    """
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    outcome: list[BaseException | None] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            send()
+            outcome.append(None)
+        except BaseException as error:  # handed to the caller below
+            outcome.append(error)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="asyncgrpo-weight-send", daemon=True).start()
+    if not finished.wait(timeout_s):
+        abort()
+        freed = finished.wait(ABORT_GRACE_S)
+        timeout = WeightSendTimeout(
+            f"the weight send to the vLLM server at {server} did not finish within "
+            f"vllm_server_timeout={timeout_s:g} s; its transfer group was aborted and is opened "
+            "anew when the server answers. If the server is healthy but the send is slow "
+            "(a large model, a slow link), raise vllm_server_timeout"
+        )
+        if not freed:
+            timeout.add_note(f"the send was still blocked {ABORT_GRACE_S:g} s after the abort")
+        raise timeout
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
@@ -147,16 +217,43 @@ class EngineSync:
     Args:
         base_url: the server's URL.
         client: makes a :class:`VLLMClient` for it (rank 0 pauses and resumes the server).
-        backend: ``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started with.
-        source: the policy's weights.
-        workers: the server's model workers (``ServerTransfer.workers``).
-        rank: this trainer process's rank; rank 0 sends, the others only gather.
-        timeout_s: longest wait for the handshake and for each round.
-        api_key: the server's API key, or None.
+        engine: the trainer's side of the engine, joined with the server's workers
+            (:meth:`join`); its ``source`` is a :class:`WeightStream`.
+        timeout_s: longest wait for one send (``vllm_server_timeout``): past it the group is
+            aborted and the send raises :class:`WeightSendTimeout`.
+        device: the learner's device; on CUDA every send waits for the writes queued on its
+            current stream before reading the weights.
     """
 
     def __init__(
         self,
+        base_url: str,
+        client: Callable[[], VLLMClient],
+        engine: TrainerWeightTransferEngine[Any],
+        *,
+        timeout_s: float,
+        device: torch.device | None = None,
+    ) -> None:
+        if not isinstance(engine.source, WeightStream):
+            raise TypeError("EngineSync needs an engine whose source is a WeightStream")
+        self.base_url = base_url
+        self.engine = engine
+        self.source: WeightStream = engine.source
+        self.sender = engine.is_sender
+        self.timeout_s = timeout_s
+        self.device = device or torch.device("cpu")
+        # Rank 0 pauses and resumes the server through one client on one event loop, kept for
+        # the run; the transfer runs on a watched thread (send_within) that takes the caller's
+        # device: its gathers are collectives of the trainer's process group.
+        self._portal: Any = None
+        if self.sender:
+            self._portal_context = start_blocking_portal()
+            self._portal = self._portal_context.__enter__()
+            self._client = client()
+
+    @classmethod
+    def join(
+        cls,
         base_url: str,
         client: Callable[[], VLLMClient],
         backend: str,
@@ -166,45 +263,44 @@ class EngineSync:
         rank: int,
         timeout_s: float,
         api_key: str | None = None,
-    ) -> None:
+        device: torch.device | None = None,
+    ) -> EngineSync:
+        """Join a transfer group with the server's ``workers`` (``ServerTransfer.workers``)
+        through ``backend`` (``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started
+        with); ``rank`` is this trainer process's rank (rank 0 sends, the others only gather);
+        ``timeout_s`` bounds the handshake and each send."""
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
-        self.sender = rank == 0
-        self.source = source
-        self._wire = ResumingWeightSyncClient(base_url, timeout=timeout_s, api_key=api_key)
-        self.engine = WeightTransferTrainerFactory.trainer_init(
-            info, client=self._wire, source=source
-        )
-        # Rank 0 pauses and resumes the server through one client on one event loop, kept for
-        # the run; the transfer itself stays on the calling thread (its gathers are collectives
-        # of the trainer's process group and, on GPUs, use the thread's current device).
-        self._portal: Any = None
-        if self.sender:
-            self._portal_context = start_blocking_portal()
-            self._portal = self._portal_context.__enter__()
-            self._client = client()
+        wire = ResumingWeightSyncClient(base_url, timeout=timeout_s, api_key=api_key)
+        engine = WeightTransferTrainerFactory.trainer_init(info, client=wire, source=source)
+        return cls(base_url, client, engine, timeout_s=timeout_s, device=device)
 
     def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:
         """Push the source's current weights (collective; rank 0 gets the timings).
 
-        When rank 0's side fails (the server died: the pause, the stream or the resume fails),
-        rank 0 first runs the gathers of the round the other ranks are still in, then raises:
-        every rank leaves the push after the same collectives."""
+        When rank 0's side fails (the server died: the pause, the stream or the resume fails,
+        or the send outlives its watchdog), rank 0 first runs the gathers of the round the
+        other ranks are still in, then raises: every rank leaves the push after the same
+        collectives."""
+        ready = record_ready(self.device)  # after the optimizer step queued on this stream
         if not self.sender:
+            self.source.new_round(ready)
             self.engine.send_weights()
             return None
-        self.source.new_round()
+        self.source.new_round(ready)
         try:
             return self._send(barrier_s)
         except Exception:
             self.source.finish_round()
             raise
 
-    def send_snapshot(self, weights: list[tuple[str, torch.Tensor]]) -> SyncTimings:
+    def send_snapshot(self, weights: list[tuple[str, torch.Tensor]],
+                      ready: torch.cuda.Event | None = None) -> SyncTimings:  # fmt: skip
         """Rank 0: push a snapshot of the weights taken earlier (the other ranks took part in
-        its gathers then); may run on another thread than the trainer's."""
+        its gathers then); may run on another thread than the trainer's. ``ready`` completes
+        when the snapshot's copies have (:func:`record_ready` after them)."""
         if not self.sender:
             raise RuntimeError("EngineSync.send_snapshot runs on the sending rank (rank 0)")
-        self.source.replay(weights)
+        self.source.replay(weights, ready)
         return self._send(0.0)
 
     def _send(self, barrier_s: float) -> SyncTimings:
@@ -212,7 +308,8 @@ class EngineSync:
         self._portal.call(self._client.admin.pause)
         paused = time.monotonic()
         try:
-            self.engine.send_weights()
+            send_within(self.engine.send_weights, self.timeout_s, self.engine.shutdown,
+                        self.base_url)  # fmt: skip
             self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause
             try:
@@ -233,9 +330,10 @@ class EngineSync:
         handshake."""
         self.engine.shutdown()
         if self.sender:
-            self._wire.timeout = min(self._wire.timeout, LEAVE_TIMEOUT_S)
+            wire = self.engine.client
+            wire.timeout = min(wire.timeout, LEAVE_TIMEOUT_S)
             try:
-                self._wire.shutdown_weight_transfer_engine()
+                wire.shutdown_weight_transfer_engine()
             finally:
                 self._portal.call(self._client.aclose)
                 self._portal_context.__exit__(None, None, None)

@@ -5,9 +5,11 @@ engines of :data:`~asyncgrpo.core.weights.sync.ENGINES` that vLLM does not ship 
 ``asyncgrpo_gloo`` backend, :mod:`asyncgrpo.adapters.transfer.gloo`) by module path, so nothing
 is imported until a server is started with ``--weight-transfer-config '{"backend":
 "asyncgrpo_gloo"}'``; on a CPU server it makes weight updates of routed experts take effect
-(:func:`repack_cpu_experts_on_update`); and on a server given an API key (``--api-key`` or
-``VLLM_API_KEY``) the key guards every route but the probes and metrics, the dev-mode and
-weight-transfer routes included (:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`).
+(:func:`repack_cpu_experts_on_update`); vLLM's NCCL engine leaves the group of an earlier
+trainer before it joins a new one (:func:`leave_earlier_group_on_init`); and on a server
+given an API key (``--api-key`` or ``VLLM_API_KEY``) the key guards every route but the
+probes and metrics, the dev-mode and weight-transfer routes included
+(:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from asyncgrpo.adapters.vllm.auth import guard_every_route
 from asyncgrpo.core.weights.sync import ENGINES
 
 PATCHED = "_asyncgrpo_repacks_cpu_experts"
+LEAVES = "_asyncgrpo_leaves_earlier_group"
 
 
 def register() -> None:
     """Register asyncgrpo's engines with vLLM's worker and trainer factories, fix the CPU experts'
-    weight updates and guard every route with the server's API key (idempotent; a vLLM
-    without weight-transfer engines is left alone)."""
+    weight updates, make the NCCL engine leave an earlier group before it joins a new one and
+    guard every route with the server's API key (idempotent; a vLLM without weight-transfer
+    engines is left alone)."""
     guard_every_route()
     try:
         from vllm.distributed.weight_transfer.factory import (
@@ -41,6 +45,31 @@ def register() -> None:
             with suppress(ValueError):  # already registered in this process
                 factory.register_engine(engine.backend, engine.module, name)
     repack_cpu_experts_on_update()
+    leave_earlier_group_on_init()
+
+
+def leave_earlier_group_on_init() -> None:
+    """Make vLLM's NCCL engine leave the group of an earlier trainer before it joins a new one.
+
+    vLLM 0.32's ``NCCLWeightTransferEngine.init_transfer_engine`` overwrites its communicator
+    without destroying it, so every trainer that restarts (or reconnects after an outage)
+    leaks one NCCL communicator, and its buffers, on each of the server's GPUs. This wraps it
+    to call the engine's own ``shutdown()`` first, as asyncgrpo's gloo engine does.
+    Idempotent; a no-op on a vLLM without that engine."""
+    try:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+    except ImportError:
+        return
+    original = NCCLWeightTransferEngine.init_transfer_engine
+    if getattr(original, LEAVES, False):
+        return
+
+    def init_transfer_engine(self: Any, init_info: Any) -> None:
+        self.shutdown()
+        original(self, init_info)
+
+    setattr(init_transfer_engine, LEAVES, True)
+    NCCLWeightTransferEngine.init_transfer_engine = init_transfer_engine  # type: ignore[method-assign]
 
 
 def repack_cpu_experts_on_update() -> None:

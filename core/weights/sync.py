@@ -44,16 +44,22 @@ class Engine:
         vllm_classes: for an engine vLLM does not ship, the names of its worker-side and
             trainer-side classes in ``module``, which asyncgrpo's vLLM plugin registers; None
             for one of vLLM's own.
+        parallel_sends: whether sends to several servers may run at once. vLLM's NCCL
+            engine packs on CUDA streams it caches per device, shared by every sending
+            thread: sends on them would queue behind each other (and behind a hung server's)
+            whatever the threads, so they go one after another, each under its own timeout.
     """
 
     backend: str
     needs_cuda: bool
     module: str
     vllm_classes: tuple[str, str] | None = None
+    parallel_sends: bool = True
 
 
 ENGINES = (
-    Engine(NCCL, needs_cuda=True, module="asyncgrpo.adapters.transfer.nccl"),
+    Engine(NCCL, needs_cuda=True, module="asyncgrpo.adapters.transfer.nccl",
+           parallel_sends=False),
     Engine(GLOO, needs_cuda=False, module="asyncgrpo.adapters.transfer.gloo",
            vllm_classes=("GlooWeightTransferEngine", "GlooTrainerWeightTransferEngine")),
 )  # fmt: skip

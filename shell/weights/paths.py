@@ -2,9 +2,12 @@
 
 Three implementations share the protocol (``start``, ``sync(version)``, ``reconnect``,
 ``close`` and what they report). Each push names the servers it goes to and returns each
-one's outcome (:data:`Landing`); with several servers the push reaches them in parallel, the
-weights gathered once (the disk path writes one file that every server reloads, the engines
-have one transfer group per server, an adapter is written once and loaded on each):
+one's outcome (:data:`Landing`); with several servers the weights are gathered once (the disk
+path writes one file that every server reloads, the engines have one transfer group per
+server, an adapter is written once and loaded on each) and reach the servers in parallel,
+except through vLLM's NCCL engine, whose sends go one after another
+(:attr:`~asyncgrpo.core.weights.sync.Engine.parallel_sends`); each send is bounded by
+``vllm_server_timeout``, so a hung server costs the others at most that:
 
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
   (:class:`~asyncgrpo.adapters.transfer.files.DiskReload`);
@@ -45,6 +48,7 @@ from asyncgrpo.adapters.transfer.files import (
     slowest,
     write_safetensors,
 )
+from asyncgrpo.adapters.transfer.streams import record_ready
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer, VLLMError
 from asyncgrpo.core.weights import sync as weight_sync
@@ -71,9 +75,11 @@ def landed_timings(landing: Landing) -> SyncTimings | None:
     return slowest(timings) if timings else None
 
 
-def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings]) -> Landing:
-    """``call(i)`` for every server ``i``, in parallel threads when there are several (one is
-    called on this thread); each outcome or its exception."""
+def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings],
+                parallel: bool = True) -> Landing:  # fmt: skip
+    """``call(i)`` for every server ``i``, in parallel threads when there are several and
+    ``parallel`` (else one after another, on this thread); each outcome or its exception. A
+    failed call does not keep the others from theirs."""
     results: Landing = {}
 
     def one(index: int) -> None:
@@ -82,8 +88,9 @@ def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings]) -> L
         except Exception as error:  # that server's outcome; the others go on
             results[index] = error
 
-    if len(servers) == 1:
-        one(servers[0])
+    if len(servers) == 1 or not parallel:
+        for index in servers:
+            one(index)
         return results
     threads = [threading.Thread(target=one, args=(i,), name=f"asyncgrpo-push-{i}", daemon=True)
                for i in servers]  # fmt: skip
@@ -137,10 +144,13 @@ class WeightSync(Protocol):
 @attrs.frozen(eq=False)
 class Snapshot:
     """What one push sends, copied out of the learner: ``weights`` (name to tensor, in send
-    order) for merged weights, ``None`` for an adapter already written to disk."""
+    order) for merged weights, ``None`` for an adapter already written to disk; on CUDA,
+    ``ready`` completes when the copies have (a sender on another stream waits for it:
+    :mod:`asyncgrpo.adapters.transfer.streams`)."""
 
     version: int
     weights: dict[str, Tensor] | None
+    ready: Any = None
 
 
 def _copied(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
@@ -257,10 +267,11 @@ class EngineWeights:
         from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
 
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
-        self.engines[index] = EngineSync(
+        self.engines[index] = EngineSync.join(
             self.urls[index], functools.partial(self.client, index), self.backend, source,
             workers=self.server_workers, rank=self.learner.rank,
             timeout_s=self.args.vllm_server_timeout, api_key=self.args.server_api_key,
+            device=self.learner.device,
         )  # fmt: skip
 
     def sync(self, version: int, barrier_s: float = 0.0,
@@ -282,14 +293,21 @@ class EngineWeights:
             for _ in weights:
                 pass
             return None
-        return Snapshot(version, _copied(weights))
+        copies = _copied(weights)
+        return Snapshot(version, copies, ready=record_ready(self.learner.device))
 
     def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
         if not self.engines:
             raise RuntimeError("EngineWeights.send called before start()")
         assert snapshot.weights is not None
         weights = list(snapshot.weights.items())
-        return each_server(servers, lambda index: self.engines[index].send_snapshot(weights))
+        return each_server(servers, lambda index: self.engines[index].send_snapshot(
+            weights, snapshot.ready), parallel=self._parallel_sends)  # fmt: skip
+
+    @property
+    def _parallel_sends(self) -> bool:
+        engine = weight_sync.engine_named(self.backend)
+        return engine is None or engine.parallel_sends
 
     def snapshot_size(self) -> tuple[int, str]:
         on_device = weight_sync.engine_named(self.backend).needs_cuda
@@ -412,25 +430,39 @@ class AdapterWeights:
 
     def _first_sync(self, version: int, barrier_s: float,
                     servers: Sequence[int]) -> Landing | None:  # fmt: skip
-        outcome: list[Any] = [None]
+        outcome: list[Any] = [None, None]  # the landing (False: merged), the servers' dtype
         try:
             landing = self._adapter_sync(version, barrier_s, servers)
             refused = [e for e in (landing or {}).values() if isinstance(e, VLLMError)]
             if refused:
                 raise refused[0]
-            outcome = [landing]
+            outcome = [landing, None]
         except VLLMError as error:
             log.warning("the server refused a LoRA adapter; syncing merged weights instead "
                         "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
                         f"for adapter sync, --max-loras >= {self.keep + 1})",
                         error=str(error)[:300])  # fmt: skip
-            outcome = [False]
+            outcome = [False, self._served_dtype(servers[0])]
         if self.learner.world_size > 1:
             dist.broadcast_object_list(outcome, src=0)
         self.adapter_mode = outcome[0] is not False
         if self.adapter_mode:
             return outcome[0] if self.learner.rank == 0 else None
+        # merged pushes from now on: refused where the servers' dtype loses the LoRA update
+        self.learner.export.check_merged_pushes(outcome[1])
         return self.merged.sync(version, barrier_s, servers)
+
+    def _served_dtype(self, server: int) -> str | None:
+        """The server's ``model_config.dtype`` (``/server_info``); None when it does not say.
+        Every server of a run serves the same (:func:`~asyncgrpo.shell.servers.check_servers_match`
+        checks it at start)."""
+
+        async def read() -> str | None:
+            async with self.client(server) as client:
+                config = await client.server_config()
+            return str((config or {}).get("model_config", {}).get("dtype") or "") or None
+
+        return anyio.run(read)
 
     def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         """Open the merged path again and (rank 0) load the kept adapter versions again: a

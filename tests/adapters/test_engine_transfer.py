@@ -79,7 +79,7 @@ def sync_rounds(server, model, rounds: int) -> list[float]:
     def client() -> VLLMClient:
         return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
 
-    sync = EngineSync(server.base_url, client, "asyncgrpo_gloo", stream_of(model),
+    sync = EngineSync.join(server.base_url, client, "asyncgrpo_gloo", stream_of(model),
                       workers=1, rank=0, timeout_s=120)  # fmt: skip
     gaps = []
     try:
@@ -127,7 +127,7 @@ def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> N
 
     source = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
                           interrupted_after_three_tensors)  # fmt: skip
-    sync = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
+    sync = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
                       "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=60)  # fmt: skip
     try:
         with pytest.raises(KeyboardInterrupt):

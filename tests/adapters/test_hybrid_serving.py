@@ -111,7 +111,7 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(bf16_server,
     perturb(seed=2)
     assert anyio.run(gap, server) > STALE_GAP
     source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
-    engine = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
+    engine = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
                         "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
     try:
         engine.sync()

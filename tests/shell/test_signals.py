@@ -106,7 +106,7 @@ def engine_sync_goes_through(server, model_path) -> None:
     state = AutoModelForCausalLM.from_pretrained(model_path).state_dict
     stream = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
                           lambda: iter(state().items()))  # fmt: skip
-    sync = EngineSync(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
+    sync = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
                       "asyncgrpo_gloo", stream, workers=1, rank=0, timeout_s=120)  # fmt: skip
     try:
         assert sync.sync() is not None

@@ -1,0 +1,50 @@
+"""Stream order between the tensors a weight push reads and the CUDA streams that send them.
+
+vLLM's NCCL engine packs the weights on side streams it caches per device
+(``packed_nccl_broadcast_producer``), and a side stream does not wait for work queued on any
+other stream: the optimizer step, or the copy of a snapshot, may still be running on the
+trainer's stream when the packing reads the tensor. The server would then get stale or half
+written weights, and nothing would say so.
+
+The remedy is the one CUDA prescribes: record an event on the stream that wrote the tensors
+(:func:`record_ready`), and make whichever stream reads them wait for it
+(:func:`stream_ordered`). The wait is queued on the device, so the trainer's thread does not
+block. On a CPU (the gloo engine, the disk path) both are no-ops.
+
+Example:
+    >>> import torch
+    >>> weights = [("w", torch.ones(2))]
+    >>> ready = record_ready(torch.device("cpu"))  # None: nothing to order on a CPU
+    >>> [name for name, _ in stream_ordered(weights, ready)]
+    ['w']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+
+def record_ready(device: torch.device) -> torch.cuda.Event | None:
+    """An event recorded on ``device``'s current stream now: it completes once everything
+    queued there so far (an optimizer step, a copy) has run. ``None`` on a CPU."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def stream_ordered(
+    pairs: Iterable[tuple[str, torch.Tensor]], ready: torch.cuda.Event | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``pairs``; before each CUDA tensor is handed out, the stream current at that
+    moment (a sender's side stream, when it packs) waits for ``ready``.
+
+    Waiting at every tensor, not once, matters: a sender that packs on several streams (vLLM
+    rotates two) makes each of them current in turn while it iterates."""
+    for name, tensor in pairs:
+        if ready is not None and tensor.is_cuda:
+            torch.cuda.current_stream(tensor.device).wait_event(ready)
+        yield name, tensor
