@@ -35,10 +35,10 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.kernels.backends import (
+    BackendChoice,
     ModelAttention,
     attend,
-    check_backend,
-    default_backend,
+    choose_backend,
 )
 from asyncgrpo.adapters.kernels.gated_delta_net import enable_tree_gated_delta_net
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout, segment_spans, tree_block_mask
@@ -51,19 +51,21 @@ LAYOUT_KWARG = "tree_layout"
 def tree_layout(
     row: PackedRow,
     device: torch.device | str,
-    backend: Backend | None = None,
+    backend: Backend | BackendChoice | None = None,
     shape: ModelAttention | None = None,
 ) -> TreeLayout:
-    """The row's :class:`TreeLayout` on ``device`` for ``backend`` (default: by device and,
-    on CPU, by the row's cost in a model of ``shape``; see :func:`default_backend`).
+    """The row's :class:`TreeLayout` on ``device`` for ``backend``: a name (checked), the run's
+    :class:`~asyncgrpo.adapters.kernels.backends.BackendChoice` (made once, probes nothing), or
+    ``None`` (by device and, on CPU, by the row's cost in a model of ``shape``; see
+    :func:`~asyncgrpo.adapters.kernels.backends.choose_backend`).
 
     Raises:
         ~asyncgrpo.adapters.kernels.backends.BackendUnavailableError: ``backend`` cannot run
             on ``device``.
     """
     device = torch.device(device)
-    backend = backend or default_backend(device, row, shape)
-    check_backend(backend, device)
+    choice = backend if isinstance(backend, BackendChoice) else choose_backend(device, backend)
+    backend = choice.for_row(row, shape)
     cu_q = row.cu_seqlens_q.astype(np.int64)
     cu_k = row.cu_seqlens_k.astype(np.int64)
     return TreeLayout(

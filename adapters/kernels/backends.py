@@ -1,25 +1,31 @@
-"""The tree-attention backends: their kernels, whether each can run here, and the default.
+"""The tree-attention backends: their kernels, what their attention keeps, whether each can run
+here, and the run's choice.
 
 Every kernel takes one packed row's query, key and value (q [H, T, D], k/v [H_kv, T, D]) and its
 :class:`~asyncgrpo.adapters.kernels.layout.TreeLayout`, and returns [T, H, D];
-:func:`attend` dispatches on ``layout.backend``. :func:`default_backend` picks one for a device
-(and, on CPU, for a row), :func:`check_backend` refuses one that cannot run here.
+:func:`attend` dispatches on ``layout.backend``. :func:`choose_backend` makes the run's choice
+once (:class:`BackendChoice`: one backend for every row, or on CPU one per row by cost),
+:func:`check_backend` refuses one that cannot run here. Whether the flash kernel loads is probed
+once per device in a process; a failure is kept with its cause and raised again, never retried
+(``kernels`` installed and the hub unreachable cost one download attempt, not one per forward).
 
-Backends (all compute the same function; see :func:`default_backend` for the choice, on CPU
-row by row by a cost model measured here):
+Backends (all compute the same function; see :func:`choose_backend` for the default, on CPU
+row by row by a cost model measured here), with what their attention keeps for the backward
+(:data:`ATTENTION_MEMORY`, read by the gradient-checkpointing decision,
+:mod:`asyncgrpo.core.packing.memory`):
 
 * ``"dense"``: the reference; ``PackedRow.dense_mask()`` through SDPA. Memory ``T²``.
 * ``"segments"``: the varlen view, looped over segments: each segment's queries against its
   gathered path keys (``kv_indices``, ``cu_seqlens_k``), causal, bottom-right aligned. Memory
-  ``sum_g Lq_g · Lk_g``, the tree's true attention footprint.
+  ``sum_g Lq_g · Lk_g``, the tree's true attention footprint (``T²`` for one long sample).
 * ``"flash_varlen"`` (CUDA): the same gathered varlen view through flash-attention's
   ``flash_attn_varlen_func`` from the ``kernels`` hub (flash-attn3 on Hopper, flash-attn4 on
-  Blackwell); bf16/fp16 only.
+  Blackwell); bf16/fp16 only. Memory ``T`` (the log-sum-exp).
 * ``"flex"`` (CUDA): torch FlexAttention with a block mask from
-  :func:`~asyncgrpo.adapters.kernels.layout.tree_mask_mod`.
+  :func:`~asyncgrpo.adapters.kernels.layout.tree_mask_mod`. Memory ``T``.
 * ``"torch_varlen"`` (CUDA): the gathered varlen view through torch's own
   ``torch.nn.attention.varlen.varlen_attn`` (flash-attention inside torch, no ``kernels``
-  download); bf16/fp16 only, where the installed torch offers it.
+  download); bf16/fp16 only, where the installed torch offers it. Memory ``T``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from transformers import PreTrainedModel
 from asyncgrpo.adapters.kernels.layout import BACKENDS, Backend, TreeLayout
 from asyncgrpo.core.packing.attention_choice import cheaper_backend
 from asyncgrpo.core.packing.flops import query_key_pairs
+from asyncgrpo.core.packing.memory import LINEAR, QUADRATIC, AttentionMemory
 from asyncgrpo.core.packing.tree import PackedRow
 
 # Hub repositories of flash-attention with a varlen entry point, with the kernel versions
@@ -68,33 +75,69 @@ class ModelAttention:
         return cls(heads * head_dim, int(config.num_hidden_layers))
 
 
-def default_backend(
-    device: torch.device | str, row: PackedRow | None = None, shape: ModelAttention | None = None
-) -> Backend:
-    """The backend for ``device`` (and, on CPU, for ``row`` in a model of ``shape``).
+@attrs.frozen
+class BackendChoice:
+    """The run's tree-attention backend, chosen once by :func:`choose_backend`.
 
-    CPU: by cost, row by row (:func:`asyncgrpo.core.packing.attention_choice.cheaper_backend`,
-    measured here): ``"dense"`` for rows of many short samples (one SDPA call instead of one per
-    segment), ``"segments"`` for rows of few long ones (the tree's pairs instead of ``T²``);
-    both are exact. Without a row, ``"segments"``: it consumes the same gathered varlen view
-    (``kv_indices``, ``cu_seqlens``) as the GPU kernel, and its memory follows the tree's
-    attention pairs rather than ``T²``.
-    CUDA: ``"flash_varlen"`` when its kernel loads on this GPU (the first call may download
-    it from the Hugging Face hub through ``kernels``), else ``"flex"``.
+    Attributes:
+        backend: the backend of every row; ``None``: on CPU, ``"dense"`` or ``"segments"``
+            for each row by cost (:func:`~asyncgrpo.core.packing.attention_choice.cheaper_backend`).
+        memory: what its attention keeps for the backward (:data:`ATTENTION_MEMORY`).
+        reason: why, for the run's log; names the cause when the flash kernel failed to load.
     """
-    device = torch.device(device)
-    if device.type != "cuda":
+
+    backend: Backend | None
+    memory: AttentionMemory
+    reason: str
+
+    @property
+    def name(self) -> str:
+        """The backend's name for a log line."""
+        return self.backend or "dense or segments, by row"
+
+    def for_row(self, row: PackedRow | None, shape: ModelAttention | None = None) -> Backend:
+        """The backend of ``row`` in a model of ``shape``; probes nothing. Without a row (and
+        no fixed backend), ``"segments"``: it consumes the same gathered varlen view
+        (``kv_indices``, ``cu_seqlens``) as the GPU kernels."""
+        if self.backend is not None:
+            return self.backend
         if row is None:
             return "segments"
         shape = shape or ModelAttention()
         pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
         return cheaper_backend(row.num_tokens, row.num_segments, pairs,  # type: ignore[return-value]
                                shape.query_width, shape.layers)  # fmt: skip
+
+
+def choose_backend(device: torch.device | str, requested: Backend | None = None) -> BackendChoice:
+    """The tree-attention backend for a run on ``device``: ``requested`` when given (checked),
+    else by device.
+
+    CPU: by cost, row by row (measured here): ``"dense"`` for rows of many short samples (one
+    SDPA call instead of one per segment), ``"segments"`` for rows of few long ones (the tree's
+    pairs instead of ``T²``); both are exact. CUDA: ``"flash_varlen"`` when its kernel loads on
+    this GPU (the first probe may download it from the Hugging Face hub through ``kernels``),
+    else ``"flex"``, with the kernel's failure in the reason. Call it once per run and hand the
+    choice to every forward (:func:`~asyncgrpo.adapters.kernels.attention.tree_layout`).
+
+    Raises:
+        BackendUnavailableError: ``requested`` cannot run on ``device`` (the same error, with
+            its cause, on every call: the probe is not retried).
+        ValueError: ``requested`` is not a backend.
+    """
+    device = torch.device(device)
+    if requested is not None:
+        check_backend(requested, device)
+        return BackendChoice(requested, ATTENTION_MEMORY[requested],
+                             f"attention_backend={requested!r} (given)")  # fmt: skip
+    if device.type != "cuda":
+        by_cost = f"{device.type}: 'dense' or 'segments' by each row's cost"
+        return BackendChoice(None, QUADRATIC, by_cost)
     try:
         _flash_varlen_function(device)
-    except BackendUnavailableError:
-        return "flex"
-    return "flash_varlen"
+    except BackendUnavailableError as error:
+        return BackendChoice("flex", LINEAR, f"'flash_varlen' is unavailable: {error}")
+    return BackendChoice("flash_varlen", LINEAR, "flash-attention's varlen kernel loads here")
 
 
 def check_backend(backend: str, device: torch.device | str) -> None:
@@ -214,6 +257,18 @@ _ATTEND: dict[str, Callable[[Tensor, Tensor, Tensor, TreeLayout, float | None], 
     "torch_varlen": _torch_varlen,
 }
 
+ATTENTION_MEMORY: dict[Backend, AttentionMemory] = {
+    "dense": QUADRATIC,
+    "segments": QUADRATIC,
+    "flash_varlen": LINEAR,
+    "flex": LINEAR,
+    "torch_varlen": LINEAR,
+}
+"""What each backend's attention keeps per layer for the backward: SDPA's weights
+(``heads x T x T``, :data:`~asyncgrpo.core.packing.memory.QUADRATIC`), or only the softmax's
+log-sum-exp (``heads x T``, :data:`~asyncgrpo.core.packing.memory.LINEAR`) where the kernel
+recomputes the weights."""
+
 
 def _varlen_view(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout) -> tuple[Tensor, ...]:
     """The varlen kernels' inputs: queries [T, H, D] in row order and keys/values
@@ -233,8 +288,26 @@ def _compiled_flex_attention() -> Callable[..., Tensor]:
     return torch.compile(flex_attention)
 
 
-@functools.cache
+_FLASH_KERNELS: dict[torch.device, Callable[..., Tensor] | BackendUnavailableError] = {}
+"""Per device, the flash kernel or why it cannot load: probed once per process."""
+
+
 def _flash_varlen_function(device: torch.device) -> Callable[..., Tensor]:
+    """``flash_attn_varlen_func`` for ``device``, probed once (:func:`_probe_flash_varlen`);
+    a failure is kept and raised again with its cause, never retried."""
+    outcome = _FLASH_KERNELS.get(device)
+    if outcome is None:
+        try:
+            outcome = _probe_flash_varlen(device)
+        except BackendUnavailableError as error:
+            outcome = error
+        _FLASH_KERNELS[device] = outcome
+    if isinstance(outcome, BackendUnavailableError):
+        raise outcome.with_traceback(None)  # the kept error; its cause stays in __cause__
+    return outcome
+
+
+def _probe_flash_varlen(device: torch.device) -> Callable[..., Tensor]:
     """``flash_attn_varlen_func`` from the hub kernel for ``device``'s GPU generation."""
     missing = [
         *(["a CUDA device"] if device.type != "cuda" else []),

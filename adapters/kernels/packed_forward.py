@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.attention import LAYOUT_KWARG, TREE_ATTENTION, tree_layout
-from asyncgrpo.adapters.kernels.backends import ModelAttention
+from asyncgrpo.adapters.kernels.backends import BackendChoice, ModelAttention
 from asyncgrpo.adapters.kernels.gated_delta_net import (
     RECURRENT_LAYOUT_KWARG,
     RecurrentTensors,
@@ -62,14 +62,14 @@ class RowTensors:
 def row_tensors(
     row: PackedRow,
     device: torch.device | str,
-    backend: Backend | None = None,
+    backend: Backend | BackendChoice | None = None,
     shape: ModelAttention | None = None,
     conv_kernel: int | None = None,
 ) -> RowTensors:
-    """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend``
-    (default: by device and, on CPU, by the row's cost in a model of ``shape``; see
-    :func:`~asyncgrpo.adapters.kernels.backends.default_backend`) and, when ``conv_kernel``
-    is given (a gated DeltaNet model), the recurrent index tables."""
+    """Convert ``row``'s arrays to tensors on ``device``, with the layout for ``backend`` (a
+    name, the run's choice, or by device and, on CPU, by the row's cost in a model of
+    ``shape``; see :func:`~asyncgrpo.adapters.kernels.attention.tree_layout`) and, when
+    ``conv_kernel`` is given (a gated DeltaNet model), the recurrent index tables."""
 
     def long(array) -> Tensor:
         return torch.tensor(array, dtype=torch.long, device=device)
@@ -116,7 +116,7 @@ def packed_log_probs(
     topk: SamplerTopK | None = None,
     candidate_mask: Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    backend: Backend | None = None,
+    backend: Backend | BackendChoice | None = None,
 ) -> TokenLogProbs:
     """The policy's log-probs at ``row``'s N trained tokens, in ``row.predict_index`` order.
 
@@ -128,7 +128,9 @@ def packed_log_probs(
         topk: the sampler's top-K ids [N, K] at each trained token, on the model's device.
         candidate_mask: bool [N, V] the sampler's candidate sets, on the model's device.
         chunk_size: trained positions per LM-head chunk (>= 1); results do not depend on it.
-        backend: the tree-attention backend; by device when ``None``.
+        backend: the tree-attention backend: a name, the run's choice
+            (:func:`~asyncgrpo.adapters.kernels.backends.choose_backend`, made once), or by
+            device when ``None``.
 
     Returns:
         ``logp`` float [N] and ``topk_logp`` float [N, K] (or ``None``) with gradients to the

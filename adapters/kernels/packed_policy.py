@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.backends import BackendChoice
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
 from asyncgrpo.core.loss.inputs import SamplerTopK
@@ -41,7 +42,11 @@ class PackedPolicy(nn.Module):
     """
 
     def __init__(
-        self, model: PreTrainedModel, temperature: float, chunk_size: int, backend: Backend | None
+        self,
+        model: PreTrainedModel,
+        temperature: float,
+        chunk_size: int,
+        backend: Backend | BackendChoice | None,
     ) -> None:
         super().__init__()
         self.model = model

@@ -182,12 +182,25 @@ class ServerTransfer:
 
     Attributes:
         backend: the ``--weight-transfer-config`` backend, ``None`` when it has none.
-        workers: its model workers (tensor x pipeline x data parallel): the ranks that join the
-            trainer's group.
+        workers: its model workers, the ranks that join the trainer's group: every parallel
+            dimension vLLM multiplies into its world size (:data:`WORKER_DIMENSIONS`).
     """
 
     backend: str | None
     workers: int
+
+
+WORKER_DIMENSIONS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "prefill_context_parallel_size",
+    "data_parallel_size",
+)
+"""The ``parallel_config`` sizes whose product is the server's worker count. vLLM 0.32
+(``vllm/config/parallel.py``) makes its ``world_size`` pipeline x tensor x prefill-context
+parallel, and its weight-transfer group spans ``world_size_across_dp`` (that times data
+parallel); ``decode_context_parallel_size`` reuses the tensor (or prefill-context) ranks and
+adds none."""
 
 
 def server_transfer(vllm_config: Mapping[str, Any]) -> ServerTransfer:
@@ -197,14 +210,16 @@ def server_transfer(vllm_config: Mapping[str, Any]) -> ServerTransfer:
         >>> server_transfer({"weight_transfer_config": {"backend": "nccl"},
         ...                  "parallel_config": {"tensor_parallel_size": 2,
         ...                                      "pipeline_parallel_size": 1,
+        ...                                      "prefill_context_parallel_size": 2,
+        ...                                      "decode_context_parallel_size": 2,
         ...                                      "data_parallel_size": 2}})
-        ServerTransfer(backend='nccl', workers=4)
+        ServerTransfer(backend='nccl', workers=8)
     """
     config = vllm_config.get("weight_transfer_config") or {}
     parallel = vllm_config.get("parallel_config") or {}
     try:
         workers = 1
-        for size in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        for size in WORKER_DIMENSIONS:
             workers *= int(parallel.get(size, 1))
     except (TypeError, ValueError) as error:
         raise VLLMError(f"/server_info: unreadable parallel_config {parallel!r}") from error

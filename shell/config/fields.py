@@ -106,8 +106,9 @@ class AsyncGRPOConfig(TrainingArguments):
     gradient_checkpointing: bool | None = field(
         default=None,
         metadata=_help("Activation checkpointing of the decoder layers. None: on only when a row "
-                       "of token_budget tokens would keep more than a quarter of the free "
-                       "memory without it (logged at start); TRL's default is True."),
+                       "of token_budget tokens (unset: the server's max_model_len) would keep "
+                       "more than a quarter of the free memory without it, with what the "
+                       "attention backend keeps (logged at start); TRL's default is True."),
     )  # fmt: skip
     bf16: bool | None = field(
         default=None,

@@ -32,7 +32,7 @@ weights.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from transformers import PreTrainedModel, set_seed
 
 from asyncgrpo.adapters.host_memory import keep_freed_memory
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
+from asyncgrpo.adapters.kernels.backends import choose_backend
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import DEFAULT_CHUNK_SIZE
 from asyncgrpo.adapters.kernels.packed_policy import (
@@ -90,9 +91,12 @@ from asyncgrpo.core.metrics import (
     summarize,
 )
 from asyncgrpo.core.packing.memory import (
+    ActivationRow,
     CheckpointingChoice,
-    activation_bytes,
+    DecoderShape,
+    DeviceMemory,
     choose_checkpointing,
+    row_tokens,
 )
 from asyncgrpo.core.packing.tree import PackedRow
 from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
@@ -153,8 +157,14 @@ class Learner:
             be None for the default AdamW and ``transformers.get_scheduler`` schedule), as
             TRL's ``optimizers`` argument; not with ``peft_config``.
         device: default :func:`default_device`.
-        attention_backend: tree-attention backend; by device when None.
+        attention_backend: tree-attention backend; by device when None. Chosen once, here
+            (:func:`~asyncgrpo.adapters.kernels.backends.choose_backend`, logged as
+            ``attention backend``), for every row the learner forwards.
         chunk_size: trained positions per LM-head chunk.
+        max_model_len: asks the server's ``max_model_len`` (tokens), the length of the rows
+            when ``token_budget`` is unset; rank 0 calls it once, at start, only to decide
+            gradient checkpointing. None: the model's own context length
+            (``max_position_embeddings``, what ``vllm serve`` serves by default).
 
     Example::
 
@@ -174,6 +184,7 @@ class Learner:
         device: torch.device | str | None = None,
         attention_backend: Backend | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_model_len: Callable[[], int] | None = None,
     ) -> None:
         if peft_config is not None and optimizers[0] is not None:
             raise ValueError(
@@ -195,9 +206,13 @@ class Learner:
         self.objective_settings = config.objective_settings()
         self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics
         self.aux = RouterAuxLoss.for_model(model, config.router_aux_loss_coef)
-        self.model = self._prepare(model, peft_config)
+        self.attention = choose_backend(self.device, attention_backend)  # once: every row's
+        if self.rank == 0:
+            log.info("attention backend", backend=self.attention.name,
+                     reason=self.attention.reason)  # fmt: skip
+        self.model = self._prepare(model, peft_config, max_model_len)
         names = parameter_names(self.model)
-        self.policy = PackedPolicy(self.model, config.temperature, chunk_size, attention_backend)
+        self.policy = PackedPolicy(self.model, config.temperature, chunk_size, self.attention)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         shard(self.policy, mesh, mixed_precision(self.bf16))
         self.optimizer, self.scheduler = optimizers_for(self.model, config, optimizers, names)
@@ -217,10 +232,17 @@ class Learner:
         whole model is trained."""
         return self.model.peft_config["default"].to_dict() if self.is_peft else None
 
-    def _prepare(self, model: PreTrainedModel, peft_config: PeftConfig | None) -> nn.Module:
+    def _prepare(
+        self,
+        model: PreTrainedModel,
+        peft_config: PeftConfig | None,
+        max_model_len: Callable[[], int] | None,
+    ) -> nn.Module:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
         enable_tree_attention(model)
-        checkpointing = decided_on_rank0(lambda: self._checkpointing(model))
+        # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
+        checkpointing = decided_on_rank0(lambda: self._checkpointing(model, max_model_len),
+                                         refusals=(RuntimeError,))  # fmt: skip
         if self.rank == 0:
             log.info("gradient checkpointing", enabled=checkpointing.enabled,
                      reason=checkpointing.reason)  # fmt: skip
@@ -236,22 +258,31 @@ class Learner:
             upcast_trainable(model)
         return model.train()
 
-    def _checkpointing(self, model: PreTrainedModel) -> CheckpointingChoice:
-        """``gradient_checkpointing``, or (None) by the activations a row of ``token_budget``
-        tokens (4096 when unset: the server's default context) keeps against the free memory
-        (:mod:`asyncgrpo.core.packing.memory`)."""
+    def _checkpointing(
+        self, model: PreTrainedModel, max_model_len: Callable[[], int] | None
+    ) -> CheckpointingChoice:
+        """``gradient_checkpointing``, or (None) by the activations the longest row keeps with
+        the run's attention backend against the free memory
+        (:mod:`asyncgrpo.core.packing.memory`): a row of ``token_budget`` tokens, or of the
+        server's ``max_model_len`` when it is unset (rows are filled up to it)."""
+        requested = self.config.gradient_checkpointing
         config = model.config.get_text_config()
         hidden = int(getattr(config, "hidden_size", 0))
         heads = int(getattr(config, "num_attention_heads", 1))
         head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        kept = activation_bytes(
-            self.config.token_budget or 4096, int(getattr(config, "num_hidden_layers", 1)),
-            hidden, kv_heads * head_dim, int(getattr(config, "intermediate_size", 4 * hidden)),
-            heads, 2 if self.bf16 else next(model.parameters()).element_size(),
+        shape = DecoderShape(
+            int(getattr(config, "num_hidden_layers", 1)), hidden, kv_heads * head_dim,
+            int(getattr(config, "intermediate_size", 4 * hidden)), heads,
         )  # fmt: skip
+        budget, context = self.config.token_budget, getattr(config, "max_position_embeddings", 0)
+        served = max_model_len() if requested is None and not budget and max_model_len else None
+        tokens, source = row_tokens(budget, served, context)
+        width = 2 if self.bf16 else next(model.parameters()).element_size()
+        row = ActivationRow(tokens, source, self.attention.name, self.attention.memory, width)
         where = str(self.device) if self.device.type == "cuda" else HOST_MEMORY
-        return choose_checkpointing(self.config.gradient_checkpointing, kept, free_bytes(where))
+        device = DeviceMemory(self.device.type, free_bytes(where))
+        return choose_checkpointing(requested, row, shape, device)
 
     # --- training ------------------------------------------------------------------------
 

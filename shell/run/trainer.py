@@ -57,7 +57,7 @@ from asyncgrpo.shell.run.interrupts import (
 )
 from asyncgrpo.shell.run.publishing import FinalModel, Publisher
 from asyncgrpo.shell.run.training_run import TrainingRun, TrainOutput
-from asyncgrpo.shell.servers import cpus_shared_with_server
+from asyncgrpo.shell.servers import ServerSettings, cpus_shared_with_server
 
 if TYPE_CHECKING:
     from asyncgrpo.core.servers.cpu_plan import CpuPlan
@@ -180,7 +180,9 @@ class AsyncGRPOTrainer:
             failures_outrank_signals() as failing,
             cpus_shared_with_server(self.args, default_device()) as self.cpu_plan,
             Learner(self.model, self.args, peft_config=self.peft_config,
-                    optimizers=self.optimizers) as learner,
+                    optimizers=self.optimizers,
+                    max_model_len=lambda: ServerSettings.of(self.args).max_model_len(
+                        self.model_name)) as learner,
         ):  # fmt: skip
             run = TrainingRun(self._run_inputs(), learner, checkpoint)
             self._publisher.learner = learner

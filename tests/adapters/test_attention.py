@@ -1,6 +1,8 @@
 """Tree attention: the backends agree with the dense reference, the flex mask predicate equals
 the row's dense mask, and misuse fails with errors that name the fix."""
 
+import importlib.util
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from asyncgrpo.adapters.kernels import backends
 from asyncgrpo.adapters.kernels.attention import (
     TREE_ATTENTION,
     enable_tree_attention,
@@ -15,14 +18,16 @@ from asyncgrpo.adapters.kernels.attention import (
     tree_layout,
 )
 from asyncgrpo.adapters.kernels.backends import (
+    ATTENTION_MEMORY,
     BackendUnavailableError,
     check_backend,
-    default_backend,
+    choose_backend,
 )
-from asyncgrpo.adapters.kernels.layout import tree_mask_mod
+from asyncgrpo.adapters.kernels.layout import BACKENDS, tree_mask_mod
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.core.packing.attention_choice import cheaper_backend
 from asyncgrpo.core.packing.flops import query_key_pairs
+from asyncgrpo.core.packing.memory import LINEAR, QUADRATIC
 from asyncgrpo.core.packing.tree import pack_row
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
@@ -77,7 +82,7 @@ def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
 
 
 def test_cpu_default_is_chosen_per_row_by_cost_and_no_transformers_mask_is_built() -> None:
-    assert default_backend("cpu") == "segments"
+    assert choose_backend("cpu").for_row(None) == "segments"
     many_short = pack_row([make_sample([i, i + 1, i + 2], [0, 1, 1]) for i in range(0, 600, 3)])
     one_long = pack_row([make_sample(list(range(2000)), [0] + [1] * 1999)])
     for row in (ROW, many_short, one_long):
@@ -98,6 +103,50 @@ def test_gpu_backend_on_a_machine_without_cuda_names_what_is_missing(backend) ->
     if backend == "flash_varlen":
         with pytest.raises(BackendUnavailableError, match=r"pip install asyncgrpo\[gpu\]"):
             check_backend(backend, "cpu")
+
+
+def test_every_backend_declares_what_its_attention_keeps() -> None:
+    """SDPA keeps the weights (T x T); the varlen kernels and Flex recompute them (T)."""
+    assert set(ATTENTION_MEMORY) == set(BACKENDS)
+    assert {b for b, kind in ATTENTION_MEMORY.items() if kind == QUADRATIC} == {"dense", "segments"}
+    assert {b for b, kind in ATTENTION_MEMORY.items() if kind == LINEAR} == {
+        "flash_varlen", "flex", "torch_varlen"
+    }  # fmt: skip
+    assert choose_backend("cpu").memory == QUADRATIC  # dense or segments, row by row
+    assert choose_backend("cpu", "segments").memory == QUADRATIC
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() or importlib.util.find_spec("kernels") is not None,
+    reason="needs a machine without CUDA and without `kernels`, where the flash probe fails",
+)
+def test_a_failed_flash_probe_is_kept_with_its_cause_and_never_retried(monkeypatch) -> None:
+    """``kernels`` missing (or the hub unreachable): the probe runs once per device, the run
+    falls back to ``"flex"`` naming why, and every later forward gets the kept error."""
+    monkeypatch.setattr(backends, "_FLASH_KERNELS", {}, raising=False)  # a fresh process's
+    probes = []
+    real_find_spec = importlib.util.find_spec
+
+    def counting_find_spec(name, *args, **kwargs):  # the real probe's first step, counted
+        probes.extend([name] if name == "kernels" else [])
+        return real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", counting_find_spec)
+    choice = choose_backend("cuda")  # the run's choice on a GPU machine without `kernels`
+    assert (choice.backend, choice.memory) == ("flex", LINEAR)
+    assert "the `kernels` package" in choice.reason
+    for _ in range(5):  # every row's default, on a device without the run's choice at hand
+        assert choose_backend("cuda").for_row(ROW) == "flex"
+    assert choice.for_row(ROW) == "flex"
+    assert len(probes) == 1
+    errors = []
+    for _ in range(3):  # three forwards that ask for flash_varlen on this CPU
+        with pytest.raises(BackendUnavailableError, match="needs a CUDA device") as caught:
+            tree_layout(ROW, "cpu", "flash_varlen")
+        errors.append(caught.value)
+    assert len(probes) == 2  # one more device, probed once
+    assert errors[0] is errors[1] is errors[2]
+    assert "missing on device cpu: a CUDA device and the `kernels` package" in str(errors[0])
 
 
 def test_unknown_backend_is_named() -> None:

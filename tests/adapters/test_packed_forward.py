@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
-from asyncgrpo.adapters.kernels.backends import default_backend
+from asyncgrpo.adapters.kernels.backends import choose_backend
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs, row_tensors
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.core.loss.inputs import SamplerTopK
@@ -212,7 +212,7 @@ def test_row_tensors_carry_the_row_on_the_device() -> None:
     assert tensors.input_ids.shape == tensors.position_ids.shape == (1, ROW.num_tokens)
     assert tensors.position_ids[0].tolist() == ROW.position_ids.tolist()
     assert tensors.predict_index.dtype == tensors.target_ids.dtype == torch.long
-    assert tensors.layout.backend == default_backend("cpu", ROW)  # by cost: see test_attention
+    assert tensors.layout.backend == choose_backend("cpu").for_row(ROW)  # by cost (test_attention)
 
 
 def test_model_without_tree_attention_is_refused(models) -> None:

@@ -12,7 +12,7 @@ from asyncgrpo.adapters.vllm.client import (
     VLLMClient,
     VLLMError,
 )
-from asyncgrpo.adapters.vllm.replies import parse_metrics
+from asyncgrpo.adapters.vllm.replies import ServerTransfer, parse_metrics, server_transfer
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 
 
@@ -149,6 +149,33 @@ def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
     assert metrics.kv_cache_tokens == 1600
     assert metrics.identity == 1.76452153702e09
     assert parse_metrics(text.replace("process_start", "x")).identity is None
+
+
+def test_the_workers_count_prefill_context_parallel_ranks() -> None:
+    """A server with tensor 2 x prefill-context 2 parallel runs 4 workers, all of which join the
+    trainer's transfer group; decode-context parallel reuses those ranks."""
+    parallel = {"tensor_parallel_size": 2, "pipeline_parallel_size": 1,
+                "prefill_context_parallel_size": 2, "decode_context_parallel_size": 4,
+                "data_parallel_size": 1}  # fmt: skip
+    reply = {"weight_transfer_config": {"backend": "nccl"}, "parallel_config": parallel}
+    assert server_transfer(reply) == ServerTransfer(backend="nccl", workers=4)
+
+
+PARALLEL = ["tensor", "pipeline", "prefill_context", "decode_context", "data"]
+
+
+@pytest.mark.slow(reason="imports vllm.config (about 10 s on 2 cores)")
+@pytest.mark.parametrize(
+    "sizes", [(2, 1, 2, 2, 2), (4, 2, 1, 2, 1), (2, 1, 2, 4, 1), (1, 3, 1, 1, 3), (1, 1, 2, 1, 1)]
+)
+def test_the_workers_are_vllms_own_world_size_across_data_parallel(sizes) -> None:
+    """The count agrees with vLLM's own ``ParallelConfig`` (the installed vLLM's source of the
+    transfer group's size, ``world_size_across_dp``)."""
+    from vllm.config import ParallelConfig
+
+    sizes = {f"{name}_parallel_size": size for name, size in zip(PARALLEL, sizes, strict=True)}
+    vllm_count = ParallelConfig(**sizes).world_size_across_dp
+    assert server_transfer({"parallel_config": sizes}).workers == vllm_count
 
 
 def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) -> None:

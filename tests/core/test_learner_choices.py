@@ -2,12 +2,18 @@
 (or the environment, for the allocator) always wins, and the automatic choice is monotone in
 what it weighs."""
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncgrpo.core.packing.host_memory import MALLOC_ENVIRONMENT, choose_host_memory
 from asyncgrpo.core.packing.memory import (
     ACTIVATION_SHARE,
+    LINEAR,
+    QUADRATIC,
+    ActivationRow,
+    DecoderShape,
+    DeviceMemory,
     activation_bytes,
     choose_checkpointing,
 )
@@ -46,34 +52,53 @@ def test_a_cpu_uses_bf16_only_for_large_models_it_multiplies_faster(
 
 tokens = st.integers(1, 8192)
 widths = st.integers(1, 4096)
+kinds = st.sampled_from([QUADRATIC, LINEAR])
 
 
-@given(tokens, st.integers(1, 64), widths, widths, widths, st.integers(1, 64), tokens)
+def row_of(count, attention, bytes_per_value=2) -> ActivationRow:
+    return ActivationRow(count, "token_budget", "a backend", attention, bytes_per_value)
+
+
+@given(tokens, st.integers(1, 64), widths, widths, widths, st.integers(1, 64), tokens, kinds)
 def test_a_row_keeps_more_with_more_tokens_and_layers(
-    count, layers, hidden, kv_width, intermediate, heads, more
+    count, layers, hidden, kv_width, intermediate, heads, more, attention
 ) -> None:
-    shape = dict(hidden=hidden, kv_width=kv_width, intermediate=intermediate, heads=heads)
-    kept = activation_bytes(count, layers, bytes_per_value=2, **shape)
-    assert activation_bytes(count + more, layers, bytes_per_value=2, **shape) > kept
-    assert activation_bytes(count, 2 * layers, bytes_per_value=2, **shape) == 2 * kept
-    assert activation_bytes(count, layers, bytes_per_value=4, **shape) == 2 * kept
+    shape = DecoderShape(layers, hidden, kv_width, intermediate, heads)
+    kept = activation_bytes(row_of(count, attention), shape)
+    assert activation_bytes(row_of(count + more, attention), shape) > kept
+    assert activation_bytes(row_of(count, attention), attrs.evolve(shape, layers=2 * layers)) == (
+        2 * kept
+    )
+    assert activation_bytes(row_of(count, attention, bytes_per_value=4), shape) == 2 * kept
 
 
 kept_bytes = st.integers(0, 2**40)
 free = st.none() | st.integers(0, 2**40)
+# one layer whose only activation is one head's log-sum-exp, one byte per token (linear
+# attention): a row of ``kept`` tokens keeps ``kept`` bytes
+ONE_BYTE = DecoderShape(layers=1, hidden=0, kv_width=0, intermediate=0, heads=1)
+
+
+def one_byte_row(kept) -> ActivationRow:
+    return ActivationRow(kept, "token_budget", "flex", LINEAR, bytes_per_value=1)
 
 
 @given(st.booleans(), kept_bytes, free)
 def test_configured_checkpointing_is_used_as_given(requested, kept, free_bytes) -> None:
-    assert choose_checkpointing(requested, kept, free_bytes).enabled is requested
+    device = DeviceMemory("cuda", free_bytes)
+    assert choose_checkpointing(requested, one_byte_row(kept), ONE_BYTE, device).enabled is (
+        requested
+    )
 
 
 @given(kept_bytes, free, kept_bytes)
 def test_checkpointing_turns_on_past_a_share_of_free_memory(kept, free_bytes, more) -> None:
-    choice = choose_checkpointing(None, kept, free_bytes)
+    device = DeviceMemory("cuda", free_bytes)
+    assert activation_bytes(one_byte_row(kept), ONE_BYTE) == kept
+    choice = choose_checkpointing(None, one_byte_row(kept), ONE_BYTE, device)
     assert choice.enabled == (free_bytes is None or kept > ACTIVATION_SHARE * free_bytes)
     if choice.enabled:  # a larger row keeps it on
-        assert choose_checkpointing(None, kept + more, free_bytes).enabled
+        assert choose_checkpointing(None, one_byte_row(kept + more), ONE_BYTE, device).enabled
 
 
 @given(

@@ -11,6 +11,7 @@ import torch
 from on_policy import on_policy
 from packing_strategies import make_sample
 from peft import LoraConfig, PeftModel
+from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
 
 from asyncgrpo.adapters.kernels.packed_policy import candidate_mask, sampler_topk
@@ -244,6 +245,27 @@ def test_gradient_checkpointing_recomputes_the_layers(tiny_qwen3, checkpointing)
     layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
     learner.train_step([pack_row([sample])])
     assert len(calls) == (2 if checkpointing else 1)  # the backward runs the forward again
+
+
+def test_checkpointing_is_decided_for_the_servers_rows_and_the_backend_chosen_once(
+    tiny_qwen3,
+) -> None:
+    """No token_budget: rows are filled to the server's max_model_len, so the decision (asked
+    once, on rank 0) is for that row, with the attention backend chosen once for the run."""
+    asked = []
+
+    def served_context() -> int:
+        asked.append(1)
+        return 32768
+
+    with capture_logs() as logs:
+        learner = Learner(load_causal_lm(tiny_qwen3), config(), max_model_len=served_context)
+    reason = next(e["reason"] for e in logs if e["event"] == "gradient checkpointing")
+    assert "a 32,768-token row (the server's max_model_len)" in reason
+    assert "'dense or segments, by row' attention (heads x T x T)" in reason
+    assert asked == [1] and learner.policy.backend is learner.attention
+    backend = next(e for e in logs if e["event"] == "attention backend")
+    assert backend["backend"] == learner.attention.name and backend["reason"]
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
