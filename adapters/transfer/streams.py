@@ -39,12 +39,18 @@ def record_ready(device: torch.device) -> torch.cuda.Event | None:
 def stream_ordered(
     pairs: Iterable[tuple[str, torch.Tensor]], ready: torch.cuda.Event | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``pairs``; before each CUDA tensor is handed out, the stream current at that
-    moment (a sender's side stream, when it packs) waits for ``ready``.
+    """Yield ``pairs``; before each pair is taken from them, the stream current at that moment
+    (a sender's side stream, when it packs) waits for ``ready``.
 
-    Waiting at every tensor, not once, matters: a sender that packs on several streams (vLLM
+    The wait comes before the pair is taken, not after: taking it may itself queue work that
+    reads the weights on the current stream (an FSDP gather, a cast to the export dtype).
+    Waiting at every pair, not once, matters too: a sender that packs on several streams (vLLM
     rotates two) makes each of them current in turn while it iterates."""
-    for name, tensor in pairs:
-        if ready is not None and tensor.is_cuda:
-            torch.cuda.current_stream(tensor.device).wait_event(ready)
-        yield name, tensor
+    pairs = iter(pairs)
+    while True:
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+        pair = next(pairs, None)
+        if pair is None:
+            return
+        yield pair
