@@ -10,6 +10,8 @@ The learner shards the wrapped model with FSDP2 and gathers a full state dict (P
 ``...q_proj.lora_A.default.weight``); the functions here turn that dict into the merged weights
 under the base model's own keys (:func:`merged_state_dict`), or into the adapter-only weights
 that ``PeftModel.save_pretrained`` writes (:func:`adapter_state_dict`).
+:func:`merged_with_lost_update` merges and also counts the update entries that rounding on the
+way to a lower-precision server loses (:mod:`asyncgrpo.core.weights.lora_precision`).
 
 Example::
 
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import torch
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import LoraLayer
@@ -33,6 +36,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.models.vision_language import frozen_prefixes
+from asyncgrpo.core.weights.lora_precision import SAMPLED_ENTRIES, UpdateCounts, lost_update
 
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _LM_HEAD_ERROR = (
@@ -129,16 +133,38 @@ def merged_state_dict(model: PeftModel, full_state_dict: Mapping[str, Tensor]) -
     Returns:
         A state dict that loads into the base architecture (``AutoModelForCausalLM``).
     """
+    return _merged(model, full_state_dict, None)[0]
+
+
+def merged_with_lost_update(
+    model: PeftModel, full_state_dict: Mapping[str, Tensor], then: Sequence[torch.dtype]
+) -> tuple[dict[str, Tensor], UpdateCounts]:
+    """:func:`merged_state_dict`, and the update entries that rounding loses on the way to the
+    server: :func:`~asyncgrpo.core.weights.lora_precision.lost_update` of each merged tensor
+    (float32 merge against its base), through the base's dtype and then ``then`` (the export
+    dtype, the server's dtype), over at most
+    :data:`~asyncgrpo.core.weights.lora_precision.SAMPLED_ENTRIES` strided entries of each,
+    summed."""
+    return _merged(model, full_state_dict, tuple(then))
+
+
+def _merged(
+    model: PeftModel, full_state_dict: Mapping[str, Tensor], then: tuple[torch.dtype, ...] | None
+) -> tuple[dict[str, Tensor], UpdateCounts]:
     merged: dict[str, Tensor] = {}
+    counts = UpdateCounts()
     lora = _lora_modules(model)
     for key, tensor in full_state_dict.items():
         if ".lora_" in key or ".original_module." in key:
             continue
         module_key, _, leaf = key.rpartition(".base_layer.")
         if module_key in lora:
-            tensor = _merge_one(lora[module_key], module_key, leaf, tensor, full_state_dict)
+            exact = _merge_one(lora[module_key], module_key, leaf, tensor, full_state_dict)
+            if then is not None:
+                counts += lost_update(tensor, exact, (tensor.dtype, *then), SAMPLED_ENTRIES)
+            tensor = exact.to(tensor.dtype)
         merged[_base_key(key)] = tensor
-    return merged
+    return merged, counts
 
 
 def adapter_state_dict(
@@ -165,7 +191,8 @@ def _lora_modules(model: PeftModel) -> dict[str, LoraLinear]:
 def _merge_one(
     module: LoraLinear, module_key: str, leaf: str, base: Tensor, state: Mapping[str, Tensor]
 ) -> Tensor:
-    """Merge every active adapter of ``module`` into its base ``weight`` or ``bias``."""
+    """Every active adapter of ``module`` merged into its base ``weight`` or ``bias``, in
+    float32."""
     merged = base.float()
     for adapter in module.active_adapters:
         a = state[f"{module_key}.lora_A.{adapter}.weight"].float()
@@ -176,7 +203,7 @@ def _merge_one(
             merged = merged + scaling * (delta.T if module.fan_in_fan_out else delta)
         elif leaf == "bias" and module.lora_bias.get(adapter, False):
             merged = merged + scaling * state[f"{module_key}.lora_B.{adapter}.bias"].float()
-    return merged.to(base.dtype)
+    return merged
 
 
 def _base_key(key: str) -> str:

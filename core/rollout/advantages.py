@@ -4,8 +4,9 @@ A rollout's total reward is the sum over every source that scored it: each rewar
 the environment's ``get_reward`` and ``Rollout.reward``. A source returning ``None`` is left
 out; a rollout no source scored has reward NaN, gets advantage 0 and is left out of the group's
 mean and standard deviation. A group is dropped (it teaches nothing) when fewer than two of its
-rollouts are scored or when all scored rewards are equal; the decision uses the rewards, never
-the advantages, so a custom ``compute_advantages`` cannot keep a zero-signal group.
+rollouts are scored or when all scored rewards are equal up to float rounding (see
+:func:`has_signal`); the decision uses the rewards, never the advantages, so a custom
+``compute_advantages`` cannot keep a zero-signal group.
 """
 
 from __future__ import annotations
@@ -56,15 +57,65 @@ def sum_rewards(sources: Sequence[RewardColumn], num_rollouts: int) -> np.ndarra
     return total
 
 
+SPREAD_RTOL = 1e-9
+"""Relative tolerance of :func:`has_signal`: a group whose scored rewards spread by at most this
+share of their largest magnitude (plus :data:`SPREAD_ATOL`) is spreadless."""
+
+SPREAD_ATOL = 1e-12
+"""Absolute tolerance of :func:`has_signal`, for rewards that round to about zero (a sum like
+``0.1 + 0.2 - 0.3`` is 5.6e-17, not 0)."""
+
+
+def reward_spread_tolerance(scored: np.ndarray) -> float:
+    """The largest spread of scored rewards that :func:`has_signal` calls rounding noise.
+
+    ``SPREAD_RTOL * max(|r|) + SPREAD_ATOL``. A float64 sum of k parts of magnitude up to m is
+    off by at most about ``k * m * 2.2e-16``; with k up to a few hundred and parts up to 1e4
+    times the total, that stays below 1e-9 of the total. So sums of the same parts in another
+    order, or ``0.1 + 0.2`` against ``0.3`` (5.6e-17 apart), count as equal. Real reward
+    differences are far larger: 1e-6 on scale-1 rewards is 1,000 times the tolerance and keeps
+    its signal. The tolerance grows with the rewards' magnitude, so scaling every reward keeps
+    the decision (above the absolute floor of 1e-12, which only rewards within about 1e-12 of
+    zero reach).
+
+    Args:
+        scored: float64 [n] scored rewards (no NaN).
+
+    Returns:
+        The tolerance, in reward units.
+
+    Example:
+        >>> f"{reward_spread_tolerance(np.array([1.0, -3.0])):.4g}"
+        '3.001e-09'
+    """
+    scale = float(np.max(np.abs(scored))) if scored.size else 0.0
+    return SPREAD_RTOL * scale + SPREAD_ATOL
+
+
 def has_signal(rewards: np.ndarray) -> bool:
-    """Whether a group teaches anything: at least two scored rollouts with unequal rewards.
+    """Whether a group teaches anything: at least two scored rollouts whose rewards differ by
+    more than float rounding.
+
+    The rewards' spread (``max - min`` over the scored rollouts) must exceed
+    :func:`reward_spread_tolerance`: ``SPREAD_RTOL * max(|r|) + SPREAD_ATOL`` (1e-9 relative
+    plus 1e-12). Exact equality would train on rounding noise: ``[1, 1, 1, 1 + 1e-12]``
+    standardises to ``[-0.5, -0.5, -0.5, 1.5]``, as would a reward summed from float parts
+    (``0.1 + 0.2``) against an equal one (``0.3``).
+
+    Args:
+        rewards: float64 [G] total rewards, NaN where unscored.
 
     Example:
         >>> has_signal(np.array([1.0, 1.0, np.nan])), has_signal(np.array([0.0, 1.0]))
         (False, True)
+        >>> has_signal(np.array([0.1 + 0.2, 0.3])), has_signal(np.array([1.0, 1.0 + 1e-6]))
+        (False, True)
     """
     scored = rewards[~np.isnan(rewards)]
-    return scored.size >= 2 and bool(np.any(scored != scored[0]))
+    if scored.size < 2:
+        return False
+    spread = float(np.max(scored) - np.min(scored))
+    return spread > reward_spread_tolerance(scored)
 
 
 def standardize_rewards(rewards: np.ndarray) -> np.ndarray:

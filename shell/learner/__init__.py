@@ -6,6 +6,13 @@ optimizer and schedule (:mod:`.optimization`) and the learner's checkpoint (:mod
 from __future__ import annotations
 
 from asyncgrpo.shell.learner.checkpoint import UnreadableCheckpoint, check_learner_files
+from asyncgrpo.shell.learner.export import LoraPrecisionError
 from asyncgrpo.shell.learner.learner import Learner, StepOutput
 
-__all__ = ["Learner", "StepOutput", "UnreadableCheckpoint", "check_learner_files"]
+__all__ = [
+    "Learner",
+    "LoraPrecisionError",
+    "StepOutput",
+    "UnreadableCheckpoint",
+    "check_learner_files",
+]

@@ -7,6 +7,14 @@ gets the weights, in :attr:`WeightExport.export_dtype`
 (bf16 under bf16 training, as TRL's AsyncGRPOTrainer documentation says). With PEFT the
 exported weights are the merged ones under the base model's keys, unless the adapters alone are
 asked for.
+
+A PEFT run whose server refused adapters (no ``--enable-lora``) pushes merged weights; once the
+weight sync calls :meth:`WeightExport.check_merged_pushes` with the server's dtype, every merged
+push counts the entries of the LoRA update that rounding to the export dtype and the server's
+dtype loses, and raises :class:`LoraPrecisionError` when more than half are lost
+(:mod:`asyncgrpo.core.weights.lora_precision`): the server would sample from a policy the
+trainer does not hold. The count adds two casts and two comparisons of at most 65,536 sampled
+entries per adapted matrix to the merge (costs in docs/weight_sync.md).
 """
 
 from __future__ import annotations
@@ -22,8 +30,23 @@ from torch import Tensor, nn
 
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named, save_weights_as_model
 from asyncgrpo.adapters.models.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
-from asyncgrpo.adapters.models.lora import adapter_state_dict, merged_state_dict
+from asyncgrpo.adapters.models.lora import (
+    adapter_state_dict,
+    merged_state_dict,
+    merged_with_lost_update,
+)
 from asyncgrpo.adapters.models.vision_language import frozen_prefixes, is_synced_weight
+from asyncgrpo.adapters.process_group import decided_on_rank0
+from asyncgrpo.core.weights.lora_precision import (
+    TORCH_DTYPES,
+    UpdateCounts,
+    check_merged_sync,
+)
+from asyncgrpo.core.weights.parity import dtype_name
+
+
+class LoraPrecisionError(RuntimeError):
+    """A merged push of a PEFT model whose LoRA update the server's dtype cannot hold."""
 
 
 class WeightExport:
@@ -41,6 +64,8 @@ class WeightExport:
         self.rank = rank
         self.device = device
         self.bf16 = bf16
+        self.merged_checked = False  # check_merged_pushes was called
+        self.server_dtype: str | None = None  # the servers' dtype then (None: they did not say)
 
     @property
     def is_peft(self) -> bool:
@@ -67,17 +92,48 @@ class WeightExport:
             full = merged_state_dict(self.model, full)
         return {k: self._exported(v) for k, v in full.items()}
 
+    def check_merged_pushes(self, server_dtype: str | None) -> None:
+        """Check every later :meth:`synced_state_dict` of a PEFT model against the servers'
+        dtype (``/server_info``'s ``model_config.dtype``; ``None``: the servers did not say,
+        counted as bfloat16): weight sync calls it when it pushes merged weights."""
+        self.merged_checked = True
+        self.server_dtype = server_dtype
+
     def synced_state_dict(self) -> dict[str, Tensor]:
         """:meth:`full_state_dict` without the weights that never change (a vision-language
         model's frozen vision tower), under the checkpoint's names (:func:`checkpoint_named`):
-        what weight sync sends. Collective, like it."""
+        what weight sync sends. Collective, like it.
+
+        Raises:
+            LoraPrecisionError: on every rank, after :meth:`check_merged_pushes`, when the
+                servers' dtype (or :attr:`export_dtype`) loses more than half of the LoRA
+                update (:func:`~asyncgrpo.core.weights.lora_precision.check_merged_sync`).
+        """
         prefixes = frozen_prefixes(self.model)
+        pushed = self._checked_merge() if self.is_peft and self.merged_checked else None
         return {
             converted_name: converted
-            for name, tensor in self.full_state_dict().items()
+            for name, tensor in (self.full_state_dict() if pushed is None else pushed).items()
             if is_synced_weight(name, prefixes)
             for converted_name, converted in self._checkpoint_named({name: tensor}).items()
         }
+
+    def _checked_merge(self) -> dict[str, Tensor]:
+        """:meth:`full_state_dict` of a PEFT model, the merge counted and checked
+        (collective; every rank gets rank 0's verdict)."""
+        full = gathered_state_dict(self.model)
+        merged: dict[str, Tensor] = {}
+        counts = UpdateCounts()
+        if self.rank == 0:
+            server = TORCH_DTYPES[dtype_name(self.server_dtype)]
+            merged, counts = merged_with_lost_update(self.model, full,
+                                                     (self.export_dtype, server))  # fmt: skip
+        check = decided_on_rank0(
+            lambda: check_merged_sync(counts, self.server_dtype, str(self.export_dtype))
+        )
+        if check.refused:
+            raise LoraPrecisionError(check.message)
+        return {k: self._exported(v) for k, v in merged.items()}
 
     def _checkpoint_named(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
         return checkpoint_named(

@@ -39,7 +39,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_blocking
 from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 from asyncgrpo.core.servers import outage as server_outage
-from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.learner import Learner, LoraPrecisionError
 from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers_out
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
 
@@ -192,8 +192,10 @@ class WeightPusher:
             landed = self._record_failures(landing, "trainer weight sync") if self.rank0 else ()
             return Pushed(self.learner.step, landed_timings(landing) if landing else None,
                           servers=landed, held_s=held_s)  # fmt: skip
-        silent = failure.startswith(ServerNotAnswering.__name__)  # for the whole timeout
-        if at_start or silent:
+        # the only server silent for the whole timeout, or weights no server can hold: the
+        # run ends (a resync would meet the same again)
+        ends_run = failure.startswith((ServerNotAnswering.__name__, LoraPrecisionError.__name__))
+        if at_start or ends_run:
             raise error or RuntimeError(f"the weight push failed on another process: {failure}")
         if self.rank0:
             self._outage_on(tuple(targets), landing, failure, "trainer weight sync")
