@@ -5,21 +5,58 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
+LEARNER_ROWS = ("fwd+bwd tree", "fwd+bwd padding-free", "memory budget 64", "memory budget 128")
+BY_ROW = "dense or segments, by row"
+EVERY_ROW = [
+    ("weights contract", "bf16", "-"),
+    ("weights round trip", "bf16", "-"),
+    ("stream race", "float32", "-"),
+    ("lora merged", "float32", "-"),
+    ("dcp resume", "float32", "dense"),
+    ("parity control", "float32", "causal"),
+    ("parity control", "bfloat16", "causal"),
+    *[("parity", dtype, b) for dtype in ("float32", "bfloat16") for b in ("dense", "segments")],
+    *[("grad parity", "float32", b) for b in ("dense", "segments")],
+    *[(check, "float32", b) for check in LEARNER_ROWS for b in ("dense", "segments")],
+    ("fsdp step checkpointing on", "float32", BY_ROW),
+    ("fsdp step checkpointing decided", "float32", BY_ROW),
+    ("tree vs padded: tree", "float32", "segments"),
+    ("tree vs padded: padding-free", "float32", "segments"),
+    ("tree vs padded: padded", "float32", "sdpa"),
+]
 
-@pytest.mark.slow  # a whole learner in a subprocess: 12-35 s here
+
+@pytest.mark.slow(reason="every check of the script, learners included, in a subprocess")
 def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+                          text=True, timeout=1500)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    checks = {tuple(cell.strip() for cell in line.split("|")[1:4]) for line in table[1:]}
-    for backend in ("dense", "segments"):
-        assert ("parity", "float32", backend) in checks
-        assert ("parity", "bfloat16", backend) in checks
-        assert ("fwd+bwd tree", "bf16", backend) in checks
-        assert ("fwd+bwd padding-free", "bf16", backend) in checks
-        assert ("memory budget 128", "bf16", backend) in checks
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line for line in table[1:]}
+    missing = [key for key in EVERY_ROW if key not in rows]
+    assert not missing, f"rows missing: {missing}\n{done.stdout}"
     assert all(line.rstrip().endswith("| yes |") for line in table[2:]), done.stdout
+    assert "bit-equal" in rows[("weights round trip", "bf16", "-")]
+    assert "(100.0%)" in rows[("fsdp step checkpointing on", "float32", BY_ROW)]
+
+
+def test_the_scripts_chunks_lay_bytes_out_as_the_gloo_engine_does() -> None:
+    """gpu_check packs the weight stream itself (the GPU machine has no vLLM, which the gloo
+    engine's module imports): the same bytes at the same offsets."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu_check
+
+    from asyncgrpo.adapters.transfer import gloo
+
+    odd = torch.randn(2, 3).to(torch.bfloat16)  # 12 bytes: the next tensor starts padded
+    tensors = [torch.randn(3, 5), torch.arange(7), odd, torch.ones(1, dtype=torch.float16)]
+    sizes = [gpu_check.padded_nbytes(t.dtype, tuple(t.shape)) for t in tensors]
+    assert sizes == [gloo.padded_nbytes(t.dtype, tuple(t.shape)) for t in tensors]
+    assert torch.equal(gpu_check.pack(tensors, sizes), gloo.pack(tensors, sizes))
+    metas = [(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
+    unpacked = gpu_check.unpack(gloo.pack(tensors, sizes), metas)
+    assert all(torch.equal(t, u) for t, (_, u) in zip(tensors, unpacked, strict=True))
