@@ -1,12 +1,14 @@
 """The metrics of one scored group, as observations for a metric window.
 
 Everything TRL's AsyncGRPOTrainer logs per rollout or per group at scoring time: ``reward*``,
-``rewards/{name}/*``, ``frac_reward_zero_std``, ``completions/*``, ``rollout/turns_*``,
-``rollout/samples_per_rollout``, ``rollout/fork_frac``, ``rollout/drift_tokens_*`` and, when the
-trainer has tools, ``tools/call_frequency``, ``tools/failure_frequency`` and
-``tools/loop_exhausted_frac``; and the ``sample/*`` metrics of the samples a trainer step
-takes (:func:`sample_observations`). Values measured per rollout or sample carry their
-weight, so a window averages over items (:mod:`asyncgrpo.core.metrics`).
+``rewards/{name}/*`` (with ``rewards/{name}/nonfinite_count``, the NaN or infinite rewards a
+source returned, which count as unscored), ``frac_reward_zero_std``, ``completions/*``,
+``rollout/turns_*``, ``rollout/samples_per_rollout``, ``rollout/fork_frac``,
+``rollout/drift_tokens_*`` and, when the trainer has tools, ``tools/call_frequency``,
+``tools/failure_frequency`` and ``tools/loop_exhausted_frac``; and the ``sample/*`` metrics
+of the samples a trainer step takes (:func:`sample_observations`). Values measured per
+rollout or sample carry their weight, so a window averages over items
+(:mod:`asyncgrpo.core.metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 import numpy as np
 
-from asyncgrpo.core.metrics import Observation, maximum, mean, minimum, ratio
+from asyncgrpo.core.metrics import Observation, maximum, mean, minimum, ratio, total
 from asyncgrpo.core.records import Rollout, TrainingSample
 from asyncgrpo.core.rollout.advantages import GroupScore, duplicate_frac
 from asyncgrpo.core.rollout.reconcile import Reconciled
@@ -37,6 +39,8 @@ class GroupFacts:
         has_tools: whether the trainer exposes tools (tool metrics are logged only then).
         loop_exhausted: per rollout, whether the tool loop stopped at
             ``max_tool_calling_iterations`` while still calling tools.
+        nonfinite_rewards: per named source of ``reward_columns``, how many of its rewards
+            were NaN or infinite (they are ``None`` in its column); a source not named had none.
     """
 
     rollouts: Sequence[Rollout]
@@ -46,6 +50,7 @@ class GroupFacts:
     eos_token_ids: Collection[int]
     has_tools: bool = False
     loop_exhausted: Sequence[bool] = ()
+    nonfinite_rewards: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def _terminated(rollout: Rollout, eos: Collection[int]) -> bool:
@@ -90,6 +95,8 @@ def _reward_observations(facts: GroupFacts) -> list[Observation]:
         obs.append(mean("reward_group_std", score.group_std, weight=kept_samples))
     for source, column in facts.reward_columns.items():
         values = np.array([v for v in column if v is not None], dtype=np.float64)
+        nonfinite = facts.nonfinite_rewards.get(source, 0)
+        obs.append(total(f"rewards/{source}/nonfinite_count", nonfinite))
         if values.size:
             obs.append(mean(f"rewards/{source}/mean", float(values.mean()), weight=values.size))
         if kept_samples and values.size >= 2:

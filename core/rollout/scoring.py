@@ -1,5 +1,9 @@
 """A finished group's reward values checked, and its training samples built.
 
+A reward that is NaN or infinite counts as unscored (None), as TRL's AsyncGRPOTrainer
+(documentation) treats NaN: :func:`check_reward_values` lists where it happened, for the
+caller's warning and ``rewards/<name>/nonfinite_count``.
+
 Both the rollout loop (:mod:`asyncgrpo.shell.rollout.loop`) and the simulator
 (:mod:`asyncgrpo.shell.experiments.simulate`) score a group with these functions, so what the
 simulator predicts is built the same way as what the trainer receives.
@@ -11,24 +15,42 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.rollout.advantages import GroupScore
 
 
-def check_reward_values(name: str, result: Any, num_rollouts: int) -> list[float | None]:
+@attrs.frozen
+class RewardValues:
+    """What one reward source returned for a group, checked.
+
+    Attributes:
+        values: per completion, its reward (float) or None when unscored. A NaN or infinite
+            reward is None: as TRL's AsyncGRPOTrainer (documentation) treats NaN, it leaves the
+            completion unscored by this source rather than ending the run.
+        nonfinite: indices of the completions whose reward was NaN or infinite (their
+            ``values`` entry is None), in order.
+    """
+
+    values: tuple[float | None, ...]
+    nonfinite: tuple[int, ...] = ()
+
+
+def check_reward_values(name: str, result: Any, num_rollouts: int) -> RewardValues:
     """What reward function ``name`` returned for a group of ``num_rollouts`` completions, as
-    one float (or None: unscored) per completion.
+    one float (or None: unscored) per completion; a NaN or infinite value counts as None and is
+    listed in ``nonfinite``.
 
     Raises:
         ValueError: ``result`` is not a list, tuple or numpy array of ``num_rollouts`` values,
-            holds a value that is not a number or None, or holds NaN (the message names the
-            function and the completion, and says what to return instead).
+            or holds a value that is not a number or None (the message names the function and
+            the completion, and says what to return instead).
 
     Example:
-        >>> check_reward_values("accuracy", [1, None, 0.5], 3)
-        [1.0, None, 0.5]
+        >>> check_reward_values("accuracy", [1, None, 0.5, float("nan")], 4)
+        RewardValues(values=(1.0, None, 0.5, None), nonfinite=(3,))
         >>> check_reward_values("accuracy", [1.0], 3)
         Traceback (most recent call last):
         ...
@@ -42,6 +64,7 @@ list with one float (or None) per completion
             "list with one float (or None) per completion"
         )
     rewards: list[float | None] = []
+    nonfinite: list[int] = []
     for index, item in enumerate(result):
         if item is None:
             rewards.append(None)
@@ -53,13 +76,12 @@ list with one float (or None) per completion
                 f"reward function {name!r} returned {item!r} for completion "
                 f"{index}; return a float or None"
             ) from None
-        if math.isnan(number):
-            raise ValueError(
-                f"reward function {name!r} returned NaN for completion "
-                f"{index}; return None to leave it unscored"
-            )
-        rewards.append(number)
-    return rewards
+        if math.isfinite(number):
+            rewards.append(number)
+        else:
+            rewards.append(None)
+            nonfinite.append(index)
+    return RewardValues(tuple(rewards), tuple(nonfinite))
 
 
 def group_samples(

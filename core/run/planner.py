@@ -1,16 +1,25 @@
 """The token-budget planner (TokenBudgetBatcher of TRL's AsyncGRPOTrainer) and a step's metrics.
 
 A step is ``gradient_accumulation_steps`` micro-batches; a micro-batch is one row per process;
-a row is tree-packed (:mod:`asyncgrpo.core.packing.tree`) and holds at most ``token_budget``
-*forwarded* tokens, shared tokens counted once. Samples are placed in the order given:
+a row is tree-packed (:mod:`asyncgrpo.core.packing.tree`). As TRL's AsyncGRPOTrainer
+(documentation) has it, ``token_budget`` bounds two counts of a row: its *forwarded* tokens,
+shared tokens counted once, and its *loss terms*, the trained tokens summed over its samples
+(each sample's trained token is its own term of the loss, shared or not: three identical
+6-token samples with 5 trained tokens each forward 6 tokens and hold 15 loss terms). A sample
+*fits* a row when both stay within the budget. Samples are placed in the order given:
 
 1. a sample longer than ``token_budget`` fits no row: it is dropped and counted
-   (``batch/dropped_oversize_count``);
-2. among the rows that already hold its group (its prompt is there) and that it fits, it goes
-   to the one whose attention cost after adding it is lowest;
-3. else to the row, among those it fits, whose attention cost after adding it is lowest;
-   empty rows count as cost 0, so every process gets work before any row grows, and the most
-   loaded row is raised only when every row would be;
+   (``batch/dropped_oversize_count``); every other sample fits an empty row (its loss terms
+   are at most its tokens);
+2. its *home rows* are the rows of the open micro-batch that already hold its group (its
+   prompt is there). Among those it fits, it goes to the one whose attention cost after
+   adding it is lowest;
+3. else it goes to the row, among those it fits, whose attention cost after adding it is
+   lowest, under the documentation's full-home-row rule: a sample whose home row is full goes
+   to another row only while some row of the micro-batch is empty or when that row's cost
+   after adding it does not exceed the most loaded row's cost (the most loaded row sets the
+   micro-batch's time); a sample of a group no row holds yet has no home row and takes the
+   cheapest row it fits;
 4. else the micro-batch closes and the sample opens the next one. After the step's last
    micro-batch the remaining samples are left for the next step.
 
@@ -53,11 +62,14 @@ def attention_cost(position_ids: np.ndarray) -> int:
 
 @attrs.frozen
 class RowPlan:
-    """Samples of one row (indices into the planner's input), its forwarded tokens and cost."""
+    """Samples of one row (indices into the planner's input), its forwarded tokens (shared
+    tokens once), its loss terms (trained tokens summed over its samples) and its attention
+    cost (query-key pairs)."""
 
     samples: tuple[int, ...] = ()
     tokens: int = 0
     cost: int = 0
+    loss_terms: int = 0
 
 
 @attrs.frozen
@@ -91,7 +103,7 @@ class PlanState:
     """A step planned one sample at a time: :func:`add_sample` places the next sample.
 
     Placement is order-preserving, so the samples a step takes are always a prefix of those
-    added: once a sample fits no row of the last micro-batch the step is ``full`` and every
+    added: once no row of the last micro-batch takes a sample the step is ``full`` and every
     later sample is left for the next step without being looked at. Adding a sample costs a
     look at the open micro-batch's rows only, whatever came before; folding
     :func:`add_sample` over samples gives exactly :func:`plan_step`'s plan.
@@ -142,24 +154,38 @@ def _empty_micro_batch(
     return (RowPlan(),) * num_processes, (frozenset(),) * num_processes, ((),) * num_processes
 
 
-def _choose_row(state: PlanState, tokens: np.ndarray, group_id: int) -> tuple[int, int, int] | None:
-    """(cost after, row, new tokens) of the row the sample goes to, or None if none fits."""
+def _choose_row(
+    state: PlanState, tokens: np.ndarray, loss_terms: int, group_id: int
+) -> tuple[int, int, int] | None:
+    """(cost after, row, new tokens) of the row the sample goes to, or None when the
+    micro-batch closes (rules 2 to 4 of the module docstring)."""
     options: list[tuple[int, int, int]] = []  # (cost after, row, new tokens)
-    with_group: list[tuple[int, int, int]] = []
+    home: list[tuple[int, int, int]] = []
+    has_home = False
     for r, row in enumerate(state.rows):
+        is_home = group_id in state.row_groups[r]
+        has_home = has_home or is_home
         shared = max((shared_positions(tokens, t) for t in state.row_tokens[r]), default=0)
         new_tokens = len(tokens) - shared
-        if row.tokens + new_tokens > state.token_budget:
+        if max(row.tokens + new_tokens, row.loss_terms + loss_terms) > state.token_budget:
             continue
         option = (row.cost + added_cost(len(tokens), shared), r, new_tokens)
         options.append(option)
-        if group_id in state.row_groups[r]:
-            with_group.append(option)
-    return min(with_group or options, default=None)
+        if is_home:
+            home.append(option)
+    if home:
+        return min(home)
+    best = min(options, default=None)
+    if best is None or not has_home or any(not row.samples for row in state.rows):
+        return best
+    most_loaded = max(row.cost for row in state.rows)
+    return best if best[0] <= most_loaded else None  # the full-home-row rule
 
 
-def _placed_in(state: PlanState, tokens: np.ndarray, group_id: int) -> PlanState | None:
-    choice = _choose_row(state, tokens, group_id)
+def _placed_in(state: PlanState, sample: TrainingSample) -> PlanState | None:
+    tokens = sample.sequence.input_ids
+    loss_terms = sample.sequence.num_trained
+    choice = _choose_row(state, tokens, loss_terms, sample.group_id)
     if choice is None:
         return None
     cost_after, r, new_tokens = choice
@@ -168,8 +194,8 @@ def _placed_in(state: PlanState, tokens: np.ndarray, group_id: int) -> PlanState
     return attrs.evolve(
         state,
         rows=_replace(state.rows, r, RowPlan((*row.samples, index), row.tokens + new_tokens,
-                                             cost_after)),
-        row_groups=_replace(state.row_groups, r, state.row_groups[r] | {group_id}),
+                                             cost_after, row.loss_terms + loss_terms)),
+        row_groups=_replace(state.row_groups, r, state.row_groups[r] | {sample.group_id}),
         row_tokens=_replace(state.row_tokens, r, (*state.row_tokens[r], tokens)),
         placed=index + 1,
     )  # fmt: skip
@@ -182,8 +208,8 @@ def _replace(items: tuple, index: int, item: object) -> tuple:
 def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
     """The plan after the next sample (which fits ``token_budget``) is offered to the step.
 
-    It goes to a row of the open micro-batch (rules in the module docstring); if none fits, the
-    micro-batch closes and the sample opens the next one; if that was the step's last
+    It goes to a row of the open micro-batch (rules in the module docstring); if none takes it,
+    the micro-batch closes and the sample opens the next one; if that was the step's last
     micro-batch, the step is ``full`` and the sample is left over. The new sample's index is
     ``state.placed`` (samples are numbered in the order added).
     """
@@ -195,7 +221,7 @@ def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
             f"add_sample: a sample of {len(tokens)} tokens exceeds token_budget "
             f"({state.token_budget}); drop it before planning"
         )
-    placed = _placed_in(state, tokens, sample.group_id)
+    placed = _placed_in(state, sample)
     if placed is not None:
         return placed
     closed = (*state.closed, state.rows)
@@ -204,7 +230,7 @@ def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
     rows, groups, row_tokens = _empty_micro_batch(state.num_processes)
     opened = attrs.evolve(state, closed=closed, rows=rows, row_groups=groups,
                           row_tokens=row_tokens)  # fmt: skip
-    placed = _placed_in(opened, tokens, sample.group_id)
+    placed = _placed_in(opened, sample)
     assert placed is not None  # a sample within the budget fits an empty row
     return placed
 
@@ -219,7 +245,8 @@ def plan_step(
 
     Args:
         samples: candidates in arrival order.
-        token_budget: forwarded tokens per row, shared tokens counted once.
+        token_budget: per row, the most forwarded tokens (shared tokens counted once) and
+            the most loss terms (trained tokens summed over the row's samples).
         num_processes: rows per micro-batch.
         gradient_accumulation_steps: micro-batches per step.
 
@@ -244,7 +271,7 @@ def plan_step(
         fitting.append(index)
         state = add_sample(state, sample)
     micro_batches = tuple(
-        tuple(RowPlan(tuple(fitting[i] for i in row.samples), row.tokens, row.cost) for row in mb)
+        tuple(attrs.evolve(row, samples=tuple(fitting[i] for i in row.samples)) for row in mb)
         for mb in state.micro_batches
     )
     return StepPlan(micro_batches, tuple(dropped), tuple(fitting[state.placed :]))
@@ -277,12 +304,19 @@ def batch_metrics(
         dropped_oversize: samples the planner dropped as longer than the budget.
 
     Per-step values are sums over the step; per-row values are means over its rows.
+
+    ``batch/masked_token_frac`` counts what TRL's AsyncGRPOTrainer (documentation) counts:
+    of the forwarded tokens, the share that is not trained, with tokens counted as the
+    documentation's words count them, per sample (a sample's forwarded tokens are all its
+    tokens, prompt and tool results included; its trained tokens are those the loss is taken
+    over). So it is ``1 - sum(trained) / sum(tokens)`` over the step's samples, as
+    ``sample/trained_tokens_mean`` over ``sample/forwarded_tokens_mean`` has it, and packing
+    does not move it: a prompt shared by a group counts once per sample.
     """
     rows = [row for mb in micro_batches for row in mb]
     filled = [row for row in rows if row is not None]
     forwarded = sum(row.num_tokens for row in filled)
     unpacked = sum(row.unpacked_tokens for row in filled)
-    trained_positions = sum(len(row.trained_rows) for row in filled)
     row_tokens = [0 if row is None else row.num_tokens for row in rows]
     imbalance: list[float] = []
     padding: list[float] = []
@@ -294,13 +328,15 @@ def batch_metrics(
         if max(lengths) > 0:
             padding.append(1.0 - sum(lengths) / (len(lengths) * max(lengths)))
     samples = [sample for row in filled for sample in row.samples]
+    sample_tokens = sum(len(s.sequence) for s in samples)
+    sample_trained = sum(s.sequence.num_trained for s in samples)
     return {
         "batch/forwarded_tokens_per_step": float(forwarded),
         "batch/trained_tokens_per_step": float(sum(len(row.target_ids) for row in filled)),
         "batch/samples_per_step": float(len(samples)),
         "batch/groups_per_step": float(len({s.group_id for s in samples})),
         "batch/microbatches_per_step": float(len(micro_batches)),
-        "batch/masked_token_frac": 1.0 - trained_positions / forwarded if forwarded else 0.0,
+        "batch/masked_token_frac": 1.0 - sample_trained / sample_tokens if samples else 0.0,
         "batch/samples_per_row": len(samples) / len(rows) if rows else 0.0,
         "batch/row_tokens_mean": float(np.mean(row_tokens)) if rows else 0.0,
         "batch/row_tokens_max": float(max(row_tokens, default=0)),

@@ -347,7 +347,7 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
     p_success = 1.0 / (1.0 + math.exp(-(state.skill - state.difficulty[group.row])))
     successes = state.rng.binomial(1, p_success, c.num_generations).astype(float).tolist()
     rewards = advantages.sum_rewards(
-        [check_reward_values("simulated success", successes, c.num_generations)],
+        [check_reward_values("simulated success", successes, c.num_generations).values],
         c.num_generations,
     )
     score = advantages.score_group(rewards)

@@ -4,7 +4,9 @@ summed, the advantages computed, the samples built and the group's metrics gathe
 The reward functions of a group run concurrently (synchronous ones in threads); a raising
 function fails the run with its name, and its values are checked by
 :func:`asyncgrpo.core.rollout.scoring.check_reward_values`. The environments' ``get_reward`` values
-are a column per environment type. The samples are built by
+are a column per environment type, checked the same way. A NaN or infinite reward counts as
+unscored (None): :class:`NonfiniteRewardWarnings` warns once per source, and the group's metrics
+count them (``rewards/<name>/nonfinite_count``). The samples are built by
 :func:`asyncgrpo.core.rollout.scoring.group_samples`, as the simulator builds them.
 """
 
@@ -19,17 +21,20 @@ from typing import Any
 import anyio
 import attrs
 import numpy as np
+import structlog
 
 from asyncgrpo.core.records import Rollout, RolloutGroup
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.advantages import score_group, sum_rewards
 from asyncgrpo.core.rollout.metrics import GroupFacts, group_observations
 from asyncgrpo.core.rollout.reconcile import reconcile_turns
-from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
+from asyncgrpo.core.rollout.scoring import RewardValues, check_reward_values, group_samples
 from asyncgrpo.shell.rollout.messages import GroupOutcome
 from asyncgrpo.shell.rollout.tools import is_async, reward_names
 
 RewardColumns = dict[str, list[float | None]]
+
+log = structlog.get_logger("asyncgrpo.rollout")
 
 
 @attrs.define
@@ -54,17 +59,18 @@ def reward_kwargs(pending: PendingGroup) -> dict[str, list[Any]]:
     return {k: [v] * len(pending.rollouts) for k, v in pending.row.items() if k != "prompt"}
 
 
-async def reward_columns(
+async def reward_values(
     pending: PendingGroup,
     reward_funcs: Sequence[Callable[..., Any]],
     doing: Callable[[str, tuple[int, int]], AbstractContextManager[None]],
-) -> RewardColumns:
-    """One checked column of rewards per reward function and per environment type, by name
-    (sorted), each with one value (or None) per rollout.
+) -> dict[str, RewardValues]:
+    """The checked rewards of each reward function and each environment type, by name
+    (sorted), each with one value (or None) per rollout and the rollouts whose reward was NaN
+    or infinite (unscored).
 
     Raises:
         RuntimeError: a reward function raised (names it; the cause is chained).
-        ValueError: a reward function returned a wrong number of values, NaN or a non-number.
+        ValueError: a reward function returned a wrong number of values or a non-number.
     """
     g = len(pending.rollouts)
     kwargs = reward_kwargs(pending)
@@ -74,7 +80,7 @@ async def reward_columns(
         completion_ids=[list(r.completion_ids) for r in pending.rollouts],
         **kwargs,
     )
-    columns: RewardColumns = {}
+    values: dict[str, RewardValues] = {}
 
     async def call(fn: Callable[..., Any], name: str) -> None:
         try:
@@ -87,32 +93,69 @@ async def reward_columns(
             raise RuntimeError(
                 f"reward function {name!r} raised {type(error).__name__}: {error}"
             ) from error
-        columns[name] = check_reward_values(name, result, g)
+        values[name] = check_reward_values(name, result, g)
 
     async with anyio.create_task_group() as tg:
         for fn, name in zip(reward_funcs, reward_names(reward_funcs), strict=True):
             tg.start_soon(call, fn, name)
     env_rewards = pending.env_rewards
     for env_type in {e[0] for e in env_rewards if e is not None}:
-        columns[env_type.__name__] = [
-            e[1] if e is not None and e[0] is env_type else None for e in env_rewards
-        ]
-    return {name: columns[name] for name in sorted(columns)}
+        column = [e[1] if e is not None and e[0] is env_type else None for e in env_rewards]
+        values[env_type.__name__] = check_reward_values(env_type.__name__, column, g)
+    return {name: values[name] for name in sorted(values)}
+
+
+async def reward_columns(
+    pending: PendingGroup,
+    reward_funcs: Sequence[Callable[..., Any]],
+    doing: Callable[[str, tuple[int, int]], AbstractContextManager[None]],
+) -> RewardColumns:
+    """The columns of :func:`reward_values` alone (evaluations: a NaN or infinite reward is
+    unscored there too, without a warning or count)."""
+    checked = await reward_values(pending, reward_funcs, doing)
+    return {name: list(column.values) for name, column in checked.items()}
+
+
+@attrs.define
+class NonfiniteRewardWarnings:
+    """Warns once per reward source (reward function or environment type) that returned a NaN
+    or infinite reward, naming it and the prompt of the first group where it did; the rewards
+    themselves are already unscored (None). Kept by the scoring task, so a rollout process
+    warns once per source."""
+
+    warned: set[str] = attrs.field(factory=set)
+
+    def check(self, pending: PendingGroup, values: Mapping[str, RewardValues]) -> None:
+        """Warn for each source of ``values`` with a non-finite reward not warned about yet."""
+        for name, column in values.items():
+            if not column.nonfinite or name in self.warned:
+                continue
+            self.warned.add(name)
+            prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
+            log.warning(
+                f"reward function {name!r} returned NaN or an infinite reward; it counts as "
+                "unscored (None), and rewards/<name>/nonfinite_count counts them; return None "
+                "for a completion the function cannot score (warned once per function)",
+                reward=name, completions=list(column.nonfinite), row=pending.row_index,
+                prompt=prompt[:200],
+            )  # fmt: skip
 
 
 def scored_outcome(
     pending: PendingGroup,
-    columns: RewardColumns,
+    values: Mapping[str, RewardValues],
     compute_advantages: Callable[[RolloutGroup], np.ndarray],
     *,
     eos_token_ids: frozenset[int],
     has_tools: bool,
     log_completions: bool,
 ) -> GroupOutcome:
-    """The group's outcome for the trainer: rewards summed over ``columns`` and the rollouts'
-    own, advantages by ``compute_advantages`` (the loop's hook), samples (none for a group
-    without signal), the group's metrics and, with ``log_completions``, its texts."""
+    """The group's outcome for the trainer: rewards summed over ``values`` (by source, from
+    :func:`reward_values`) and the rollouts' own, advantages by ``compute_advantages`` (the
+    loop's hook), samples (none for a group without signal), the group's metrics and, with
+    ``log_completions``, its texts."""
     g = len(pending.rollouts)
+    columns = {name: list(column.values) for name, column in values.items()}
     rollout_rewards = [r.reward for r in pending.rollouts]
     rewards = sum_rewards([*columns.values(), rollout_rewards], g)
     reconciled = [reconcile_turns(r.turns) for r in pending.rollouts]
@@ -144,6 +187,7 @@ def scored_outcome(
         reconciled=reconciled,
         score=score,
         reward_columns=columns,
+        nonfinite_rewards={name: len(column.nonfinite) for name, column in values.items()},
         eos_token_ids=eos_token_ids,
         has_tools=has_tools,
         loop_exhausted=[bool(r.completion and r.completion[-1].get("tool_calls"))

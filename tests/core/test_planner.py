@@ -1,13 +1,15 @@
 from collections import Counter
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from packing_strategies import make_sample, sample_sets
 
 from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.run.planner import (
     BATCH_METRICS,
+    PlanState,
+    add_sample,
     added_cost,
     attention_cost,
     batch_metrics,
@@ -19,6 +21,18 @@ from asyncgrpo.core.run.planner import (
 plans = st.tuples(
     sample_sets(max_groups=6), st.integers(4, 40), st.integers(1, 3), st.integers(1, 3)
 )
+
+# TRL's AsyncGRPOTrainer (documentation): the budget also bounds a row's loss terms. Three
+# identical 6-token samples (5 trained tokens each) forward 6 tokens but hold 15 loss terms.
+IDENTICAL = [make_sample([1, 2, 3, 4, 5, 6], [0, 1, 1, 1, 1, 1], rollout=f"r{i}") for i in range(3)]
+
+# The documentation's full-home-row rule: two processes, budget 10; the third sample's home row
+# (the first's) is full, no row is empty, and the other row would become the most loaded.
+HOME_FULL = [
+    make_sample([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], group=0),
+    make_sample([9, 9], [0, 1], group=1),
+    make_sample([1, 2, 7, 7, 7, 7], [0, 0, 1, 1, 1, 1], group=0),
+]
 
 
 @given(plans)
@@ -34,29 +48,62 @@ def test_every_sample_is_placed_dropped_or_left_exactly_once(case) -> None:
 
 
 @given(plans)
+@example((IDENTICAL, 6, 1, 3))  # negative control: one row of 15 loss terms without the bound
 def test_budget_holds_and_planned_tokens_and_cost_match_the_packed_row(case) -> None:
     samples, budget, processes, accumulation = case
     plan = plan_step(samples, budget, processes, accumulation)
     for mb in plan.micro_batches:
         for row in mb:
             if not row.samples:
-                assert row.tokens == row.cost == 0
+                assert row.tokens == row.cost == row.loss_terms == 0
                 continue
             packed = pack_row([samples[i] for i in row.samples])
             assert packed.num_tokens == row.tokens <= budget
+            assert len(packed.target_ids) == row.loss_terms <= budget  # trained tokens, summed
             assert attention_cost(packed.position_ids) == row.cost
             assert packed.unpacked_tokens >= packed.num_tokens
 
 
+def _offer(rows, offered, sample, budget):
+    """Per open row: (it fits, cost after adding ``sample``), from the packed row itself;
+    ``offered`` are the samples offered to the plan so far (a row holds indices into it)."""
+    offers = []
+    for row in rows:
+        packed = pack_row([*(offered[i] for i in row.samples), sample])
+        fits = max(packed.num_tokens, len(packed.target_ids)) <= budget
+        offers.append((fits, attention_cost(packed.position_ids)))
+    return offers
+
+
 @given(plans)
-def test_a_micro_batch_closes_only_when_the_next_sample_fits_no_row(case) -> None:
+@example((HOME_FULL, 10, 2, 2))  # negative control: placed in the other row without the rule
+def test_each_sample_goes_where_the_documentation_places_it(case) -> None:
+    """Rules 2 to 4 of the planner, checked sample by sample against packed rows: the cheapest
+    home row it fits; else the cheapest row it fits, which a sample with a full home row takes
+    only while a row is empty or when it does not exceed the most loaded row; else the
+    micro-batch closes (and a sample fitting no row always closes it)."""
     samples, budget, processes, accumulation = case
-    plan = plan_step(samples, budget, processes, accumulation)
-    firsts = [min(i for row in mb for i in row.samples) for mb in plan.micro_batches]
-    for mb, first_next in zip(plan.micro_batches, firsts[1:], strict=False):
-        for row in mb:
-            packed = pack_row([samples[i] for i in (*row.samples, first_next)])
-            assert packed.num_tokens > budget
+    state = PlanState(budget, processes, accumulation)
+    offered = [s for s in samples if len(s.sequence) <= budget]
+    for sample in offered:
+        before = state
+        state = add_sample(state, sample)
+        if before.full:
+            break
+        offers = _offer(before.rows, offered, sample, budget)
+        home = [r for r, groups in enumerate(before.row_groups) if sample.group_id in groups]
+        home_fits = [offers[r][1] for r in home if offers[r][0]]
+        fitting = [cost for fits, cost in offers if fits]
+        empty = any(not row.samples for row in before.rows)
+        most_loaded = max(row.cost for row in before.rows)
+        allowed = [c for c in fitting if not home or empty or c <= most_loaded]
+        if state.closed == before.closed and not state.full:  # placed in the open micro-batch
+            (r,) = [r for r, row in enumerate(state.rows) if before.placed in row.samples]
+            assert offers[r][0]
+            assert offers[r][1] == min(home_fits or allowed)
+            assert r in home or not home_fits
+        else:
+            assert not home_fits and not allowed
 
 
 def test_group_affinity_and_balancing() -> None:
@@ -119,7 +166,9 @@ def test_batch_metrics_of_the_worked_example() -> None:
     assert metrics["batch/row_tokens_max"] == 8
     assert metrics["batch/row_fill_frac"] == pytest.approx(0.5)
     assert metrics["batch/pad_frac"] == pytest.approx(1 - 10 / 16)
-    assert metrics["batch/masked_token_frac"] == pytest.approx(1 - 5 / 10)
+    # of the samples' 12 tokens (shared ones once per sample, as the documentation counts), 5
+    # are trained; the packed row's 10 positions would give 1 - 5/10
+    assert metrics["batch/masked_token_frac"] == pytest.approx(1 - 5 / 12)
     assert metrics["batch/groups_per_step"] == 2
     assert metrics["batch/dropped_oversize_count"] == 2
     costs = [1 + 2 + 3 + 4 + 5 + 3 + 4 + 5, 1 + 2]
@@ -144,3 +193,49 @@ def test_among_rows_holding_the_group_the_cheapest_takes_the_sample() -> None:
     (mb,) = plan.micro_batches
     assert mb[0].samples == (0,) and mb[1].samples == (1, 2)
     assert mb[1].cost < attention_cost(pack_row([a, c]).position_ids)
+
+
+def test_the_budget_bounds_a_rows_loss_terms() -> None:
+    """Three identical 6-token samples forward 6 tokens together but hold 15 loss terms: with
+    a budget of 6 each takes a row of its own (5 loss terms)."""
+    plan = plan_step(IDENTICAL, token_budget=6, num_processes=1, gradient_accumulation_steps=3)
+    assert [[row.samples for row in mb] for mb in plan.micro_batches] == [[(0,)], [(1,)], [(2,)]]
+    assert [mb[0].loss_terms for mb in plan.micro_batches] == [5, 5, 5]
+    assert len(pack_row(IDENTICAL).target_ids) == 15 and pack_row(IDENTICAL).num_tokens == 6
+
+
+def test_a_full_home_row_closes_the_micro_batch() -> None:
+    """The documentation's example: the third sample's home row is full (11 tokens), no row is
+    empty, and the other row would rise from cost 3 to 24, above the most loaded row's 21: the
+    micro-batch closes and the sample opens the next one."""
+    plan = plan_step(HOME_FULL, token_budget=10, num_processes=2, gradient_accumulation_steps=2)
+    assert [[row.samples for row in mb] for mb in plan.micro_batches] == [
+        [(0,), (1,)],
+        [(2,), ()],
+    ]
+    one = plan_step(HOME_FULL, token_budget=10, num_processes=2)
+    assert one.leftover == (2,)
+
+
+def test_a_full_home_row_still_moves_while_a_row_is_empty_or_the_load_does_not_rise() -> None:
+    """A sample whose home row is full goes on to an empty row, and to a non-empty row whose
+    cost after stays within the most loaded row's (3 + 10 = 13 against 36)."""
+    home = make_sample([1, 2, 3, 4, 5, 6, 7, 8], [0, 0] + [1] * 6, group=0)
+    light = make_sample([9, 9], [0, 1], group=1)
+    moving = make_sample([1, 2, 5, 5], [0, 0, 1, 1], group=0)  # 3 new tokens: 11 at home
+    plan = plan_step([home, moving], token_budget=10, num_processes=2)
+    assert [row.samples for row in plan.micro_batches[0]] == [(0,), (1,)]
+    plan = plan_step([home, light, moving], token_budget=10, num_processes=2)
+    assert [row.samples for row in plan.micro_batches[0]] == [(0,), (1, 2)]
+    assert plan.micro_batches[0][1].cost == 13 <= plan.micro_batches[0][0].cost == 36
+
+
+@given(sample_sets())
+def test_masked_token_frac_is_the_untrained_share_of_the_samples_tokens(samples) -> None:
+    row = pack_row(samples)
+    metrics = batch_metrics([[row]], token_budget=1000)
+    unpacked = sum(len(s.sequence) for s in samples)
+    assert 0.0 <= metrics["batch/masked_token_frac"] <= 1.0
+    assert metrics["batch/masked_token_frac"] == pytest.approx(
+        1 - metrics["batch/trained_tokens_per_step"] / unpacked
+    )

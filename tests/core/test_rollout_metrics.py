@@ -64,6 +64,28 @@ def test_group_metrics_match_direct_computation(case) -> None:
     assert summary["tools/call_frequency"] == 0.0
 
 
+@given(groups(), st.integers(0, 3), st.integers(1, 3))
+def test_nonfinite_rewards_are_counted_per_source_and_summed_over_groups(case, bad, repeats):
+    """``rewards/<name>/nonfinite_count`` per source, 0 for a source that had none, summed over
+    the groups of a window."""
+    rollouts, rewards = case
+    score = score_group(np.array([np.nan if x is None else x for x in rewards]))
+    facts = GroupFacts(
+        rollouts,
+        [reconcile_turns(x.turns) for x in rollouts],
+        score,
+        {"f": rewards, "g": rewards},
+        {EOS},
+        nonfinite_rewards={"f": bad},
+    )
+    window = MetricWindow()
+    for _ in range(repeats):
+        window = record(window, group_observations(facts))
+    summary = summarize(window)
+    assert summary["rewards/f/nonfinite_count"] == bad * repeats
+    assert summary["rewards/g/nonfinite_count"] == 0
+
+
 def test_sample_metrics() -> None:
     seq = TrainingSequence([1, 2, 3, 4], [0, 0, 1, 1], [0, 0, -1.0, -1.0])
     samples = [

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import itertools
+import math
+import threading
 import warnings
 
+import anyio
 import numpy as np
 import pytest
 from loop_harness import LocalChannels, run_loop
@@ -13,11 +18,17 @@ from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from asyncgrpo.adapters.vllm.client import PromptTooLongError
-from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout.cursor import PromptCursor, request_seed
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import context
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.scoring import (
+    NonfiniteRewardWarnings,
+    PendingGroup,
+    reward_values,
+    scored_outcome,
+)
 from asyncgrpo.shell.rollout.tools import reward_names
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
@@ -141,6 +152,77 @@ def test_reward_function_faults_stop_the_loop_with_a_clear_error(
     )
     with pytest.raises(error, match=message):
         run_loop(loop)
+
+
+class EveryTenthNaN:
+    """A reward that returns NaN for every tenth completion it scores (threads share it)."""
+
+    __name__ = "every_tenth_nan"
+
+    def __init__(self) -> None:
+        self.scored = itertools.count()
+        self.lock = threading.Lock()
+        self.nans = 0
+
+    def __call__(self, completions, **kwargs):
+        rewards = []
+        with self.lock:
+            for c in completions:
+                if next(self.scored) % 10 == 9:
+                    self.nans += 1
+                    rewards.append(math.nan)
+                else:
+                    rewards.append(float(sum(ch.isdigit() for ch in c[-1]["content"])))
+        return rewards
+
+
+def test_a_nan_reward_is_unscored_counted_and_warned_once(vllm_server, tiny_qwen3) -> None:
+    """One completion in ten scored NaN: the run goes on, those completions are unscored
+    (advantage 0 where their group trains), ``rewards/<name>/nonfinite_count`` counts them and
+    one warning names the function and a prompt."""
+    reward = EveryTenthNaN()
+    channels = LocalChannels(stop_after=8)
+    loop = make_loop(vllm_server, tiny_qwen3, channels=channels, reward_funcs=[reward])
+    with capture_logs() as logs:
+        run_loop(loop)
+    counted = sum(o.amount for outcome in channels.outcomes for o in outcome.observations
+                  if o.name == "rewards/every_tenth_nan/nonfinite_count")  # fmt: skip
+    assert 2 <= counted <= reward.nans  # 8 groups of 4: 32 scored, NaN at 9, 19 and 29
+    assert all(math.isfinite(s.advantage) for o in channels.outcomes for s in o.samples)
+    warned = [e for e in logs if e.get("reward") == "every_tenth_nan"]
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+    assert warned[0]["prompt"] in {p[-1]["content"] for p in PROMPTS}
+
+
+def test_nonfinite_rewards_of_functions_and_environments_are_unscored_without_a_server():
+    """The scoring path alone, ten completions: one NaN from a function, one infinite
+    environment reward; both unscored, counted per source, warned once per source."""
+
+    class Maze:
+        pass
+
+    rollouts = [Rollout([{"role": "assistant", "content": str(i)}], [5, 6],
+                        [TurnRecord([1, 2], [5, 6], [-1.0, -1.0])]) for i in range(10)]  # fmt: skip
+    env = [(Maze, math.inf if i == 3 else 0.5) for i in range(10)]
+    pending = PendingGroup(0, 0, {"prompt": PROMPTS[1]}, PROMPTS[1], 0, 0, rollouts, env)
+
+    def tenth_nan(completions, **kwargs):
+        return [math.nan if i == 9 else float(i) for i in range(len(completions))]
+
+    values = anyio.run(reward_values, pending, [tenth_nan], lambda *_: contextlib.nullcontext())
+    assert values["tenth_nan"].nonfinite == (9,) and values["tenth_nan"].values[9] is None
+    assert values["Maze"].nonfinite == (3,) and values["Maze"].values[3] is None
+    warnings_once = NonfiniteRewardWarnings()
+    with capture_logs() as logs:
+        warnings_once.check(pending, values)
+        warnings_once.check(pending, values)
+    assert sorted(e["reward"] for e in logs) == ["Maze", "tenth_nan"]
+    assert all(e["prompt"] == PROMPTS[1][-1]["content"] for e in logs)
+    outcome = scored_outcome(pending, values, lambda g: np.zeros(len(g.completions)),
+                             eos_token_ids=frozenset({6}), has_tools=False,
+                             log_completions=False)  # fmt: skip
+    counts = {o.name: o.amount for o in outcome.observations if o.name.endswith("nonfinite_count")}
+    assert counts == {"rewards/Maze/nonfinite_count": 1, "rewards/tenth_nan/nonfinite_count": 1}
 
 
 def test_reward_functions_of_one_name_keep_their_own_rewards() -> None:
