@@ -170,6 +170,19 @@ class Run:
         return ", ".join([*(f"{k}={v}" for k, v in self.settings.items()), f"seed={self.seed}"])
 
 
+def evaluation_only(row: Mapping[str, Any]) -> bool:
+    """Whether a ``metrics.jsonl`` row holds only an evaluation's ``eval/...`` figures: a row
+    of its own at a step that logged no window (the evaluation of version 0, or of a step
+    between logging steps).
+
+    Example:
+        >>> evaluation_only({"step": 0, "eval/held/reward": 0.5}), evaluation_only({"step": 1})
+        (True, False)
+    """
+    names = [name for name in row if name != "step"]
+    return bool(names) and all(name.startswith("eval/") for name in names)
+
+
 def curve_from_rows(
     rows: Iterable[Mapping[str, Any]], reward_key: str = "reward", wall_key: str | None = None
 ) -> RunCurve:
@@ -179,7 +192,8 @@ def curve_from_rows(
     step times: each window's mean ``perf/step_s`` times the steps it covers (its ``step``
     minus the previous window's). The summed step times leave out what comes before the first
     step (model loading, the server's start), so two runs are timed alike whatever their
-    start-up took.
+    start-up took. A row that holds only an evaluation (:func:`evaluation_only`) is a point
+    without a reward at the wall time of the window before it.
 
     Example:
         >>> rows = [{"step": 2, "reward": 0.1, "perf/step_s": 0.5, "loss": None},
@@ -192,6 +206,9 @@ def curve_from_rows(
         step = int(row["step"])
         metrics = {k: v for k, v in row.items() if k not in ("step", reward_key)}
         reward = row.get(reward_key)
+        if evaluation_only(row):
+            points.append(CurvePoint(step, wall_s, math.nan, metrics))
+            continue
         if wall_key is not None:
             if row.get(wall_key) is None:
                 raise ValueError(f"metrics row at step {step} has no {wall_key!r}")

@@ -14,9 +14,8 @@ interval over the prompts (resampling prompts, not completions):
 - ``eval/<name>/completions/mean_length``: a prompt's mean completion length, tokens;
 
 each with ``.../ci_low`` and ``.../ci_high`` beside it, plus ``eval/<name>/version`` (the weight
-version every completion came from) and ``eval/<name>/prompts``. The values are recorded with
-:func:`~asyncgrpo.core.metrics.latest`, ordered by version, so a logging window that holds two
-evaluations reports the newest.
+version every completion came from) and ``eval/<name>/prompts``. The run logs them at the
+evaluated version's step, never in a later step's window (:mod:`asyncgrpo.shell.run.evaluations`).
 
 Example:
     >>> scores = [PromptScore(0, (1.0,), {"acc": (1.0,)}, (3,)),
@@ -38,7 +37,6 @@ import numpy as np
 
 from asyncgrpo.core.experiments.stats import DEFAULT_CONFIDENCE, bootstrap_interval
 from asyncgrpo.core.frozen import FrozenMap
-from asyncgrpo.core.metrics import Observation, latest
 
 PASS_REWARD = 1.0
 """A completion passes when its total reward is at least this."""
@@ -156,8 +154,3 @@ def evaluation_metrics(
         figures[prefix + name + "/ci_low"] = interval.low
         figures[prefix + name + "/ci_high"] = interval.high
     return figures
-
-
-def evaluation_observations(figures: Mapping[str, float], version: int) -> list[Observation]:
-    """The figures of one evaluation as window observations that keep the newest version's."""
-    return [latest(name, amount, order=version + 1) for name, amount in figures.items()]

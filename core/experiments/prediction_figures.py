@@ -17,6 +17,7 @@ from asyncgrpo.core.experiments.calibration import (
     WAIT,
     metric_number,
 )
+from asyncgrpo.core.experiments.curves import evaluation_only
 
 
 @attrs.frozen
@@ -60,7 +61,7 @@ generator_idle_frac=None, seconds_per_sample=None)
     step_total = wait_total = steps_total = samples_total = 0.0
     stale_total = stale_steps = 0.0
     previous = 0
-    for index, row in enumerate(rows):
+    for index, row in enumerate(r for r in rows if not evaluation_only(r)):
         step = int(row["step"])
         steps, previous = step - previous, step
         step_s = metric_number(row, STEP)
@@ -98,7 +99,7 @@ def samples_per_s(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> f
     """
     samples = seconds = 0.0
     previous = 0
-    for index, row in enumerate(rows):
+    for index, row in enumerate(r for r in rows if not evaluation_only(r)):
         step = int(row["step"])
         steps, previous = step - previous, step
         step_s = metric_number(row, STEP)

@@ -15,7 +15,12 @@ import argparse
 import json
 from pathlib import Path
 
-from asyncgrpo.shell.config import AsyncGRPOConfig, import_named, load_named_dataset
+from asyncgrpo.shell.config import (
+    AsyncGRPOConfig,
+    eval_dataset_specs,
+    import_named,
+    load_eval_datasets,
+)
 from asyncgrpo.shell.experiments import evaluate_model, evaluation_table
 from asyncgrpo.shell.run import eval_datasets_of
 
@@ -50,15 +55,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def named_datasets(specs: list[str]) -> dict[str, object]:
-    """``[NAME=]PATH`` specs -> datasets by name (a lone unnamed one is ``eval``)."""
-    datasets: dict[str, object] = {}
-    for spec in specs:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        name = name or ("eval" if len(specs) == 1 else Path(path).stem)
-        if name in datasets:
-            raise ValueError(f"--dataset {spec!r}: the name {name!r} is given twice")
-        datasets[name] = load_named_dataset(path)
-    return datasets
+    """``[NAME=]PATH`` specs -> datasets by name (a lone unnamed one is ``eval``;
+    :func:`~asyncgrpo.shell.config.eval_dataset_specs`)."""
+    return load_eval_datasets(eval_dataset_specs(specs, "--dataset"))
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, float]:

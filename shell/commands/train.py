@@ -3,18 +3,26 @@
 Every :class:`AsyncGRPOConfig` field is a flag (``--learning_rate`` or ``--learning-rate``),
 built by transformers' ``HfArgumentParser`` from the same declarations as the config, so
 ``asyncgrpo train --help`` shows each field's help. A config file (TOML, YAML or JSON) holds
-``model``, ``dataset``, ``reward_funcs`` (``"module:function"`` strings) and config fields, at
-the top level or in an ``asyncgrpo`` table; flags override it::
+``model``, ``dataset``, ``reward_funcs`` (``"module:function"`` strings), optionally
+``eval_dataset`` and ``eval_reward_funcs``, and config fields, at the top level or in an
+``asyncgrpo`` table; flags override it::
 
     model = "runs/demo/initial-model"
     dataset = "prompts.jsonl"
     reward_funcs = ["asyncgrpo.shell.commands.demo:digit_fraction_reward"]
+    eval_dataset = ["held=held_out.jsonl"]    # or "held_out.jsonl", or a table NAME = PATH
 
     [asyncgrpo]
     max_steps = 20
     learning_rate = 1e-2
+    eval_strategy = "steps"
+    eval_steps = 5
 
-A misspelt flag or key fails naming the closest one.
+Evaluation during training (docs/evaluation.md): ``--eval_dataset [NAME=]PATH``, repeatable, in
+the forms of ``asyncgrpo eval --dataset`` (a lone unnamed one is ``eval``), evaluated as
+``--eval_strategy steps`` (every ``--eval_steps``) and ``--eval_on_start`` say; scored by the
+training rewards, or by ``--eval_reward module:function`` (repeatable) where evaluation scores
+differently. A misspelt flag or key fails naming the closest one.
 """
 
 from __future__ import annotations
@@ -31,14 +39,16 @@ from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import (
     AsyncGRPOConfig,
     NamedObjectError,
+    eval_dataset_specs,
     field_names,
     import_named,
+    load_eval_datasets,
     load_named_dataset,
     read_config,
 )
 from asyncgrpo.shell.config import rules as config_rules
 
-SCRIPT_KEYS = ("model", "dataset", "reward_funcs")
+SCRIPT_KEYS = ("model", "dataset", "reward_funcs", "eval_dataset", "eval_reward_funcs")
 """Top-level keys of a config file that are not config fields."""
 
 
@@ -60,8 +70,25 @@ class TrainScriptArguments:
         default=None, metadata={"help": "a .json/.jsonl file or a datasets.save_to_disk folder"}
     )
     reward: list[str] | None = field(
-        default=None, metadata={"help": "module:function of each reward function"}
-    )
+        default=None,
+        metadata={"help": "module:function of each reward function (repeatable)",
+                  "action": "extend", "metavar": "MODULE:FUNCTION"},
+    )  # fmt: skip
+    eval_dataset: list[str] | None = field(
+        default=None,
+        metadata={"help": "held-out prompts evaluated during training, as asyncgrpo eval "
+                          "--dataset takes them: a .json/.jsonl file, a save_to_disk folder or "
+                          "module:function, named NAME= (metrics eval/NAME/...; a lone unnamed "
+                          "one is 'eval'); repeatable. When: --eval_strategy steps, --eval_steps, "
+                          "--eval_on_start",
+                  "action": "extend", "metavar": "[NAME=]PATH"},
+    )  # fmt: skip
+    eval_reward: list[str] | None = field(
+        default=None,
+        metadata={"help": "module:function of each reward function that scores evaluations "
+                          "(repeatable); default: the training rewards",
+                  "action": "extend", "metavar": "MODULE:FUNCTION"},
+    )  # fmt: skip
     vllm_url: str | None = field(
         default=None,
         metadata={"help": "use this vLLM server instead of starting one (several: URLs "
@@ -104,6 +131,8 @@ class TrainSettings:
     model: str
     dataset: str
     rewards: list[str]
+    eval_datasets: dict[str, str] = field(default_factory=dict)  # name -> PATH
+    eval_rewards: list[str] = field(default_factory=list)  # empty: the training rewards
 
 
 def build_parser() -> HfArgumentParser:
@@ -115,7 +144,8 @@ def build_parser() -> HfArgumentParser:
         description="Train with AsyncGRPOTrainer. Starts a local vLLM server for the model "
         "unless --vllm_url is given. Every AsyncGRPOConfig field is a flag.",
         usage="asyncgrpo train [--help] [--config FILE] [--model M] [--dataset D] "
-        "[--reward module:function ...] [--<AsyncGRPOConfig field> VALUE ...]",
+        "[--reward module:function ...] [--eval_dataset [NAME=]PATH ...] "
+        "[--eval_reward module:function ...] [--<AsyncGRPOConfig field> VALUE ...]",
         formatter_class=argparse.HelpFormatter,
     )
     for action in parser._actions:
@@ -180,7 +210,51 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
     if not model or not dataset or not rewards:
         raise TrainCommandError("model, dataset and at least one reward are required "
                                 "(--model/--dataset/--reward or the --config file)")  # fmt: skip
-    return TrainSettings(script, values, str(model), str(dataset), list(rewards))
+    evaluation = eval_settings(script, extra)
+    return TrainSettings(script, values, str(model), str(dataset), list(rewards), *evaluation)
+
+
+def eval_settings(script: TrainScriptArguments,
+                  extra: dict[str, Any]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+    """The evaluation datasets (name -> PATH) and evaluation rewards of the flags, else of
+    the config file's ``eval_dataset`` and ``eval_reward_funcs``.
+
+    Raises:
+        TrainCommandError: a bad ``--eval_dataset``; evaluation rewards without evaluation
+            datasets.
+    """
+    given = script.eval_dataset or extra.get("eval_dataset")
+    what = "--eval_dataset" if script.eval_dataset else f"{script.config}: eval_dataset"
+    try:
+        datasets = eval_dataset_specs(given, what) if given else {}
+    except NamedObjectError as error:
+        raise TrainCommandError(str(error)) from error
+    rewards = script.eval_reward or extra.get("eval_reward_funcs") or []
+    rewards = [rewards] if isinstance(rewards, str) else list(rewards)
+    if rewards and not datasets:
+        raise TrainCommandError("--eval_reward (eval_reward_funcs) scores evaluations: give "
+                                "the held-out prompts with --eval_dataset [NAME=]PATH")  # fmt: skip
+    return datasets, rewards
+
+
+def check_evaluation(settings: TrainSettings, config: AsyncGRPOConfig) -> None:
+    """Evaluation datasets and the config's schedule agree.
+
+    Raises:
+        TrainCommandError: datasets that would never be evaluated (``eval_strategy`` "no"
+            without ``eval_on_start``), or ``eval_strategy`` "steps" or ``eval_on_start``
+            without them.
+    """
+    scheduled = config.eval_strategy == "steps" or config.eval_on_start
+    if settings.eval_datasets and not scheduled:
+        raise TrainCommandError(
+            "--eval_dataset is evaluated only with --eval_strategy steps (every --eval_steps "
+            "steps; default: logging_steps) or --eval_on_start; give one of them"
+        )
+    if scheduled and not settings.eval_datasets:
+        raise TrainCommandError("--eval_strategy steps and --eval_on_start evaluate held-out "
+                                "prompts: give them with --eval_dataset [NAME=]PATH (or "
+                                "eval_dataset in the --config file)")  # fmt: skip
 
 
 def build_config(settings: TrainSettings, base_url: str | None = None,
@@ -217,9 +291,13 @@ def run_train(argv: Sequence[str]) -> Any:
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts
+    check_evaluation(settings, config)
     try:
         reward_funcs = [import_named(spec, "reward function") for spec in settings.rewards]
+        eval_reward_funcs = [import_named(spec, "--eval_reward function")
+                             for spec in settings.eval_rewards] or None  # fmt: skip
         prompts = load_named_dataset(settings.dataset)
+        eval_datasets = load_eval_datasets(settings.eval_datasets) or None
     except NamedObjectError as error:
         raise TrainCommandError(str(error)) from error
 
@@ -229,7 +307,9 @@ def run_train(argv: Sequence[str]) -> Any:
     def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
         trainer = AsyncGRPOTrainer(model=model, reward_funcs=reward_funcs,
                                    args=build_config(settings, base_url, api_key),
-                                   train_dataset=prompts, peft_config=peft_config)  # fmt: skip
+                                   train_dataset=prompts, peft_config=peft_config,
+                                   eval_dataset=eval_datasets,
+                                   eval_reward_funcs=eval_reward_funcs)  # fmt: skip
         return trainer.train(resume_from_checkpoint=True if settings.script.resume else None)
 
     if settings.script.vllm_url:

@@ -12,14 +12,22 @@ from __future__ import annotations
 from asyncgrpo.shell.config import rules
 from asyncgrpo.shell.config.fields import AsyncGRPOConfig
 from asyncgrpo.shell.config.files import read_config
-from asyncgrpo.shell.config.named import NamedObjectError, import_named, load_named_dataset
+from asyncgrpo.shell.config.named import (
+    NamedObjectError,
+    eval_dataset_specs,
+    import_named,
+    load_eval_datasets,
+    load_named_dataset,
+)
 from asyncgrpo.shell.config.rules import field_names
 
 __all__ = [
     "AsyncGRPOConfig",
     "NamedObjectError",
+    "eval_dataset_specs",
     "field_names",
     "import_named",
+    "load_eval_datasets",
     "load_named_dataset",
     "read_config",
     "rules",

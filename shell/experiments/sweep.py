@@ -30,8 +30,10 @@ table: the base of every run) and::
 ``model`` is a model id or directory, or a tiny random model built here:
 ``model = {tiny = "qwen3", hidden_size = 128, num_layers = 2, seed = 0}``. ``dataset`` is a
 ``.json``/``.jsonl`` file, a ``datasets.save_to_disk`` folder, or ``"module:function"`` returning
-a dataset. ``eval_dataset`` (optional) is one such dataset, or a table of named ones, evaluated
-as the runs' config says (``eval_strategy``, ``eval_steps``; docs/evaluation.md). ``module:name``
+a dataset. ``eval_dataset`` (optional) is one such dataset, a list of ``[NAME=]PATH`` strings or
+a table of named ones (as ``asyncgrpo train --eval_dataset``), evaluated as the runs' config says
+(``eval_strategy``, ``eval_steps``; docs/evaluation.md) and scored by ``eval_reward_funcs``
+(optional; default: the ``reward_funcs``). ``module:name``
 strings import from the sweep file's folder too (and from the current directory), in the run and
 in its rollout process.
 
@@ -68,13 +70,18 @@ import structlog
 
 from asyncgrpo.core.experiments.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
 from asyncgrpo.core.names import did_you_mean
-from asyncgrpo.shell.config import AsyncGRPOConfig, read_config
+from asyncgrpo.shell.config import (
+    AsyncGRPOConfig,
+    NamedObjectError,
+    eval_dataset_specs,
+    read_config,
+)
 from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
 log = structlog.get_logger("asyncgrpo.sweep")
 
-SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "loop", "seeds", "grid", "runs",
-              "stop", "server", "claims", "compare")  # fmt: skip
+SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "eval_reward_funcs", "loop",
+              "seeds", "grid", "runs", "stop", "server", "claims", "compare")  # fmt: skip
 STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s",
              "spreadless_steps")  # fmt: skip
 SERVER_KEYS = ("max_model_len", "max_logprobs", "dtype", "enforce_eager", "extra_args")
@@ -128,7 +135,8 @@ class Sweep:
     server: Mapping[str, Any]
     claims: tuple[str, ...]
     compare: Mapping[str, Any]
-    eval_dataset: str | Mapping[str, str] | None = None
+    eval_dataset: Mapping[str, str] | None = None  # name -> PATH
+    eval_reward_funcs: tuple[str, ...] = ()  # empty: the reward_funcs
 
     def as_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "base": dict(self.base), "model": self.model,
@@ -176,7 +184,9 @@ def read_sweep(path: str | Path) -> Sweep:
                   server=_table(extra, "server", path, SERVER_KEYS),
                   claims=tuple(_strings(extra.get("claims", []), "claims", path)),
                   compare=_table(extra, "compare", path, ("threshold", "baseline")),
-                  eval_dataset=extra.get("eval_dataset"))  # fmt: skip
+                  eval_dataset=_eval_datasets(extra.get("eval_dataset"), path),
+                  eval_reward_funcs=tuple(_strings(extra.get("eval_reward_funcs", []),
+                                                   "eval_reward_funcs", path)))  # fmt: skip
     for run in planned:
         try:
             run_config(sweep, run, Path("."), "http://127.0.0.1:1")
@@ -196,6 +206,16 @@ def _table(extra: Mapping[str, Any], key: str, path: Path,
                 raise SweepError(f"{path}: [{key}] {name!r} is not one of {list(known)}"
                                  + did_you_mean(name, list(known)))  # fmt: skip
     return dict(table)
+
+
+def _eval_datasets(value: Any, path: Path) -> dict[str, str] | None:
+    """The sweep's ``eval_dataset`` by name (:func:`~asyncgrpo.shell.config.eval_dataset_specs`)."""
+    if value is None:
+        return None
+    try:
+        return eval_dataset_specs(value, f"{path}: eval_dataset")
+    except NamedObjectError as error:
+        raise SweepError(str(error)) from error
 
 
 def _strings(value: Any, key: str, path: Path) -> list[str]:
@@ -303,7 +323,8 @@ def _run_one(sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Actio
     config = run_config(sweep, run, run_dir, url)
     spec = {"config": {k: v for k, v in config.to_dict().items() if k in _given(sweep, run)},
             "model": model, "dataset": sweep.dataset, "reward_funcs": list(sweep.reward_funcs),
-            "eval_dataset": sweep.eval_dataset, "loop": sweep.loop,
+            "eval_dataset": sweep.eval_dataset, "eval_reward_funcs": list(sweep.eval_reward_funcs),
+            "loop": sweep.loop,
             "stop": attrs.asdict(sweep.stop),
             "resume": action is Action.RESUME, "import_path": _import_path(sweep)}  # fmt: skip
     (run_dir / RUN_SPEC).write_text(json.dumps(spec, indent=1))

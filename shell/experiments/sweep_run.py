@@ -13,13 +13,18 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from asyncgrpo.shell.config import AsyncGRPOConfig, import_named, load_named_dataset
+from asyncgrpo.shell.config import (
+    AsyncGRPOConfig,
+    import_named,
+    load_eval_datasets,
+    load_named_dataset,
+)
 from asyncgrpo.shell.experiments.sweep import RUN_RESULT, RUN_SPEC, StopRule
 from asyncgrpo.shell.run import signals_interrupt
 
@@ -35,15 +40,6 @@ class StopAtThreshold(TrainerCallback):
         value = (logs or {}).get(self.metric)
         if value is not None and value >= self.threshold:
             control.should_training_stop = True
-
-
-def _eval_datasets(spec: str | Mapping[str, str] | None) -> Any:
-    """A sweep's ``eval_dataset``: one dataset spec, or a table of named ones."""
-    if spec is None:
-        return None
-    if isinstance(spec, Mapping):
-        return {name: load_named_dataset(str(s)) for name, s in spec.items()}
-    return load_named_dataset(str(spec))
 
 
 class StopAfterWallTime(TrainerCallback):
@@ -82,7 +78,9 @@ def train_one(run_dir: Path) -> int:
     trainer = cls(model=spec["model"], args=AsyncGRPOConfig(**spec["config"]),
                   reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
                   train_dataset=load_named_dataset(spec["dataset"]),
-                  eval_dataset=_eval_datasets(spec.get("eval_dataset")),
+                  eval_dataset=load_eval_datasets(spec.get("eval_dataset") or {}) or None,
+                  eval_reward_funcs=[import_named(r, "eval reward function")
+                                     for r in spec.get("eval_reward_funcs", [])] or None,
                   callbacks=callbacks)  # fmt: skip
     output = trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
     (run_dir / RUN_RESULT).write_text(

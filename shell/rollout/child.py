@@ -211,6 +211,7 @@ def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int) -> Non
             lora_name=spec.lora_name,
             start_cursor=spec.start_cursor,
             eval_datasets=spec.eval_datasets,
+            eval_reward_funcs=spec.eval_reward_funcs,
             server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
             **({"servers": shared.servers} if len(shared.servers) > 1 else {}),
         )

@@ -1,5 +1,5 @@
 """Evaluations in the rollout process: every held-out prompt generated at one pinned weight
-version, beside training, and scored by the run's reward functions.
+version, beside training, and scored by the run's reward functions (or its ``eval_reward_funcs``).
 
 The trainer asks for an evaluation of version ``v`` once the weights of ``v`` have landed on
 the servers, and holds its later pushes until the evaluation has finished (the pin, see
@@ -69,7 +69,8 @@ class Evaluator:
 
     Args:
         datasets: the evaluation datasets by name (their rows in order).
-        reward_funcs: the run's reward functions.
+        reward_funcs: the reward functions that score evaluations (the run's, unless it
+            gives its own ``eval_reward_funcs``).
         generations: completions per prompt (``eval_num_generations``).
         concurrency: rollouts of an evaluation in flight at once.
         rollout: the loop's rollout of one :class:`EvalRollout` (prompt, row) -> (rollout,
@@ -230,6 +231,7 @@ def evaluate_now(spec: Any, version: int, step: int) -> EvalOutcome:
         _HeldVersion(version), max_model_len=spec.max_model_len, token_budget=spec.token_budget,
         tools=list(spec.tools), environment_factory=spec.environment_factory,
         lora_name=spec.lora_name, eval_datasets=spec.eval_datasets,
+        eval_reward_funcs=spec.eval_reward_funcs,
     )  # fmt: skip
 
     async def run() -> EvalOutcome:

@@ -68,7 +68,12 @@ from asyncgrpo.shell.rollout.groups import GroupRunner
 from asyncgrpo.shell.rollout.heartbeat import Heartbeat
 from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
-from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns, scored_outcome
+from asyncgrpo.shell.rollout.scoring import (
+    NonfiniteRewardWarnings,
+    PendingGroup,
+    reward_values,
+    scored_outcome,
+)
 from asyncgrpo.shell.rollout.tools import ToolLoop
 from asyncgrpo.shell.servers import (
     EvalRequest,
@@ -124,6 +129,7 @@ class AsyncRolloutLoop:
         server_gate: ServerGate | None = None,
         servers: SharedServers | None = None,
         eval_datasets: Mapping[str, Any] | None = None,
+        eval_reward_funcs: Sequence[Callable[..., Any]] | None = None,
     ) -> None:
         self.config = config
         self.server_gate = server_gate
@@ -160,7 +166,8 @@ class AsyncRolloutLoop:
         self.eval_sampling = config.eval_sampling_params()
         self._priority_scheduling = False  # set at start: whether the servers schedule by it
         self.evaluator = Evaluator(
-            dict(eval_datasets or {}), self.reward_funcs, config.eval_num_generations,
+            dict(eval_datasets or {}), list(eval_reward_funcs or self.reward_funcs),
+            config.eval_num_generations,
             config.max_concurrent_rollouts, self.evaluation_rollout, self._server_versions,
             self._wait_for_version_change, self.heartbeat.doing,
         )  # fmt: skip
@@ -433,12 +440,14 @@ class AsyncRolloutLoop:
     # ----------------------------------------------------------------- scoring
 
     async def _score_forever(self, receive: Any) -> None:
+        nonfinite = NonfiniteRewardWarnings()  # NaN/inf rewards: unscored, warned once a source
         async with receive:
             async for pending in receive:
                 started = time.monotonic()
-                columns = await reward_columns(pending, self.reward_funcs, self.heartbeat.doing)
+                values = await reward_values(pending, self.reward_funcs, self.heartbeat.doing)
+                nonfinite.check(pending, values)
                 outcome = scored_outcome(
-                    pending, columns, self.compute_advantages,
+                    pending, values, self.compute_advantages,
                     eos_token_ids=self.eos_token_ids,
                     has_tools=bool(self.tools) or self.environment_factory is not None,
                     log_completions=self.config.log_completions,

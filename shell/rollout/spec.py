@@ -54,10 +54,12 @@ class LoopSpec:
     lora_name: str | None = None
     start_cursor: PromptCursor = attrs.field(factory=PromptCursor)
     eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
+    eval_reward_funcs: tuple[Callable[..., Any], ...] = ()  # empty: the reward_funcs
 
     def check(self) -> None:
         """Fail early on anything that cannot reach the child."""
         check_picklable("reward function", self.reward_funcs)
+        check_picklable("eval reward function", self.eval_reward_funcs)
         check_picklable("tool", self.tools)
         if isinstance(self.environment_factory, Mapping):
             check_picklable("environment factory", self.environment_factory)

@@ -3,7 +3,8 @@
 
 Events: ``on_init_end`` (end of the trainer's constructor), ``on_train_begin``,
 ``on_step_begin`` (a step's rows are planned), ``on_step_end``, ``on_log`` (with the logged
-window's metrics), ``on_evaluate`` (with an evaluation's metrics, when it arrives; rank 0),
+window's metrics, and with each evaluation's), ``on_evaluate`` (with an evaluation's metrics,
+when it arrives, at the step of its weight version; rank 0),
 ``on_save`` (a checkpoint was written), ``on_train_end``.
 
 The trainer's own schedule (``logging_strategy``/``logging_steps``/``logging_first_step``,
@@ -109,11 +110,30 @@ class Callbacks:
         self.control.should_log = False
         self._event("on_log", logs=logs)
 
-    def evaluate(self, metrics: dict[str, float]) -> None:
-        """``on_evaluate`` with an evaluation's metrics; they join ``state.log_history``."""
-        self.state.log_history.append({**metrics, "step": self.state.global_step})
-        self.control.should_evaluate = False
-        self._event("on_evaluate", metrics=metrics)
+    def evaluate(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """An evaluation's metrics at ``step`` (default: the current step), as transformers'
+        ``Trainer.evaluate`` hands them on: ``on_log`` (so every tracker of ``report_to`` logs
+        them), then ``on_evaluate``; they join ``state.log_history``.
+
+        An evaluation made during training arrives some steps after its weight version
+        ``step``; ``state.global_step`` is ``step`` for these two calls only, so that the
+        trackers draw it where it was made (each tracker keys a value by its name and step:
+        tensorboard and mlflow by the step given, wandb and trackio by the logged
+        ``train/global_step``; an earlier step than other metrics' last is kept, since no
+        tracker here requires one metric's steps to increase across names).
+        ``control.should_log`` is left as the step loop set it.
+        """
+        now = self.state.global_step
+        self.state.global_step = now if step is None else step
+        should_log = self.control.should_log
+        try:
+            self.state.log_history.append({**metrics, "step": self.state.global_step})
+            self._event("on_log", logs=metrics)
+            self.control.should_log = should_log
+            self.control.should_evaluate = False
+            self._event("on_evaluate", metrics=metrics)
+        finally:
+            self.state.global_step = now
 
     def save(self) -> None:
         self.control.should_save = False

@@ -5,13 +5,17 @@ Whenever a push lands (beside a step, waited for, or at the start), the run asks
 (``eval_strategy="steps"``, every ``eval_steps``; ``eval_on_start``). If it is, it asks the
 rollout process for an evaluation of that version, pinning it: the pushes of later versions
 wait until the evaluation has finished (:class:`~asyncgrpo.shell.servers.VersionPin`), while
-the steps go on. The outcome arrives with the rollout process's messages; its metrics
-(:func:`~asyncgrpo.core.experiments.evaluation.evaluation_metrics`) join the next logged
-window (keeping the newest version's when a window holds two) and go to the callbacks'
-``on_evaluate``. Every evaluation is also a row of ``evaluations.jsonl`` (``step`` is its
-weight version, ``time_s`` the seconds since training began), which keeps all of them where a
-window (hence ``metrics.jsonl`` and the trackers) keeps the newest. At the end of training the
-run waits for the evaluation in flight.
+the steps go on. The outcome arrives with the rollout process's messages, often some steps
+later; its metrics (:func:`~asyncgrpo.core.experiments.evaluation.evaluation_metrics`) are
+logged at the step of the evaluated version ``v``, never in a later step's window: in the row of
+step ``v`` of ``metrics.jsonl`` (:meth:`WindowLog.evaluation
+<asyncgrpo.shell.run.metrics_log.WindowLog.evaluation>`), and to the callbacks (``on_log``,
+hence every tracker of ``report_to``, then ``on_evaluate``) with ``state.global_step`` at ``v``
+for those calls (:meth:`Callbacks.evaluate <asyncgrpo.shell.run.callbacks.Callbacks.evaluate>`).
+Every evaluation is also a row of ``evaluations.jsonl`` (``step`` is its weight version,
+``time_s`` the seconds since training began). A failed evaluation counts in the window where it
+is known (``eval/failed_count``). At the end of training the run waits for the evaluation in
+flight.
 
 Only rank 0 evaluates. The last version whose evaluation arrived is saved in checkpoints, so a
 resumed run does not evaluate the same weights again, and evaluates again one lost in flight.
@@ -31,7 +35,7 @@ import structlog
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named
 from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.core import metrics
-from asyncgrpo.core.experiments.evaluation import evaluation_metrics, evaluation_observations
+from asyncgrpo.core.experiments.evaluation import evaluation_metrics
 from asyncgrpo.core.run import schedule
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import EvalOutcome, LoopSpec, RolloutProcess
@@ -50,8 +54,8 @@ class Evaluations:
         every: optimizer steps between evaluations (None: ``eval_strategy="no"``).
         on_start: ``eval_on_start``.
         last: the version the checkpoint the run resumes from evaluated last (None: none).
-        on_metrics: called with each evaluation's metrics on the trainer's thread (the
-            callbacks' ``on_evaluate``).
+        on_metrics: called with each evaluation's version and metrics on the trainer's thread
+            (the ``metrics.jsonl`` row and the callbacks of that version's step).
 
     Attributes:
         process: the rollout process, once started.
@@ -60,7 +64,7 @@ class Evaluations:
     """
 
     def __init__(self, every: int | None, on_start: bool, last: int | None,
-                 on_metrics: Callable[[dict[str, float]], None]) -> None:  # fmt: skip
+                 on_metrics: Callable[[int, dict[str, float]], None]) -> None:  # fmt: skip
         self.every = every
         self.on_start = on_start
         self.last = last  # the last version asked for
@@ -87,8 +91,8 @@ class Evaluations:
         log.info("evaluation asked for", version=version, request=request.request_id)
 
     def outcome(self, outcome: EvalOutcome) -> list[metrics.Observation]:
-        """The observations of an evaluation's result for the window; its metrics go to
-        ``on_metrics`` and the log."""
+        """An evaluation's result: its metrics go to ``on_metrics`` (at its version's step),
+        ``evaluations.jsonl`` and the log; the window gets only a failure's count."""
         request = outcome.request
         took = time.monotonic() - self._asked_at.pop(request.request_id, time.monotonic())
         if outcome.error:
@@ -109,8 +113,8 @@ class Evaluations:
             if name.endswith("/reward") or name.split("/")[-1].startswith("pass@")
         }
         log.info("evaluation", version=request.version, seconds=round(took, 1), **headline)
-        self.on_metrics(figures)
-        return evaluation_observations(figures, request.version)
+        self.on_metrics(request.version, figures)
+        return []
 
     def in_flight(self) -> bool:
         """An evaluation was asked for and its outcome has not been taken yet."""
@@ -149,7 +153,7 @@ def evaluation_spec(inputs: RunInputs, args: AsyncGRPOConfig) -> LoopSpec:
         reward_funcs=inputs.reward_funcs, processing_class=inputs.processing_class,
         max_model_len=longest, token_budget=args.token_budget or longest, rows_per_step=1,
         tools=inputs.tools, environment_factory=inputs.environment_factory,
-        eval_datasets=inputs.eval_datasets,
+        eval_datasets=inputs.eval_datasets, eval_reward_funcs=inputs.eval_reward_funcs,
     )  # fmt: skip
 
 

@@ -159,6 +159,8 @@ class RunInputs:
         after_checkpoint: called with ``(step, rank0)`` after each checkpoint (hub pushes).
         cpu_plan: the cores the trainer and a local server share, or None.
         eval_datasets: the evaluation datasets by name (:mod:`.evaluations`).
+        eval_reward_funcs: the reward functions that score evaluations (empty: the
+            ``reward_funcs``).
     """
 
     args: AsyncGRPOConfig
@@ -174,3 +176,4 @@ class RunInputs:
     after_checkpoint: Callable[[int, bool], None]
     cpu_plan: CpuPlan | None = None
     eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
+    eval_reward_funcs: tuple[Callable[..., Any], ...] = ()

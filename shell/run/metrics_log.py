@@ -1,6 +1,6 @@
 """Console logs (structlog) and the metrics files of a run: ``metrics.jsonl`` (a row per logged
-window, :class:`WindowLog`) and ``evaluations.jsonl`` (a row per evaluation, keyed by its weight
-version)."""
+window and per evaluation, in step order, :class:`WindowLog`) and ``evaluations.jsonl`` (a row
+per evaluation, keyed by its weight version)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,24 @@ class MetricsFile:
         self._file.write(_row(step, metrics))
         self._file.flush()
 
+    def place(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Put ``metrics`` in the row of ``step``: joined to that row where the file has one,
+        else a row of its own after the last row of an earlier step (rows stay in step order).
+        The file is rewritten beside itself and renamed into place."""
+        self._file.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        steps = [_row_step(line) for line in lines]
+        if step in steps:
+            at = steps.index(step)
+            lines[at] = _row(step, {**json.loads(lines[at]), **metrics, "step": step})
+        else:
+            at = sum(1 for s in steps if s < step)
+            lines.insert(at, _row(step, metrics))
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(lines), encoding="utf-8")
+        partial.replace(self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+
     def replace_last(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write ``metrics`` in place of the last row, which must be ``step``'s (a step's
         window completed after it was logged: each step keeps one row). The file is rewritten
@@ -107,8 +125,13 @@ class WindowLog:
     """The run's logged windows: each a row of ``metrics.jsonl`` for its step, a console line,
     the progress bar's reward and the window's completions (rank 0 writes them; every rank gets
     the summary). What arrives after a step's row was written (at the end: a push that
-    landed, an evaluation, the groups of a step that never came) joins that row, which is
-    written again: each step keeps one row.
+    landed, the groups of a step that never came) joins that row, which is written again: each
+    step keeps one row.
+
+    An evaluation of weight version ``v`` goes in the row of step ``v`` (:meth:`evaluation`),
+    whenever its result arrives: joined to that row if it was written, else held until that
+    row is written; a step that logs no window gets a row of its own for it, in step order.
+    Evaluations never enter a window, so no window mixes two of them.
 
     Attributes:
         file: ``metrics.jsonl``; None until the run opens it, and on the other ranks.
@@ -120,7 +143,9 @@ class WindowLog:
         self.num_completions_to_print = num_completions_to_print
         self.file: MetricsFile | None = None
         self.bar: tqdm | None = None
-        self._logged: tuple[int, windows.MetricWindow] | None = None  # the last row written
+        # the last row written: its step, window and the evaluation figures joined to it
+        self._logged: tuple[int, windows.MetricWindow, dict[str, float]] | None = None
+        self._held: dict[int, dict[str, float]] = {}  # evaluations of steps not written yet
 
     def open_bar(self, step: int, max_steps: int, disable: bool) -> None:
         """The progress bar, a tick per step from ``step`` (to ``max_steps`` when > 0)."""
@@ -131,20 +156,23 @@ class WindowLog:
               completions: Sequence[tuple[str, str, float]]) -> dict[str, float]:  # fmt: skip
         """Log ``step``'s window with ``extra`` figures (``epoch``, ``num_tokens``) and the
         rates they give; return its summary."""
+        evaluated = self._held.pop(step, {})
         again = self._logged is not None and self._logged[0] == step
         if again:
             assert self._logged is not None
             window = windows.merge(self._logged[1], window)
-        self._logged = (step, window)
+            evaluated = {**self._logged[2], **evaluated}
+        self._logged = (step, window, evaluated)
         summary = windows.summarize(window)
         summary.update(extra)
         summary.update(step_time.window_rates(summary))
         if self.file is None:
             return summary
         if again:
-            self.file.replace_last(step, summary)
+            self.file.replace_last(step, {**summary, **evaluated})
         else:
-            self.file.write(step, summary)
+            self._place_held(before=step)
+            self.file.write(step, {**summary, **evaluated})
         log.info("step", step=step, reward=_rounded(summary.get("reward")),
                  loss=_rounded(summary.get("loss")),
                  staleness_max=summary.get("sample/staleness_max"),
@@ -156,6 +184,25 @@ class WindowLog:
             write_completions(self.output_dir, step, completions, self.num_completions_to_print)
         return summary
 
+    def evaluation(self, version: int, figures: Mapping[str, float]) -> None:
+        """An evaluation of weight version ``version`` arrived: its figures go in the row of
+        step ``version`` (rank 0; see the class)."""
+        if self.file is None:
+            return
+        if self._logged is not None and self._logged[0] == version:
+            self._logged[2].update(figures)  # kept when the row is written again
+        elif self._logged is None or version > self._logged[0]:
+            self._held[version] = {**self._held.get(version, {}), **figures}
+            return
+        self.file.place(version, figures)
+
+    def _place_held(self, before: float = math.inf) -> None:
+        """Write the held evaluations of steps before ``before`` (steps that logged no window
+        before it) in the rows of their steps."""
+        assert self.file is not None
+        for version in sorted(v for v in self._held if v < before):
+            self.file.place(version, self._held.pop(version))
+
     def step_done(self) -> None:
         """A step was trained: the progress bar moves on."""
         if self.bar is not None:
@@ -165,6 +212,7 @@ class WindowLog:
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:
+            self._place_held()
             self.file.close()
 
 

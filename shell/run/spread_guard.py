@@ -34,6 +34,7 @@ class SpreadGuard:
         self.num_generations = num_generations
         self.groups_per_step = 0  # groups whose samples filled the last step
         self.rollouts_since_step = 0
+        self.warned_at: int | None = None  # the trainer step of the last warning
 
     def group_seen(self, observations: Sequence[metrics.Observation]) -> None:
         """A group arrived with its loop's observations (its zero-spread flag among them)."""
@@ -49,7 +50,8 @@ class SpreadGuard:
 
     def close_step(self, step: int, entropy: float) -> bool:
         """Close the watch's step (a trained step, or a step's worth of groups while waiting):
-        warn once a collapse shows, and say whether the run must stop.
+        warn once a collapse shows (at most once per trainer step: the watch may close several
+        of its steps while the trainer waits for one), and say whether the run must stop.
 
         Args:
             step: the trainer's step, for the log.
@@ -66,6 +68,9 @@ class SpreadGuard:
         if math.isfinite(entropy):  # none before the first trained step
             figures["entropy"] = round(entropy, 4)
         if verdict is collapse.Verdict.WARN:
+            if self.warned_at == step:
+                return False
+            self.warned_at = step
             log.warning(
                 "no reward spread left: almost every group's rewards are all equal, so GRPO has "
                 "nothing to learn from and the trainer generates and drops group after group. "

@@ -80,7 +80,9 @@ class AsyncGRPOTrainer:
     """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
 
     The constructor follows TRL's ``AsyncGRPOTrainer``. Set ``loop_cls`` on a
-    subclass to customise the rollout loop.
+    subclass to customise the rollout loop. Not in TRL: ``eval_reward_funcs`` score the
+    evaluations of ``eval_dataset`` where they should differ from ``reward_funcs`` (by
+    default the training rewards score them too; docs/evaluation.md).
 
     Example::
 
@@ -105,6 +107,7 @@ class AsyncGRPOTrainer:
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: Any = None,
         eval_dataset: Any = None,
+        eval_reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     ) -> None:
         self.args = args or AsyncGRPOConfig()
         seed_everything(self.args)
@@ -121,6 +124,15 @@ class AsyncGRPOTrainer:
             )
         check_dataset(train_dataset, environment_factory, self.args)
         self.eval_datasets = eval_datasets_of(eval_dataset, environment_factory, self.args)
+        self.eval_reward_funcs = (
+            []
+            if eval_reward_funcs is None
+            else (list(eval_reward_funcs) if isinstance(eval_reward_funcs, Sequence)
+                  else [eval_reward_funcs])
+        )  # fmt: skip
+        reject_reward_models(self.eval_reward_funcs)
+        if self.eval_reward_funcs and not self.eval_datasets:
+            raise ValueError("eval_reward_funcs score evaluations: give the eval_dataset too")
         self.reward_funcs = funcs
         self.train_dataset = train_dataset
         self.tools = list(tools or [])
@@ -225,6 +237,7 @@ class AsyncGRPOTrainer:
             after_checkpoint=self._publisher.after_checkpoint,
             cpu_plan=self.cpu_plan,
             eval_datasets=self.eval_datasets,
+            eval_reward_funcs=tuple(self.eval_reward_funcs),
         )
 
     def evaluate(

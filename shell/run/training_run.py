@@ -128,7 +128,7 @@ class TrainingRun:
             schedule.interval_steps(every, self.args.max_steps) if evaluating else None,
             bool(inputs.eval_datasets) and self.args.eval_on_start,
             None if saved is None else saved.last_evaluated,
-            on_metrics=lambda figures: self.callbacks.evaluate(figures),
+            on_metrics=self._evaluated,
         )  # fmt: skip
         self.pin = VersionPin() if self.rank0 else None
         self.process: RolloutProcess | None = None
@@ -238,6 +238,7 @@ class TrainingRun:
             start_cursor=self.intake.cursor,
             lora_name=self.weights.lora_name if self.weights is not None else None,
             eval_datasets=given.eval_datasets,
+            eval_reward_funcs=given.eval_reward_funcs,
         )
 
     # ----------------------------------------------------------------- the loop
@@ -473,6 +474,11 @@ class TrainingRun:
         self.intake.completions = []
         self.callbacks.log(summary)
         return summary
+
+    def _evaluated(self, version: int, figures: dict[str, float]) -> None:
+        """Rank 0: an evaluation of ``version`` arrived; it is logged at step ``version``."""
+        self.window_log.evaluation(version, figures)
+        self.callbacks.evaluate(figures, step=version)
 
     def _save_checkpoint(self) -> None:
         with interrupts_deferred():  # a checkpoint is written whole or not at all

@@ -12,7 +12,6 @@ from asyncgrpo.core.experiments.evaluation import (
     Evaluation,
     PromptScore,
     evaluation_metrics,
-    evaluation_observations,
 )
 from asyncgrpo.core.metrics import MetricWindow, latest, merge, record, summarize
 
@@ -79,9 +78,3 @@ def test_a_window_keeps_the_newest_evaluation_whatever_the_order(results, random
         merged = merge(merged, window) if random.random() < 0.5 else merge(window, merged)
     newest = max(results, key=lambda r: (r[1], r[0]))
     assert summarize(merged)["eval/t/reward"] == newest[0]
-
-
-def test_evaluation_observations_order_by_version() -> None:
-    older = evaluation_observations({"eval/t/reward": 0.9}, version=2)
-    newer = evaluation_observations({"eval/t/reward": 0.1}, version=4)
-    assert summarize(record(MetricWindow(), [*newer, *older])) == {"eval/t/reward": 0.1}

@@ -239,3 +239,24 @@ def test_run_statistics():
         metric_median(curve, "perf/nothing")
     run = Run({"lr": 0.01, "flag": True}, 3, curve)
     assert run.describe() == "lr=0.01, flag=true, seed=3"
+
+
+def test_rows_of_evaluations_alone_are_points_without_reward_or_step_time() -> None:
+    """metrics.jsonl gives an evaluation at a step that logged no window a row of its own
+    (version 0's, or one between logging steps): it is a curve point at the wall time so far,
+    without a reward, that leaves the windows' step counts and the pipeline figures alone."""
+    from asyncgrpo.core.experiments.curves import metric_gain
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures, samples_per_s
+
+    windows = [
+        {"step": 2, "reward": 0.25, "perf/step_s": 0.5, "batch/samples_per_step": 4.0},
+        {"step": 4, "reward": 0.75, "perf/step_s": 1.0, "batch/samples_per_step": 8.0},
+    ]
+    rows = [{"step": 0, "eval/held/reward": 0.125}, windows[0],
+            {"step": 3, "eval/held/reward": 0.5}, windows[1]]  # fmt: skip
+    curve = curve_from_rows(rows)
+    assert [(p.step, p.wall_s) for p in curve.points] == [(0, 0.0), (2, 1.0), (3, 1.0), (4, 3.0)]
+    assert final_reward(curve, last=2) == 0.5 and auc_steps(curve) == 0.5
+    assert metric_gain(curve, "eval/held/reward") == 0.375
+    assert pipeline_figures(rows, skip_windows=0) == pipeline_figures(windows, skip_windows=0)
+    assert samples_per_s(rows, skip_windows=1) == samples_per_s(windows, skip_windows=1) == 8.0

@@ -196,6 +196,57 @@ def test_train_fails_naming_the_closest_flag_or_key(tmp_path, capsys) -> None:
     assert "did you mean '--max_steps'" in capsys.readouterr().err
 
 
+def test_train_takes_evaluation_datasets_and_rewards_by_flag_and_config_key(tmp_path) -> None:
+    """``--eval_dataset [NAME=]PATH`` repeats (or takes several values) in the forms of
+    ``asyncgrpo eval --dataset``; a lone unnamed one is ``eval``; ``--eval_reward`` likewise;
+    the config file's ``eval_dataset`` and ``eval_reward_funcs`` say the same; flags win."""
+    base = ["--model", "m", "--dataset", "d.jsonl", "--reward", "a:b", "--reward", "c:d"]
+    settings = parse_train_args([*base, "--eval_dataset", "held=h.jsonl", "--eval_dataset",
+                                 "data/other.jsonl", "mod:fn", "--eval_reward", "e:f"])  # fmt: skip
+    assert settings.rewards == ["a:b", "c:d"]
+    assert settings.eval_datasets == {"held": "h.jsonl", "other": "data/other.jsonl",
+                                      "mod:fn": "mod:fn"}  # fmt: skip
+    assert settings.eval_rewards == ["e:f"]
+    assert parse_train_args([*base, "--eval_dataset", "h.jsonl"]).eval_datasets == {
+        "eval": "h.jsonl"}  # fmt: skip
+    assert parse_train_args(base).eval_datasets == {}
+    path = tmp_path / "run.toml"
+    path.write_text('model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
+                    'eval_reward_funcs = "e:f"\n[eval_dataset]\nheld = "h.jsonl"\n')  # fmt: skip
+    from_file = parse_train_args(["--config", str(path)])
+    assert (from_file.eval_datasets, from_file.eval_rewards) == ({"held": "h.jsonl"}, ["e:f"])
+    flagged = parse_train_args(["--config", str(path), "--eval_dataset", "x=y.jsonl"])
+    assert flagged.eval_datasets == {"x": "y.jsonl"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--eval_dataset", "a.jsonl", "--eval_dataset", "a.jsonl"],
+         "--eval_dataset: the name 'a' is given twice; name each dataset with NAME=PATH"),
+        (["--eval_reward", "e:f"], "give the held-out prompts with --eval_dataset"),
+        (["--eval_dataset", "held=h.jsonl"], "only with --eval_strategy steps"),
+        (["--eval_strategy", "steps"], "give them with --eval_dataset"),
+        (["--eval_on_start"], "give them with --eval_dataset"),
+        (["--eval_dataset", "h=missing.txt", "--eval_on_start"],
+         "dataset 'missing.txt': give a .json/.jsonl file"),
+        (["--eval_dataset", "h.jsonl", "--eval_on_start", "--eval_reward", "nomodule"],
+         "--eval_reward function 'nomodule' must look like 'package.module:name'"),
+    ],
+)  # fmt: skip
+def test_train_evaluation_flags_fail_naming_the_flag_and_the_fix(tmp_path, capsys, flags,
+                                                                  message) -> None:  # fmt: skip
+    """Each refusal comes before a model loads or a server starts (the model 'm' does not
+    exist), from ``asyncgrpo train`` with exit status 2."""
+    prompts = tmp_path / "d.jsonl"
+    prompts.write_text('{"prompt": [{"role": "user", "content": "1+1?"}]}\n')
+    base = ["--model", "m", "--dataset", str(prompts), "--reward",
+            "asyncgrpo.shell.commands.demo:digit_fraction_reward", "--output_dir",
+            str(tmp_path)]  # fmt: skip
+    assert main(["train", *base, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_train_help_shows_every_field_with_its_help(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--help"])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import TrainerCallback
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -55,18 +56,21 @@ def prompts(n: int, word: str, **columns) -> Dataset:
 
 
 class EvaluationsSeen(TrainerCallback):
-    """What ``on_evaluate`` received and when (monotonic seconds), and when each step ended;
-    the count of ended steps also goes to ``steps_file`` for the reward to see."""
+    """What ``on_evaluate`` received, at which step and when (monotonic seconds), and when
+    each step ended; the count of ended steps also goes to ``steps_file`` for the reward to
+    see."""
 
     def __init__(self, steps_file: Path | None = None) -> None:
         self.metrics: list[dict[str, float]] = []
         self.arrived: list[float] = []
+        self.steps: list[int] = []  # state.global_step in on_evaluate
         self.step_ends: list[float] = []
         self.steps_file = steps_file
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.metrics.append(dict(metrics or {}))
         self.arrived.append(time.monotonic())
+        self.steps.append(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_ends.append(time.monotonic())
@@ -94,19 +98,22 @@ def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
 
 
 def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_path) -> None:
-    """eval_on_start and every 2 steps of 6. An evaluation takes longer than a step (its reward
-    call sleeps 2 s, then waits for a step to end), yet steps keep ending while it runs
-    (max_staleness 4): the pushes of later versions wait for it instead
-    (perf/weight_push_held_s), and every step's time is logged.
-    A due version whose push was replaced while held is stood in for by the next one to land,
-    so the versions are 0, then one per crossed multiple of 2, ending at 6."""
+    """eval_on_start and every step (eval_steps=1) of 6. An evaluation takes longer than a
+    step (its reward call sleeps 2 s, then waits for a step to end), yet steps keep ending
+    while it runs (max_staleness 4): the pushes of later versions wait for it instead
+    (perf/weight_push_held_s), and every step's time is logged. A due version whose push was
+    replaced while held is stood in for by the next one to land, so the versions rise, ending
+    at 6. Each arrives steps after its version's step was logged, yet is logged at its version's
+    step: in metrics.jsonl (rows in step order, none dropped), in tensorboard's event files
+    (report_to, read back) and in ``on_evaluate``'s ``state.global_step``."""
     server, path = served
     seen = EvaluationsSeen(steps_file=tmp_path / "steps_ended")
-    trainer(server, path, tmp_path, [seen], steps_file=seen.steps_file).train()
+    trainer(server, path, tmp_path, [seen], steps_file=seen.steps_file, eval_steps=1,
+            report_to=["tensorboard"]).train()  # fmt: skip
     evaluations = read_metrics(tmp_path / "run", EVALUATIONS_FILE)
     versions = [e["step"] for e in evaluations]
     assert versions[0] == 0 and versions[-1] == 6, versions
-    assert all(b // 2 > a // 2 for a, b in itertools.pairwise(versions)), versions
+    assert all(b > a for a, b in itertools.pairwise(versions)), versions
     assert all(e["eval/held/version"] == e["step"] for e in evaluations)
     assert all(e["eval/held/prompts"] == 4 for e in evaluations)
     assert all(e["eval/duration_s"] >= EVAL_REWARD_S for e in evaluations)
@@ -116,15 +123,26 @@ def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_
             low, high = e[f"eval/held/{name}/ci_low"], e[f"eval/held/{name}/ci_high"]
             assert low <= e[f"eval/held/{name}"] <= high, (name, e)
     assert [m["eval/held/version"] for m in seen.metrics] == versions
+    assert seen.steps == versions  # on_evaluate at the version's step
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    assert all(r["perf/step_s"] > 0 for r in rows)
+    windows = [r["step"] for r in rows if "perf/step_s" in r]
+    assert windows == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows] == sorted({*windows, *versions})  # in order, one a step
+    assert all(r["perf/step_s"] > 0 for r in rows if r["step"] in windows)
     assert sum(r.get("perf/weight_push_held_s", 0.0) for r in rows) > 0
-    logged = [r["eval/held/version"] for r in rows if "eval/held/version" in r]
-    assert logged == sorted(logged) and logged[-1] == 6  # a window keeps the newest
+    logged = {r["step"]: r["eval/held/version"] for r in rows if "eval/held/version" in r}
+    assert logged == {v: v for v in versions}
+    (logdir,) = (tmp_path / "run" / "runs").iterdir()
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    drawn = [(s.step, s.value) for s in events.Scalars("train/eval/held/version")]
+    assert drawn == [(v, v) for v in versions]
     (first, arrived), *_ = zip(seen.metrics, seen.arrived, strict=True)
     during = [t for t in seen.step_ends if arrived - first["eval/duration_s"] < t < arrived]
     assert first["eval/held/version"] == 0 and during, (first, seen.step_ends, arrived)
+    late = [v for v, t in zip(versions, seen.arrived, strict=True)
+            if sum(end < t for end in seen.step_ends) > v + 1]  # fmt: skip
+    assert late, "no evaluation arrived after a later step's row: nothing was tested"
 
 
 def test_a_greedy_evaluation_gives_the_same_result_twice(served, tmp_path) -> None:
