@@ -38,7 +38,7 @@ import structlog
 
 from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying
-from asyncgrpo.core.servers.outage import Failure, classify_failure
+from asyncgrpo.core.servers.outage import Failure, after_silent_probe, classify_failure
 
 log = structlog.get_logger("asyncgrpo.vllm_client")
 
@@ -264,15 +264,18 @@ class ServerTransport:
             silent = time.monotonic() - silent_from
             if silent >= self.timeout_s or self.stall_outage:
                 return silent
-            if time.monotonic() - self._silence_logged_at >= SILENCE_LOG_EVERY_S - 1.0:
-                self._silence_logged_at = time.monotonic()
-                log.warning(f"the vLLM server at {self.base_url} has not answered for "
-                            f"{silent:.0f} s", call=what,
-                            fails_after_s=round(self.timeout_s))  # fmt: skip
-            # the next probe ends about when the next log or the deadline is due
-            next_due = min(self._silence_logged_at + SILENCE_LOG_EVERY_S,
-                           silent_from + self.timeout_s)  # fmt: skip
-            await anyio.sleep(max(0.5, next_due - time.monotonic() - PROBE_TIMEOUT_S))
+            step = after_silent_probe(time.monotonic(), self._silence_logged_at,
+                                      SILENCE_LOG_EVERY_S, PROBE_TIMEOUT_S,
+                                      silent_from + self.timeout_s)  # fmt: skip
+            if step.log_at is not None:
+                await anyio.sleep(max(0.0, step.log_at - time.monotonic()))
+                logged_since = time.monotonic() - self._silence_logged_at  # by another call
+                if self._silent_since is not None and logged_since >= SILENCE_LOG_EVERY_S - 1.0:
+                    self._silence_logged_at = time.monotonic()
+                    log.warning(f"the vLLM server at {self.base_url} has not answered for "
+                                f"{time.monotonic() - silent_from:.0f} s", call=what,
+                                fails_after_s=round(self.timeout_s))  # fmt: skip
+            await anyio.sleep(max(0.0, step.probe_at - time.monotonic()))
 
     async def _answers(self) -> bool:
         """Whether ``/health`` answers now, on a connection of its own (one probe at a time

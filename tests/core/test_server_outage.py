@@ -2,7 +2,7 @@
 
 import itertools
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from asyncgrpo.core.servers.outage import (
@@ -10,6 +10,7 @@ from asyncgrpo.core.servers.outage import (
     Failure,
     OutageClock,
     ServerTrust,
+    after_silent_probe,
     classify_failure,
     identity_seen,
     next_wait,
@@ -200,3 +201,43 @@ def test_a_pool_is_gone_only_when_every_server_is_and_since_the_last_went(down) 
         assert since is None
     else:
         assert since == max(down)
+
+
+def simulated_silence_logs(durations: list[float], every_s: float, probe_s: float,
+                           deadline: float) -> list[float]:  # fmt: skip
+    """The times a silence watchdog logs when its probes take ``durations`` in turn (each in
+    ``[0, probe_s]``: 0 is a probe reused from another call's) against a silent server."""
+    logs: list[float] = []
+    logged_at, now = -float("inf"), durations[0]
+    for duration in itertools.chain(durations[1:], itertools.repeat(probe_s)):
+        if now >= deadline:
+            return logs
+        step = after_silent_probe(now, logged_at, every_s, probe_s, deadline)
+        if step.log_at is not None:
+            assert step.log_at >= now and step.probe_at >= step.log_at
+            logs.append(step.log_at)
+            logged_at = step.log_at
+        now = max(step.probe_at, now) + duration
+    return logs
+
+
+@example(durations=[5.0, 5.0, 0.0, 5.0, 5.0, 5.0], every_s=10.0, probe_s=5.0)  # the 14 s gap
+@given(
+    durations=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=40),
+    every_s=st.floats(5.0, 30.0),
+    probe_s=st.floats(0.5, 5.0),
+)
+def test_silence_logs_come_every_interval_whatever_the_probes_take(
+    durations: list[float], every_s: float, probe_s: float
+) -> None:
+    """However long each probe takes (up to its timeout) or however early one ends (a reused
+    probe), the silence is logged at the start and then every ``every_s``: never a log late by
+    a probe's length (the 14 s gaps of a 10 s interval), never two within a second of the
+    interval."""
+    durations = [min(d, probe_s) for d in durations]
+    deadline = durations[0] + 6 * every_s
+    logs = simulated_silence_logs(durations, every_s, probe_s, deadline)
+    assert logs and logs[0] == durations[0]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(logs)]
+    assert all(every_s - 1.0 - 1e-9 <= gap <= every_s + 1e-9 for gap in gaps), gaps
+    assert deadline - logs[-1] <= every_s + probe_s + 1e-9
