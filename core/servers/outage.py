@@ -147,6 +147,10 @@ def next_wait(
     return WaitDecision(False, log, sleep_s, waited, updated)
 
 
+PROBE_GAP_S = 0.5
+"""Seconds the silence watchdog leaves at least between two of its probes."""
+
+
 @attrs.frozen
 class SilenceStep:
     """What a call's silence watchdog does after a ``/health`` probe found the server silent.
@@ -185,11 +189,11 @@ def after_silent_probe(now: float, logged_at: float, every_s: float, probe_s: fl
     log_at: float | None = None
     if now >= due - 1.0:
         log_at = now
-    elif due - now <= probe_s and due < deadline:
-        log_at = due
+    elif due - now < probe_s + PROBE_GAP_S and due < deadline:
+        log_at = due  # a probe starting at the earliest, PROBE_GAP_S from now, may end late
     next_due = due if log_at is None else log_at + every_s
-    probe_at = max(now + 0.5 if log_at is None else log_at, min(next_due, deadline) - probe_s)
-    return SilenceStep(log_at, probe_at)
+    earliest = now + PROBE_GAP_S if log_at is None else log_at
+    return SilenceStep(log_at, max(earliest, min(next_due, deadline) - probe_s))
 
 
 @attrs.frozen

@@ -222,6 +222,7 @@ def simulated_silence_logs(durations: list[float], every_s: float, probe_s: floa
 
 
 @example(durations=[5.0, 5.0, 0.0, 5.0, 5.0, 5.0], every_s=10.0, probe_s=5.0)  # the 14 s gap
+@example(durations=[0.0, 0.0], every_s=18.0, probe_s=1.1)  # a probe's least gap ran past the due
 @given(
     durations=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=40),
     every_s=st.floats(5.0, 30.0),

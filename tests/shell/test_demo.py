@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from asyncgrpo.core.experiments.curves import evaluation_only
 from asyncgrpo.core.run.step_time import STEP_PARTS
 from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.commands import main
@@ -20,8 +21,9 @@ def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)
     assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20",
                  "--vllm-enforce-eager"]) == 0  # fmt: skip
-    rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == list(range(1, 21))
+    logged = read_metrics(tmp_path)  # the held-out evaluation of version 0 is a row of its own
+    assert [r["step"] for r in logged] == list(range(21)) and evaluation_only(logged[0])
+    rows = logged[1:]
     rewards = [r["reward"] for r in rows]
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
     assert rows[0]["sample/staleness_max"] == 0

@@ -29,6 +29,7 @@ from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm.server import VLLMServer
+from asyncgrpo.core.experiments.curves import evaluation_only
 from asyncgrpo.core.servers.match import ServerMismatch
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
@@ -136,8 +137,10 @@ def test_both_servers_generate_and_hold_the_trainers_weights_after_each_sync(
                       eval_on_start=True)  # fmt: skip
     parity.trainer = run
     assert run.train().global_step == 4
-    rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    logged = read_metrics(tmp_path / "run")  # version 0's evaluation has a row of its own
+    assert [r["step"] for r in logged] == [0, 1, 2, 3, 4] and evaluation_only(logged[0])
+    assert [r["step"] for r in logged if "eval/eval/version" in r] == [0, 2, 4]
+    rows = [r for r in logged if not evaluation_only(r)]
     evaluated = read_metrics(tmp_path / "run", EVALUATIONS_FILE)  # split over both servers
     assert [e["step"] for e in evaluated] == [0, 2, 4]  # pushes waited for: each version lands
     assert all(e["eval/eval/version"] == e["step"] for e in evaluated)
