@@ -80,6 +80,7 @@ from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.kernels.backends import BackendUnavailableError, check_backend
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
 from asyncgrpo.adapters.models.lora import wrap_with_lora
+from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
 from asyncgrpo.adapters.transfer.streams import record_ready, stream_ordered
 from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
@@ -96,7 +97,6 @@ DCP_TOL = 1e-6  # |resumed - uninterrupted| loss at C / |uninterrupted|
 ROW_FILL_TOL = 0.01  # a budget-N row holds N tokens within 1%
 PACKING_RATIO = (3.2, 3.6)  # the tree-vs-padded samples' packing ratio (aimed at 3.4)
 CHEAP_BACKEND = "dense"  # of checks that do not test attention: SDPA, compiled on no device
-ALIGN_BYTES = 16  # each tensor starts 16-byte aligned in a chunk, as the gloo engine packs
 QWEN3_0_6B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, intermediate_size=3072,
                   vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
@@ -359,35 +359,6 @@ def check_weights(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row
                f"{'bit-equal' if equal_logp else 'DIFFER'}",
                same_bytes and equal_logp)  # fmt: skip
     return [contract, trip]
-
-
-def padded_nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
-    """Bytes a tensor takes in a chunk: rounded up to :data:`ALIGN_BYTES`, as the gloo
-    engine's ``padded_nbytes`` (that module imports vLLM, which the GPU machine lacks;
-    ``tests/test_gpu_check.py`` checks that both lay the bytes out alike)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def pack(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> torch.Tensor:
-    """uint8 [sum(sizes)] on the tensors' device: each tensor's bytes at its padded offset,
-    one ``torch.cat`` of byte views as vLLM's NCCL packer builds its buffers."""
-    parts = []
-    for tensor, size in zip(tensors, sizes, strict=True):
-        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        parts += [data, data.new_zeros(size - data.numel())]
-    return torch.cat(parts)
-
-
-def unpack(buffer: torch.Tensor, metas: Sequence[tuple[str, torch.dtype, tuple[int, ...]]],
-           ) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
-    """The named tensors :func:`pack` laid out in ``buffer`` (views)."""
-    tensors, offset = [], 0
-    for name, dtype, shape in metas:
-        nbytes = math.prod(shape) * dtype.itemsize
-        tensors.append((name, buffer[offset : offset + nbytes].view(dtype).reshape(shape)))
-        offset += padded_nbytes(dtype, shape)
-    return tensors
 
 
 def check_race(device: torch.device, sizes: Sizes) -> list[Row]:

@@ -16,10 +16,9 @@ backend is used.
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Self
@@ -38,11 +37,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
 from asyncgrpo.core.weights.sync import GLOO, chunk_bounds
 
 TRANSPORT = "gloo"
 DEFAULT_CHUNK_BYTES = 256 * 2**20
-ALIGN_BYTES = 16
 
 
 @dataclass(kw_only=True)
@@ -257,7 +256,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         sizes = [padded_nbytes(m.dtype, m.shape) for m in meta]
         for start, stop in chunk_bounds(sizes, self.chunk_bytes):
             chunk = [tensor for _, tensor in itertools.islice(pairs, stop - start)]
-            self._wait(self.group.broadcast(pack(chunk, sizes[start:stop]), 0), receiving)
+            packed = pack(chunk, sizes[start:stop]).cpu()  # gloo sends from host memory
+            self._wait(self.group.broadcast(packed, 0), receiving)
         next(pairs, None)  # runs the source's end-of-round check
 
     def _wait(self, work: Any, receiving: Background) -> None:
@@ -273,36 +273,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         if self.group is not None:
             self.group.shutdown()
             self.group = None
-
-
-def padded_nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
-    """Bytes a tensor takes in a chunk: its size rounded up to :data:`ALIGN_BYTES`, so that every
-    tensor starts aligned for any dtype when viewed back out of the byte buffer."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def pack(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> torch.Tensor:
-    """One uint8 CPU buffer holding ``tensors`` back to back at their padded ``sizes``."""
-    buffer = torch.zeros(sum(sizes), dtype=torch.uint8)
-    offset = 0
-    for tensor, size in zip(tensors, sizes, strict=True):
-        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        buffer[offset : offset + data.numel()].copy_(data)
-        offset += size
-    return buffer
-
-
-def unpack(
-    buffer: torch.Tensor, metas: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]
-) -> list[tuple[str, torch.Tensor]]:
-    """The named tensors :func:`pack` laid out in ``buffer`` (views, no copy)."""
-    tensors, offset = [], 0
-    for name, dtype, shape in metas:
-        nbytes = math.prod(shape) * dtype.itemsize
-        tensors.append((name, buffer[offset : offset + nbytes].view(dtype).reshape(shape)))
-        offset += padded_nbytes(dtype, shape)
-    return tensors
 
 
 def checked(source: WeightSource, meta: list[ParamMeta]) -> Iterator[tuple[str, torch.Tensor]]:
