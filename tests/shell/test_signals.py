@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from processes import alive, kill_all
+from processes import alive_after, described, kill_all
 
 pytestmark = pytest.mark.server
 
@@ -44,10 +44,7 @@ def wait_for(condition, process: subprocess.Popen, log: Path, timeout_s: float) 
 
 
 def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while alive(processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive(processes)]
+    return [described(p) for p in alive_after(processes, timeout_s)]
 
 
 def run_demo_until_first_step(tmp_path: Path):

@@ -4,6 +4,7 @@ a run and then check that nothing of it is left)."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import psutil
 
@@ -16,6 +17,21 @@ def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
             if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 left.append(process)
     return left
+
+
+def alive_after(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running once they all exited or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def described(process: psutil.Process) -> str:
+    """``"pid command"`` of ``process`` (its pid alone once it has gone)."""
+    with contextlib.suppress(psutil.Error):
+        return f"{process.pid} {' '.join(process.cmdline())[:120]}"
+    return str(process.pid)
 
 
 def kill_all(processes: list[psutil.Process]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 import psutil
-from processes import alive, kill_all
+from processes import alive_after, described, kill_all
 
 WORKER = Path(__file__).parents[1] / "distributed" / "trainer_worker.py"
 RUN_TIMEOUT_S = 600.0  # 24 s alone (docs/testing.md), 107-117 s beside other work: generous
@@ -98,7 +98,8 @@ def run_trainer(
             time.sleep(0.2)
         seconds = time.monotonic() - start
         codes = [agent.poll() for agent in agents]
-        left = () if None in codes else tuple(map(described, still_running(seen)))
+        running = [] if None in codes else alive_after(list(seen.values()), GONE_TIMEOUT_S)
+        left = tuple(map(described, running))
     finally:
         kill_all([*seen.values(), *(psutil.Process(a.pid) for a in agents if a.poll() is None)])
         for agent in agents:
@@ -109,22 +110,6 @@ def run_trainer(
     assert None not in codes, f"the run outlasted {RUN_TIMEOUT_S} s:\n{run.log_tail()}"
     assert codes == [0] * len(agents), f"exit codes {codes}:\n{run.log_tail()}"
     return run
-
-
-def still_running(processes: dict[int, psutil.Process]) -> list[psutil.Process]:
-    """Those of ``processes`` still running ``GONE_TIMEOUT_S`` after the run ended (or at
-    once, when none is)."""
-    deadline = time.monotonic() + GONE_TIMEOUT_S
-    while (left := alive(list(processes.values()))) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
-def described(process: psutil.Process) -> str:
-    """``"pid command"`` of ``process`` (its pid alone once it has gone)."""
-    with contextlib.suppress(psutil.Error):
-        return f"{process.pid} {' '.join(process.cmdline())[:120]}"
-    return str(process.pid)
 
 
 def read_identities(directory: Path) -> dict[int, dict[str, int]]:
