@@ -24,13 +24,17 @@ from asyncgrpo.shell.experiments import (
     Sweep,
     SweepError,
     SweepResult,
+    WorkloadPlan,
     compare,
     load_runs,
     plan,
     plan_report,
+    plan_workload,
     read_index,
     read_sweep,
+    read_workload,
     run_sweep,
+    workload_report,
 )
 
 __all__ = [
@@ -40,11 +44,15 @@ __all__ = [
     "Sweep",
     "SweepError",
     "SweepResult",
+    "WorkloadPlan",
     "compare",
     "load_runs",
     "plan",
     "plan_report",
+    "plan_workload",
     "read_index",
     "read_sweep",
+    "read_workload",
     "run_sweep",
+    "workload_report",
 ]

@@ -24,9 +24,16 @@ gives throughputs from a GPU's published peak figures: predictions, never measur
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
+
+from asyncgrpo.core.experiments.generator import Generator
+from asyncgrpo.core.experiments.hardware import GPU, GPUS, INTERCONNECTS, parameters_only
+from asyncgrpo.core.experiments.parts import fsdp_trainer
+
+__all__ = ["GPU", "GPUS", "Candidate", "Prediction", "Throughputs", "candidates",
+           "gpu_throughputs", "recommend", "scaled_throughputs"]  # fmt: skip
 
 STALENESS_CHOICES = (0, 1, 2, 4)
 SYNC_STEP_CHOICES = (1, 2, 4)
@@ -41,20 +48,23 @@ class Candidate:
         train_devices: devices (cores or GPUs) of the trainer.
         servers: vLLM servers, sharing the other devices equally.
         max_staleness, weight_sync_steps: as in ``AsyncGRPOConfig``.
+        tensor_parallel: GPUs per server (a GPU plan; 1 on CPU).
     """
 
     train_devices: int
     servers: int
     max_staleness: int
     weight_sync_steps: int
+    tensor_parallel: int = 1
 
     def generation_devices(self, devices: int) -> int:
         """Devices of the servers on a machine of ``devices``."""
         return devices - self.train_devices
 
     def label(self) -> str:
+        tp = f",tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return (f"max_staleness={self.max_staleness},weight_sync_steps={self.weight_sync_steps},"
-                f"train_devices={self.train_devices},servers={self.servers}")  # fmt: skip
+                f"train_devices={self.train_devices},servers={self.servers}{tp}")  # fmt: skip
 
 
 def candidates(
@@ -142,27 +152,6 @@ def scaled_throughputs(
     )
 
 
-@attrs.frozen
-class GPU:
-    """A GPU's published peak figures (dense bf16 FLOP/s, memory bandwidth in bytes/s)."""
-
-    name: str
-    bf16_flops: float
-    memory_bytes_per_s: float
-
-
-GPUS: Mapping[str, GPU] = {
-    g.name: g
-    for g in (
-        GPU("a100", 312e12, 2.039e12),
-        GPU("h100", 989e12, 3.35e12),
-        GPU("h200", 989e12, 4.8e12),
-        GPU("l40s", 362e12, 0.864e12),
-    )
-}
-"""Vendors' data-sheet figures: A100 80GB SXM, H100 SXM, H200 SXM, L40S (dense, no sparsity)."""
-
-
 def gpu_throughputs(
     gpu: GPU,
     parameters: float,
@@ -186,10 +175,17 @@ def gpu_throughputs(
     """
     if parameters <= 0 or concurrency < 1:
         raise ValueError("parameters must be > 0 and concurrency >= 1")
-    train = train_mfu * gpu.bf16_flops / (6.0 * parameters)
-    read_s = 2.0 * parameters / gpu.memory_bytes_per_s
-    compute_s = concurrency * 2.0 * parameters / (decode_mfu * gpu.bf16_flops)
-    return Throughputs(train, 0.0, 0.0, concurrency / max(read_s, compute_s), weight_sync_s)
+    model = parameters_only(parameters)
+    link = INTERCONNECTS["nvlink4"]  # one GPU: no collective crosses it
+    trainer = fsdp_trainer(model, gpu, 1, link, link, 1, micro_batch_tokens=0.0,
+                           micro_batches=1, mfu=train_mfu)  # fmt: skip
+    decode = Generator(
+        compute_s_per_request=model.flops_per_token / (decode_mfu * gpu.bf16_flops),
+        weight_read_s=model.weight_bytes / gpu.memory_bytes_per_s,
+        roofline=True,
+    )
+    return Throughputs(trainer.tokens_per_s, 0.0, 0.0, decode.tokens_per_s(concurrency),
+                       weight_sync_s)  # fmt: skip
 
 
 @attrs.frozen
@@ -202,6 +198,10 @@ class Prediction:
         step_s: mean step seconds.
         staleness: mean staleness of trained samples (versions).
         trainer_idle_frac: share of the step the trainer waited for samples.
+        generator_idle_frac: share of the servers' time with no request running (None: not
+            simulated).
+        dropped_per_step: samples dropped as stale per step.
+        samples_per_step: trained samples per step.
     """
 
     candidate: Candidate
@@ -209,6 +209,9 @@ class Prediction:
     step_s: float
     staleness: float
     trainer_idle_frac: float
+    generator_idle_frac: float | None = None
+    dropped_per_step: float = 0.0
+    samples_per_step: float | None = None
 
 
 def recommend(predictions: Sequence[Prediction], tolerance: float = TOLERANCE) -> Prediction:

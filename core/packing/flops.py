@@ -19,7 +19,8 @@ shell measures one with a matmul at start.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -60,6 +61,37 @@ class ModelShape:
     head_dim: int
     hidden: int
     vocab: int
+
+
+def model_shape(config: Any) -> ModelShape:
+    """A decoder's shape from its config: a transformers config or ``config.json`` as a
+    mapping (dense MLPs, or MoE with the experts a token is routed to); linear-attention layers
+    are counted as softmax attention.
+
+    Example:
+        >>> model_shape({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        ...              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100})
+        ModelShape(linear_params=73728, layers=2, heads=4, head_dim=16, hidden=64, vocab=100)
+    """
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    elif isinstance(config, Mapping) and config.get("text_config"):
+        config = config["text_config"]
+
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+    hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
+    head_dim = int(get("head_dim") or hidden // heads)
+    kv_heads = int(get("num_key_value_heads") or heads)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    experts = int(get("num_experts_per_tok") or 0)
+    moe_width = int(get("moe_intermediate_size") or 0)
+    mlp = 3 * hidden * (experts * moe_width if experts and moe_width
+                        else int(get("intermediate_size")))  # fmt: skip
+    layers = int(get("num_hidden_layers"))
+    return ModelShape(linear_params=layers * (attention + mlp), layers=layers, heads=heads,
+                      head_dim=head_dim, hidden=hidden, vocab=int(get("vocab_size")))  # fmt: skip
 
 
 def query_key_pairs(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]) -> int:

@@ -23,18 +23,19 @@ from asyncgrpo.shell.run import (
 
 def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
     for field in attrs.fields(SimulationConfig):
+        if field.metadata.get("flag", True) is False:  # a part model given as a record
+            continue
         flag = "--" + field.name.replace("_", "-")
         if isinstance(field.default, bool):  # --weight-push-overlap / --no-weight-push-overlap
             parser.add_argument(flag, action=argparse.BooleanOptionalAction,
                                 default=field.default,
                                 help=f"(default: {field.default})")  # fmt: skip
             continue
-        parser.add_argument(
-            flag,
-            type=type(field.default),
-            default=field.default,
-            help=f"(default: {field.default})",
-        )
+        kind = type(field.default)
+        if field.default is None:  # an optional number: its annotation says which
+            kind = float if str(field.type).startswith("float") else int
+        parser.add_argument(flag, type=kind, default=field.default,
+                            help=f"(default: {field.default})")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,27 +162,126 @@ def _devices_pair(text: str) -> tuple[int, int]:
 def _add_plan_parser(commands: Any) -> None:
     planning = commands.add_parser(
         "plan",
-        help="recommend max_staleness, weight_sync_steps, servers and the split of a machine's "
-        "devices from a calibration run (docs/experiments.md)",
-        description="Simulates every setting on --devices with the calibration run's measured "
-        "throughputs scaled to its devices (or a GPU's published figures) and recommends one.",
+        help="plan a run: the split of GPUs (or cores) between trainer and servers, "
+        "max_staleness, weight_sync_steps, predictions and launch commands, from a workload "
+        "file or a calibration run (docs/experiments.md)",
+        description="With --workload FILE --gpus N: screens every split of the GPUs, simulates "
+        "the best with each setting from the part models (data-sheet figures) and prints the "
+        "split, the settings, the predictions and the launch commands. With --calibrate RUN "
+        "--devices N: simulates every setting with the run's measured throughputs scaled to "
+        "its devices (or a GPU's published figures) and recommends one.",
     )
-    planning.add_argument("--calibrate", metavar="RUN", required=True,
-                          help="a run of a sweep: its task and (without --gpu) its "
-                          "throughputs")  # fmt: skip
-    planning.add_argument("--devices", type=int, required=True,
-                          help="CPU cores (or GPUs with --gpu) of the planned machine")  # fmt: skip
-    planning.add_argument("--calibration-devices", type=_devices_pair, default=(1, 1),
-                          metavar="TRAIN:SERVER",
-                          help="devices of the calibration run's trainer and server "
-                          "(default: 1:1, the CPU plan on 2 cores)")  # fmt: skip
-    planning.add_argument("--gpu", help="predict from this GPU's published figures: "
-                          "a100, h100, h200, l40s")  # fmt: skip
-    planning.add_argument("--parameters", type=float,
-                          help="the model's parameter count (with --gpu), e.g. 1.5e9")  # fmt: skip
+    source = planning.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="a workload file (TOML): model, GPUs, batch, lengths "
+        "(docs/experiments.md, Planning a GPU run)",
+    )
+    source.add_argument(
+        "--calibrate",
+        metavar="RUN",
+        help="a run (of asyncgrpo train, demo or a sweep): its task and "
+        "(without --gpu) its throughputs",
+    )
+    planning.add_argument(
+        "--devices",
+        "--gpus",
+        dest="devices",
+        type=int,
+        help="GPUs (or CPU cores with --calibrate and no --gpu) of the "
+        "planned machine; with --workload, default: its [cluster] gpus",
+    )
+    planning.add_argument(
+        "--calibration-devices",
+        type=_devices_pair,
+        default=(1, 1),
+        metavar="TRAIN:SERVER",
+        help="devices of the calibration run's trainer and server "
+        "(default: 1:1, the CPU plan on 2 cores)",
+    )
+    planning.add_argument(
+        "--gpu", help="predict from this GPU's published figures: a100, h100, h200, b200, l40s"
+    )
+    planning.add_argument(
+        "--parameters", type=float, help="the model's parameter count (with --gpu), e.g. 1.5e9"
+    )
     planning.add_argument("--max-servers", type=int, help="at most this many servers")
-    planning.add_argument("--output-dir", required=True, help="where the simulations go")
+    planning.add_argument(
+        "--max-staleness",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="the max_staleness values to weigh (default: 0 1 2 4)",
+    )
+    planning.add_argument(
+        "--weight-sync-steps",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="the weight_sync_steps values to weigh (default: 1 2 4)",
+    )
+    planning.add_argument(
+        "--top-splits",
+        type=int,
+        default=3,
+        help="with --workload: splits simulated, the best screened (default: 3)",
+    )
+    planning.add_argument(
+        "--max-steps",
+        type=int,
+        help="steps simulated per setting (default: 12 with --workload, "
+        "the calibration run's with --calibrate)",
+    )
+    planning.add_argument(
+        "--output-dir", help="where the simulations go (default: a temporary directory)"
+    )
     planning.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from asyncgrpo.shell.experiments import (
+        STALENESS_CHOICES,
+        SYNC_STEP_CHOICES,
+        SweepError,
+        plan,
+        plan_report,
+        plan_workload,
+        read_workload,
+        workload_report,
+    )
+
+    staleness = tuple(args.max_staleness or STALENESS_CHOICES)
+    sync_steps = tuple(args.weight_sync_steps or SYNC_STEP_CHOICES)
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-plan-") as scratch:
+        out = args.output_dir or scratch
+        try:
+            if args.workload:
+                workload = read_workload(args.workload)
+                gpus = args.devices or workload.gpus
+                if gpus is None:
+                    raise ValueError("give --gpus N, or gpus in the workload's [cluster]")
+                result = plan_workload(workload, gpus, out, top_splits=args.top_splits,
+                                       staleness_choices=staleness, sync_step_choices=sync_steps,
+                                       steps=args.max_steps or 12,
+                                       progress=not args.no_progress)  # fmt: skip
+                print(workload_report(result))
+                return 0
+            if args.devices is None:
+                raise ValueError("--calibrate needs --devices N (the planned machine's devices)")
+            calibrated = plan(args.calibrate, args.devices, out,
+                              calibration_devices=args.calibration_devices, gpu=args.gpu,
+                              parameters=args.parameters, max_servers=args.max_servers,
+                              staleness_choices=staleness, sync_step_choices=sync_steps,
+                              max_steps=args.max_steps,
+                              progress=not args.no_progress)  # fmt: skip
+        except (SweepError, ValueError) as error:
+            print(f"asyncgrpo plan: {error}", file=sys.stderr)
+            return 2
+        print(plan_report(calibrated))
+    return 0
 
 
 def _sweep_or_compare(args: argparse.Namespace) -> int:
@@ -279,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             print("\n" + servers_report(points))
     elif args.command == "simulate":
-        values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)}
+        values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)
+                  if f.metadata.get("flag", True)}  # fmt: skip
         try:
             config = SimulationConfig(**values)
         except ValueError as error:
@@ -312,17 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "run it again to finish what is left", file=sys.stderr)  # fmt: skip
             return 128 + signum_of(error)
     elif args.command == "plan":
-        from asyncgrpo.shell.experiments import SweepError, plan, plan_report
-
-        try:
-            result = plan(args.calibrate, args.devices, args.output_dir,
-                          calibration_devices=args.calibration_devices, gpu=args.gpu,
-                          parameters=args.parameters, max_servers=args.max_servers,
-                          progress=not args.no_progress)  # fmt: skip
-        except (SweepError, ValueError) as error:
-            print(f"asyncgrpo plan: {error}", file=sys.stderr)
-            return 2
-        print(plan_report(result))
+        return _plan(args)
     elif args.command == "eval":
         from asyncgrpo.shell.commands.evaluate import run_eval
 

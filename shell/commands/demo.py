@@ -24,6 +24,7 @@ from datasets import Dataset
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
 from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
@@ -128,12 +129,12 @@ def run_demo(
     with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls
+        args = dataclasses.replace(config, vllm_server_base_url=base_url, vllm_server_api_key=key)
+        record_run_settings(args)  # the run can calibrate a plan (asyncgrpo plan --calibrate)
         trainer = AsyncGRPOTrainer(
             model=str(model_dir),
             reward_funcs=digit_fraction_reward,
-            args=dataclasses.replace(
-                config, vllm_server_base_url=base_url, vllm_server_api_key=key
-            ),
+            args=args,
             train_dataset=demo_dataset(),
             eval_dataset={"held_out": demo_eval_dataset()} if eval_steps > 0 else None,
         )

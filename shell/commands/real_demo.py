@@ -21,6 +21,7 @@ from typing import Any
 from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import EVALUATIONS_FILE, AsyncGRPOTrainer, TrainOutput, read_metrics
 from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 from asyncgrpo.tasks import answer_reward, arithmetic
@@ -90,11 +91,13 @@ def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps
                              max_logprobs=SERVER["max_logprobs"],
                              enforce_eager=SERVER["enforce_eager"], api_key=key)  # fmt: skip
     with local_servers(spec, servers_cpus_for(config, 1), output_dir) as started:
+        args = dataclasses.replace(config, vllm_server_base_url=started[0].base_url,
+                                   vllm_server_api_key=key)  # fmt: skip
+        record_run_settings(args)  # the run can calibrate a plan (asyncgrpo plan --calibrate)
         trainer = AsyncGRPOTrainer(
             model=model_dir,
             reward_funcs=answer_reward,
-            args=dataclasses.replace(config, vllm_server_base_url=started[0].base_url,
-                                     vllm_server_api_key=key),
+            args=args,
             train_dataset=train_problems(),
             eval_dataset={"held_out": held_out_problems()},
         )  # fmt: skip

@@ -286,6 +286,7 @@ def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.models.packaged import resolve_model
     from asyncgrpo.adapters.vllm.auth import new_api_key
+    from asyncgrpo.shell.experiments import record_run_settings
     from asyncgrpo.shell.run import AsyncGRPOTrainer
     from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
@@ -305,8 +306,9 @@ def run_train(argv: Sequence[str]) -> Any:
     peft_config = lora_config(settings.script)
 
     def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
-        trainer = AsyncGRPOTrainer(model=model, reward_funcs=reward_funcs,
-                                   args=build_config(settings, base_url, api_key),
+        args = build_config(settings, base_url, api_key)
+        record_run_settings(args)  # any run can calibrate a plan (asyncgrpo plan --calibrate)
+        trainer = AsyncGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
                                    train_dataset=prompts, peft_config=peft_config,
                                    eval_dataset=eval_datasets,
                                    eval_reward_funcs=eval_reward_funcs)  # fmt: skip

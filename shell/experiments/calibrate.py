@@ -49,13 +49,37 @@ class Prediction:
     errors: tuple[FigureError, ...]
 
 
+RUN_SETTINGS = "run_settings.json"
+"""Written by ``asyncgrpo train`` and ``asyncgrpo demo`` into the run's directory: the settings
+a calibration reads (:data:`SETTINGS_READ`), so that any run can be planned from."""
+SETTINGS_READ = ("output_dir", "num_generations", "max_staleness", "weight_sync_steps",
+                 "weight_push_overlap", "max_concurrent_rollouts", "token_budget",
+                 "gradient_accumulation_steps", "logging_steps", "max_completion_length",
+                 "vllm_server_base_url", "seed")  # fmt: skip
+
+
+def record_run_settings(config: AsyncGRPOConfig) -> Path:
+    """Write the settings a calibration reads into ``config.output_dir``/:data:`RUN_SETTINGS`."""
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    values = {name: getattr(config, name) for name in SETTINGS_READ}
+    (out / RUN_SETTINGS).write_text(json.dumps({"config": values}, indent=1))
+    return out / RUN_SETTINGS
+
+
 def run_config(run_dir: Path) -> AsyncGRPOConfig:
-    """A sweep run's config (its ``run_spec.json``)."""
-    spec = run_dir / RUN_SPEC
-    if not spec.exists():
-        raise SweepError(f"{run_dir}: no {RUN_SPEC}; calibrate and predict runs of a sweep "
-                         "(asyncgrpo sweep), whose settings are recorded")  # fmt: skip
-    return AsyncGRPOConfig(**json.loads(spec.read_text())["config"])
+    """A run's config: a sweep run's ``run_spec.json``, or the :data:`RUN_SETTINGS` that
+    ``asyncgrpo train`` and ``asyncgrpo demo`` write."""
+    for name in (RUN_SPEC, RUN_SETTINGS):
+        if (run_dir / name).exists():
+            return AsyncGRPOConfig(**json.loads((run_dir / name).read_text())["config"])
+    raise SweepError(
+        f"{run_dir}: neither {RUN_SPEC} (a run of asyncgrpo sweep) nor {RUN_SETTINGS} (written by "
+        "asyncgrpo train and asyncgrpo demo since 2026-12-05): calibrate from a run that "
+        f"recorded its settings (run it again), or write {run_dir / RUN_SETTINGS} as "
+        '{"config": {"max_staleness": ..., "num_generations": ..., ...}} with its '
+        "AsyncGRPOConfig fields"
+    )
 
 
 def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,

@@ -1,294 +1,74 @@
 """A discrete-time simulation of the asynchronous pipeline, driven by the real core.
 
-Generation and training are simulated (a generator with a fixed token throughput shared by
-the groups in flight, a trainer with a fixed throughput, and a toy policy whose success
-probability on a prompt is ``sigmoid(skill - difficulty)``), but every decision is the core's:
-which groups start (:mod:`asyncgrpo.core.rollout.pacing`), how a group is scored
+Generation and training are simulated by part models (:class:`SimulationConfig` holds them:
+each server a generator decoding every request of a group with its own length, its throughput
+growing with the requests it runs and bounded by its KV cache,
+:mod:`asyncgrpo.core.experiments.generator`; a trainer with a throughput and fixed costs; the
+push; the contention of shared cores; and a toy policy whose success probability on a prompt
+is ``sigmoid(skill - difficulty)``), but every decision is the core's: which groups start
+(:mod:`asyncgrpo.core.rollout.pacing`), how a group is scored
 (:mod:`asyncgrpo.core.rollout.advantages`), how turns become samples
-(:mod:`asyncgrpo.core.rollout.reconcile`, :mod:`asyncgrpo.core.rollout.scoring`, as the rollout loop
-builds them), which samples are too stale and when a step is taken with
-which samples (:mod:`asyncgrpo.core.run.step_queue`, the trainer's own queue and planner), which
-prompts are consumed (:mod:`asyncgrpo.core.rollout.cursor`) and how metrics aggregate
+(:mod:`asyncgrpo.core.rollout.reconcile`, :mod:`asyncgrpo.core.rollout.scoring`, as the rollout
+loop builds them), which samples are too stale and when a step is taken with which samples
+(:mod:`asyncgrpo.core.run.step_queue`, the trainer's own queue and planner), which prompts are
+consumed (:mod:`asyncgrpo.core.rollout.cursor`) and how metrics aggregate
 (:mod:`asyncgrpo.core.metrics`).
 
-Use it to see how ``max_staleness``, throughputs and batch sizes trade staleness against
-trainer idle time before spending compute. Time is simulated: a run takes about a second.
+A group finishes when its longest response does, so a synchronous step (``max_staleness`` 0)
+waits for the longest of its responses while the server runs fewer and fewer requests; running
+ahead keeps it full. Use the simulation to see how ``max_staleness``, throughputs and batch
+sizes trade staleness against idle time before spending compute. Time is simulated: a run
+takes about a second.
 
-With ``num_servers`` > 1 the generator is that many servers, each with its own throughput
-shared by its groups; every group goes to one of them by the rollout loop's own routing
-(:func:`asyncgrpo.core.servers.routing.route_group`), and a push pauses them all.
+With ``num_servers`` > 1 every group goes to one server by the rollout loop's own routing
+(:func:`asyncgrpo.core.servers.routing.route_group`), and a push pauses them all. Weights are
+pushed every ``weight_sync_steps`` steps and pause the servers for ``weight_sync_s``; the
+servers' policy moves to the pushed version when the push lands. With ``weight_push_overlap``
+(the config's default) the push runs beside the next step, one at a time, a newer snapshot
+replacing one that waits; without, the step waits for its push. Groups start on the servers'
+policy, so the pacing and the step queue see the same lag as the trainer's (``behind``: steps
+taken less the servers' version).
 
-Weights are pushed every ``weight_sync_steps`` steps and pause the servers for
-``weight_sync_s``; the servers' policy moves to the pushed version when the push lands. With
-``weight_push_overlap`` (the config's default) the push runs beside the next step, one at a
-time, a newer snapshot replacing one that waits; without, the step waits for its push. Groups
-start on the servers' policy, so the pacing and the step queue see the same lag as the
-trainer's (``behind``: steps taken less the servers' version).
+Besides the trainer's metrics, each window logs ``rollout/concurrency`` and
+``rollout/generated_tokens_per_s`` (as the rollout loop does) and ``sim/generator_idle_frac``,
+the share of server time with no request running (pauses included).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import attrs
 import numpy as np
 import structlog
 from tqdm import tqdm
 
 from asyncgrpo.core import metrics
-from asyncgrpo.core.records import TrainingSample, TurnRecord
+from asyncgrpo.core.experiments import generator as generators
+from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.core.rollout import advantages, cursor, pacing
 from asyncgrpo.core.rollout.reconcile import reconcile_turns
 from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
 from asyncgrpo.core.run import step_queue
 from asyncgrpo.core.servers import routing
-from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments.simulation_config import SimulationConfig
+from asyncgrpo.shell.experiments.simulation_state import (
+    Group,
+    Pipeline,
+    TrainingStep,
+    WindowCounters,
+)
 from asyncgrpo.shell.run import MetricsFile
+
+__all__ = ["STALL_AFTER_S", "SimulationConfig", "simulate"]
 
 log = structlog.get_logger("asyncgrpo.simulate")
 
 STALL_AFTER_S = 3600.0
-_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
-"""The simulator's knobs named after config fields take the config's defaults."""
 
 
-@attrs.frozen
-class SimulationConfig:
-    """Knobs of the simulated run (names follow ``AsyncGRPOConfig`` where they exist).
-
-    Attributes:
-        max_steps: optimizer steps to simulate.
-        dataset_size: prompts in the simulated dataset.
-        num_generations: rollouts per prompt (G).
-        max_staleness: as in the config; samples further behind are dropped.
-        max_concurrent_rollouts: rollouts in flight at most (groups start whole).
-        token_budget: tokens per row.
-        rows_per_step: ``gradient_accumulation_steps x num_processes`` (planned as one
-            process's micro-batches).
-        prompt_tokens: tokens per prompt (the mean, with ``longest_prompt_tokens``).
-        longest_prompt_tokens: the longest prompt; None: every prompt has ``prompt_tokens``.
-            Otherwise a group's prompt length is uniform in ``[2 x prompt_tokens - longest,
-            longest]``: pacing counts a group in flight as the largest so far, so the
-            longest prompts set how many groups a step takes.
-        min_completion_tokens, max_completion_tokens: the shortest and longest completion.
-        mean_completion_tokens: their mean; None: uniform between the two. Otherwise a length
-            is the nearer end with the probability that moves the uniform mean there, else
-            uniform (:meth:`completion_lengths`): a run whose replies mostly stop at
-            ``max_completion_length`` packs as many groups into a step as it measured.
-        generation_tokens_per_s: generator throughput shared by all groups in flight (with
-            several servers: each server's, shared by its groups).
-        num_servers: generation servers, each group routed to one (core.servers.routing).
-        training_tokens_per_s: trainer throughput in forwarded tokens (shared prefixes
-            counted once, as the planner packs them).
-        training_fixed_s: seconds every step takes beyond its tokens (planning, optimizer).
-        training_per_sample_s: seconds per sample of a step.
-        weight_sync_s: seconds of each push: the servers stand still meanwhile and the
-            version lands at its end.
-        weight_sync_steps: steps between pushes.
-        weight_push_overlap: the push runs beside the next step (else the step waits for it).
-        skill_per_step: the toy policy's skill gain per step at full signal.
-        logging_steps: steps per logging window.
-        tick_s: simulated seconds per tick.
-        seed: seeds prompt difficulties, rewards, lengths and the prompt order.
-    """
-
-    max_steps: int = 60
-    dataset_size: int = 128
-    num_generations: int = _CONFIG_DEFAULTS["num_generations"]
-    max_staleness: int = _CONFIG_DEFAULTS["max_staleness"]
-    max_concurrent_rollouts: int = _CONFIG_DEFAULTS["max_concurrent_rollouts"]
-    token_budget: int = 4096
-    rows_per_step: int = 1
-    prompt_tokens: int = 64
-    longest_prompt_tokens: int | None = None
-    min_completion_tokens: int = 8
-    max_completion_tokens: int = 128
-    mean_completion_tokens: float | None = None
-    generation_tokens_per_s: float = 4500.0
-    num_servers: int = 1
-    training_tokens_per_s: float = 6000.0
-    training_fixed_s: float = 0.0
-    training_per_sample_s: float = 0.0
-    weight_sync_s: float = 0.0
-    weight_sync_steps: int = _CONFIG_DEFAULTS["weight_sync_steps"]
-    weight_push_overlap: bool = _CONFIG_DEFAULTS["weight_push_overlap"]
-    skill_per_step: float = 0.12
-    logging_steps: int = _CONFIG_DEFAULTS["logging_steps"]
-    tick_s: float = 0.01
-    seed: int = _CONFIG_DEFAULTS["seed"]
-
-    def __attrs_post_init__(self) -> None:
-        if self.max_concurrent_rollouts < self.num_generations:
-            raise ValueError(
-                "SimulationConfig.max_concurrent_rollouts must be >= num_generations "
-                "(a group starts whole)"
-            )
-        for name in (
-            "max_steps",
-            "dataset_size",
-            "num_generations",
-            "token_budget",
-            "rows_per_step",
-            "logging_steps",
-            "num_servers",
-            "weight_sync_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SimulationConfig.{name} must be >= 1")
-        if self.max_staleness < 0:
-            raise ValueError("SimulationConfig.max_staleness must be >= 0")
-        mean = self.mean_completion_tokens
-        if (
-            mean is not None
-            and not self.min_completion_tokens <= mean <= self.max_completion_tokens
-        ):
-            raise ValueError(
-                f"SimulationConfig.mean_completion_tokens ({mean}) must lie between "
-                f"min_completion_tokens ({self.min_completion_tokens}) and "
-                f"max_completion_tokens ({self.max_completion_tokens})"
-            )
-        if self.longest_prompt_tokens is not None and not (
-            self.prompt_tokens <= self.longest_prompt_tokens < 2 * self.prompt_tokens
-        ):
-            raise ValueError(
-                f"SimulationConfig.longest_prompt_tokens ({self.longest_prompt_tokens}) must be "
-                f"at least prompt_tokens ({self.prompt_tokens}) and below twice it (the "
-                "shortest prompt is 2 x prompt_tokens - longest_prompt_tokens, at least 1)"
-            )
-        longest = (self.longest_prompt_tokens or self.prompt_tokens) + self.max_completion_tokens
-        if longest > self.token_budget:
-            raise ValueError(
-                f"SimulationConfig.token_budget ({self.token_budget}) is below the longest "
-                f"sample ({longest} tokens); raise token_budget"
-            )
-
-    @property
-    def completion_tokens(self) -> float:
-        """The mean completion length, tokens."""
-        if self.mean_completion_tokens is not None:
-            return self.mean_completion_tokens
-        return (self.min_completion_tokens + self.max_completion_tokens) / 2
-
-    def prompt_length(self, rng: np.random.Generator) -> int:
-        """One group's prompt length (``prompt_tokens``, or uniform around it up to
-        ``longest_prompt_tokens``).
-
-        Example:
-            >>> config = SimulationConfig(prompt_tokens=15, longest_prompt_tokens=20)
-            >>> rng = np.random.default_rng(0)
-            >>> lengths = [config.prompt_length(rng) for _ in range(20_000)]
-            >>> min(lengths), max(lengths), round(float(np.mean(lengths)), 1)
-            (10, 20, 15.0)
-        """
-        longest = self.longest_prompt_tokens
-        if longest is None:
-            return self.prompt_tokens
-        return int(rng.integers(2 * self.prompt_tokens - longest, longest + 1))
-
-    def completion_lengths(self, rng: np.random.Generator, count: int) -> list[int]:
-        """``count`` completion lengths in ``[min_completion_tokens, max_completion_tokens]``
-        with mean ``completion_tokens``: uniform, each one replaced by the end on the mean's
-        side with the probability that moves the mean there.
-
-        Example:
-            >>> config = SimulationConfig(min_completion_tokens=8, max_completion_tokens=16,
-            ...                           mean_completion_tokens=15.0)
-            >>> lengths = config.completion_lengths(np.random.default_rng(0), 20_000)
-            >>> min(lengths), max(lengths), round(float(np.mean(lengths)), 1)
-            (8, 16, 15.0)
-        """
-        low, high = self.min_completion_tokens, self.max_completion_tokens
-        lengths = rng.integers(low, high + 1, count)
-        middle, mean = (low + high) / 2, self.completion_tokens
-        if mean == middle:
-            return lengths.tolist()
-        end = high if mean > middle else low
-        at_end = rng.random(count) < (mean - middle) / (end - middle)
-        return np.where(at_end, end, lengths).tolist()
-
-
-@attrs.define
-class _Group:
-    position: int
-    row: int
-    version: int
-    lengths: list[int]
-    remaining: float
-    prompt: int
-    server: int = 0
-
-
-@attrs.define
-class _Push:
-    """A push of ``version``'s weights: the servers stand still from ``start`` to ``end``."""
-
-    version: int
-    start: float
-    end: float
-
-
-@attrs.define
-class _Pipeline:
-    """Mutable state of one simulated run (the shell's side; the decisions live in core)."""
-
-    config: SimulationConfig
-    rng: np.random.Generator
-    difficulty: np.ndarray
-    skill: float = -1.0
-    version: int = 0
-    policy: int = 0
-    pushes: deque[_Push] = attrs.field(factory=deque)
-    clock: float = 0.0
-    ledger: pacing.GenerationLedger = attrs.field(factory=pacing.GenerationLedger)
-    prompt_cursor: cursor.PromptCursor = attrs.field(factory=cursor.PromptCursor)
-    steps: step_queue.StepQueue = attrs.field(default=None)
-    next_position: int = 0
-    next_group_id: int = 0
-    in_flight: list[_Group] = attrs.field(factory=list)
-    queue: deque[tuple[TrainingSample, ...]] = attrs.field(factory=deque)
-    window: metrics.MetricWindow = attrs.field(factory=metrics.MetricWindow)
-    blocked_since: float | None = None
-    waiting_since: float | None = None
-
-    def __attrs_post_init__(self) -> None:
-        c = self.config
-        if self.steps is None:
-            self.steps = step_queue.StepQueue(
-                step_queue.QueueSettings(c.token_budget, 1, c.rows_per_step, c.max_staleness)
-            )
-
-    def observe(self, *observations: metrics.Observation) -> None:
-        self.window = metrics.record(self.window, observations)
-
-    def behind(self, training: bool) -> int:
-        """Steps taken (the one training counts) less the servers' policy version."""
-        return self.version + int(training) - self.policy
-
-    @property
-    def paused(self) -> bool:
-        """Whether a push holds the servers still now."""
-        return bool(self.pushes) and self.pushes[0].start <= self.clock
-
-    def land_pushes(self) -> None:
-        """The servers take each push whose end has come."""
-        while self.pushes and self.pushes[0].end <= self.clock:
-            self.policy = self.pushes.popleft().version
-
-    def push(self, version: int, at: float) -> float:
-        """Push ``version``'s weights from ``at``, after the push in flight (a snapshot still
-        waiting is replaced); returns when it lands."""
-        if len(self.pushes) > 1:
-            self.pushes.pop()
-        start = max(at, self.pushes[-1].end) if self.pushes else at
-        self.pushes.append(_Push(version, start, start + self.config.weight_sync_s))
-        return self.pushes[-1].end
-
-
-def _start_groups(state: _Pipeline, training: bool) -> None:
+def _start_groups(state: Pipeline, training: bool) -> None:
     """Start every group that rollout slots and the staleness allowance admit; a group that
     waited on the allowance with slots free records that wait as ``rollout/backpressure_s``.
     New groups get the servers' policy, ``state.behind(training)`` versions behind the steps
@@ -310,30 +90,25 @@ def _start_groups(state: _Pipeline, training: bool) -> None:
             state.blocked_since = None
         server = _route(state, training)
         _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
-        lengths = c.completion_lengths(state.rng, c.num_generations)
-        state.in_flight.append(
-            _Group(
-                state.next_position,
-                row,
-                state.policy,
-                lengths,
-                float(sum(lengths)),
-                c.prompt_length(state.rng),
-                server,
-            )
-        )
+        lengths = c.completion_distribution.sample(state.rng, c.num_generations).tolist()
+        prompt = int(c.prompt_distribution.sample(state.rng, 1)[0])
+        group = Group(state.next_position, row, state.policy, lengths, prompt, server)
+        state.in_flight[group.position] = group
+        state.requests.add(group.position, server, lengths, prompt)
+        # the group's prompt is prefilled once (its requests share it: prefix caching)
+        state.prefill_left_s[server] += c.server_generator.prefill_s(prompt)
         state.ledger = pacing.group_started(state.ledger)
         state.next_position += 1
 
 
-def _route(state: _Pipeline, training: bool) -> int:
+def _route(state: Pipeline, training: bool) -> int:
     """The server a new group goes to, by the rollout loop's routing: every server holds the
     servers' policy (a push reaches all), each may take every slot; the least loaded wins."""
     c = state.config
     if c.num_servers == 1:
         return 0
     reserved = [0] * c.num_servers
-    for group in state.in_flight:
+    for group in state.in_flight.values():
         reserved[group.server] += c.num_generations
     views = [routing.ServerView(True, state.policy, r, c.max_concurrent_rollouts)
              for r in reserved]  # fmt: skip
@@ -342,7 +117,7 @@ def _route(state: _Pipeline, training: bool) -> int:
     return server
 
 
-def _finish_group(state: _Pipeline, group: _Group) -> None:
+def _finish_group(state: Pipeline, group: Group) -> None:
     c = state.config
     p_success = 1.0 / (1.0 + math.exp(-(state.skill - state.difficulty[group.row])))
     successes = state.rng.binomial(1, p_success, c.num_generations).astype(float).tolist()
@@ -380,22 +155,45 @@ def _finish_group(state: _Pipeline, group: _Group) -> None:
     )
 
 
-def _generate(state: _Pipeline) -> None:
-    """One tick of generation: each server's throughput shared by its groups."""
-    if not state.in_flight:
-        return
-    groups = [0] * state.config.num_servers
-    for group in state.in_flight:
-        groups[group.server] += 1
-    tick_tokens = state.config.generation_tokens_per_s * state.config.tick_s
-    for group in list(state.in_flight):
-        group.remaining -= tick_tokens / groups[group.server]
-        if group.remaining <= 0:
-            state.in_flight.remove(group)
-            _finish_group(state, group)
+def _generate(state: Pipeline) -> bool:
+    """One tick of generation: each server prefills the prompts of the groups it started,
+    then decodes the requests it runs (:func:`asyncgrpo.core.experiments.generator.advance`),
+    slower while the trainer trains on shared cores; groups whose every response is done
+    finish. Returns whether any server ran a request."""
+    c = state.config
+    counters, requests = state.counters, state.requests
+    counters.ticks += 1
+    counters.requests += int(np.count_nonzero(requests.generated < requests.length))
+    if not len(requests) or state.paused:  # the servers stand still while weights are pushed
+        return False
+    seconds = c.tick_s * c.contention.generation_rate(state.training)
+    before, generated = requests.generated, requests.generated.copy()
+    for server in range(c.num_servers):
+        on = slice(None) if c.num_servers == 1 else requests.server == server
+        if c.num_servers > 1 and not on.any():
+            continue
+        counters.busy_server_ticks += 1
+        prefill = min(state.prefill_left_s[server], seconds)
+        state.prefill_left_s[server] -= prefill
+        generated[on] = generators.advance(
+            c.server_generator, before[on], requests.length[on], requests.prompt[on],
+            seconds - prefill,
+        )  # fmt: skip
+    requests.generated = generated
+    counters.tokens += float(np.sum(requests.generated - before))
+    done = requests.generated >= requests.length
+    if not np.any(done & (before < requests.length)):  # no response ended this tick
+        return True
+    generating = set(np.unique(requests.group[~done]).tolist())
+    finished = [key for key in state.in_flight if key not in generating]
+    if finished:
+        requests.keep(~np.isin(requests.group, finished))
+        for key in finished:
+            _finish_group(state, state.in_flight.pop(key))
+    return True
 
 
-def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
+def _take_step(state: Pipeline) -> step_queue.TakenStep | None:
     """Move the queued groups into the step queue, as the trainer does with the rollout
     process's messages, and take a step if the queue is ready (else None).
 
@@ -406,7 +204,7 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     _apply(state, step_queue.advance(state.steps, state.version))
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
-    in_flight = step_queue.InFlight.of(group.version for group in state.in_flight)
+    in_flight = step_queue.InFlight.of(group.version for group in state.in_flight.values())
     if not step_queue.ready(state.steps, in_flight, behind=state.behind(False)):
         return None
     step = step_queue.take_step(state.steps)
@@ -415,7 +213,7 @@ def _take_step(state: _Pipeline) -> step_queue.TakenStep | None:
     return step
 
 
-def _apply(state: _Pipeline, decided: step_queue.Arrival) -> None:
+def _apply(state: Pipeline, decided: step_queue.Arrival) -> None:
     state.steps = decided.queue
     dropped = (*decided.stale, *decided.oversize)
     if not dropped:
@@ -428,8 +226,8 @@ def _apply(state: _Pipeline, decided: step_queue.Arrival) -> None:
         state.observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
 
 
-def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
-    """Apply one step; returns its simulated duration in seconds."""
+def _train(state: Pipeline, step: step_queue.TakenStep) -> float:
+    """Apply one step; returns its seconds of training work (alone on its devices)."""
     c = state.config
     batch = step.samples
     staleness = [s.staleness(state.version) for s in batch]
@@ -454,11 +252,10 @@ def _train(state: _Pipeline, step: step_queue.TakenStep) -> float:
             + step.forwarded_tokens / c.training_tokens_per_s)  # fmt: skip
 
 
-def _train_and_push(state: _Pipeline, batch: step_queue.TakenStep) -> float:
-    """Train a step taken now and push its weights when one is due; returns when the step
-    ends (after its push unless the push runs beside the next step)."""
+def _push_after(state: Pipeline, trained_at: float) -> float:
+    """Push the trained step's weights when one is due; returns when the step ends (after its
+    push unless the push runs beside the next step)."""
     c = state.config
-    trained_at = state.clock + _train(state, batch)
     due = (state.version + 1) % c.weight_sync_steps == 0
     lands_at = state.push(state.version + 1, trained_at) if due else trained_at
     waits = due and not c.weight_push_overlap
@@ -466,6 +263,13 @@ def _train_and_push(state: _Pipeline, batch: step_queue.TakenStep) -> float:
     if due and c.weight_push_overlap:
         state.observe(metrics.mean("perf/weight_push_s", lands_at - trained_at))
     return lands_at if waits else trained_at
+
+
+def _stall_after_s(config: SimulationConfig) -> float:
+    """Simulated seconds without a step that mean the pipeline stalled: an hour, or 100 times
+    the longest response decoded alone, whichever is longer."""
+    alone = config.server_generator.tokens_per_s(1, config.prompt_distribution.maximum)
+    return max(STALL_AFTER_S, 100.0 * config.completion_distribution.maximum / alone)
 
 
 def simulate(
@@ -486,18 +290,17 @@ def simulate(
         (2, 10)
     """
     rng = np.random.default_rng(config.seed)
-    state = _Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))
+    state = Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))
     windows: list[dict[str, float]] = []
-    step_ends_at: float | None = None
     last_step_at = last_step_end = 0.0
+    stall_after = _stall_after_s(config)
     bar = tqdm(total=config.max_steps, desc="simulate", unit="step", disable=not progress)
     with MetricsFile(output_dir) as metrics_file:
         while state.version < config.max_steps:
             state.land_pushes()
-            _start_groups(state, training=step_ends_at is not None)
-            if not state.paused:  # the servers stand still while weights are pushed
-                _generate(state)
-            if step_ends_at is None:
+            _start_groups(state, training=state.training)
+            generating = _generate(state)
+            if state.step is None:
                 batch = _take_step(state)
                 if batch is None:
                     if state.waiting_since is None:
@@ -506,23 +309,31 @@ def simulate(
                     waited = state.clock - (state.waiting_since or state.clock)
                     state.observe(metrics.mean("perf/rollout_wait_s", waited))
                     state.waiting_since = None
-                    step_ends_at = _train_and_push(state, batch)
-                    state.observe(metrics.mean("perf/step_s", step_ends_at - last_step_end))
+                    state.step = TrainingStep(_train(state, batch))
                     last_step_at = state.clock
-            elif state.clock >= step_ends_at:
-                last_step_end = step_ends_at
-                step_ends_at = None
-                state.version += 1
-                bar.update(1)
-                if state.version % config.logging_steps == 0:
-                    window = _close_window(state, metrics_file, progress)
-                    windows.append(window)
-                    if on_window is not None:
-                        on_window(state.version, window)
+            else:
+                step = state.step
+                if step.ends_at is None and step.work_left_s <= 1e-12:
+                    # trained: the work ran out during the last tick
+                    step.ends_at = _push_after(state, state.clock + step.work_left_s)
+                if step.ends_at is not None and state.clock >= step.ends_at:
+                    state.observe(metrics.mean("perf/step_s", step.ends_at - last_step_end))
+                    last_step_end = step.ends_at
+                    state.step = None
+                    state.version += 1
+                    bar.update(1)
+                    if state.version % config.logging_steps == 0:
+                        window = _close_window(state, metrics_file, progress)
+                        windows.append(window)
+                        if on_window is not None:
+                            on_window(state.version, window)
+            if state.step is not None and state.step.ends_at is None:
+                rate = config.contention.training_rate(generating)
+                state.step.work_left_s -= config.tick_s * rate
             state.clock += config.tick_s
-            if state.clock - last_step_at > STALL_AFTER_S:
+            if state.clock - last_step_at > stall_after:
                 raise RuntimeError(
-                    f"simulated pipeline stalled: no step for {STALL_AFTER_S:.0f} simulated "
+                    f"simulated pipeline stalled: no step for {stall_after:.0f} simulated "
                     f"seconds at step {state.version} (queue {len(state.queue)}, in flight "
                     f"{len(state.in_flight)}); this is a pacing bug, please report it"
                 )
@@ -530,8 +341,10 @@ def simulate(
     return windows
 
 
-def _close_window(state: _Pipeline, metrics_file: MetricsFile, loud: bool) -> dict[str, float]:
+def _close_window(state: Pipeline, metrics_file: MetricsFile, loud: bool) -> dict[str, float]:
     summary = metrics.summarize(state.window)
+    summary |= state.counters.figures(state.config.num_servers, state.config.tick_s)
+    state.counters = WindowCounters()
     summary["epoch"] = cursor.epochs_consumed(state.prompt_cursor, state.config.dataset_size)
     summary["policy/skill"] = state.skill
     metrics_file.write(state.version, summary)

@@ -16,9 +16,9 @@ import torch
 
 from asyncgrpo.core.metrics import Observation, ratio
 from asyncgrpo.core.packing.flops import (
-    ModelShape,
     gpu_peak_flops,
     matmul_flops,
+    model_shape,
     query_key_pairs,
     train_flops,
 )
@@ -26,22 +26,6 @@ from asyncgrpo.core.packing.tree import PackedRow
 
 PROBE_SIZE = 512
 PROBE_REPEATS = 8
-
-
-def model_shape(config: Any) -> ModelShape:
-    """A decoder's shape from its transformers config (dense MLPs, or MoE with the experts
-    a token is routed to); linear-attention layers are counted as softmax attention."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    experts = int(getattr(text, "num_experts_per_tok", 0) or 0)
-    moe_width = int(getattr(text, "moe_intermediate_size", 0) or 0)
-    mlp = 3 * hidden * (experts * moe_width if experts and moe_width else text.intermediate_size)
-    layers = int(text.num_hidden_layers)
-    return ModelShape(linear_params=layers * (attention + mlp), layers=layers, heads=heads,
-                      head_dim=head_dim, hidden=hidden, vocab=int(text.vocab_size))  # fmt: skip
 
 
 def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:

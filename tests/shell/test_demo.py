@@ -9,6 +9,7 @@ from asyncgrpo.core.experiments.curves import evaluation_only
 from asyncgrpo.core.run.step_time import STEP_PARTS
 from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.commands import main
+from asyncgrpo.shell.experiments.calibrate import run_config
 from asyncgrpo.shell.run import read_metrics
 
 pytestmark = [
@@ -31,6 +32,7 @@ def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     assert (tmp_path / "metrics.png").stat().st_size > 10_000
     assert_cores_shared_and_time_accounted(tmp_path, rows, plan)
     assert (tmp_path / "model.safetensors").exists()
+    assert run_config(tmp_path).max_staleness == 1  # it can calibrate a plan (run_settings.json)
 
 
 def assert_cores_shared_and_time_accounted(run_dir, rows, plan) -> None:

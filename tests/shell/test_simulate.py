@@ -32,6 +32,9 @@ def test_cli_runs_and_rejects_bad_config_with_the_field_name(tmp_path, capsys) -
         main(["simulate", "--output-dir", str(tmp_path), "--max-steps", "5", "--no-progress"]) == 0
     )
     assert "simulated 5 steps" in capsys.readouterr().out
+    optional = ["--mean-completion-tokens", "30", "--longest-prompt-tokens", "80"]  # None defaults
+    assert main(["simulate", "--output-dir", str(tmp_path), "--max-steps", "2", "--no-progress",
+                 *optional]) == 0  # fmt: skip
     assert main(["simulate", "--output-dir", str(tmp_path), "--token-budget", "8"]) == 2
     assert "token_budget" in capsys.readouterr().err
 

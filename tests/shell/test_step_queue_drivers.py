@@ -22,7 +22,8 @@ from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.run.step_queue import NONE_IN_FLIGHT, InFlight
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.experiments.simulate import SimulationConfig, _Pipeline, _take_step
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, _take_step
+from asyncgrpo.shell.experiments.simulation_state import Pipeline
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
 from asyncgrpo.shell.run.inputs import RunInputs
 from asyncgrpo.shell.run.training_run import TrainingRun
@@ -116,7 +117,7 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
     sim = SimulationConfig(token_budget=budget, rows_per_step=rows, max_staleness=ms,
                            prompt_tokens=8, min_completion_tokens=1,
                            max_completion_tokens=8)  # fmt: skip
-    state = _Pipeline(sim, np.random.default_rng(0), np.zeros(sim.dataset_size))
+    state = Pipeline(sim, np.random.default_rng(0), np.zeros(sim.dataset_size))
     sim_steps, sim_sizes, versions, sim_stale = [], [], [], 0.0
     for tick in ticks:
         versions.append(state.version)

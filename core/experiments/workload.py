@@ -1,0 +1,362 @@
+"""A workload: what ``asyncgrpo plan --workload FILE`` plans a GPU run from, without running it.
+
+The file (TOML; the shell reads it, and the model's ``config.json`` when named) has these
+tables; every error names the table, the key and the fix:
+
+* ``[model]``: ``name`` (what ``vllm serve`` and the trainer load), and either ``config`` (an
+  HF ``config.json``: FLOPs and KV bytes per token from the shape) or ``parameters`` with
+  ``kv_bytes_per_token``;
+* ``[cluster]``: ``gpu`` (:data:`~asyncgrpo.core.experiments.hardware.GPUS`), ``gpus`` (the
+  default of ``--gpus``), ``gpus_per_node`` (8), ``intra_node`` and ``inter_node`` (a name of
+  :data:`~asyncgrpo.core.experiments.hardware.INTERCONNECTS` or GB/s per GPU);
+* ``[batch]``: ``prompts_per_step`` x ``num_generations`` samples per optimizer step;
+* ``[lengths]``: ``prompt`` and ``response``, each a number (every length the same), a table
+  of ``mean``, quantiles (``p50``, ``p90``, ``p99``, ...) and ``max`` (``min`` 1), a table of
+  ``min``, ``mean`` and ``max`` (uniform, the end on the mean's side heavier), or
+  ``{histogram = {edges = [...], counts = [...]}}`` (:mod:`.lengths`);
+* ``[settings]`` (optional): ``max_staleness`` and ``weight_sync_steps`` to fix them (left out:
+  the plan chooses), ``weight_path`` (``nccl``, ``disk`` or ``lora`` with ``lora_bytes``);
+* ``[generator]`` (optional): a decode figure, ``tokens_per_s`` of one server at
+  ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
+  flight) with its ``source``, which scales the roofline; ``[trainer]`` ``mfu``;
+  ``[contention]`` ``training_slowdown`` and ``generation_slowdown`` (shared cores only).
+
+Example:
+    >>> w = workload_from_mapping({
+    ...     "model": {"name": "m", "parameters": 1.5e9, "kv_bytes_per_token": 28672},
+    ...     "cluster": {"gpu": "h100"},
+    ...     "batch": {"prompts_per_step": 32, "num_generations": 8},
+    ...     "lengths": {"prompt": 256,
+    ...                 "response": {"mean": 2200, "p50": 1500, "p90": 4000, "max": 8192}}})
+    >>> w.samples_per_step, w.intra_node.name, w.response_lengths.maximum
+    (256, 'nvlink4', 8192.0)
+    >>> try:
+    ...     workload_from_mapping({"model": {"name": "m"}})
+    ... except WorkloadError as error:
+    ...     print(error)  # doctest: +ELLIPSIS
+    [cluster]: missing; a workload needs the tables model, cluster, batch, lengths ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from asyncgrpo.core.experiments import lengths as length_models
+from asyncgrpo.core.experiments.hardware import (
+    GPU,
+    GPUS,
+    INTERCONNECTS,
+    Interconnect,
+    ModelSpec,
+    model_spec,
+    parameters_only,
+)
+from asyncgrpo.core.experiments.parts import TRAIN_MFU, WEIGHT_PATHS, Contention
+from asyncgrpo.core.names import did_you_mean, spoken_list
+
+TABLES: Mapping[str, tuple[str, ...]] = {
+    "model": ("name", "config", "parameters", "kv_bytes_per_token"),
+    "cluster": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node"),
+    "batch": ("prompts_per_step", "num_generations"),
+    "lengths": ("prompt", "response"),
+    "settings": ("max_staleness", "weight_sync_steps", "weight_path", "lora_bytes"),
+    "generator": ("tokens_per_s", "concurrency", "context_tokens", "source"),
+    "trainer": ("mfu",),
+    "contention": ("training_slowdown", "generation_slowdown"),
+}
+REQUIRED_TABLES = ("model", "cluster", "batch", "lengths")
+INTRA_NODE_OF = {"a100": "nvlink3", "h100": "nvlink4", "h200": "nvlink4", "b200": "nvlink5",
+                 "l40s": "pcie4"}  # fmt: skip
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be planned from; the message names the table, key and fix."""
+
+
+@attrs.frozen
+class DecodeFigure:
+    """A published or measured decode figure of one server: ``tokens_per_s`` at
+    ``concurrency`` requests holding ``context_tokens`` KV tokens each (None: the workload's
+    mean in flight), from ``source``."""
+
+    tokens_per_s: float
+    concurrency: float
+    context_tokens: float | None
+    source: str
+
+
+@attrs.frozen
+class Workload:
+    """A GPU run to plan (the module's docstring gives the file's keys).
+
+    Attributes:
+        model_name: what the servers and the trainer load.
+        model: parameters, FLOPs and KV bytes per token.
+        gpu: the GPU type; ``gpus``: how many (None: ``--gpus`` says).
+        gpus_per_node: GPUs per node.
+        intra_node, inter_node: links within and between nodes.
+        prompts_per_step, num_generations: a step's samples are their product.
+        prompt_lengths, response_lengths: token lengths.
+        max_staleness, weight_sync_steps: fixed by the workload, or None (the plan chooses).
+        weight_path: ``nccl``, ``disk`` or ``lora``; ``lora_bytes`` the adapters' size.
+        decode_figure: a decode figure that scales the roofline (None: the roofline).
+        train_mfu: the trainer's share of peak FLOP/s.
+        contention: slowdowns where trainer and servers share cores.
+    """
+
+    model_name: str
+    model: ModelSpec
+    gpu: GPU
+    gpus: int | None
+    gpus_per_node: int
+    intra_node: Interconnect
+    inter_node: Interconnect
+    prompts_per_step: int
+    num_generations: int
+    prompt_lengths: length_models.Lengths
+    response_lengths: length_models.Lengths
+    max_staleness: int | None = None
+    weight_sync_steps: int | None = None
+    weight_path: str = "nccl"
+    lora_bytes: float | None = None
+    decode_figure: DecodeFigure | None = None
+    train_mfu: float = TRAIN_MFU
+    contention: Contention = attrs.field(factory=Contention)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt plus the longest response: the servers' ``--max-model-len``."""
+        return int(self.prompt_lengths.maximum + self.response_lengths.maximum)
+
+
+def _number(table: str, key: str, value: Any, *, integer: bool = False,
+            minimum: float | None = None, fix: str = "") -> Any:  # fmt: skip
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise WorkloadError(f"[{table}] {key}: must be {kind}{bound}, got {value!r}"
+                            + (f" ({fix})" if fix else ""))  # fmt: skip
+    return value
+
+
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        raise WorkloadError(f"[{name}]: must be a table of {spoken_list(TABLES[name])}")
+    unknown = sorted(set(table) - set(TABLES[name]))
+    if unknown:
+        raise WorkloadError(f"[{name}] {unknown[0]}: not a key of [{name}]"
+                            f"{did_you_mean(unknown[0], TABLES[name])}; its keys are "
+                            f"{spoken_list(TABLES[name])}")  # fmt: skip
+    return table
+
+
+def lengths_from(where: str, spec: Any) -> length_models.Lengths:
+    """A length distribution from its workload form (the module's docstring).
+
+    Example:
+        >>> lengths_from("[lengths] prompt", {"min": 100, "mean": 300, "max": 500}).mean
+        300.0
+        >>> try:
+        ...     lengths_from("[lengths] response", {"mean": 900, "max": 4096})
+        ... except WorkloadError as error:
+        ...     print(error)  # doctest: +ELLIPSIS
+        [lengths] response: mean and max alone do not give the shape; add quantiles (p50 = ...
+    """
+    try:
+        if isinstance(spec, int | float) and not isinstance(spec, bool):
+            return length_models.constant(float(spec))
+        if not isinstance(spec, Mapping):
+            raise length_models.LengthsError("must be a number, or a table of mean, quantiles "
+                                             "(p50, p90, ...) and max, or a histogram")  # fmt: skip
+        if "histogram" in spec:
+            histogram = spec["histogram"]
+            return length_models.from_histogram(histogram["edges"], histogram["counts"])
+        quantiles, other = {}, {}
+        for key, value in spec.items():
+            if key.startswith("p") and key[1:].replace(".", "", 1).isdigit():
+                quantiles[float(key[1:]) / 100.0] = float(value)
+            elif key in ("min", "mean", "max"):
+                other[key] = float(value)
+            else:
+                raise length_models.LengthsError(
+                    f"{key!r} is not a length key: mean, min, max, p50 (any pNN) or histogram"
+                )
+        if "max" not in other or "mean" not in other:
+            raise length_models.LengthsError("give mean and max (and quantiles or min)")
+        if quantiles:
+            return length_models.from_quantiles(quantiles, other["max"], other["mean"],
+                                                other.get("min", 1.0))  # fmt: skip
+        if "min" not in other:
+            raise length_models.LengthsError(
+                "mean and max alone do not give the shape; add quantiles (p50 = ..., p90 = "
+                "...), or min for a uniform spread")  # fmt: skip
+        return length_models.uniform_with_mean(other["min"], other["max"], other["mean"])
+    except (KeyError, TypeError) as error:
+        raise WorkloadError(f"{where}: a histogram is {{edges = [...], counts = [...]}} "
+                            f"({error})") from error  # fmt: skip
+    except length_models.LengthsError as error:
+        raise WorkloadError(f"{where}: {error}") from error
+
+
+def _link(table: str, key: str, value: Any) -> Interconnect:
+    if isinstance(value, str):
+        if value not in INTERCONNECTS:
+            raise WorkloadError(
+                f"[{table}] {key}: {value!r} is not a known link"
+                f"{did_you_mean(value, INTERCONNECTS)}; give one of "
+                f"{spoken_list(INTERCONNECTS)}, or GB/s per GPU as a number"
+            )
+        return INTERCONNECTS[value]
+    gb_per_s = _number(table, key, value, minimum=1e-3, fix="a link name or GB/s per GPU")
+    return Interconnect(f"{gb_per_s:g} GB/s", gb_per_s * 1e9)
+
+
+def _model(table: Mapping[str, Any]) -> tuple[str, ModelSpec]:
+    name = table.get("name")
+    if not isinstance(name, str) or not name:
+        raise WorkloadError("[model] name: give the model vllm serve and the trainer load, "
+                            "e.g. name = \"Qwen/Qwen2.5-7B\"")  # fmt: skip
+    config = table.get("config")
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise WorkloadError("[model] config: the path of an HF config.json (the shell "
+                                f"reads it), got {config!r}")  # fmt: skip
+        try:
+            spec = model_spec(config)
+        except (ValueError, TypeError) as error:
+            raise WorkloadError(f"[model] config: {error}") from error
+        if "parameters" in table:
+            parameters = _number("model", "parameters", table["parameters"], minimum=1)
+            spec = attrs.evolve(spec, parameters=float(parameters))
+        return name, spec
+    if "parameters" not in table or "kv_bytes_per_token" not in table:
+        raise WorkloadError("[model]: give config (an HF config.json) or parameters with "
+                            "kv_bytes_per_token")  # fmt: skip
+    parameters = _number("model", "parameters", table["parameters"], minimum=1)
+    kv = _number("model", "kv_bytes_per_token", table["kv_bytes_per_token"], minimum=1,
+                 fix="2 x layers x kv_heads x head_dim x 2 bytes in bf16")  # fmt: skip
+    return name, parameters_only(float(parameters), float(kv))
+
+
+def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "max_staleness" in table:
+        out["max_staleness"] = _number("settings", "max_staleness", table["max_staleness"],
+                                       integer=True, minimum=0)  # fmt: skip
+    if "weight_sync_steps" in table:
+        out["weight_sync_steps"] = _number(
+            "settings", "weight_sync_steps", table["weight_sync_steps"], integer=True, minimum=1
+        )
+    staleness, sync = out.get("max_staleness"), out.get("weight_sync_steps")
+    if staleness is not None and sync is not None and staleness < sync - 1:
+        raise WorkloadError(f"[settings] max_staleness: {staleness} is below weight_sync_steps "
+                            f"- 1 ({sync - 1}): samples between pushes would all be dropped; "
+                            "raise max_staleness or lower weight_sync_steps")  # fmt: skip
+    path = table.get("weight_path", "nccl")
+    if path not in WEIGHT_PATHS:
+        raise WorkloadError(
+            f"[settings] weight_path: {path!r} is not one of "
+            f"{spoken_list(WEIGHT_PATHS)}{did_you_mean(str(path), WEIGHT_PATHS)}"
+        )
+    out["weight_path"] = path
+    if "lora_bytes" in table:
+        out["lora_bytes"] = float(_number("settings", "lora_bytes", table["lora_bytes"],
+                                          minimum=1))  # fmt: skip
+    if path == "lora" and "lora_bytes" not in out:
+        raise WorkloadError("[settings] lora_bytes: the lora weight path needs the adapters' "
+                            "size in bytes")  # fmt: skip
+    return out
+
+
+def _mfu(value: Any) -> float:
+    mfu = float(_number("trainer", "mfu", value, minimum=1e-3))
+    if mfu > 1:
+        raise WorkloadError(f"[trainer] mfu: a share of peak FLOP/s, at most 1, got {mfu}")
+    return mfu
+
+
+def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
+    """The workload of a parsed file (``[model] config`` already read into a mapping).
+
+    Raises:
+        WorkloadError: a missing or bad key, naming the table, the key and the fix.
+    """
+    unknown = sorted(set(data) - set(TABLES))
+    if unknown:
+        raise WorkloadError(f"[{unknown[0]}]: not a table of a workload"
+                            f"{did_you_mean(unknown[0], TABLES)}; the tables are "
+                            f"{spoken_list(TABLES)}")  # fmt: skip
+    for name in REQUIRED_TABLES:
+        if name not in data:
+            raise WorkloadError(f"[{name}]: missing; a workload needs the tables "
+                                f"{', '.join(REQUIRED_TABLES)} (docs/experiments.md)")  # fmt: skip
+    tables = {name: _table(data, name) for name in TABLES}
+    model_name, model = _model(tables["model"])
+    cluster = tables["cluster"]
+    gpu_name = cluster.get("gpu")
+    if gpu_name not in GPUS:
+        raise WorkloadError(f"[cluster] gpu: {gpu_name!r} is not one of {spoken_list(GPUS)}"
+                            f"{did_you_mean(str(gpu_name), GPUS)}")  # fmt: skip
+    gpus = cluster.get("gpus")
+    if gpus is not None:
+        gpus = _number("cluster", "gpus", gpus, integer=True, minimum=2,
+                       fix="one to train and one to generate at least")  # fmt: skip
+    batch = tables["batch"]
+    for key in TABLES["batch"]:
+        if key not in batch:
+            raise WorkloadError(f"[batch] {key}: missing; a step trains prompts_per_step x "
+                                "num_generations samples")  # fmt: skip
+    lengths = tables["lengths"]
+    for key in TABLES["lengths"]:
+        if key not in lengths:
+            raise WorkloadError(f"[lengths] {key}: missing; give its tokens (a number, or mean, "
+                                "quantiles and max, or a histogram)")  # fmt: skip
+    figure = None
+    if tables["generator"]:
+        g = tables["generator"]
+        if not isinstance(g.get("source"), str):
+            raise WorkloadError("[generator] source: say where the decode figure comes from "
+                                "(a paper, a benchmark, a measured run)")  # fmt: skip
+        context = g.get("context_tokens")
+        figure = DecodeFigure(
+            float(_number("generator", "tokens_per_s", g.get("tokens_per_s"), minimum=1e-9)),
+            float(_number("generator", "concurrency", g.get("concurrency"), minimum=1)),
+            None if context is None else float(_number("generator", "context_tokens", context,
+                                                       minimum=0)),
+            g["source"],
+        )  # fmt: skip
+    try:
+        contention = Contention(**{k: float(v) for k, v in tables["contention"].items()})
+    except ValueError as error:
+        raise WorkloadError(f"[contention]: {error}") from error
+    return Workload(
+        model_name=model_name,
+        model=model,
+        gpu=GPUS[gpu_name],
+        gpus=gpus,
+        gpus_per_node=_number("cluster", "gpus_per_node", cluster.get("gpus_per_node", 8),
+                              integer=True, minimum=1),
+        intra_node=_link("cluster", "intra_node",
+                         cluster.get("intra_node", INTRA_NODE_OF[gpu_name])),
+        inter_node=_link("cluster", "inter_node", cluster.get("inter_node", "ib-ndr")),
+        prompts_per_step=_number("batch", "prompts_per_step", batch["prompts_per_step"],
+                                 integer=True, minimum=1),
+        num_generations=_number("batch", "num_generations", batch["num_generations"],
+                                integer=True, minimum=2,
+                                fix="GRPO compares a prompt's responses"),
+        prompt_lengths=lengths_from("[lengths] prompt", lengths["prompt"]),
+        response_lengths=lengths_from("[lengths] response", lengths["response"]),
+        decode_figure=figure,
+        train_mfu=_mfu(tables["trainer"].get("mfu", TRAIN_MFU)),
+        contention=contention,
+        **_settings(tables["settings"]),
+    )  # fmt: skip

@@ -1,0 +1,73 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncgrpo.core.experiments.hardware import GPUS, INTERCONNECTS, model_spec, parameters_only
+from asyncgrpo.core.experiments.parts import (
+    Contention,
+    Push,
+    fsdp_trainer,
+    trainer_memory_bytes,
+    weight_push,
+)
+
+NVLINK, IB = INTERCONNECTS["nvlink4"], INTERCONNECTS["ib-ndr"]
+
+
+@given(st.floats(1e8, 1e11), st.integers(1, 64), st.integers(1, 64), st.floats(1e3, 1e5))
+def test_trainer_throughput_grows_with_gpus_and_collectives_cost_more_across_nodes(
+    parameters, gpus, micro_batches, micro_batch_tokens
+):
+    model = parameters_only(parameters)
+    one = fsdp_trainer(model, GPUS["h100"], 1, NVLINK, IB, 8, micro_batch_tokens, micro_batches)
+    many = fsdp_trainer(model, GPUS["h100"], gpus, NVLINK, IB, 8, micro_batch_tokens,
+                        micro_batches)  # fmt: skip
+    assert many.tokens_per_s == pytest.approx(gpus * one.tokens_per_s)
+    assert many.fixed_s >= 0
+    # the same ranks over InfiniBand only: never cheaper than within a node
+    slow_link = fsdp_trainer(model, GPUS["h100"], gpus, IB, IB, 8, micro_batch_tokens,
+                             micro_batches)  # fmt: skip
+    assert slow_link.fixed_s >= many.fixed_s - 1e-12
+
+
+def test_gathers_show_only_where_compute_cannot_hide_them() -> None:
+    """A 70B model's gathers over 16 ranks across InfiniBand with short micro-batches take
+    longer than their compute: the excess is a fixed cost per step; within a node and with
+    long micro-batches they hide."""
+    model = parameters_only(70e9)
+    exposed = fsdp_trainer(model, GPUS["h100"], 16, NVLINK, IB, 8, 1024, 4)
+    hidden = fsdp_trainer(model, GPUS["h100"], 8, NVLINK, IB, 8, 65536, 4)
+    optimizer_only = 32 * 70e9 / 8 / GPUS["h100"].memory_bytes_per_s
+    assert exposed.fixed_s > 1.0
+    assert hidden.fixed_s == pytest.approx(optimizer_only)
+
+
+def test_a_push_sends_to_each_server_and_pauses() -> None:
+    model = parameters_only(7e9)
+    assert Push(14e9, 50e9, pause_s=0.2, servers=3).seconds == pytest.approx(0.2 + 3 * 0.28)
+    nccl = weight_push(model, "nccl", 2, 4, NVLINK, IB)
+    assert nccl.seconds == pytest.approx(14e9 * 3 / 4 / 450e9 + 0.2 + 2 * 14e9 / 50e9)
+    assert weight_push(model, "lora", 2, 4, NVLINK, IB, lora_bytes=1e8).seconds < nccl.seconds
+    with pytest.raises(ValueError, match="lora_bytes"):
+        weight_push(model, "lora", 2, 4, NVLINK, IB)
+
+
+def test_contention_slows_each_side_only_while_the_other_runs() -> None:
+    c = Contention(training_slowdown=1.5, generation_slowdown=1.25)
+    assert c.training_rate(generating=False) == 1.0
+    assert c.training_rate(generating=True) == pytest.approx(1 / 1.5)
+    assert c.generation_rate(training=True) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="slowdown is >= 1"):
+        Contention(training_slowdown=0.5)
+
+
+def test_a_configs_shape_sets_the_trainers_memory() -> None:
+    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336,
+              "vocab_size": 128256}  # fmt: skip
+    llama = model_spec(config)  # Llama-3-8B's shape
+    assert llama.parameters == pytest.approx(8.03e9, rel=0.01)
+    assert llama.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    state_only = trainer_memory_bytes(parameters_only(llama.parameters), 4, 16384)
+    assert trainer_memory_bytes(llama, 4, 16384) > state_only == pytest.approx(
+        16 * llama.parameters / 4)  # fmt: skip

@@ -1,0 +1,108 @@
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncgrpo.core.experiments import gpu_plan
+from asyncgrpo.core.experiments.launch import launch_blocks
+from asyncgrpo.core.experiments.workload import WorkloadError, workload_from_mapping
+
+WORKLOAD = {
+    "model": {"name": "Qwen/Qwen2.5-7B", "parameters": 7.6e9, "kv_bytes_per_token": 57344},
+    "cluster": {"gpu": "h100", "gpus_per_node": 8},
+    "batch": {"prompts_per_step": 64, "num_generations": 8},
+    "lengths": {"prompt": {"mean": 200, "p50": 150, "max": 1024},
+                "response": {"mean": 2600, "p50": 1800, "p90": 5500, "max": 8192}},
+}  # fmt: skip
+
+
+def changed(table: str, key: str, value: object) -> dict:
+    data = copy.deepcopy(WORKLOAD)
+    if value is None:
+        del data[table][key]
+    else:
+        data.setdefault(table, {})[key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        (changed("batch", "num_generations", 1), ["[batch] num_generations", ">= 2"]),
+        (changed("batch", "prompts_per_step", None), ["[batch] prompts_per_step", "missing"]),
+        (changed("cluster", "gpu", "h1000"), ["[cluster] gpu", "did you mean 'h100'"]),
+        (changed("cluster", "intra_node", "nvlnk4"), ["[cluster] intra_node", "nvlink4"]),
+        (changed("model", "kv_bytes_per_token", None), ["[model]", "kv_bytes_per_token"]),
+        (changed("model", "parameter", 7e9), ["[model] parameter", "did you mean 'parameters'"]),
+        (changed("lengths", "response", {"mean": 900, "max": 4096}),
+         ["[lengths] response", "add quantiles"]),
+        (changed("lengths", "response", {"mean": 7900, "p50": 1000, "max": 8192}),
+         ["[lengths] response", "they allow"]),
+        (changed("settings", "weight_path", "nfs"), ["[settings] weight_path", "nccl"]),
+        (changed("settings", "max_staleness", 0) | {"settings": {"max_staleness": 0,
+                                                                 "weight_sync_steps": 3}},
+         ["[settings] max_staleness", "raise max_staleness"]),
+        (changed("generator", "tokens_per_s", 2500.0), ["[generator] source"]),
+        (changed("trainer", "mfu", 40), ["[trainer] mfu", "at most 1"]),
+        ({**WORKLOAD, "clusters": {}}, ["[clusters]", "did you mean 'cluster'"]),
+    ],
+)  # fmt: skip
+def test_a_bad_workload_names_the_table_the_key_and_the_fix(data, names) -> None:
+    with pytest.raises(WorkloadError) as error:
+        workload_from_mapping(data)
+    for name in names:
+        assert name in str(error.value)
+
+
+def test_a_config_gives_the_model_and_defaults_fill_the_cluster() -> None:
+    data = changed("model", "parameters", None)
+    del data["model"]["kv_bytes_per_token"]
+    data["model"]["config"] = {"hidden_size": 3584, "num_hidden_layers": 28,
+                               "num_attention_heads": 28, "num_key_value_heads": 4,
+                               "intermediate_size": 18944, "vocab_size": 152064}  # fmt: skip
+    w = workload_from_mapping(data)
+    assert w.model.parameters == pytest.approx(7.62e9, rel=0.01)
+    assert w.model.kv_bytes_per_token == 57344
+    assert (w.intra_node.name, w.inter_node.name, w.max_staleness, w.weight_path) == (
+        "nvlink4", "ib-ndr", None, "nccl")  # fmt: skip
+    assert w.max_model_len == 1024 + 8192
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.sampled_from([4, 8]), st.sampled_from([1.5e9, 7.6e9, 32e9]))
+def test_every_split_uses_each_gpu_once_and_its_commands_add_up(gpus, per_node, parameters):
+    """Whatever the GPUs, every feasible split lays its roles on disjoint devices that add up
+    to all of them, and its launch commands name exactly those devices."""
+    data = changed("cluster", "gpus_per_node", per_node)
+    data["model"]["parameters"] = parameters
+    workload = workload_from_mapping(data)
+    try:
+        found = gpu_plan.splits(workload, gpus)
+    except ValueError as error:
+        assert "no split" in str(error) or "do not fit" in str(error)
+        return
+    for split in found:
+        where = gpu_plan.layout(split, gpus, per_node)
+        placed = [(n, d) for n, ds in (*where.trainer, *where.servers) for d in ds]
+        assert len(placed) == len(set(placed)) == gpus
+        assert all(d < per_node for _, d in placed)
+        shape = gpu_plan.step_shape(workload, split)
+        rows = split.trainer_gpus * shape.gradient_accumulation_steps
+        assert rows * shape.token_budget * gpu_plan.PACKING >= shape.forwarded_tokens
+        blocks = launch_blocks(workload.model_name, where, per_node, workload.max_model_len,
+                               "nccl", {})  # fmt: skip
+        text = "\n".join(b.text for b in blocks)
+        assert text.count("vllm serve") == split.servers
+        assert text.count("torchrun") == 1
+        assert (where.nodes > 1) == ("#SBATCH --nodes" in text)
+
+
+def test_the_long_tail_lowers_the_screened_rate_at_the_same_mean() -> None:
+    """Responses of the same mean with a long tail: a group holds its slots until its longest
+    response ends, so fewer of its requests run and the generator's rate falls."""
+    even = workload_from_mapping(changed("lengths", "response", 2600))
+    tail = workload_from_mapping(WORKLOAD)
+    split = gpu_plan.Split(4, 4, 1)
+    assert gpu_plan.running_share(even) == 1.0 > gpu_plan.running_share(tail)
+    assert gpu_plan.screen(tail, split).generation < gpu_plan.screen(even, split).generation

@@ -1,0 +1,126 @@
+"""``asyncgrpo plan --workload FILE --gpus N`` and what it is built on: the simulator's
+per-request generator (a long tail of response lengths costs a synchronous step), and any run
+as a calibration run."""
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncgrpo.core.experiments import generator as generators
+from asyncgrpo.core.experiments import lengths
+from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+from asyncgrpo.shell.commands import main
+from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments import SweepError, record_run_settings
+from asyncgrpo.shell.experiments.calibrate import run_config
+from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.run import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "workload_math_7b.toml"
+QUICK = ["--top-splits", "1", "--max-staleness", "0", "2", "--weight-sync-steps", "1",
+         "--max-steps", "6", "--no-progress"]  # fmt: skip
+
+
+def launch_rules():
+    """tests/test_launch_commands.py, the rules every launch command in the docs follows."""
+    if "launch_rules" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("launch_rules", ROOT / "tests" /
+                                                      "test_launch_commands.py")  # fmt: skip
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["launch_rules"] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["launch_rules"]
+
+
+def planned_devices(text: str) -> int:
+    """GPUs the printed launch commands use: each server's devices, and the trainer's devices
+    times its nodes."""
+    rules = launch_rules()
+    total = 0
+    for index, block in enumerate(re.findall(r"```bash\n(.*?)```", text, re.S)):
+        for launch in rules.shell_launches(block, 1, "plan", host=f"block {index}"):
+            nodes = int(str(rules.option(launch.argv, "--nnodes", "1")))
+            total += len(launch.devices) * (nodes if launch.role == "trainer" else 1)
+    return total
+
+
+@pytest.mark.parametrize("gpus", [8, 16])
+def test_plan_prints_split_settings_predictions_and_commands_for_all_gpus(capsys, gpus):
+    assert main(["plan", "--workload", str(EXAMPLE), "--gpus", str(gpus), *QUICK]) == 0
+    out = capsys.readouterr().out
+    for part in ("split: the trainer on", "settings: max_staleness=", "predicted:",
+                 "generator idle", "samples dropped per step", "synchronous on the same split",
+                 "ROOFLINE", "vllm serve Qwen/Qwen2.5-7B", "torchrun"):  # fmt: skip
+        assert part in out, part
+    assert planned_devices(out) == gpus
+    assert ("job.sbatch" in out) == (gpus > 8)  # 8 GPUs a node: 16 span two
+    assert launch_rules().problems_in("# plan\n\n" + out, "plan output") == []
+
+
+def test_plan_errors_name_the_key_and_the_fix(tmp_path, capsys) -> None:
+    workload = tmp_path / "w.toml"
+    workload.write_text(EXAMPLE.read_text())  # its config.json is not beside it
+    assert main(["plan", "--workload", str(workload), "--gpus", "8", "--no-progress"]) == 2
+    assert "[model] config: cannot read" in capsys.readouterr().err
+    config = EXAMPLE.parent / "qwen2.5-7b-config.json"
+    (tmp_path / config.name).write_text(config.read_text())
+    workload.write_text(EXAMPLE.read_text().replace('gpu = "h100"', 'gpu = "h1000"'))
+    assert main(["plan", "--workload", str(workload), "--gpus", "8", "--no-progress"]) == 2
+    assert "[cluster] gpu: 'h1000' is not one of" in capsys.readouterr().err
+    workload.write_text(EXAMPLE.read_text())
+    assert main(["plan", "--workload", str(workload), "--gpus", "1", "--no-progress"]) == 2
+    assert "no split of 1 h100 GPUs fits" in capsys.readouterr().err
+
+
+def tail_config(completions: lengths.Lengths, max_staleness: int) -> SimulationConfig:
+    """A server whose decode step costs mostly a fixed weight read: its throughput grows with
+    the requests it runs."""
+    return SimulationConfig(
+        max_steps=12, logging_steps=3, max_staleness=max_staleness, num_generations=8,
+        max_concurrent_rollouts=64, token_budget=8192, rows_per_step=1, prompt_tokens=32,
+        completion_lengths=completions,
+        generator=generators.Generator(compute_s_per_request=2e-4, weight_read_s=0.01),
+        training_tokens_per_s=200_000.0, dataset_size=10_000, tick_s=0.02,
+    )  # fmt: skip
+
+
+def test_a_synchronous_step_waits_for_its_longest_response(tmp_path) -> None:
+    """Responses of the same mean, all alike or with a long tail to 8x the mean: at
+    max_staleness 0 the tail's steps are much longer (each waits for its longest response
+    while the server runs fewer and fewer requests), and running ahead recovers most of it."""
+    even = lengths.constant(96)
+    tail = lengths.from_quantiles({0.5: 60.0, 0.9: 200.0}, maximum=768.0, mean=96.0)
+    step = {}
+    for name, completions in (("even", even), ("tail", tail)):
+        for staleness in (0, 2):
+            windows = simulate(tail_config(completions, staleness),
+                               tmp_path / f"{name}-{staleness}", progress=False)  # fmt: skip
+            step[name, staleness] = pipeline_figures(windows).step_s
+    assert step["tail", 0] > 1.5 * step["even", 0], step
+    assert step["tail", 2] / step["even", 2] < 0.8 * step["tail", 0] / step["even", 0], step
+
+
+def test_any_run_with_recorded_settings_calibrates_a_plan(tmp_path, capsys) -> None:
+    """A run of asyncgrpo train or demo records its settings (run_settings.json): a plan
+    calibrates from it as from a sweep's run; a run without either file says what to do."""
+    run = tmp_path / "run"
+    with pytest.raises(SweepError, match="run_settings.json"):
+        run_config(run)
+    simulate(SimulationConfig(max_steps=20, max_staleness=0, logging_steps=5,
+                              dataset_size=10_000, generation_tokens_per_s=1500.0), run,
+             progress=False)  # fmt: skip
+    rows = [dict(r, **{"completions/mean_length": 68.0, "completions/min_length": 8.0,
+                       "completions/max_length": 128.0}) for r in read_metrics(run)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record_run_settings(AsyncGRPOConfig(output_dir=str(run), max_staleness=0, num_generations=8,
+                                        token_budget=4096, logging_steps=5))  # fmt: skip
+    assert run_config(run).max_staleness == 0
+    argv = ["plan", "--calibrate", str(run), "--devices", "2", "--max-staleness", "0", "1",
+            "--weight-sync-steps", "1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("recommended for 2 devices: max_staleness=")
