@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import torch
 from anyio.from_thread import start_blocking_portal
 from vllm.distributed.weight_transfer.base import (
@@ -122,12 +123,17 @@ class WeightStream(WeightSource):
             pass
 
 
-# seconds a leaving trainer waits for the server to close its side of the group (a healthy
-# server answers in well under a second)
+# seconds a leaving trainer waits for the server to close its side of the group, and a failed
+# send for the server's resume (a healthy server answers in well under a second)
 LEAVE_TIMEOUT_S = 5.0
 # seconds a send that outlived its watchdog gets, once its group is aborted, to give up
 # (NCCL's abort ends the kernels it waits in; gloo's shutdown fails its pending broadcast)
 ABORT_GRACE_S = 10.0
+# seconds the engine's HTTP calls (``/start_weight_update``, ``/update_weights``...) wait past
+# ``vllm_server_timeout``: a server (or a link) that answers nothing is named by the send's
+# watchdog (WeightSendTimeout), never by a bare ``requests`` read timeout that races it, and
+# the call then gives up within ABORT_GRACE_S
+WIRE_LEAD_S = 2.0
 
 
 class WeightSendTimeout(TimeoutError):
@@ -201,9 +207,11 @@ class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
         response.raise_for_status()
 
     def start_weight_update(self) -> None:
+        import requests
+
         try:
             super().start_weight_update()
-        except Exception as refused:
+        except requests.HTTPError as refused:  # a timeout or a lost link is no open session
             try:  # an open session of an interrupted trainer: close it, then start ours
                 self.finish_weight_update()
             except Exception:
@@ -270,7 +278,8 @@ class EngineSync:
         with); ``rank`` is this trainer process's rank (rank 0 sends, the others only gather);
         ``timeout_s`` bounds the handshake and each send."""
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
-        wire = ResumingWeightSyncClient(base_url, timeout=timeout_s, api_key=api_key)
+        wire = ResumingWeightSyncClient(base_url, timeout=timeout_s + WIRE_LEAD_S,
+                                        api_key=api_key)  # fmt: skip
         engine = WeightTransferTrainerFactory.trainer_init(info, client=wire, source=source)
         return cls(base_url, client, engine, timeout_s=timeout_s, device=device)
 
@@ -313,13 +322,23 @@ class EngineSync:
             self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause
             try:
-                self._portal.call(self._client.admin.resume)
+                self._portal.call(self._resume_within, LEAVE_TIMEOUT_S)
+            except TimeoutError:
+                failed.add_note(f"resuming the server got no answer within {LEAVE_TIMEOUT_S:g} s "
+                                "either")  # fmt: skip
             except Exception as also:
                 failed.add_note(f"resuming the server failed too: {type(also).__name__}: {also}")
             raise
         self._portal.call(self._client.admin.resume)
         done = time.monotonic()
         return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+
+    async def _resume_within(self, timeout_s: float) -> None:
+        """Resume the server after a failed send: a courtesy bounded by ``timeout_s``, not by
+        ``vllm_server_timeout`` again (the send has waited that long already; a server that
+        stays paused is pushed to again, which resumes it, once it answers)."""
+        with anyio.fail_after(timeout_s):
+            await self._client.admin.resume()
 
     def close(self) -> None:
         """Leave the group; the server keeps serving and accepts a new trainer.

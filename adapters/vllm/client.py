@@ -22,6 +22,7 @@ may trust it, and on every ``/metrics`` scrape, and hands it to the gate
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -52,6 +53,12 @@ class PromptTooLongError(VLLMError):
     """The server rejected a request as longer than its ``--max-model-len``."""
 
 
+class ResponsesCut(VLLMError):
+    """A generation failed on every try for ``vllm_server_timeout`` seconds although the server
+    came back after each failure (it answered ``/health`` and took the trainer's weights): its
+    connections are cut by something between the trainer and the server."""
+
+
 class _Aborted(VLLMError):
     """The server returned an aborted (partial) completion."""
 
@@ -79,6 +86,11 @@ class ServerGate(Protocol):
 
     def identity_seen(self, identity: float | None) -> None:
         """Record the server's identity read now (a new one means it restarted)."""
+
+
+NONFINITE_REPLY = "Out of range float values are not JSON compliant"
+"""What vLLM answers (HTTP 400) when a reply's log-probs are NaN or infinite: the weights it
+serves overflow float32 in the forward (diverged weights)."""
 
 
 def _too_long(detail: str) -> bool:
@@ -144,6 +156,12 @@ class VLLMClient:
         """Retries so far (of requests and of aborted generations)."""
         return self.transport.retries.count
 
+    @property
+    def dropped_connection_count(self) -> int:
+        """Requests sent again on a new connection because the server's side dropped theirs
+        (a kept-alive connection closed as the request went out, or a reply reset or cut)."""
+        return self.transport.dropped_connection_count
+
     async def aclose(self) -> None:
         await self.transport.aclose()
 
@@ -166,6 +184,14 @@ class VLLMClient:
                 f"{what}: the server rejected the request as too long: {detail[:400]} -- raise "
                 "the server's --max-model-len (and max_model_len of the run), or lower "
                 "max_completion_length / shorten prompts"
+            )
+        if NONFINITE_REPLY in detail:
+            raise VLLMError(
+                f"{what}: the server's log-probs are not finite (HTTP {response.status_code}: "
+                f"{detail[:200]}): the weights it serves overflow float32, as diverged weights "
+                "do. If the trainer pushed them, its learning_rate is too high: lower it (and keep "
+                "max_grad_norm clipping on) and start the run again (a resumed checkpoint keeps "
+                "the learning rate it was saved with)"
             )
         raise VLLMError(f"{what}: HTTP {response.status_code}: {detail[:1000]}")
 
@@ -239,16 +265,38 @@ class VLLMClient:
         self, path: str, body: dict[str, Any], parse: Callable[[Any], Generation]
     ) -> Generation:
         """One generation; a gated client sends it again while it crosses an outage (the
-        server went away while it ran, or restarted before it could be trusted)."""
+        server went away while it ran, or restarted before it could be trusted).
+
+        A request that keeps failing while the server keeps coming back (a link that resets
+        or cuts every reply to it, while ``/health`` answers) raises :class:`ResponsesCut`
+        at its first failure ``vllm_server_timeout`` seconds or more after its first one,
+        instead of going round outages and pushes for ever."""
+        failing_since: float | None = None  # the first failure since the last reply
+        tries = 0
         while True:
             started = await self.gate.enter() if self.gate is not None else 0
             try:
+                tries += 1
                 response = await self.transport.request("POST", path, json=body)
             except ServerUnreachable as error:
                 assert self.gate is not None  # only a gated client raises it
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= self.transport.timeout_s:
+                    raise ResponsesCut(
+                        f"generation at {self.base_url}: failed on each of {tries} tries over "
+                        f"{now - failing_since:.0f} s (vllm_server_timeout="
+                        f"{self.transport.timeout_s:g} s) though the server came back after "
+                        f"each (it answers /health and took the trainer's weights); the last: "
+                        f"{error}. Something between the trainer and the server (a proxy, a "
+                        "load balancer, a flaky link) resets or cuts its replies: fix that path, "
+                        "then resume the run (resume_from_checkpoint=True, or asyncgrpo train "
+                        "--resume)"
+                    ) from error
                 await self.gate.unreachable(error)
                 self.regenerated_count += 1  # the server went away while it ran: send again
                 continue
+            failing_since = None
             self._raise_for_client_error(response, "generation")
             generation = parse(response.json())
             if self.gate is not None and not await self._trusted_now(started):

@@ -12,7 +12,9 @@ Idle connections: vLLM's API server closes a kept-alive connection after 5 s idl
 (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client lets its own idle connections go sooner
 (:data:`KEEPALIVE_EXPIRY_S`), and a request whose connection the server dropped as it went out
 is sent once more on a new connection before the drop counts as anything
-(``dropped_connection_count``): a healthy server is never taken for a lost one.
+(``dropped_connection_count``, logged as ``rollout/vllm_dropped_connection_count``): a healthy
+server is never taken for a lost one. A reply reset or cut short on the way (a flaky link, a
+proxy) is sent again the same way.
 
 A server that stops answering (frozen, overloaded to a standstill) is named within seconds: a
 call that has had no answer for ``stall_s`` probes ``/health`` on a connection of its own; while
@@ -167,10 +169,15 @@ class ServerTransport:
             if isinstance(error, httpx.TimeoutException) and not str(error):
                 cause += (f"no reply in {self._timeout.read:.0f} s, though the server answers "
                           "/health")  # fmt: skip
+            elif isinstance(error, _DROPPED) and not str(error):  # httpx says nothing of a reset
+                cause += "the connection was reset or closed before the reply was whole"
             if self.gated and failure_of(error) is Failure.UNREACHABLE:
                 raise ServerUnreachable(f"{where}: {cause}") from error
             retried = f" after {tries - 1} retries" if tries > 1 else ""
-            raise VLLMError(f"{where} failed{retried}: {cause}") from error
+            raise VLLMError(
+                f"{where} failed{retried}: {cause} (the tries of one call: "
+                f"vllm_server_timeout={self.timeout_s:g} s)"
+            ) from error
         raise AssertionError("unreachable: the retry loop returns or raises")
 
     def _retryable(self, error: BaseException) -> bool:
@@ -223,8 +230,9 @@ class ServerTransport:
                 outcome.append(ServerNotAnswering(
                     f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
                     f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
-                    "but answers nothing, not even /health. Restart it and resume the run "
-                    "(resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
+                    "but answers nothing, not even /health (a frozen server, or a network path "
+                    "to it that delivers nothing). Restart it or mend the path, and resume the "
+                    "run (resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
                 group.cancel_scope.cancel()
 
             group.start_soon(run)

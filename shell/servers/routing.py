@@ -80,9 +80,9 @@ class ServerPool:
         self.version_of = version_of
         self.routable = routable
         self.outages = outages
-        # at the last report: tokens generated, retries, groups regenerated, each server's
-        # preemptions (counters that only grow)
-        self._reported = (0, 0, 0, [0] * len(clients))
+        # at the last report: tokens generated, retries, requests sent again on a new
+        # connection, groups regenerated, each server's preemptions (counters that only grow)
+        self._reported = (0, 0, 0, 0, [0] * len(clients))
 
     def __len__(self) -> int:
         return len(self.servers)
@@ -172,17 +172,20 @@ class ServerPool:
     def report(self, elapsed_s: float, generated_tokens: int) -> list[Observation]:
         """The ``rollout/*`` metrics since the last report, ``elapsed_s`` seconds ago:
         throughput (``generated_tokens``: the loop's count so far), concurrency and its cap,
-        retries, regenerated groups, the servers' KV cache, requests and preemptions from
-        their last ``/metrics``, and each server's own (:meth:`observations`)."""
-        tokens, retries, regenerated, preemptions = self._reported
+        retries, requests sent again on a new connection, regenerated groups, the servers' KV
+        cache, requests and preemptions from their last ``/metrics``, and each server's own
+        (:meth:`observations`)."""
+        tokens, retries, dropped, regenerated, preemptions = self._reported
         clients = [server.client for server in self.servers]
         retries_now = sum(c.retry_count for c in clients)
+        dropped_now = sum(c.dropped_connection_count for c in clients)
         regenerated_now = sum(c.regenerated_count for c in clients)
         found = [
             ratio("rollout/generated_tokens_per_s", generated_tokens - tokens, elapsed_s),
             mean("rollout/concurrency", self.in_flight),
             mean("rollout/concurrency_cap", sum(s.cap.cap for s in self.servers)),
             total("rollout/vllm_retry_count", retries_now - retries),
+            total("rollout/vllm_dropped_connection_count", dropped_now - dropped),
             total("rollout/vllm_regenerated_count", regenerated_now - regenerated),
         ]
         snapshots = [(i, s.snapshot) for i, s in enumerate(self.servers)
@@ -199,7 +202,8 @@ class ServerPool:
                 mean("rollout/vllm_queued_requests", sum(s.load.waiting for _, s in snapshots)),
                 total("rollout/vllm_preemption_count", preempted),
             ]  # fmt: skip
-        self._reported = (generated_tokens, retries_now, regenerated_now, preemptions)
+        self._reported = (generated_tokens, retries_now, dropped_now, regenerated_now,
+                          preemptions)  # fmt: skip
         return found + self.observations(elapsed_s)
 
     def observations(self, elapsed_s: float) -> list[Observation]:

@@ -91,13 +91,14 @@ class CountingClient:
     """The counters of a :class:`VLLMClient` that a report reads (a fake: no server)."""
 
     retry_count = 0
+    dropped_connection_count = 0
     regenerated_count = 0
 
 
 def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> None:
     clients = [CountingClient(), CountingClient()]
     servers = ServerPool(clients, 16, lambda i: 0, lambda i: True)  # type: ignore[arg-type]
-    clients[0].retry_count = 3
+    clients[0].retry_count, clients[1].dropped_connection_count = 3, 2
     servers[0].in_flight, servers[1].in_flight = 2, 5
     servers[0].snapshot = ServerMetrics(ServerLoad(0.25, 2, 1), preemptions=4,
                                         kv_cache_tokens=None)  # fmt: skip
@@ -105,6 +106,7 @@ def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> 
     assert first["rollout/generated_tokens_per_s"].amount == 100
     assert first["rollout/generated_tokens_per_s"].weight == 2.0
     assert first["rollout/vllm_retry_count"].amount == 3
+    assert first["rollout/vllm_dropped_connection_count"].amount == 2  # a reply cut, sent again
     assert first["rollout/concurrency"].amount == 7
     assert first["rollout/vllm_preemption_count"].amount == 4
     assert first["rollout/vllm_kv_cache_usage_frac"].amount == 0.25
@@ -115,6 +117,7 @@ def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> 
     second = {o.name: o for o in servers.report(1.0, generated_tokens=130)}
     assert second["rollout/generated_tokens_per_s"].amount == 30
     assert second["rollout/vllm_retry_count"].amount == 2
+    assert second["rollout/vllm_dropped_connection_count"].amount == 0
     assert second["rollout/vllm_regenerated_count"].amount == 1
     assert second["rollout/vllm_preemption_count"].amount == 2
 
