@@ -30,6 +30,7 @@ from transformers import (
 )
 from transformers.core_model_loading import revert_weight_conversion
 
+from asyncgrpo.adapters.checkpoint_files import check_safetensors
 from asyncgrpo.adapters.models.hybrid import servable_qwen3_next_config
 from asyncgrpo.adapters.models.vision_language import freeze_outside_text_model, is_vision_language
 
@@ -226,7 +227,14 @@ def load_causal_lm(
         dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"auto"``; a
             ``dtype`` inside ``model_init_kwargs`` takes precedence, as in TRL's AsyncGRPOTrainer.
         model_init_kwargs: extra keyword arguments for ``from_pretrained``.
+
+    Raises:
+        DamagedFile: a safetensors file of a local directory is empty or cut short (a save or a
+            copy that stopped), named with its size and the size its header needs.
     """
+    if Path(model).is_dir():
+        for weights in sorted(Path(model).glob("*.safetensors")):
+            check_safetensors(weights)
     kwargs = dict(model_init_kwargs or {})
     chosen = kwargs.pop("dtype", dtype)
     if isinstance(chosen, str):

@@ -29,8 +29,10 @@ from typing import Any
 
 import anyio
 import attrs
+import structlog
 import torch
 
+from asyncgrpo.adapters.checkpoint_files import DamagedFile, check_safetensors
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named, load_causal_lm
 from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.transfer.files import DiskReload, adapter_name
@@ -46,6 +48,8 @@ from asyncgrpo.shell.servers import (
     local_servers,
     servers_cpus_for,
 )
+
+log = structlog.get_logger("asyncgrpo.evaluate")
 
 EXPORTED = "exported"  # beside a checkpoint: its weights as a model (or an adapter)
 ADAPTER_PREFIX = "evaluated"
@@ -78,9 +82,11 @@ def served_model(model: str, dtype: str = "float32") -> ServedModel:
 
 
 def _exported_checkpoint(path: Path, dtype: str) -> ServedModel:
+    checkpoints.check_loads(path)  # CheckpointError naming a damaged file
     base, peft = checkpoints.read_model_source(path)
     base = resolve_model(base)
     out = path / EXPORTED
+    _drop_damaged_export(out)
     if not (out / "config.json").is_file() and not (out / "adapter_config.json").is_file():
         from peft import LoraConfig
         from transformers import AutoTokenizer
@@ -102,6 +108,18 @@ def _exported_checkpoint(path: Path, dtype: str) -> ServedModel:
     if (out / "adapter_config.json").is_file():
         return ServedModel(base, str(out))
     return ServedModel(str(out))
+
+
+def _drop_damaged_export(out: Path) -> None:
+    """Remove the export ``out`` of a checkpoint when a safetensors file of it is damaged (an
+    export or a copy that stopped): it is exported again from the checkpoint's sharded weights."""
+    for weights in sorted(out.glob("*.safetensors")):
+        try:
+            check_safetensors(weights)
+        except DamagedFile as error:
+            log.warning("a damaged export of a checkpoint: exported again", problem=str(error))
+            shutil.rmtree(out)
+            return
 
 
 @contextlib.contextmanager

@@ -23,10 +23,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+from asyncgrpo.adapters.checkpoint_files import (
+    DamagedFile,
+    check_distributed_checkpoint,
+    check_torch_file,
+)
 
 CHECKPOINT_WEIGHTS = "dcp"
 LEARNER_STATE = "learner_state.pt"
@@ -86,45 +91,24 @@ def load_learner(
     return int(learner_state["step"])
 
 
-class UnreadableCheckpoint(ValueError):
-    """A file of a checkpoint does not load; ``file`` names it."""
-
-    def __init__(self, file: Path, cause: str) -> None:
-        super().__init__(f"{file}: {cause}")
-        self.file = file
-
-
 def check_learner_files(path: str | Path) -> None:
     """Check that what :func:`save_learner` wrote under ``path`` loads, without loading the
-    tensors: ``learner_state.pt`` and every ``rng_state_<rank>.pth`` load (``weights_only``),
-    the sharded checkpoint's metadata loads and each of its data files is at least as long as
-    the metadata says (a file cut short by a full disk or a copy that stopped).
+    tensors: ``learner_state.pt`` loads (``weights_only``) and holds the step and the
+    scheduler, every ``rng_state_<rank>.pth`` loads, the sharded checkpoint's ``.metadata``
+    loads and each of its data files is at least as long as the metadata says (a file cut
+    short by a full disk or a copy that stopped)
+    (:func:`~asyncgrpo.adapters.checkpoint_files.check_distributed_checkpoint`).
 
     Raises:
-        UnreadableCheckpoint: naming the first file that does not load and why.
+        DamagedFile: naming the first file that is missing or does not load, and why.
     """
     path = Path(path)
-    for file in (path / LEARNER_STATE, *sorted(path.glob("rng_state_*.pth"))):
-        try:
-            torch.load(file, weights_only=True)
-        except Exception as error:
-            raise UnreadableCheckpoint(file, f"{type(error).__name__}: {error}") from error
-    weights = path / CHECKPOINT_WEIGHTS
-    try:
-        metadata = FileSystemReader(str(weights)).read_metadata()
-    except Exception as error:
-        raise UnreadableCheckpoint(weights / ".metadata",
-                                   f"{type(error).__name__}: {error}") from error  # fmt: skip
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        end = int(info.offset) + int(info.length)
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, end in sorted(needed.items()):
-        file = weights / name
-        size = file.stat().st_size if file.is_file() else None
-        if size is None or size < end:
-            found = "missing" if size is None else f"{size} bytes"
-            raise UnreadableCheckpoint(file, f"{found}, the checkpoint's metadata needs {end}")
+    state = check_torch_file(path / LEARNER_STATE)
+    if not isinstance(state, dict) or not {"step", "scheduler"} <= state.keys():
+        raise DamagedFile(path / LEARNER_STATE, "lacks the step or the scheduler state")
+    for file in sorted(path.glob("rng_state_*.pth")):
+        check_torch_file(file)
+    check_distributed_checkpoint(path / CHECKPOINT_WEIGHTS)
 
 
 def rng_state() -> dict[str, Any]:

@@ -2,14 +2,20 @@
 
 A checkpoint is written into ``checkpoint-<step>.partial/`` and renamed to
 ``checkpoint-<step>/`` only once every file is in place, so a run killed while saving, or a disk
-that fills up, never leaves a checkpoint that looks complete. A checkpoint is complete when it
-holds ``rollout_state.json`` (written last; checkpoints of older versions were written in place,
-so the file is checked, not only the name): the prompt cursor, policy version and step of the
-rollout side, beside what the learner writes (:mod:`asyncgrpo.shell.learner.checkpoint`).
+that fills up, never leaves a checkpoint that looks complete. ``rollout_state.json`` is written
+last: the prompt cursor, policy version and step of the rollout side, and the size of every other
+file the checkpoint holds (``files``), beside what the learner writes
+(:mod:`asyncgrpo.shell.learner.checkpoint`) and ``model_source.json``.
 
-Resuming takes the newest checkpoint that is complete *and loads* (:func:`check_loads`: the
-rollout state parses, the learner's files load and none is cut short) and names the ones it
-skipped and why; a checkpoint named explicitly that does not load fails naming the file.
+A checkpoint is *complete* when its save finished and every file checks (:func:`check_loads`,
+without loading the tensors): ``rollout_state.json`` parses and holds its keys, every file it
+lists is there with the size it was written with, ``model_source.json`` names a model, and the
+learner's files load (:func:`~asyncgrpo.shell.learner.check_learner_files`). Which checkpoint a
+resume takes and which ones ``save_total_limit`` deletes is the core's decision over these
+findings (:mod:`asyncgrpo.core.run.checkpoint_choice`): a resume takes the newest complete
+checkpoint and names the newer ones it skipped, with the file and what is wrong; rotation counts
+only complete checkpoints, after the new one is renamed into place and checked. A checkpoint
+named explicitly that is not complete fails naming the file.
 
 A failed write, whatever raised it (torch's distributed checkpoint raises
 ``CheckpointException``, a ``BaseException``), becomes a :class:`CheckpointError` naming the
@@ -23,7 +29,7 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +37,15 @@ import attrs
 import structlog
 from torch.distributed.checkpoint.api import CheckpointException
 
+from asyncgrpo.adapters.checkpoint_files import (
+    DamagedFile,
+    check_file_sizes,
+    file_sizes,
+    read_json_object,
+)
 from asyncgrpo.core.rollout.cursor import PromptCursor, split_by_checkpoint
-from asyncgrpo.shell.learner import UnreadableCheckpoint, check_learner_files
+from asyncgrpo.core.run.checkpoint_choice import SavedCheckpoint, choose_resume, to_rotate
+from asyncgrpo.shell.learner import check_learner_files
 
 log = structlog.get_logger("asyncgrpo.checkpoints")
 
@@ -40,6 +53,8 @@ CHECKPOINT_PREFIX = "checkpoint-"
 MODEL_SOURCE = "model_source.json"  # the model a checkpoint's weights belong to
 PARTIAL_SUFFIX = ".partial"
 ROLLOUT_STATE = "rollout_state.json"
+ROLLOUT_STATE_KEYS = ("cursor", "version", "step")
+FILES_KEY = "files"  # in rollout_state.json: every other file's size in bytes, by relative path
 FULL_DISK_BYTES = 16 * 1024**2  # less free space than this after a failed write: a full disk
 FULL_DISK_FRACTION = 0.05  # ... or than this fraction of a smaller filesystem
 
@@ -69,33 +84,64 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether the save of ``path`` finished (its rollout state, written last, is there)."""
+    """Whether the save of ``path`` finished (its rollout state, written last, is there); whether
+    its files check too is :func:`check_loads`'s question."""
     return (path / ROLLOUT_STATE).is_file()
 
 
 def check_loads(path: Path) -> None:
-    """Check that checkpoint ``path`` is complete and loads: ``rollout_state.json`` parses
-    into a prompt cursor and a step, and the learner's files load
-    (:func:`~asyncgrpo.shell.learner.check_learner_files`), without loading the tensors.
+    """Check that checkpoint ``path`` is complete, without loading the tensors:
+    ``rollout_state.json`` parses into a prompt cursor and a step, every file it lists is there
+    with the size it was written with (checkpoints written before the sizes were recorded skip
+    this), ``model_source.json`` (where there is one) names a model, and the learner's files
+    load (:func:`~asyncgrpo.shell.learner.check_learner_files`).
 
     Raises:
-        CheckpointError: naming the file that is missing or does not load, and why.
+        CheckpointError: naming the file that is missing, empty, cut short or does not load,
+            and what is wrong.
     """
     state = path / ROLLOUT_STATE
     if not state.is_file():
         raise CheckpointError(
-            f"checkpoint {path} is incomplete: {state} is missing (written last; the save did "
+            f"checkpoint {path} is incomplete: {state}: missing (written last; the save did "
             "not finish)"
         )
     try:
-        read_rollout_state(path)
+        saved = read_json_object(state, ROLLOUT_STATE_KEYS)
+        _parse_rollout_state(saved, state)
+        if FILES_KEY in saved:
+            check_file_sizes(path, _listed_sizes(saved[FILES_KEY], state), ROLLOUT_STATE)
+        if (path / MODEL_SOURCE).exists():
+            read_json_object(path / MODEL_SOURCE, ("model",))
         check_learner_files(path)
-    except UnreadableCheckpoint as error:
+    except DamagedFile as error:
         raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
 
+def _listed_sizes(listed: Any, state: Path) -> dict[str, int]:
+    """The ``files`` of a rollout state: relative paths to sizes in bytes."""
+    if not isinstance(listed, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) for k, v in listed.items()
+    ):
+        raise DamagedFile(state, f"its {FILES_KEY!r} is not an object of file sizes")
+    return listed
+
+
+def survey(path: Path) -> SavedCheckpoint:
+    """What the core needs to know of checkpoint directory ``path``: its step, whether its
+    save finished and, when it did, what is wrong with its files (:func:`check_loads`)."""
+    step, unfinished = _parse(path)
+    if unfinished:
+        return SavedCheckpoint(step, finished=False)
+    try:
+        check_loads(path)
+    except CheckpointError as error:
+        return SavedCheckpoint(step, problem=str(error))
+    return SavedCheckpoint(step)
+
+
 def latest(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that loads, or ``None`` when the run saved none."""
+    """The newest complete checkpoint, or ``None`` when the run saved none."""
     return resumable(output_dir).checkpoint
 
 
@@ -110,32 +156,30 @@ class Resumable:
 
 
 def resumable(output_dir: str | Path) -> Resumable:
-    """The newest checkpoint of ``output_dir`` that loads (:func:`check_loads`) and the newer
-    ones that do not (a ``.partial`` directory of a killed save, a checkpoint missing its
-    rollout state, a file that does not load or is cut short)."""
-    skipped: list[Path] = []
-    reasons: list[str] = []
+    """The newest complete checkpoint of ``output_dir`` and the newer ones that are not (a
+    ``.partial`` directory of a killed save, a checkpoint missing its rollout state, a file
+    missing, empty, cut short or that does not load): checked newest first, down to the first
+    complete one (:func:`~asyncgrpo.core.run.checkpoint_choice.choose_resume`)."""
+    paths: dict[SavedCheckpoint, Path] = {}
     for path in reversed(_saves(output_dir)):
-        if _parse(path)[1]:
-            skipped.append(path)
-            reasons.append("a save that did not finish (.partial)")
-            continue
-        try:
-            check_loads(path)
-        except CheckpointError as error:
-            skipped.append(path)
-            reasons.append(str(error))
-            continue
-        return Resumable(path, tuple(skipped), tuple(reasons))
-    return Resumable(None, tuple(skipped), tuple(reasons))
+        record = survey(path)
+        paths[record] = path
+        if record.complete:
+            break
+    choice = choose_resume(list(paths))
+    return Resumable(
+        None if choice.checkpoint is None else paths[choice.checkpoint],
+        tuple(paths[s] for s in choice.skipped),
+        tuple(s.why_not_complete or "" for s in choice.skipped),
+    )
 
 
 def find_for_resume(output_dir: str | Path) -> Path:
     """The checkpoint ``resume_from_checkpoint=True`` resumes from; skipped ones are logged
-    with why.
+    with the file and what is wrong.
 
     Raises:
-        FileNotFoundError: no checkpoint in ``output_dir`` loads.
+        FileNotFoundError: no checkpoint in ``output_dir`` is complete.
     """
     found = resumable(output_dir)
     if found.skipped:
@@ -147,17 +191,21 @@ def find_for_resume(output_dir: str | Path) -> Path:
         incomplete = f" (skipped: {list(found.reasons)})" if found.skipped else ""
         raise FileNotFoundError(
             f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint that "
-            f"loads{incomplete}"
+            f"loads{incomplete}; put a complete one back, or train from the start without "
+            "resume_from_checkpoint (asyncgrpo train without --resume)"
         )
     return found.checkpoint
 
 
 def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: int,
                         last_evaluated: int | None = None) -> None:  # fmt: skip
-    """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last); with
-    the version evaluated last (None: none), which a resumed run does not evaluate again."""
+    """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last, once
+    every process wrote its files); with the version evaluated last (None: none), which a
+    resumed run does not evaluate again, and the size of every other file under ``path``
+    (``files``), which :func:`check_loads` compares with the files found."""
     state = {"cursor": cursor.to_json(), "version": version, "step": step,
-             "last_evaluated": last_evaluated}  # fmt: skip
+             "last_evaluated": last_evaluated,
+             FILES_KEY: file_sizes(path, leave_out=(ROLLOUT_STATE,))}  # fmt: skip
     (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
 
@@ -185,11 +233,14 @@ def read_rollout_state(path: Path) -> RolloutState:
     """The rollout state checkpoint ``path`` saved, from one read of ``rollout_state.json``.
 
     Raises:
-        UnreadableCheckpoint: the file does not parse or lacks a key (names the file).
+        DamagedFile: the file is missing, empty, does not parse or lacks a key (names it).
     """
     file = path / ROLLOUT_STATE
+    return _parse_rollout_state(read_json_object(file, ROLLOUT_STATE_KEYS), file)
+
+
+def _parse_rollout_state(state: dict[str, Any], file: Path) -> RolloutState:
     try:
-        state = json.loads(file.read_text())
         last_evaluated = state.get("last_evaluated")
         return RolloutState(
             cursor=PromptCursor.from_json(state["cursor"]),
@@ -197,8 +248,9 @@ def read_rollout_state(path: Path) -> RolloutState:
             last_evaluated=None if last_evaluated is None else int(last_evaluated),
             split_groups=split_by_checkpoint(state["cursor"]),
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise UnreadableCheckpoint(file, f"{type(error).__name__}: {error}") from error
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DamagedFile(file, f"does not hold a rollout state ({type(error).__name__}: "
+                                f"{error})") from error  # fmt: skip
 
 
 def load_rollout_state(path: Path) -> RolloutState:
@@ -209,7 +261,7 @@ def load_rollout_state(path: Path) -> RolloutState:
     """
     try:
         return read_rollout_state(path)
-    except UnreadableCheckpoint as error:
+    except DamagedFile as error:
         raise CheckpointError(f"checkpoint {path} does not load: {error}") from error
 
 
@@ -351,7 +403,12 @@ def save(
         raise CheckpointError(_describe_failure(error, step, partial, free, total)) from error
     if rank0:
         _publish(partial, final)
-        prune(output_dir, keep)
+        written = survey(final)
+        if written.problem is not None:
+            log.warning("a checkpoint was written but does not check; it does not count toward "
+                        "save_total_limit and the earlier ones are kept",
+                        checkpoint=str(final), problem=written.problem)  # fmt: skip
+        prune(output_dir, keep, checked={final: written})
     return final
 
 
@@ -378,18 +435,25 @@ def remove_partials(output_dir: str | Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def prune(output_dir: str | Path, keep: int | None) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (nothing when ``keep`` is
-    falsy); incomplete ones older than the newest complete one go too. Returns the deleted."""
+def prune(
+    output_dir: str | Path,
+    keep: int | None,
+    checked: Mapping[Path, SavedCheckpoint] | None = None,
+) -> list[Path]:
+    """Delete what ``save_total_limit=keep`` says (nothing when ``keep`` is falsy): all but
+    the newest ``keep`` complete checkpoints, complete meaning that every file checks
+    (:func:`survey`; ``checked`` holds findings already made), so a damaged checkpoint is never
+    the one kept (:func:`~asyncgrpo.core.run.checkpoint_choice.to_rotate`). Returns the
+    deleted, oldest first."""
     if not keep:
         return []
-    found = checkpoints(output_dir)
-    complete = [p for p in found if is_complete(p)]
-    if not complete:
-        return []
-    kept = set(complete[-keep:])
-    newest = _parse(complete[-1])[0]
-    doomed = [p for p in found if p not in kept and _parse(p)[0] <= newest]
-    for path in doomed:
-        shutil.rmtree(path)
-    return doomed
+    known = dict(checked or {})
+    paths = {known[p] if p in known else survey(p): p for p in checkpoints(output_dir)}
+    doomed = to_rotate(list(paths), keep)
+    for record in doomed:
+        if record.problem is not None:
+            log.warning("deleting a damaged checkpoint older than the newest complete one "
+                        "(save_total_limit)", checkpoint=str(paths[record]),
+                        problem=record.problem)  # fmt: skip
+        shutil.rmtree(paths[record])
+    return [paths[record] for record in doomed]

@@ -139,22 +139,27 @@ def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
 
 
 def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_path) -> None:
-    """A corrupt rollout_state.json (one byte ``{``) in the newest checkpoint: resume names it
-    and takes the checkpoint before; named explicitly, it fails naming the file."""
+    """The newest checkpoint's sharded weights cut short (as a full disk or a stopped copy
+    leaves them; the run listed each file's size in rollout_state.json): resume names the file
+    and takes the checkpoint before; named explicitly, it fails naming the file. (Each kind of
+    file and damage: test_checkpoint_damage.py.)"""
     server, path = served
     run = tmp_path / "run"
     trainer_for(server, path, tmp_path, max_steps=2, save_steps=1).train()
-    (run / "checkpoint-2" / "rollout_state.json").write_text("{")
+    listed = json.loads((run / "checkpoint-2" / "rollout_state.json").read_text())["files"]
+    assert {"learner_state.pt", "model_source.json", "dcp/.metadata"} <= listed.keys()
+    shard = run / "checkpoint-2" / "dcp" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
     explicit = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
-    with pytest.raises(CheckpointError, match=r"checkpoint-2 does not load: .*checkpoint-2/"
-                       r"rollout_state.json: JSONDecodeError"):  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"checkpoint-2 does not load: .*checkpoint-2/dcp/"
+                       r"__0_0.distcp: cut short: 1000 bytes, \d+ when saved"):  # fmt: skip
         explicit.train(resume_from_checkpoint=str(run / "checkpoint-2"))
     resumed = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
     with capture_logs() as logs:
         assert resumed.train(resume_from_checkpoint=True).global_step == 3
     skipped = [e for e in logs if e["event"].startswith("skipped checkpoints")]
     assert skipped and skipped[0]["resuming_from"].endswith("checkpoint-1"), logs
-    assert "rollout_state.json: JSONDecodeError" in skipped[0]["skipped"][0]
+    assert "dcp/__0_0.distcp: cut short: 1000 bytes" in skipped[0]["skipped"][0]
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
 
 
