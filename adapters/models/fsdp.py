@@ -130,6 +130,20 @@ def clip_gradients(model: nn.Module, max_grad_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
+def weights_finite(model: nn.Module) -> bool:
+    """Whether every trainable weight is finite on every process (collective: each process
+    checks its own shards, one all-reduce of the verdict)."""
+    local = [p.to_local() if isinstance(p, DTensor) else p
+             for p in model.parameters() if p.requires_grad]  # fmt: skip
+    device = local[0].device if local else torch.device("cpu")
+    bad = torch.zeros((), dtype=torch.int32, device=device)
+    for tensor in local:
+        bad += (~torch.isfinite(tensor.detach())).any()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(bad)
+    return not bool(bad)
+
+
 def gathered_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The unsharded state dict on the CPU in the weights' own dtypes (collective: every
     process must call it; rank 0 gets the weights, the others an empty dict)."""

@@ -171,3 +171,65 @@ def choose_checkpointing(
     if kept > ACTIVATION_SHARE * free:
         return CheckpointingChoice(True, f"on: {what} would keep {gib:.2f} GiB, over {share}")
     return CheckpointingChoice(False, f"off: {what} keeps {gib:.2f} GiB, within {share}")
+
+
+@attrs.frozen
+class RowSize:
+    """A packed row the learner could not fit in memory, for the error that names it.
+
+    Attributes:
+        tokens: forwarded tokens (``T``).
+        trained: trained tokens.
+        samples: samples packed in it.
+        longest: tokens of its longest sample.
+    """
+
+    tokens: int
+    trained: int
+    samples: int
+    longest: int
+
+
+def out_of_memory_message(
+    row: RowSize, token_budget: int | None, checkpointing: bool, device: str, cause: str
+) -> str:
+    """The error when the forward or backward of ``row`` ran out of memory: the row, the
+    settings that size it (``token_budget``, ``gradient_checkpointing``) and what to change.
+
+    Example:
+        >>> row = RowSize(tokens=8192, trained=8184, samples=1, longest=8192)
+        >>> print(out_of_memory_message(row, None, False, "cpu", "RuntimeError: no memory"))
+        the learner ran out of memory on cpu in the forward and backward of a packed row of
+        8,192 tokens (8,184 trained; 1 sample, the longest 8,192 tokens) with token_budget
+        unset (rows fill up to the server's max_model_len) and gradient_checkpointing off.
+        Turn gradient_checkpointing on (each decoder layer then keeps only its input for the
+        backward); set token_budget lower, e.g. 4,096 (a row holds at most that many
+        tokens); lower max_completion_length (one sample of 8,192 tokens is more than half
+        the row); or give the trainer more memory, or more processes (FSDP2 shards the
+        weights and the optimizer states over them). Cause: RuntimeError: no memory
+    """
+    budget = (
+        "token_budget unset (rows fill up to the server's max_model_len)"
+        if token_budget is None
+        else f"token_budget={token_budget}"
+    )
+    fixes = []
+    if not checkpointing:
+        fixes.append("turn gradient_checkpointing on (each decoder layer then keeps only its "
+                     "input for the backward)")  # fmt: skip
+    lower = "set token_budget lower" if token_budget is None else "lower token_budget"
+    fixes.append(f"{lower}, e.g. {max(1, row.tokens // 2):,} (a row holds at most that many "
+                 "tokens)")  # fmt: skip
+    if row.longest > row.tokens // 2:
+        fixes.append(f"lower max_completion_length (one sample of {row.longest:,} tokens is "
+                     "more than half the row)")  # fmt: skip
+    fixes.append("or give the trainer more memory, or more processes (FSDP2 shards the "
+                 "weights and the optimizer states over them)")  # fmt: skip
+    remedy = "; ".join(fixes)
+    samples = f"{row.samples} sample{'s' if row.samples != 1 else ''}"
+    return (
+        f"the learner ran out of memory on {device} in the forward and backward of a packed "
+        f"row of {row.tokens:,} tokens ({row.trained:,} trained; {samples}, the longest "
+        f"{row.longest:,} tokens) with {budget} and gradient_checkpointing "
+        f"{'on' if checkpointing else 'off'}. {remedy[0].upper()}{remedy[1:]}. Cause: {cause}"
+    )

@@ -50,6 +50,7 @@ def check_values(config: Any) -> None:
             "AsyncGRPOConfig.stop_after_spreadless_steps must be >= 1 or None, got "
             f"{config.stop_after_spreadless_steps}"
         )
+    _check_positive(config, "stop_after_nonfinite_steps")
     if config.foreign_weights_steps < 0:
         raise ValueError(
             "AsyncGRPOConfig.foreign_weights_steps must be >= 0 (0 only warns), got "

@@ -270,6 +270,14 @@ class AsyncGRPOConfig(TrainingArguments):
                        "either way, and again at 6, 12, 24... such steps in all (asyncgrpo "
                        "demo --stop-after-spreadless-steps)."),
     )  # fmt: skip
+    stop_after_nonfinite_steps: int = field(
+        default=3,
+        metadata=_help("Not in TRL. A step whose loss or gradient norm is not finite is "
+                       "skipped (the optimizer does not step; counted in "
+                       "train/nonfinite_step_count); this many such steps in a row end the run "
+                       "with a checkpoint of the last finite weights and an error suggesting a "
+                       "lower learning_rate (the weights diverged). At least 1."),
+    )  # fmt: skip
     foreign_weights_steps: int = field(
         default=3,
         metadata=_help("Not in TRL. The run fails once this many of the last "

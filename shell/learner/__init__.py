@@ -5,14 +5,16 @@ optimizer and schedule (:mod:`.optimization`) and the learner's checkpoint (:mod
 
 from __future__ import annotations
 
-from asyncgrpo.shell.learner.checkpoint import UnreadableCheckpoint, check_learner_files
+from asyncgrpo.shell.learner.checkpoint import check_learner_files
 from asyncgrpo.shell.learner.export import LoraPrecisionError
+from asyncgrpo.shell.learner.failures import DivergedError, RowOutOfMemoryError
 from asyncgrpo.shell.learner.learner import Learner, StepOutput
 
 __all__ = [
+    "DivergedError",
     "Learner",
     "LoraPrecisionError",
+    "RowOutOfMemoryError",
     "StepOutput",
-    "UnreadableCheckpoint",
     "check_learner_files",
 ]

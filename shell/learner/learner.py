@@ -62,7 +62,6 @@ from asyncgrpo.adapters.kernels.packed_policy import (
     sampler_topk,
 )
 from asyncgrpo.adapters.models.fsdp import (
-    clip_gradients,
     mixed_precision,
     precision_for,
     shard,
@@ -103,7 +102,8 @@ from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
 from asyncgrpo.shell.learner.export import WeightExport
-from asyncgrpo.shell.learner.optimization import optimizers_for, parameter_names
+from asyncgrpo.shell.learner.failures import out_of_memory_named
+from asyncgrpo.shell.learner.optimization import optimizer_step, optimizers_for, parameter_names
 
 log = structlog.get_logger("asyncgrpo.learner")
 
@@ -124,14 +124,18 @@ class StepOutput:
             on all processes, or the extremes they declare), ``loss`` (the step's objective,
             summed over processes and micro-batches), ``grad_norm`` (before clipping),
             ``learning_rate`` (of this step), ``aux_loss`` (MoE only; unscaled, mean over
-            rows), ``perf/fwd_bwd_s`` = ``perf/fwd_s`` + ``perf/bwd_s``, and ``perf/optimizer_s``
-            (seconds, mean over processes).
+            rows), ``perf/fwd_bwd_s`` = ``perf/fwd_s`` + ``perf/bwd_s``, ``perf/optimizer_s``
+            (seconds, mean over processes), ``train/nonfinite_step_count`` (1: skipped). A
+            skipped step's window has only these timings, the learning rate and the count.
         window: the same as a metric window, to merge into a logging window so that its means
             stay token-weighted over several steps.
+        skipped: the loss or the gradient norm was not finite, so the optimizer did not step
+            (:mod:`asyncgrpo.core.run.divergence`).
     """
 
     metrics: dict[str, float]
     window: MetricWindow
+    skipped: bool = False
 
 
 @attrs.frozen
@@ -246,6 +250,7 @@ class Learner:
         if self.rank == 0:
             log.info("gradient checkpointing", enabled=checkpointing.enabled,
                      reason=checkpointing.reason)  # fmt: skip
+        self.gradient_checkpointing = checkpointing.enabled
         if checkpointing.enabled:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs
@@ -291,7 +296,13 @@ class Learner:
 
         Each micro-batch's loss is normalised by its trained tokens summed over all processes
         and by ``len(micro_batches)`` (normally ``gradient_accumulation_steps``); gradients
-        are summed over processes, clipped to ``max_grad_norm`` (when > 0), and applied.
+        are summed over processes, clipped to ``max_grad_norm`` (when > 0), and applied, unless
+        the loss or the gradient norm is not finite: then the step is skipped on every process
+        (:mod:`asyncgrpo.core.run.divergence`).
+
+        Raises:
+            RowOutOfMemoryError: a row's forward or backward ran out of memory.
+            DivergedError: the optimizer step made the weights non-finite.
 
         Args:
             micro_batches: this process's rows, one per micro-batch; ``None`` where this
@@ -305,9 +316,16 @@ class Learner:
         fwd_s = fwd_bwd_s = 0.0
         for row, (tokens, rows) in zip(micro_batches, counts, strict=True):
             start = self._now()
-            micro = self._micro_batch(row, tokens, rows, len(micro_batches))
-            forward_done = self._now()
-            micro.loss.backward()
+            with out_of_memory_named(
+                row or self._dummy,
+                self.config.token_budget,
+                self.gradient_checkpointing,
+                self.device,
+                release=lambda: self.optimizer.zero_grad(set_to_none=True),
+            ):
+                micro = self._micro_batch(row, tokens, rows, len(micro_batches))
+                forward_done = self._now()
+                micro.loss.backward()  # fmt: skip
             fwd_s += forward_done - start
             fwd_bwd_s += self._now() - start
             loss_sum += micro.loss.detach()
@@ -403,26 +421,24 @@ class Learner:
         return self.aux.coef * aux / (max(rows, 1) * accumulation), float(aux.detach())
 
     def _finish_step(self, observations: list[Observation], loss_sum: Tensor) -> StepOutput:
-        """Clip, step the optimizer and the schedule, and gather the step's metrics."""
+        """Clip, step the optimizer and the schedule (or skip a non-finite step), and gather
+        the step's metrics."""
         start = self._now()
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
-        grad_norm = clip_gradients(self.model, self.config.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        applied = optimizer_step(self.model, self.optimizer, self.scheduler, self.config,
+                                 loss_sum, self.step + 1)  # fmt: skip
         self.step += 1
         observations.append(mean("perf/optimizer_s", self._now() - start))
-        window = self._gather_window(record(MetricWindow(), observations))
-        dist.all_reduce(loss_sum)
-        window = record(
-            window,
-            [
-                mean("loss", float(loss_sum)),
-                mean("grad_norm", grad_norm),
-                mean("learning_rate", learning_rate),
-            ],
-        )
-        return StepOutput(summarize(window), window)
+        if applied.skipped:  # what the forward measured describes a step not taken
+            observations = [o for o in observations if o.name.startswith("perf/")]
+            if self.rank == 0:
+                log.warning("skipped a step: its loss or gradient norm is not finite",
+                            step=self.step, loss=applied.loss, grad_norm=applied.grad_norm,
+                            learning_rate=learning_rate)  # fmt: skip
+        window = record(self._gather_window(record(MetricWindow(), observations)),
+                        applied.observations(learning_rate))  # fmt: skip
+        skipped = {"loss": applied.loss, "grad_norm": applied.grad_norm} if applied.skipped else {}
+        return StepOutput(summarize(window) | skipped, window, skipped=applied.skipped)
 
     def _gather_window(self, local: MetricWindow) -> MetricWindow:
         """Merge every process's window (token-weighted means, extremes) into one."""

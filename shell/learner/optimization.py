@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import math
 
-from torch import nn
+import attrs
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import get_scheduler
 
+from asyncgrpo.adapters.models.fsdp import clip_gradients, weights_finite
+from asyncgrpo.core.metrics import Observation, mean, total
+from asyncgrpo.core.run.divergence import (
+    NONFINITE_STEP_COUNT,
+    step_is_finite,
+    weights_diverged_message,
+)
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.learner.failures import DivergedError
 
 
 def build_optimizer(model: nn.Module, config: AsyncGRPOConfig) -> Optimizer:
@@ -95,3 +106,74 @@ def optimizers_for(
     else:
         rebind_optimizer(optimizer, names, model)
     return optimizer, scheduler or build_scheduler(optimizer, config)
+
+
+@attrs.frozen
+class AppliedStep:
+    """What :func:`optimizer_step` did, alike on every process.
+
+    Attributes:
+        loss: the step's loss, summed over processes and micro-batches.
+        grad_norm: the gradient norm over every process, before clipping (NaN on every
+            process when it was not finite on one).
+        skipped: the loss or the norm was not finite, so the optimizer did not step.
+    """
+
+    loss: float
+    grad_norm: float
+    skipped: bool
+
+    def observations(self, learning_rate: float) -> list[Observation]:
+        """The step's figures for its metric window: ``loss`` and ``grad_norm`` of a step
+        applied, the learning rate and :data:`~asyncgrpo.core.run.divergence.
+        NONFINITE_STEP_COUNT` of every step."""
+        figures = [total(NONFINITE_STEP_COUNT, int(self.skipped)),
+                   mean("learning_rate", learning_rate)]  # fmt: skip
+        if not self.skipped:
+            figures += [mean("loss", self.loss), mean("grad_norm", self.grad_norm)]
+        return figures
+
+
+def optimizer_step(
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
+    config: AsyncGRPOConfig,
+    loss_sum: Tensor,
+    step: int,
+) -> AppliedStep:
+    """Clip the gradients to ``max_grad_norm`` and step the optimizer and the schedule, unless
+    the loss or the gradient norm is not finite (:mod:`asyncgrpo.core.run.divergence`): then
+    neither steps and the weights and the optimizer's state stay as they were. The gradients
+    are zeroed either way (collective: every process decides alike).
+
+    Args:
+        loss_sum: this process's loss of the step (summed over its micro-batches).
+        step: the step's number, for the error.
+
+    Raises:
+        DivergedError: the optimizer step, on finite gradients, made the weights non-finite;
+            they must not reach the server or a checkpoint.
+    """
+    loss, grad_norm = _agreed(loss_sum, clip_gradients(model, config.max_grad_norm))
+    finite = step_is_finite(loss, grad_norm)
+    if finite:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if finite and not weights_finite(model):
+        message = weights_diverged_message(step, config.learning_rate, config.max_grad_norm,
+                                           config.output_dir)  # fmt: skip
+        raise DivergedError(message)
+    return AppliedStep(loss, grad_norm, skipped=not finite)
+
+
+def _agreed(loss_sum: Tensor, grad_norm: float) -> tuple[float, float]:
+    """The step's loss summed over processes and its gradient norm, alike on every process
+    (one all-reduce): a norm not finite on one process is NaN on all, so every process makes
+    the same decision."""
+    local = [float(loss_sum), 0.0 if math.isfinite(grad_norm) else 1.0]
+    both = torch.tensor(local, dtype=torch.float64, device=loss_sum.device)
+    dist.all_reduce(both)
+    loss, nonfinite_norms = both.tolist()
+    return loss, grad_norm if nonfinite_norms == 0 else math.nan

@@ -21,6 +21,7 @@ from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout.sample_wait import OVERSIZE, SPLIT_BY_RESUME, STALE, ZERO_SPREAD
 from asyncgrpo.core.run import step_queue
+from asyncgrpo.core.run.divergence import NONFINITE
 from asyncgrpo.shell.rollout import EvalOutcome, GroupOutcome, RolloutProcess
 from asyncgrpo.shell.run.metrics_log import TRAINED
 from asyncgrpo.shell.run.spread_guard import SpreadGuard
@@ -141,6 +142,12 @@ class SampleIntake:
         positions = [s.prompt_position for s in samples]
         self.cursor = cursor.samples_consumed(self.cursor, positions)
         self._note(TRAINED, positions)
+
+    def step_skipped(self) -> None:
+        """The step just trained was skipped (its loss or gradient norm was not finite): its
+        samples' positions stay consumed, noted as :data:`~asyncgrpo.core.run.divergence.
+        NONFINITE` instead of trained."""
+        self._note(NONFINITE, self._done.pop(TRAINED, []))
 
     def drop_split_groups(self, left: dict[int, int]) -> None:
         """Count the samples left of the groups the resumed checkpoint split: they were queued

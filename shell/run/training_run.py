@@ -36,9 +36,7 @@ from typing import Any
 
 import attrs
 import structlog
-from transformers import (
-    TrainerControl,
-)
+from transformers import TrainerControl
 
 from asyncgrpo.adapters.process_group import decided_on_rank0, scattered_from_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
@@ -47,18 +45,13 @@ from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.run import planner, schedule, step_queue
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
-from asyncgrpo.shell.rollout import (
-    LoopSpec,
-    RolloutProcess,
-)
+from asyncgrpo.shell.rollout import LoopSpec, RolloutProcess
 from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.evaluations import Evaluations
 from asyncgrpo.shell.run.flops import FlopsMeter
 from asyncgrpo.shell.run.inputs import RunInputs
 from asyncgrpo.shell.run.intake import SampleIntake
-from asyncgrpo.shell.run.interrupts import (
-    interrupts_deferred,
-)
+from asyncgrpo.shell.run.interrupts import interrupts_deferred
 from asyncgrpo.shell.run.metrics_log import (
     EVALUATIONS_FILE,
     MetricsFile,
@@ -66,6 +59,7 @@ from asyncgrpo.shell.run.metrics_log import (
     drop_rows_after,
     write_positions,
 )
+from asyncgrpo.shell.run.nonfinite_guard import NonfiniteGuard
 from asyncgrpo.shell.run.push_ledger import PushLedger
 from asyncgrpo.shell.run.pushes import RunPushes
 from asyncgrpo.shell.run.spread_guard import SpreadGuard
@@ -144,6 +138,7 @@ class TrainingRun:
         self.step_flops = 0.0
         self.parity: ParityGuard | None = None
         self.spread = SpreadGuard(self.args.stop_after_spreadless_steps, self.args.num_generations)
+        self.nonfinite = NonfiniteGuard(self.args, learner.step)
         self.intake = SampleIntake(
             cursor.PromptCursor() if saved is None else saved.cursor,
             lambda: self.learner.step, self._observe, self.spread, self.evaluations.outcome,
@@ -261,6 +256,11 @@ class TrainingRun:
                 self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
+            if self.nonfinite.after_step(out, self.intake):  # diverged: keep the last finite
+                self._write_positions()
+                self._save_checkpoint()  # the learner's weights: the last finite step's
+                self._log_window()
+                raise self.nonfinite.error(out, self.output_dir, self.learner.step)
             self.last_entropy = out.metrics.get("entropy", math.nan)
             sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
