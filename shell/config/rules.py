@@ -61,7 +61,10 @@ USED: dict[str, str] = {
     "project": "the trackio project",
     "save_strategy": "steps, epoch (counted in prompts) or no",
     "save_steps": "a checkpoint every N optimizer steps; < 1 is a fraction of max_steps",
-    "save_total_limit": "older checkpoints beyond this many are deleted",
+    "save_total_limit": (
+        "older complete checkpoints beyond this many are deleted, once a new one is whole; "
+        "damaged ones do not count"
+    ),
     "push_to_hub": "push the saved model at every save or at the end (hub_strategy)",
     "hub_token": "token for push_to_hub (else the huggingface_hub login)",
     "hub_private_repo": "create the hub repository private",
