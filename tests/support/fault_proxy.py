@@ -25,7 +25,7 @@ start of the request line, e.g. ``"POST /v1/completions"``; the proxy reads it f
 bytes a request sends, which is enough for HTTP/1.1 without pipelining, as ``httpx`` and
 ``requests`` send) and to its next ``times`` responses (``None``: every one until
 :meth:`FaultProxy.clear`). What struck is counted in :attr:`FaultProxy.struck`, so a test can
-wait for a fault to have happened (:meth:`FaultProxy.wait_struck`) and fail if it never did.
+fail if a fault never happened.
 
 Only the connections to the proxy's port pass through it: a vLLM server's HTTP API (generation,
 ``/metrics``, ``/health``, the control calls of a weight push: ``/pause``, ``/collective_rpc``,
@@ -216,16 +216,6 @@ class FaultProxy:
             self._hole_until = 0.0
             self._rate = None
             self.struck_at.clear()
-
-    def wait_struck(self, kind: str, count: int = 1, timeout_s: float = 60.0) -> None:
-        """Return once ``kind`` has struck ``count`` times; raise ``TimeoutError`` naming it
-        after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while self.struck[kind] < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the proxy's {kind} fault struck {self.struck[kind]} "
-                                   f"times in {timeout_s:g} s, not {count}")  # fmt: skip
-            time.sleep(0.05)
 
     def _arm(self, fault: ResponseFault, times: int | None) -> None:
         if times is not None and times < 1:
