@@ -100,7 +100,8 @@ class FaultProxy:
             (responses), ``"black_hole"`` (chunks held by it), ``"capped"`` (chunks slowed).
         connections: connections accepted so far.
         forwarded: bytes forwarded so far, by way: ``"up"`` (client to server) and
-            ``"down"`` (server to client).
+            ``"down"`` (server to client); a piece is counted as it is handed to the socket,
+            so a byte the peer has read is always counted.
         struck_at: when each kind of fault first struck since it was last armed
             (``time.monotonic()``).
         requests_seen: ``(time.monotonic(), request line)`` of every request that reached the
@@ -345,9 +346,9 @@ class FaultProxy:
                 self.struck["capped"] += 1
                 self.struck_at.setdefault("capped", now)
                 await asyncio.sleep(self._free_at[way] - now)
+            self.forwarded[way] += len(piece)  # before the write: a byte read is counted
             to.write(piece)
             await to.drain()
-            self.forwarded[way] += len(piece)
 
     async def _through_hole(self) -> None:
         """Return once no black hole is on (counting the chunks it held)."""
