@@ -1,12 +1,12 @@
-"""AsyncGRPOTrainer on 2 processes (torchrun) whose server dies during a weight push: rank 0
-announces the push after step 1 at a kill point (before or while streaming) and waits until
-the test has killed the server (see tests/distributed/test_push_death.py).
+"""AsyncGRPOTrainer on 2 processes (torchrun) whose server dies during weight pushes: rank 0
+announces each push the test is to kill at its kill point (before or while streaming) and
+waits until the test has killed the server (see tests/distributed/test_push_death.py).
 
-Arguments: model, server URL, output dir, signal dir, vllm_server_timeout (s), kill point
-(a key of :data:`KILL_POINTS`). Files in the
-signal dir: ``push-started`` (written here), ``server-killed`` (written by the test), and
-``outcome-<rank>`` (how ``train()`` ended on this rank: ``ok`` or the exception's type and
-message)."""
+Arguments: model, server URL, output dir, signal dir, vllm_server_timeout (s), kill points
+(comma-separated, each one of :data:`KILL_POINTS`: the first kills push 2, the one after step
+1). Files in the signal dir, for kill ``n`` from 1: ``push-started-<n>`` (written here),
+``server-killed-<n>`` (written by the test); and ``outcome-<rank>`` (how ``train()`` ended on
+this rank: ``ok`` or the exception's type and message)."""
 
 import os
 import sys
@@ -20,66 +20,68 @@ from tiny_run import tiny_run
 from asyncgrpo.adapters.transfer.engine import ResumingWeightSyncClient, WeightStream
 
 KILLED_TIMEOUT_S = 120.0
-PUSH_THAT_DIES = 2  # the first push (before step 1) must find the server; the next one dies
 
 
-def hand_over(signals: Path) -> None:
-    """Tell the test the push is under way and wait until it has killed the server."""
-    (signals / "push-started").write_text("")
+def hand_over(signals: Path, number: int) -> None:
+    """Tell the test push ``number`` is under way and wait until it has killed the server."""
+    (signals / f"push-started-{number}").write_text("")
     deadline = time.monotonic() + KILLED_TIMEOUT_S
-    while not (signals / "server-killed").exists():
+    while not (signals / f"server-killed-{number}").exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the test did not kill the server in {KILLED_TIMEOUT_S} s")
         time.sleep(0.05)
 
 
-def die_before_streaming(signals: Path) -> None:
-    """Rank 0's ``/start_weight_update`` of push :data:`PUSH_THAT_DIES` (the server paused,
-    rank 1 in the round's first gather) first hands over to the test (a test hook)."""
-    start = ResumingWeightSyncClient.start_weight_update
-    calls = 0
+def die_at(signals: Path, kill_points: list[str]) -> None:
+    """Rank 0 hands over to the test at each of ``kill_points`` in turn (test hooks):
+    ``before-streaming`` at its ``/start_weight_update`` (the server paused, rank 1 in the
+    round's first gather), ``while-streaming`` after the round's first tensor (the server's
+    update session open and receiving; both ranks gathering). Kill ``n`` (from 1) is armed
+    once rank 0 has started ``2n`` pushes: the first push (before step 1) finds the server,
+    and each killed push is made again once before the next kill."""
+    start, rounds = ResumingWeightSyncClient.start_weight_update, WeightStream.__iter__
+    pending = list(enumerate(kill_points, start=1))
+    starts = 0
 
-    def announced(self: ResumingWeightSyncClient) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == PUSH_THAT_DIES:
-            hand_over(signals)
+    def due(point: str) -> int | None:
+        if pending and pending[0][1] == point and starts >= 2 * pending[0][0]:
+            return pending.pop(0)[0]
+        return None
+
+    def announced_start(self: ResumingWeightSyncClient) -> None:
+        nonlocal starts
+        starts += 1
+        if (number := due("before-streaming")) is not None:
+            hand_over(signals, number)
         start(self)
 
-    ResumingWeightSyncClient.start_weight_update = announced
-
-
-def die_while_streaming(signals: Path) -> None:
-    """Rank 0's round of push :data:`PUSH_THAT_DIES` hands over to the test after its first
-    tensor (the server's update session open and receiving; both ranks gathering)."""
-    rounds = WeightStream.__iter__
-    calls = 0
-
-    def announced(self: WeightStream) -> Iterator[tuple[str, torch.Tensor]]:
-        nonlocal calls
-        calls += 1
+    def announced_rounds(self: WeightStream) -> Iterator[tuple[str, torch.Tensor]]:
         weights = rounds(self)
-        if calls != PUSH_THAT_DIES:
+        if (number := due("while-streaming")) is None:
             return weights
 
         def first_then_hand_over() -> Iterator[tuple[str, torch.Tensor]]:
             yield next(weights)
-            hand_over(signals)
+            hand_over(signals, number)
             yield from weights
 
         return first_then_hand_over()
 
-    WeightStream.__iter__ = announced
+    ResumingWeightSyncClient.start_weight_update = announced_start
+    WeightStream.__iter__ = announced_rounds
 
 
-KILL_POINTS = {"before-streaming": die_before_streaming, "while-streaming": die_while_streaming}
+KILL_POINTS = ("before-streaming", "while-streaming")
 
 
 def main() -> None:
-    model, base_url, output_dir, signal_dir, server_timeout, kill_point = sys.argv[1:7]
+    model, base_url, output_dir, signal_dir, server_timeout, kill_points = sys.argv[1:7]
     signals, rank = Path(signal_dir), int(os.environ["RANK"])
+    points = kill_points.split(",")
+    if unknown := set(points) - set(KILL_POINTS):
+        raise ValueError(f"kill points {sorted(unknown)}: not among {KILL_POINTS}")
     if rank == 0:
-        KILL_POINTS[kill_point](signals)
+        die_at(signals, points)
     trainer = tiny_run(model, base_url, output_dir, save_steps=1000,
                        vllm_server_timeout=float(server_timeout))  # fmt: skip
     outcome = signals / f"outcome-{rank}"
