@@ -2,10 +2,11 @@
 
 Two ways, one per kind of child:
 
-- :func:`die_with_parent`, called inside a child the trainer spawned (the rollout process):
-  Linux's parent-death signal (``PR_SET_PDEATHSIG``). The kernel ties it to the parent
-  *thread* that started the child, so start such children from the main thread; on systems
-  other than Linux nothing is set.
+- :func:`die_with_parent`, called inside a child the trainer spawned: Linux's parent-death
+  signal (``PR_SET_PDEATHSIG``). The kernel ties it to the parent *thread* that started the
+  child, so start such children from the main thread; on systems other than Linux nothing is
+  set. :func:`die_with_forking_parent` does the same for a child a fork server started (the
+  rollout process): the fork server ends with the trainer, and the child with it.
 - :func:`command_dying_with_caller`, for a program the trainer runs (a vLLM server): a small
   supervisor starts the program, watches its parent (every 0.2 s, so any thread may start
   it), and when the parent is gone (or it is sent ``SIGTERM``) stops the program: ``SIGTERM``,
@@ -46,6 +47,28 @@ def die_with_parent(sig: signal.Signals, parent_pid: int) -> bool:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
     if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def die_with_forking_parent(sig: signal.Signals, trainer_pid: int) -> bool:
+    """:func:`die_with_parent` for a child that a fork server forked on the trainer's behalf
+    (``multiprocessing``'s ``forkserver``): the signal comes when the fork server exits, which
+    it does once no process holds its "alive" pipe. ``multiprocessing`` hands every child a
+    copy (so that it could start children there too); this child closes its copy, so the
+    trainer ``trainer_pid`` is the last holder and the server ends with it. A trainer already
+    gone sends ``sig`` now. ``False`` where unsupported."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the pipe's end has no public handle
+    if (alive := getattr(server, "_forkserver_alive_fd", None)) is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+    if not die_with_parent(sig, os.getppid()):
+        return False
+    try:
+        os.kill(trainer_pid, 0)
+    except ProcessLookupError:
         os.kill(os.getpid(), sig)
     return True
 

@@ -88,6 +88,7 @@ from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.parent_death import die_with_parent
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer, free_port
 from asyncgrpo.shell.commands.demo import QUESTIONS
+from asyncgrpo.shell.rollout.child import PROCESS_TITLE
 from asyncgrpo.shell.run.checkpoints import ROLLOUT_STATE
 from asyncgrpo.shell.servers import servers_cpus_for
 
@@ -219,8 +220,8 @@ class Run:
         if self.trainer is None:
             return None
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.trainer.pid).children():
-                if "spawn_main" in " ".join(child.cmdline()):
+            for child in psutil.Process(self.trainer.pid).children(recursive=True):
+                if child.cmdline()[:1] == [PROCESS_TITLE]:
                     return child
         return None
 

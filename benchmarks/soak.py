@@ -43,6 +43,7 @@ from asyncgrpo.adapters.models.causal_lm import save_tiny_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import QUESTIONS
+from asyncgrpo.shell.rollout.child import PROCESS_TITLE
 from asyncgrpo.shell.servers import server_cpus_for
 
 
@@ -60,7 +61,8 @@ def role_of(process: psutil.Process) -> str:
         name = process.name()
     except psutil.Error:
         return "gone"
-    for needle, role in (("spawn_main", "rollout process"),
+    for needle, role in ((PROCESS_TITLE, "rollout process"),
+                         ("multiprocessing.forkserver", "rollout fork server"),
                          ("resource_tracker", "multiprocessing resource tracker"),
                          ("asyncgrpo.adapters.parent_death", "server supervisor"),
                          ("api_server", "vLLM API server"), ("EngineCore", "vLLM engine"),

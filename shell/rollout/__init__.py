@@ -2,9 +2,9 @@
 (:mod:`.admission`), a group's rollouts (:mod:`.groups`) and what the current task works for
 (:mod:`.context`), tools and environments (:mod:`.tools`), group scoring (:mod:`.scoring`),
 evaluations (:mod:`.evaluation`), what it is doing (:mod:`.heartbeat`), prompt rows
-(:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the spawned process that runs
-the loop (:mod:`.process`, the trainer's side; :mod:`.child`, the child's; :mod:`.spec`, what is
-sent into it).
+(:mod:`.prompts`), the messages to the trainer (:mod:`.messages`) and the forked process that
+runs the loop (:mod:`.process`, the trainer's side; :mod:`.child`, the child's; :mod:`.spec`,
+what is sent into it).
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ import traceback
 
 import anyio
 import attrs
+import setproctitle
 
-from asyncgrpo.adapters.parent_death import die_with_parent
+from asyncgrpo.adapters.parent_death import die_with_forking_parent
 from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
@@ -31,7 +32,17 @@ from asyncgrpo.shell.servers import (
     VersionPin,
 )
 
-CONTEXT = mp.get_context("spawn")
+CONTEXT = mp.get_context("forkserver")
+PRELOADED = ("__main__", "asyncgrpo.shell.rollout.child", "asyncgrpo.shell.rollout.loop",
+             "transformers.models.auto.tokenization_auto", "datasets")  # fmt: skip
+"""What the fork server imports once, at the first rollout process a Python process starts
+(about 5 s here, mostly transformers and torch): each rollout process after it, a restart or
+the next ``train()`` in the same process, is forked ready in well under a second. Like spawn,
+the server imports the main script without its ``if __name__ == "__main__":`` block."""
+CONTEXT.set_forkserver_preload(list(PRELOADED))
+PROCESS_TITLE = "asyncgrpo: rollout process"
+"""The rollout process's command line as ``ps`` and ``top`` show it (forked by the fork server,
+it would show the fork server's)."""
 ACTIVITY_BYTES = 2048
 
 IN_FLIGHT_COUNT_BITS = 20  # groups in flight, and groups at the oldest version: each < 2**20
@@ -180,20 +191,34 @@ def load_spec(pickled: bytes) -> LoopSpec:
     except (AttributeError, ImportError) as error:
         raise RolloutWorkerError(
             f"the rollout process could not load what the trainer sent it: "
-            f"{type(error).__name__}: {error}. The rollout process is spawned: it imports the "
-            "modules your reward functions, tools, environment factories and rollout loop "
-            "class live in, and runs the script that started training without its "
-            '`if __name__ == "__main__":` block. Define them at module level (above that '
-            "block, or in an importable module), not inside it, in a notebook cell or in the "
-            "interactive interpreter"
+            f"{type(error).__name__}: {error}. The rollout process is another Python "
+            "process: it imports the modules your reward functions, tools, environment "
+            "factories and rollout loop class live in, and the script that started training "
+            'without its `if __name__ == "__main__":` block. Define them at module level '
+            "(above that block, or in an importable module), not inside it, in a notebook "
+            "cell or in the interactive interpreter"
         ) from error
 
 
-def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int) -> None:
+def adopt_environment(environment: dict[str, str]) -> None:
+    """Take the trainer's ``environment`` as it was when it started this process. A spawned
+    child would inherit it; a forked one has the fork server's, from the first rollout process
+    of the trainer's Python process (``multiprocessing`` passes ``sys.path`` and the working
+    directory, not the environment), and a reward function may read it. Settings a library
+    reads once at import (``HF_HUB_OFFLINE`` of huggingface_hub, say) stay those of the fork
+    server's start."""
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int,
+               environment: dict[str, str]) -> None:  # fmt: skip
     # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
-    # killed outright takes this process with it.
+    # killed outright takes this process with it (its fork server exits with the trainer).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(signal.SIGKILL, parent_pid)
+    die_with_forking_parent(signal.SIGKILL, parent_pid)
+    setproctitle.setproctitle(PROCESS_TITLE)
+    adopt_environment(environment)
     try:
         spec = load_spec(pickled_spec)
         loop = spec.loop_cls(

@@ -104,7 +104,7 @@ class AsyncRolloutLoop:
 
     Hooks may read ``self.config`` (an :class:`AsyncGRPOConfig`, or a subclass with its own
     fields) and ``self.tokenizer``. Subclasses must be importable (defined at module level):
-    the loop is built inside a spawned process.
+    the loop is built inside the rollout process.
     """
 
     def __init__(

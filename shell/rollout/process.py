@@ -1,4 +1,6 @@
-"""The rollout process: a spawned child running one ``AsyncRolloutLoop`` on one event loop.
+"""The rollout process: a child running one ``AsyncRolloutLoop`` on one event loop, forked by
+the fork server of :mod:`asyncgrpo.shell.rollout.child` (a restart, or the next run in the same
+Python process, starts in well under a second).
 
 The trainer side (:class:`RolloutProcess`) starts it with CUDA hidden, feeds it the policy
 version and the tokens each step consumed, takes its messages, and watches it: a crash comes
@@ -37,7 +39,12 @@ from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.cursor import PromptCursor, restart_cursor
 from asyncgrpo.core.run.step_queue import InFlight
-from asyncgrpo.shell.rollout.child import CONTEXT, SharedState, child_main, in_flight_of_word
+from asyncgrpo.shell.rollout.child import (
+    CONTEXT,
+    SharedState,
+    child_main,
+    in_flight_of_word,
+)
 from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 from asyncgrpo.shell.servers import (
@@ -138,7 +145,8 @@ class RolloutProcess:
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
             self._process = CONTEXT.Process(
-                target=child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid()),
+                target=child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid(),
+                                         dict(os.environ)),
                 name="asyncgrpo-rollout",
                 daemon=True,
             )  # fmt: skip

@@ -17,6 +17,7 @@ from asyncgrpo.adapters.vllm.server import free_port
 from asyncgrpo.core.rollout.cursor import audit_positions
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.rollout import RolloutWorkerError
+from asyncgrpo.shell.rollout.child import PROCESS_TITLE
 from asyncgrpo.shell.run import read_metrics
 from asyncgrpo.shell.run.checkpoints import CheckpointError
 from asyncgrpo.shell.run.metrics_log import POSITIONS_FILE
@@ -252,8 +253,8 @@ class KillRolloutProcess(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step not in self.at_steps:
             return
-        children = [c for c in psutil.Process().children()
-                    if "spawn_main" in " ".join(c.cmdline())]  # fmt: skip
+        children = [c for c in psutil.Process().children(recursive=True)
+                    if c.cmdline()[:1] == [PROCESS_TITLE]]  # fmt: skip
         assert len(children) == 1, children
         children[0].kill()
         self.killed.append(children[0].pid)
