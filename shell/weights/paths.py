@@ -13,21 +13,18 @@ except through vLLM's NCCL engine, whose sends go one after another
   (:class:`~asyncgrpo.adapters.transfer.files.DiskReload`);
 - :class:`EngineWeights`: streamed through the server's weight-transfer engine, ``nccl`` or
   ``asyncgrpo_gloo`` (:class:`~asyncgrpo.adapters.transfer.engine.EngineSync`);
-- :class:`AdapterWeights`: a PEFT model's LoRA adapter, loaded by a server started with
-  ``--enable-lora`` (:class:`~asyncgrpo.adapters.transfer.files.AdapterSync`); it falls back
-  to merged weights through another :class:`WeightSync` if the server refuses the first adapter.
+- :class:`~asyncgrpo.shell.weights.lora_path.AdapterWeights`: a PEFT model's LoRA adapter
+  (:mod:`.lora_path`).
 
-:func:`open_weight_sync` asks the server which engine it runs (rank 0) and builds the object on
-every rank; :func:`~asyncgrpo.core.weights.sync.choose_weight_transfer` makes the choice. Every
-method is a collective over the trainer's processes; rank 0 talks to the server and gets the
-timings.
+:func:`~asyncgrpo.shell.weights.choice.open_weight_sync` chooses and builds the run's path
+(:mod:`.choice`). Every method is a collective over the trainer's processes; rank 0 talks to
+the server and gets the timings.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,12 +34,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import attrs
 import structlog
-import torch.distributed as dist
 from torch import Tensor
 
-from asyncgrpo.adapters.process_group import HOST_MEMORY, decided_on_rank0
+from asyncgrpo.adapters.process_group import HOST_MEMORY
 from asyncgrpo.adapters.transfer.files import (
-    AdapterSync,
     DiskReload,
     SyncTimings,
     slowest,
@@ -50,18 +45,14 @@ from asyncgrpo.adapters.transfer.files import (
 )
 from asyncgrpo.adapters.transfer.streams import record_ready
 from asyncgrpo.adapters.vllm.client import VLLMClient
-from asyncgrpo.adapters.vllm.replies import ServerTransfer, VLLMError
+from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.core.weights import sync as weight_sync
-from asyncgrpo.shell.servers import ServerSettings
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.transfer.engine import EngineSync
     from asyncgrpo.shell.learner import Learner
 
 log = structlog.get_logger("asyncgrpo.weight_sync")
-
-ADAPTER_PREFIX = "asyncgrpo-policy"
-ADAPTER = "adapter"
 
 Landing = dict[int, SyncTimings | Exception]
 """A push's outcome on each server it was sent to (rank 0): its timings, or why it failed."""
@@ -333,191 +324,3 @@ class EngineWeights:
         except Exception as error:  # the run's outcome stands; the server keeps serving
             log.warning("could not leave the weight-transfer group", server=self.urls[index],
                         error=str(error)[:300])  # fmt: skip
-
-
-class AdapterWeights:
-    """A PEFT model's LoRA adapter, one served version per sync, written once and loaded on
-    each server; ``merged`` takes over if the servers refuse the first adapter (no
-    ``--enable-lora``)."""
-
-    def __init__(self, learner: Learner, client: Client, directory: Path,
-                 keep: int, merged: WeightSync, servers: int = 1) -> None:  # fmt: skip
-        self.learner = learner
-        self.client = client
-        self.keep = keep
-        # one record of loaded versions per server; with several, the directories go when no
-        # server needs them any more (_prune), not when one server unloads them
-        self.loaded = [AdapterSync(directory, ADAPTER_PREFIX, keep=keep,
-                                   remove_files=servers == 1) for _ in range(servers)]  # fmt: skip
-        self.merged = merged
-        self.adapter_mode: bool | None = None  # None until the first sync decides
-
-    @property
-    def adapters(self) -> AdapterSync:
-        """The first server's adapter versions (the only one of a run with one server)."""
-        return self.loaded[0]
-
-    @property
-    def backend(self) -> str:
-        return self.merged.backend if self.adapter_mode is False else ADAPTER
-
-    @property
-    def lora_name(self) -> str | None:
-        return ADAPTER_PREFIX if self.adapter_mode else None
-
-    def start(self) -> None:
-        self.merged.start()
-
-    def sync(self, version: int, barrier_s: float = 0.0,
-             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
-        if self.adapter_mode is None:
-            return self._first_sync(version, barrier_s, servers)
-        if self.adapter_mode:
-            return self._adapter_sync(version, barrier_s, servers)
-        return self.merged.sync(version, barrier_s, servers)
-
-    def snapshot(self, version: int) -> Snapshot | None:
-        if self.adapter_mode is None:
-            raise RuntimeError("AdapterWeights.snapshot before the first sync")
-        if not self.adapter_mode:
-            return self.merged.snapshot(version)
-        self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
-        return Snapshot(version, None) if self.learner.rank == 0 else None
-
-    def send(self, snapshot: Snapshot, servers: Sequence[int] = (0,)) -> Landing:
-        if not self.adapter_mode:
-            return self.merged.send(snapshot, servers)
-        return self._load(snapshot.version, 0.0, servers)
-
-    def snapshot_size(self) -> tuple[int, str]:
-        if self.adapter_mode is False:
-            return self.merged.snapshot_size()
-        return 0, HOST_MEMORY  # the adapter is written to disk, nothing stays in memory
-
-    def _adapter_sync(self, version: int, barrier_s: float,
-                      servers: Sequence[int]) -> Landing | None:  # fmt: skip
-        self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
-        if self.learner.rank != 0:
-            return None
-        return self._load(version, barrier_s, servers)
-
-    def _load(self, version: int, barrier_s: float, servers: Sequence[int]) -> Landing:
-        async def load(index: int) -> SyncTimings:
-            async with self.client(index) as client:
-                return await self.loaded[index].sync(client, version, barrier_s)
-
-        landing = each_server(servers, lambda index: anyio.run(load, index))
-        self._prune()
-        return landing
-
-    def _prune(self) -> None:
-        """Remove the directories of versions older than the oldest any server keeps: the ones
-        each server unloaded (with several servers they share the directory), and any written
-        for a push that never landed (the server went away first). A newer version written
-        for a push still to come stays."""
-        kept = self._kept()
-        if not kept:
-            return
-        oldest = min(kept)
-        for path in self.adapters.directory.glob("v*"):
-            number = path.name[1:]
-            if number.isdigit() and int(number) < oldest:
-                shutil.rmtree(path, ignore_errors=True)
-
-    def _kept(self) -> list[int]:
-        held = sorted(set().union(*(set(a.loaded) for a in self.loaded)))
-        return held[-self.keep :]
-
-    def _first_sync(self, version: int, barrier_s: float,
-                    servers: Sequence[int]) -> Landing | None:  # fmt: skip
-        outcome: list[Any] = [None, None]  # the landing (False: merged), the servers' dtype
-        try:
-            landing = self._adapter_sync(version, barrier_s, servers)
-            refused = [e for e in (landing or {}).values() if isinstance(e, VLLMError)]
-            if refused:
-                raise refused[0]
-            outcome = [landing, None]
-        except VLLMError as error:
-            log.warning("the server refused a LoRA adapter; syncing merged weights instead "
-                        "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
-                        f"for adapter sync, --max-loras >= {self.keep + 1})",
-                        error=str(error)[:300])  # fmt: skip
-            outcome = [False, self._served_dtype(servers[0])]
-        if self.learner.world_size > 1:
-            dist.broadcast_object_list(outcome, src=0)
-        self.adapter_mode = outcome[0] is not False
-        if self.adapter_mode:
-            return outcome[0] if self.learner.rank == 0 else None
-        # merged pushes from now on: refused where the servers' dtype loses the LoRA update
-        self.learner.export.check_merged_pushes(outcome[1])
-        return self.merged.sync(version, barrier_s, servers)
-
-    def _served_dtype(self, server: int) -> str | None:
-        """The server's ``model_config.dtype`` (``/server_info``); None when it does not say.
-        Every server of a run serves the same (:func:`~asyncgrpo.shell.servers.check_servers_match`
-        checks it at start)."""
-
-        async def read() -> str | None:
-            async with self.client(server) as client:
-                config = await client.server_config()
-            return str((config or {}).get("model_config", {}).get("dtype") or "") or None
-
-        return anyio.run(read)
-
-    def reconnect(self, servers: Sequence[int] = (0,)) -> None:
-        """Open the merged path again and (rank 0) load the kept adapter versions again: a
-        restarted server has none, and rollouts name the version they started under."""
-        self.merged.reconnect(servers)
-        if not self.adapter_mode or self.learner.rank != 0:
-            return
-        if len(self.loaded) > 1:  # what the servers in routing hold: the kept versions
-            for index in servers:
-                self.loaded[index].loaded = self._kept()
-
-        async def restore(index: int) -> None:
-            async with self.client(index) as client:
-                await self.loaded[index].restore(client)
-
-        for index in servers:
-            anyio.run(restore, index)
-
-    def close(self) -> None:
-        self.merged.close()
-
-
-def open_weight_sync(learner: Learner, args: Any, model_name: str,
-                     output_dir: Path) -> WeightSync:  # fmt: skip
-    """Choose the run's path (rank 0 asks the first server, whose flags every other server
-    shares: :func:`~asyncgrpo.shell.servers.check_servers_match`; every rank gets the choice,
-    or the error, e.g. a backend the server lacks) and build it, not yet started."""
-    settings = ServerSettings.of(args)
-
-    def client(server: int = 0) -> VLLMClient:
-        # with other servers to turn to, a hung one fails its push after the stall timeout
-        return settings.client(model_name, server, stall_outage=settings.count > 1)
-
-    def choose() -> tuple[weight_sync.TransferChoice, int]:
-        server = anyio.run(_describe_server, client)
-        choice = weight_sync.choose_weight_transfer(
-            args.weight_transfer_backend, server.backend if server else None,
-            trainer_on_cuda=learner.device.type == "cuda",
-        )  # fmt: skip
-        log.info("weight sync", backend=choice.backend, reason=choice.reason)
-        return choice, server.workers if server else 1
-
-    choice, server_workers = decided_on_rank0(choose, refusals=(ValueError,))
-    merged: WeightSync
-    if choice.backend == weight_sync.DISK:
-        merged = DiskWeights(learner, client, output_dir / ".vllm_weights")
-    else:
-        merged = EngineWeights(learner, args, client, choice.backend, server_workers)
-    if not learner.is_peft:
-        return merged
-    return AdapterWeights(learner, client, output_dir / ".vllm_lora",
-                          keep=args.max_staleness + 1, merged=merged,
-                          servers=settings.count)  # fmt: skip
-
-
-async def _describe_server(client: Callable[[], VLLMClient]) -> ServerTransfer | None:
-    async with client() as c:
-        return await c.weight_transfer()

@@ -20,7 +20,8 @@ from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.learner.export import LoraPrecisionError
-from asyncgrpo.shell.weights.paths import AdapterWeights, DiskWeights
+from asyncgrpo.shell.weights.lora_path import AdapterWeights
+from asyncgrpo.shell.weights.paths import DiskWeights
 
 PROMPT = [11, 12, 13, 14, 15]
 K = 4
