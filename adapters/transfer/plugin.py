@@ -9,7 +9,9 @@ is imported until a server is started with ``--weight-transfer-config '{"backend
 trainer before it joins a new one (:func:`leave_earlier_group_on_init`); and on a server
 given an API key (``--api-key`` or ``VLLM_API_KEY``) the key guards every route but the
 probes and metrics, the dev-mode and weight-transfer routes included
-(:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`).
+(:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`); and a CPU server asyncgrpo starts
+forks its engine and worker processes instead of spawning them
+(:func:`asyncgrpo.adapters.vllm.fork_start.fork_cpu_processes`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from contextlib import suppress
 from typing import Any
 
 from asyncgrpo.adapters.vllm.auth import guard_every_route
+from asyncgrpo.adapters.vllm.fork_start import fork_cpu_processes
 from asyncgrpo.core.weights.sync import ENGINES
 
 PATCHED = "_asyncgrpo_repacks_cpu_experts"
@@ -27,9 +30,10 @@ LEAVES = "_asyncgrpo_leaves_earlier_group"
 def register() -> None:
     """Register asyncgrpo's engines with vLLM's worker and trainer factories, fix the CPU experts'
     weight updates, make the NCCL engine leave an earlier group before it joins a new one and
-    guard every route with the server's API key (idempotent; a vLLM without weight-transfer
-    engines is left alone)."""
+    guard every route with the server's API key, start a CPU server's processes by fork where
+    asked (idempotent; a vLLM without weight-transfer engines is left alone)."""
     guard_every_route()
+    fork_cpu_processes()
     try:
         from vllm.distributed.weight_transfer.factory import (
             WeightTransferEngineFactory,

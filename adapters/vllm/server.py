@@ -35,6 +35,7 @@ import torch
 
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 from asyncgrpo.adapters.vllm.auth import API_KEY_ENV, DevRoutesAuth, bearer
+from asyncgrpo.adapters.vllm.fork_start import FORK_ENV
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 SHUTDOWN_GRACE_S = 10.0
@@ -74,6 +75,9 @@ class ServerSpec:
             these 2 cores a tiny model's server then starts in about 30 s instead of 40 s (70 s
             the first time a model's graph is compiled, before vLLM caches it), and generates
             10-20% fewer tokens/s (measured 2026-12-02).
+        fork_processes: on the CPU platform, start the engine and worker processes by fork
+            instead of vLLM's spawn (:mod:`asyncgrpo.adapters.vllm.fork_start`): a tiny
+            model's server is ready in about 15 s instead of 38 s on 2 cores; ignored on GPUs.
         extra_args: further command-line flags, passed as they are.
         startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health`` and a
             first generation.
@@ -97,6 +101,7 @@ class ServerSpec:
     weight_transfer_backend: str | None = None
     cpus: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     enforce_eager: bool = False
+    fork_processes: bool = True
     extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     startup_timeout_s: float = 600.0
     api_key: str | None = attrs.field(default=None, repr=False)
@@ -143,6 +148,10 @@ class ServerSpec:
             env[API_KEY_ENV] = self.api_key
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if self.fork_processes:
+            env[FORK_ENV] = "1"
+        else:
+            env.pop(FORK_ENV, None)
         if self.cpus:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(self.cpus))
         return env
