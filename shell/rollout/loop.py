@@ -45,7 +45,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import attrs
 import numpy as np
 import structlog
 
@@ -55,7 +54,7 @@ from asyncgrpo.adapters.vllm.client import (
     ServerGate,
     VLLMClient,
 )
-from asyncgrpo.core.metrics import Observation, mean, total
+from asyncgrpo.core.metrics import Observation
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, sample_wait
 from asyncgrpo.core.rollout.advantages import standardize_rewards
@@ -68,12 +67,7 @@ from asyncgrpo.shell.rollout.groups import GroupRunner
 from asyncgrpo.shell.rollout.heartbeat import Heartbeat
 from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
-from asyncgrpo.shell.rollout.scoring import (
-    NonfiniteRewardWarnings,
-    PendingGroup,
-    reward_values,
-    scored_outcome,
-)
+from asyncgrpo.shell.rollout.scoring import GroupScorer, PendingGroup
 from asyncgrpo.shell.rollout.tools import ToolLoop
 from asyncgrpo.shell.servers import (
     EvalRequest,
@@ -288,7 +282,7 @@ class AsyncRolloutLoop:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.heartbeat.beat_forever)
                     tg.start_soon(self._poll_server_forever)
-                    tg.start_soon(self._score_forever, receive)
+                    tg.start_soon(self._scorer().score_forever, receive)
                     tg.start_soon(self._relay_trainer_changes)
                     if self.evaluator.rows:
                         tg.start_soon(self._evaluate_forever)
@@ -298,6 +292,15 @@ class AsyncRolloutLoop:
                 raise _root_cause(group) from None
             finally:
                 send.close()
+
+    def _scorer(self) -> GroupScorer:
+        assert self.pool is not None
+        return GroupScorer(
+            self.reward_funcs, self.compute_advantages, self.heartbeat, self.admission,
+            eos_token_ids=self.eos_token_ids,
+            has_tools=bool(self.tools) or self.environment_factory is not None,
+            log_completions=self.config.log_completions, several_servers=len(self.pool) > 1,
+        )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[None]:
@@ -436,34 +439,6 @@ class AsyncRolloutLoop:
                 outcome = await self.evaluate(request)
             self.channels.publish(outcome)
             self.channels.eval_finished(request.request_id)
-
-    # ----------------------------------------------------------------- scoring
-
-    async def _score_forever(self, receive: Any) -> None:
-        nonfinite = NonfiniteRewardWarnings()  # NaN/inf rewards: unscored, warned once a source
-        async with receive:
-            async for pending in receive:
-                started = time.monotonic()
-                values = await reward_values(pending, self.reward_funcs, self.heartbeat.doing)
-                nonfinite.check(pending, values)
-                outcome = scored_outcome(
-                    pending, values, self.compute_advantages,
-                    eos_token_ids=self.eos_token_ids,
-                    has_tools=bool(self.tools) or self.environment_factory is not None,
-                    log_completions=self.config.log_completions,
-                )  # fmt: skip
-                done = time.monotonic()
-                self.admission.finished(outcome.forwarded_tokens, pending.model_version)
-                where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
-                         if self.pool is not None and len(self.pool) > 1 else ())  # fmt: skip
-                self.heartbeat.publish(attrs.evolve(outcome, observations=(
-                    *outcome.observations,
-                    mean("rollout/score_wait_s", started - pending.completed_at),
-                    mean("rollout/score_s", done - started),
-                    mean("rollout/score_queue_size", receive.statistics().current_buffer_used),
-                    *where,
-                )))  # fmt: skip
-                self.admission.report_in_flight()
 
     # ----------------------------------------------------------------- load and liveness
 

@@ -8,6 +8,8 @@ are a column per environment type, checked the same way. A NaN or infinite rewar
 unscored (None): :class:`NonfiniteRewardWarnings` warns once per source, and the group's metrics
 count them (``rewards/<name>/nonfinite_count``). The samples are built by
 :func:`asyncgrpo.core.rollout.scoring.group_samples`, as the simulator builds them.
+:class:`GroupScorer` is the rollout loop's scoring task: it scores each finished group in the
+order they finish and publishes its outcome.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ import anyio
 import attrs
 import numpy as np
 import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream
 
+from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.records import Rollout, RolloutGroup
 from asyncgrpo.core.rollout import sample_wait
 from asyncgrpo.core.rollout.advantages import score_group, sum_rewards
 from asyncgrpo.core.rollout.metrics import GroupFacts, group_observations
 from asyncgrpo.core.rollout.reconcile import reconcile_turns
 from asyncgrpo.core.rollout.scoring import RewardValues, check_reward_values, group_samples
+from asyncgrpo.shell.rollout.admission import Admission
+from asyncgrpo.shell.rollout.heartbeat import Heartbeat
 from asyncgrpo.shell.rollout.messages import GroupOutcome
 from asyncgrpo.shell.rollout.tools import is_async, reward_names
 
@@ -204,3 +210,56 @@ def scored_outcome(
     return GroupOutcome(pending.position, pending.row_index, samples,
                         tuple(group_observations(facts)), texts,
                         dropped="" if samples else sample_wait.ZERO_SPREAD)  # fmt: skip
+
+
+@attrs.frozen
+class GroupScorer:
+    """The rollout loop's scoring task: each group the dispatcher finished is scored
+    (:func:`reward_values`, :func:`scored_outcome`) in the order they finish, admission is told
+    the tokens it will forward, and its outcome goes to the trainer through the heartbeat with
+    the scoring's own timings (``rollout/score_wait_s``, ``rollout/score_s``,
+    ``rollout/score_queue_size``; with several servers, the server's group count).
+
+    Attributes:
+        reward_funcs: the loop's reward functions.
+        compute_advantages: the loop's hook (rewards of a group to its advantages).
+        heartbeat: the loop's :class:`~asyncgrpo.shell.rollout.heartbeat.Heartbeat` (what the
+            task is doing while a reward function runs; publishing the outcome).
+        admission: the loop's :class:`~asyncgrpo.shell.rollout.admission.Admission`.
+        eos_token_ids, has_tools, log_completions: as :func:`scored_outcome` takes them.
+        several_servers: whether the run has more than one server.
+    """
+
+    reward_funcs: Sequence[Callable[..., Any]]
+    compute_advantages: Callable[[RolloutGroup], np.ndarray]
+    heartbeat: Heartbeat
+    admission: Admission
+    eos_token_ids: frozenset[int]
+    has_tools: bool
+    log_completions: bool
+    several_servers: bool
+
+    async def score_forever(self, receive: MemoryObjectReceiveStream[PendingGroup]) -> None:
+        """Score what ``receive`` brings until it closes."""
+        nonfinite = NonfiniteRewardWarnings()  # NaN/inf rewards: unscored, warned once a source
+        async with receive:
+            async for pending in receive:
+                started = time.monotonic()
+                values = await reward_values(pending, self.reward_funcs, self.heartbeat.doing)
+                nonfinite.check(pending, values)
+                outcome = scored_outcome(
+                    pending, values, self.compute_advantages, eos_token_ids=self.eos_token_ids,
+                    has_tools=self.has_tools, log_completions=self.log_completions,
+                )  # fmt: skip
+                done = time.monotonic()
+                self.admission.finished(outcome.forwarded_tokens, pending.model_version)
+                where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
+                         if self.several_servers else ())  # fmt: skip
+                self.heartbeat.publish(attrs.evolve(outcome, observations=(
+                    *outcome.observations,
+                    mean("rollout/score_wait_s", started - pending.completed_at),
+                    mean("rollout/score_s", done - started),
+                    mean("rollout/score_queue_size", receive.statistics().current_buffer_used),
+                    *where,
+                )))  # fmt: skip
+                self.admission.report_in_flight()

@@ -45,7 +45,8 @@ from asyncgrpo.adapters.checkpoint_files import (
 )
 from asyncgrpo.core.rollout.cursor import PromptCursor, split_by_checkpoint
 from asyncgrpo.core.run.checkpoint_choice import SavedCheckpoint, choose_resume, to_rotate
-from asyncgrpo.shell.learner import check_learner_files
+from asyncgrpo.shell.learner import Learner, check_learner_files
+from asyncgrpo.shell.run.interrupts import interrupts_deferred
 
 log = structlog.get_logger("asyncgrpo.checkpoints")
 
@@ -410,6 +411,33 @@ def save(
                         checkpoint=str(final), problem=written.problem)  # fmt: skip
         prune(output_dir, keep, checked={final: written})
     return final
+
+
+def save_run(
+    output_dir: str | Path,
+    learner: Learner,
+    *,
+    rank0: bool,
+    keep: int | None,
+    model_name: str,
+    cursor: PromptCursor,
+    version: int,
+    last_evaluated: int | None,
+) -> Path:
+    """A run's checkpoint at the learner's step (:func:`save`), written whole or not at all: a
+    signal waits until it is (:func:`~asyncgrpo.shell.run.interrupts.interrupts_deferred`).
+    Every rank writes the learner's state; rank 0 adds the model's source and the rollout
+    state (the prompt cursor, the policy ``version`` the servers hold, the last evaluated
+    version)."""
+
+    def write(path: Path) -> None:
+        learner.save_checkpoint(path)
+        if rank0:
+            write_model_source(path, model_name, learner.lora_config)
+            write_rollout_state(path, cursor, version, learner.step, last_evaluated=last_evaluated)
+
+    with interrupts_deferred():
+        return save(output_dir, learner.step, write, rank0=rank0, keep=keep)
 
 
 def _publish(partial: Path, final: Path) -> None:

@@ -481,17 +481,10 @@ class TrainingRun:
         self.callbacks.evaluate(figures, step=version)
 
     def _save_checkpoint(self) -> None:
-        with interrupts_deferred():  # a checkpoint is written whole or not at all
-            checkpoints.save(self.output_dir, self.learner.step, self._write_checkpoint,
-                             rank0=self.rank0, keep=self.args.save_total_limit)  # fmt: skip
-
-    def _write_checkpoint(self, path: Path) -> None:
-        self.learner.save_checkpoint(path)
-        if self.rank0:
-            checkpoints.write_model_source(path, self.inputs.model_name, self.learner.lora_config)
-            checkpoints.write_rollout_state(path, self.intake.cursor, self.ledger.version,
-                                            self.learner.step,
-                                            last_evaluated=self.evaluations.completed)  # fmt: skip
+        checkpoints.save_run(self.output_dir, self.learner, rank0=self.rank0,
+                             keep=self.args.save_total_limit, model_name=self.inputs.model_name,
+                             cursor=self.intake.cursor, version=self.ledger.version,
+                             last_evaluated=self.evaluations.completed)  # fmt: skip
 
     def close(self) -> None:
         self.evaluations.release()  # a push held for an evaluation goes now
