@@ -36,9 +36,20 @@ def pytest_configure(config) -> None:
     """The signal tests send SIGINT to this process and to the runs it starts, as Ctrl-C
     does. A shell that starts the suite in the background (``.ci/run &``) leaves SIGINT
     ignored, and an ignored signal stays ignored in every child; give the suite, and so its
-    children, Python's default SIGINT handling back."""
+    children, Python's default SIGINT handling back.
+
+    The server tiers run in one pytest-xdist group (:data:`SERVER_GROUP`); pytest 9.2 keeps a
+    test's node id where pytest-xdist 3.8 cannot name its group, which would spread them over
+    the workers silently, so it is refused."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    grouped = config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses")
+    if grouped and tuple(int(p) for p in pytest.__version__.split(".")[:2]) >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} keeps pytest-xdist's groups out of the node ids, so "
+            "the server tiers would run on both workers at once: install the pytest that "
+            "pyproject.toml pins (bash scripts/install.sh), or run with -n 0"
+        )
 
 
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
@@ -48,14 +59,25 @@ SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served", "lo
                    "short_keep_alive_server", "server_pair"}  # fmt: skip
 
 
+# The suite runs in two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``): every
+# test of the `server` and `distributed` tiers is in one xdist group, so one worker runs them
+# all, one after the other and in order (they start servers and torchrun runs that would
+# fight over the two cores, and ServersAhead plans their starts along that order), while the
+# other runs the fast tier. Alone (``-n 0``, ``-p no:xdist``) the fast tier runs first.
+SERVER_GROUP = "servers"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which names the group in the node ids
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
         if "distributed" in item.path.parts:
             item.add_marker(pytest.mark.distributed)
-    # The fast tier runs first (in its usual order, as do the others after it): it reports in
-    # about two minutes, and the first server starts meanwhile (ServersAhead).
+        if not in_fast_tier(item):
+            item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
+    # The fast tier first (in its usual order, as do the others after it): alone it reports
+    # in about two minutes, and the first server starts meanwhile (ServersAhead).
     items.sort(key=lambda item: not in_fast_tier(item))
 
 
@@ -63,24 +85,36 @@ def in_fast_tier(item: pytest.Item) -> bool:
     return not any(item.get_closest_marker(name) for name in ("server", "distributed"))
 
 
+def in_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 # The suite's budget (docs/testing.md): a test whose body takes over SLOW_TEST_S (its call; a
 # session server's start is the fixture's, not the first test's) is marked `slow` with a
 # reason, @pytest.mark.slow(reason="..."); the summary names those that are not, so that CI's
 # log shows a budget overrun when it appears.
 SLOW_TEST_S = 60.0
+UNMARKED_SLOW = "over the budget without a slow reason"  # a report's user property
 _unmarked_slow: dict[str, str] = {}
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    yield
+    """Flag the report (it travels from an xdist worker to the session that prints)."""
+    report = (yield).get_result()
     slow = item.get_closest_marker("slow")
     if (
         call.when == "call"
         and call.duration > SLOW_TEST_S
         and "reason" not in getattr(slow, "kwargs", {})
     ):
-        _unmarked_slow[item.nodeid] = f"{call.duration:.0f} s"
+        report.user_properties.append((UNMARKED_SLOW, f"{call.duration:.0f} s"))
+
+
+def pytest_runtest_logreport(report) -> None:
+    for name, seconds in report.user_properties:
+        if name == UNMARKED_SLOW:
+            _unmarked_slow[report.nodeid] = seconds
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -207,7 +241,8 @@ def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
 # Servers started ahead of the tests that use them. Each kind (its fixture) starts in the
 # background when the test START_AHEAD_TESTS before its first user begins; the first kind, and
 # any whose start would fall in the fast tier, with the session's first test (the fast tier,
-# which runs first, takes about two minutes and covers their start). A
+# which runs first, takes about two minutes and covers their start), or in an xdist worker,
+# where the fast tier runs beside, with the first test of the server tiers. A
 # start then overlaps tests that leave a core idle (timeouts, frozen servers) instead of
 # holding up its first user, and servers used late in the session do not sit idle from its
 # start. The kinds: a session's (one for all tests), or a module's (one per module that uses
@@ -236,6 +271,8 @@ class ServersAhead:
         self.due: dict[str, list[tuple[tuple[str, str | None], Callable]]] = {}
         self.started: dict[tuple[str, str | None], Any] = {}
         planned = set()
+        if in_xdist_worker():  # only the worker that runs the server tiers may start one
+            items = [item for item in items if not in_fast_tier(item)]
         for index, item in enumerate(items):
             module = getattr(item, "module", None)
             own = getattr(module, "SERVERS_STARTED_AHEAD", {})
