@@ -52,10 +52,7 @@ from decimal import Decimal
 
 import attrs
 
-from asyncgrpo.core.experiments.curves import (
-    STATISTICS,
-    Statistic,
-)
+from asyncgrpo.core.experiments.statistic import STATISTICS, Statistic
 
 OPERATORS = ("<=", "<", ">=", ">", "==")
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import attrs
 
-from asyncgrpo.core.experiments.calibration import (
+from asyncgrpo.core.experiments.curves import evaluation_only
+from asyncgrpo.core.experiments.windows import (
     SAMPLES,
     STALENESS,
     STEP,
     WAIT,
     metric_number,
 )
-from asyncgrpo.core.experiments.curves import evaluation_only
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """Statistics over the seeds of a setting: medians with censored values, bootstrap intervals,
 and the ratio or difference between two settings.
 
-Values are one number per run (seed), as :func:`asyncgrpo.core.experiments.curves.run_statistic`
+Values are one number per run (seed), as :func:`asyncgrpo.core.experiments.statistic.run_statistic`
 gives them: floats, or :class:`~asyncgrpo.core.experiments.curves.Censored` for a threshold a run
 never reached. A censored value counts as **+infinity**: it can only raise a median, and once
 half or more of the runs are censored the median is infinite (the setting's typical run did

@@ -7,7 +7,8 @@ reached)`` or ``1/3`` (collapsed runs); :func:`verdict_table` lists claims' verd
 :func:`markdown` renders any :class:`Table`.
 
 Example:
-    >>> from asyncgrpo.core.experiments.curves import CurvePoint, Run, RunCurve, Statistic
+    >>> from asyncgrpo.core.experiments.curves import CurvePoint, Run, RunCurve
+    >>> from asyncgrpo.core.experiments.statistic import Statistic
     >>> def run(staleness, seed, seconds):
     ...     curve = RunCurve([CurvePoint(1, seconds / 2, 0.5), CurvePoint(2, seconds, 0.95)])
     ...     return Run({"max_staleness": staleness, "lr": 0.01}, seed, curve)
@@ -32,7 +33,8 @@ import attrs
 import numpy as np
 
 from asyncgrpo.core.experiments.claims import Selector
-from asyncgrpo.core.experiments.curves import CollapseRule, Run, Statistic, run_statistic
+from asyncgrpo.core.experiments.curves import CollapseRule, Run
+from asyncgrpo.core.experiments.statistic import Statistic, run_statistic
 from asyncgrpo.core.experiments.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,

@@ -28,7 +28,8 @@ import attrs
 import numpy as np
 
 from asyncgrpo.core.experiments.claims import Claim, Selector
-from asyncgrpo.core.experiments.curves import CollapseRule, Observed, Run, Statistic, run_statistic
+from asyncgrpo.core.experiments.curves import CollapseRule, Observed, Run
+from asyncgrpo.core.experiments.statistic import Statistic, run_statistic
 from asyncgrpo.core.experiments.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,

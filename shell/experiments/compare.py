@@ -29,7 +29,8 @@ import attrs
 import numpy as np
 
 from asyncgrpo.core.experiments.claims import ClaimSyntaxError, parse_claim
-from asyncgrpo.core.experiments.curves import Run, Statistic, curve_from_rows
+from asyncgrpo.core.experiments.curves import Run, curve_from_rows
+from asyncgrpo.core.experiments.statistic import Statistic
 from asyncgrpo.core.experiments.table import comparison_table, group_runs, markdown, verdict_table
 from asyncgrpo.core.experiments.verdicts import Verdict, evaluate_claims, exit_status
 from asyncgrpo.shell.experiments.sweep import SWEEP_COPY, SweepError, read_index

@@ -6,13 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncgrpo.core.experiments.calibration import calibrate, fit_generation, windows_from_rows
+from asyncgrpo.core.experiments.calibration import calibrate, fit_generation
 from asyncgrpo.core.experiments.prediction_figures import (
     PipelineFigures,
     compare_figures,
     pipeline_figures,
     worst_relative_error,
 )
+from asyncgrpo.core.experiments.windows import Window, windows_from_rows
 
 
 def synthetic_rows(
@@ -141,7 +142,7 @@ def test_with_overlap_the_generator_is_fitted_where_the_trainer_waited(
 def test_a_push_beside_the_step_is_the_servers_pause_not_generation():
     """With ``weight_push_overlap`` the step's sync is only the snapshot; at max_staleness 0 the
     trainer's wait covers the push's landing (the server stands still) before generating."""
-    from asyncgrpo.core.experiments.calibration import Window, fit_weight_sync
+    from asyncgrpo.core.experiments.calibration import fit_weight_sync
 
     beside = Window(1, 1.0, 0.6, 0.01, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.21)
     inside = Window(1, 1.0, 0.4, 0.21, 0.0, 900.0, None, 600.0, 0.0, 0.0, push_s=0.0)
@@ -155,7 +156,7 @@ def test_a_push_beside_the_step_is_the_servers_pause_not_generation():
 def test_a_push_beside_the_step_every_few_steps_is_read_per_push():
     """``perf/weight_push_s`` is logged per push, ``perf/weight_sync_s`` per step: with a push
     every 3 steps a window's 0.3 s push pauses the server 0.1 s per step, not 0.3 s."""
-    from asyncgrpo.core.experiments.calibration import Window, fit_weight_sync
+    from asyncgrpo.core.experiments.calibration import fit_weight_sync
 
     window = Window(3, 1.0, 0.5, 0.0, 0.0, 900.0, None, 540.0, 0.0, 0.0, push_s=0.3)
     assert fit_weight_sync([window], weight_sync_steps=3).value == pytest.approx(0.3)

@@ -13,14 +13,8 @@ from asyncgrpo.core.experiments.claims import (
     parse_claim,
     same_setting,
 )
-from asyncgrpo.core.experiments.curves import (
-    STATISTICS,
-    CollapseRule,
-    CurvePoint,
-    Run,
-    RunCurve,
-    Statistic,
-)
+from asyncgrpo.core.experiments.curves import CollapseRule, CurvePoint, Run, RunCurve
+from asyncgrpo.core.experiments.statistic import STATISTICS, Statistic
 from asyncgrpo.core.experiments.verdicts import (
     Outcome,
     evaluate_claim,

@@ -11,7 +11,6 @@ from asyncgrpo.core.experiments.curves import (
     CurvePoint,
     Run,
     RunCurve,
-    Statistic,
     auc_steps,
     auc_time,
     collapse_step,
@@ -20,10 +19,10 @@ from asyncgrpo.core.experiments.curves import (
     final_reward,
     first_crossing,
     metric_median,
-    run_statistic,
     steps_to,
     time_to,
 )
+from asyncgrpo.core.experiments.statistic import Statistic, run_statistic
 
 rewards = st.floats(-1.0, 2.0) | st.just(math.nan)
 

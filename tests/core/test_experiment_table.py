@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments.claims import parse_claim
-from asyncgrpo.core.experiments.curves import Censored, CurvePoint, Run, RunCurve, Statistic
+from asyncgrpo.core.experiments.curves import Censored, CurvePoint, Run, RunCurve
+from asyncgrpo.core.experiments.statistic import Statistic
 from asyncgrpo.core.experiments.stats import summarize
 from asyncgrpo.core.experiments.table import (
     Table,
