@@ -116,7 +116,7 @@ def test_unreachable_server_is_retried_counted_and_raised_with_its_cause() -> No
 
     async def main():
         client = VLLMClient(
-            f"http://127.0.0.1:{free_port()}", "m", timeout_s=2, max_retries=3, backoff_s=0.01
+            f"http://127.0.0.1:{free_port()}", "m", timeout_s=30, max_retries=3, backoff_s=0.01
         )
         try:
             await client.generate([1, 2], SamplingParams(max_tokens=4), seed=0)
