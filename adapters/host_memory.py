@@ -1,9 +1,11 @@
-"""The learner process's C allocator: freed memory kept for the next step on a CPU, as
-:mod:`asyncgrpo.core.packing.host_memory` decides."""
+"""The learner process's C allocator: freed memory kept for the next step on a CPU, and the
+heap's free part given back now and then, as :mod:`asyncgrpo.core.packing.host_memory`
+decides."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import platform
 
@@ -35,3 +37,12 @@ def keep_freed_memory(device: str) -> HostMemoryChoice:
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, KEEP_FREE_BYTES) != 1:
         return HostMemoryChoice(False, "glibc's mallopt refused the settings")
     return choice
+
+
+def give_back_freed_memory() -> None:
+    """Free what only reference cycles hold (a full garbage collection: the run's long-lived
+    objects make Python's own full collections rare), then return the free memory of glibc's
+    heaps (every arena, not only the top) to the kernel (``malloc_trim(0)``). Only where
+    :func:`keep_freed_memory` kept it: glibc then."""
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -125,7 +126,16 @@ class Sampler(TrainerCallback):
         """After a full garbage collection, count the trainer's Python objects by type and
         write the types that grew most, and how much RSS ``malloc_trim`` gives back (memory
         freed but kept by the allocator, as opposed to memory in use)."""
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the full collection finds unreachable, kept
         gc.collect()
+        unreachable = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+        tensor_mb = sum(o.nbytes for o in gc.garbage if isinstance(o, torch.Tensor)) / 2**20
+        requests = collections.Counter(f"{type(o).__module__}: {o.method!r} {o.url}"
+                                       for o in gc.garbage
+                                       if type(o).__qualname__ == "Request")  # fmt: skip
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.collect()  # the cycles kept above, freed now
         counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
         if self.first is None:
             self.first = counts
@@ -138,6 +148,10 @@ class Sampler(TrainerCallback):
         with self.trace.open("a") as out:
             out.write(f"=== step {step}: malloc_trim gave back {trimmed:.1f} MB; "
                       + ", ".join(f"{t} {n:+d}" for n, t in grown[:12]) + "\n")  # fmt: skip
+            out.write(f"    unreachable (cycles) found by the full collection: "
+                      f"{sum(unreachable.values())} objects; "
+                      + ", ".join(f"{t} {n}" for t, n in unreachable.most_common(12))
+                      + f"; tensors {tensor_mb:.1f} MB; requests: {dict(requests)}\n")  # fmt: skip
 
 
 TRACE_ENV = "ASYNCGRPO_SOAK_TRACE"  # "<seconds>:<file>", read in the spawned rollout process
@@ -168,15 +182,16 @@ class TracingLoop(AsyncRolloutLoop):
         threading.Thread(target=trace, daemon=True, name="tracemalloc").start()
 
 
-def soak_config(output_dir: Path, steps: int, save_steps: int, base_url: str,
-                api_key: str) -> AsyncGRPOConfig:  # fmt: skip
-    """The demo's settings at a learning rate a random reward cannot collapse."""
+def soak_config(output_dir: Path, steps: int, save_steps: int, base_url: str, api_key: str,
+                **options: Any) -> AsyncGRPOConfig:  # fmt: skip
+    """The demo's settings at a learning rate a random reward cannot collapse (``options``
+    override them)."""
     return AsyncGRPOConfig(
         output_dir=str(output_dir), max_steps=steps, learning_rate=1e-3, num_generations=8,
         max_completion_length=16, max_staleness=1, token_budget=512, logging_steps=1,
         save_steps=save_steps, save_total_limit=1, gradient_checkpointing=False,
         num_sampler_logprobs=4, max_concurrent_rollouts=64, vllm_server_base_url=base_url,
-        vllm_server_api_key=api_key, seed=0, disable_tqdm=True,
+        vllm_server_api_key=api_key, seed=0, disable_tqdm=True, **options,
     )  # fmt: skip
 
 
@@ -208,16 +223,28 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=250)
     parser.add_argument("--trace-rollout", type=float, default=0.0)
     parser.add_argument("--trace-trainer", action="store_true")
+    parser.add_argument(
+        "--weight-transfer-backend",
+        default=None,
+        help="the engine of the server and the config's weight_transfer_backend, e.g. "
+        "asyncgrpo_gloo (default: none, so the disk reload)",
+    )
     options = parser.parse_args()
+    engine = (
+        {}
+        if options.weight_transfer_backend is None
+        else {"weight_transfer_backend": options.weight_transfer_backend}
+    )
     out = Path(options.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples = out / "soak.jsonl"
     samples.unlink(missing_ok=True)
     model = save_tiny_model(out / "initial-model", "qwen3", seed=0)
     key = new_api_key()
-    config = soak_config(out, options.steps, options.save_steps, "http://127.0.0.1", key)
+    config = soak_config(out, options.steps, options.save_steps, "http://127.0.0.1", key, **engine)
     spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=8,
-                      cpus=server_cpus_for(config), api_key=key)  # fmt: skip
+                      cpus=server_cpus_for(config), api_key=key,
+                      weight_transfer_backend=config.weight_transfer_backend)  # fmt: skip
     trainer_cls = AsyncGRPOTrainer
     if options.trace_rollout:
         trace = (out / "rollout_tracemalloc.txt").resolve()
@@ -232,7 +259,7 @@ def main() -> None:
     trainer_trace = (out / "trainer_objects.txt") if options.trace_trainer else None
     started = time.monotonic()
     with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
-        config = soak_config(out, options.steps, options.save_steps, server.base_url, key)
+        config = soak_config(out, options.steps, options.save_steps, server.base_url, key, **engine)
         trainer = trainer_cls(model=str(model), reward_funcs=noise_reward, args=config,
                               train_dataset=prompts,
                               callbacks=[Sampler(samples, options.every,

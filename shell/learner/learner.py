@@ -48,7 +48,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, set_seed
 
-from asyncgrpo.adapters.host_memory import keep_freed_memory
+from asyncgrpo.adapters.host_memory import give_back_freed_memory, keep_freed_memory
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.kernels.backends import choose_backend
 from asyncgrpo.adapters.kernels.layout import Backend
@@ -89,6 +89,7 @@ from asyncgrpo.core.metrics import (
     record,
     summarize,
 )
+from asyncgrpo.core.packing.host_memory import trim_due
 from asyncgrpo.core.packing.memory import (
     ActivationRow,
     CheckpointingChoice,
@@ -202,10 +203,10 @@ class Learner:
         # every rank must compute alike: rank 0's measurement decides for all
         precision = decided_on_rank0(lambda: precision_for(config.bf16, self.device, model))
         self.bf16 = precision.bf16
-        kept = keep_freed_memory(self.device.type)  # each process its own allocator
+        self.host_memory = keep_freed_memory(self.device.type)  # each process its own allocator
         if self.rank == 0:
             log.info("precision", bf16=precision.bf16, reason=precision.reason)
-            log.info("freed memory", kept=kept.retain, reason=kept.reason)
+            log.info("freed memory", kept=self.host_memory.retain, reason=self.host_memory.reason)
         self.objective = config.objective()
         self.objective_settings = config.objective_settings()
         self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics
@@ -429,6 +430,8 @@ class Learner:
                                  loss_sum, self.step + 1)  # fmt: skip
         self.step += 1
         observations.append(mean("perf/optimizer_s", self._now() - start))
+        if trim_due(self.host_memory, self.step):
+            give_back_freed_memory()
         if applied.skipped:  # what the forward measured describes a step not taken
             observations = [o for o in observations if o.name.startswith("perf/")]
             if self.rank == 0:

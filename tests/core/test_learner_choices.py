@@ -2,11 +2,19 @@
 (or the environment, for the allocator) always wins, and the automatic choice is monotone in
 what it weighs."""
 
+import itertools
+
 import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.packing.host_memory import MALLOC_ENVIRONMENT, choose_host_memory
+from asyncgrpo.core.packing.host_memory import (
+    MALLOC_ENVIRONMENT,
+    TRIM_EVERY_STEPS,
+    HostMemoryChoice,
+    choose_host_memory,
+    trim_due,
+)
 from asyncgrpo.core.packing.memory import (
     ACTIVATION_SHARE,
     LINEAR,
@@ -116,3 +124,16 @@ def test_freed_memory_is_kept_only_where_nobody_chose_the_allocator(
     assert choice.reason
     if preloaded.strip() and device == "cpu":
         assert preloaded in choice.reason
+
+
+@given(st.booleans(), st.integers(1, 10_000), st.integers(1, 500))
+def test_kept_memory_is_given_back_once_every_trim_period(retain, first, steps) -> None:
+    """Over any stretch of steps: one trim per TRIM_EVERY_STEPS steps where freed memory is
+    kept (so the heap's growth between trims is bounded), none where glibc trims itself."""
+    choice = HostMemoryChoice(retain, "why")
+    trims = [step for step in range(first, first + steps) if trim_due(choice, step)]
+    if not retain:
+        assert trims == []
+        return
+    assert len(trims) in (steps // TRIM_EVERY_STEPS, steps // TRIM_EVERY_STEPS + 1)
+    assert all(b - a == TRIM_EVERY_STEPS for a, b in itertools.pairwise(trims))

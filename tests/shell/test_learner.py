@@ -285,3 +285,24 @@ def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen
     assert learner.export.weight_metadata() == [
         (n, t.dtype, tuple(t.shape)) for n, t in want.items()
     ]
+
+
+def test_a_learner_that_keeps_freed_memory_gives_it_back_every_trim_period(
+    tiny_qwen3, monkeypatch
+) -> None:
+    """The heap a CPU learner keeps (:mod:`asyncgrpo.core.packing.host_memory`) is trimmed after
+    every TRIM_EVERY_STEPS-th optimizer step, once."""
+    from asyncgrpo.core.packing.host_memory import TRIM_EVERY_STEPS
+    from asyncgrpo.shell.learner import learner as learner_module
+
+    model = load_causal_lm(tiny_qwen3)
+    learner = Learner(model, config(), optimizers=sgd(model, lr=0.0))
+    assert learner.host_memory.retain, learner.host_memory.reason  # a CPU learner, glibc
+    trimmed_after: list[int] = []
+    give_back = learner_module.give_back_freed_memory
+    monkeypatch.setattr(learner_module, "give_back_freed_memory",
+                        lambda: (trimmed_after.append(learner.step), give_back()))  # fmt: skip
+    learner.step = TRIM_EVERY_STEPS - 2
+    for _ in range(3):
+        learner.train_step([None])
+    assert trimmed_after == [TRIM_EVERY_STEPS]
