@@ -83,7 +83,7 @@ class ServerSpec:
             own ``mmap``, in every process of the server (``MALLOC_MMAP_THRESHOLD_``), and
             returns them to the kernel when they are freed. glibc's own threshold rises with
             the blocks freed, and the worker's heap then grew for as long as it generated:
-            +56 MB per 100 steps of the soak, 915 to 1,238 MB in 400 (2026-12-05); fixed at
+            +55 MB per 100 steps of the soak, 914 to 1,238 MB in 400 (2026-12-05); fixed at
             64 KiB its generation-only load levelled off at 1,120 MB within 40 s, with no fewer
             requests served. ``None``, or glibc's settings in the environment, leave it as it
             is (an allocator in ``LD_PRELOAD`` ignores the variable).
