@@ -13,8 +13,10 @@ per 100 steps at the end. A checkpoint every ``--save-steps`` steps (the newest 
 ``--trace-rollout S`` also writes the rollout process's largest Python allocation growths
 (``tracemalloc``) every S seconds to ``<output-dir>/rollout_tracemalloc.txt``;
 ``--trace-trainer`` counts the trainer's Python objects by type at each sample (after a full
-garbage collection) and writes the types that grew most, and what ``malloc_trim`` gives back,
-to ``<output-dir>/trainer_objects.txt``.
+garbage collection) and writes the types that grew most, what the collection freed that only
+reference cycles held, and what ``malloc_trim`` gives back, to
+``<output-dir>/trainer_objects.txt``. ``--weight-transfer-backend asyncgrpo_gloo`` pushes by
+the in-memory engine, as the chaos run does (default: the disk reload).
 
     .venv/bin/python benchmarks/soak.py --output-dir runs/soak --steps 1000 --every 100
 """
@@ -124,8 +126,10 @@ class Sampler(TrainerCallback):
 
     def _trace(self, step: int) -> None:
         """After a full garbage collection, count the trainer's Python objects by type and
-        write the types that grew most, and how much RSS ``malloc_trim`` gives back (memory
-        freed but kept by the allocator, as opposed to memory in use)."""
+        write the types that grew most, what the collection found that only reference cycles
+        held (by type; its tensors' bytes; the HTTP requests among it), and how much RSS
+        ``malloc_trim`` gives back (memory freed but kept by the allocator, as opposed to
+        memory in use)."""
         gc.set_debug(gc.DEBUG_SAVEALL)  # what the full collection finds unreachable, kept
         gc.collect()
         unreachable = collections.Counter(type(o).__qualname__ for o in gc.garbage)
@@ -244,7 +248,7 @@ def main() -> None:
     config = soak_config(out, options.steps, options.save_steps, "http://127.0.0.1", key, **engine)
     spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=8,
                       cpus=server_cpus_for(config), api_key=key,
-                      weight_transfer_backend=config.weight_transfer_backend)  # fmt: skip
+                      weight_transfer_backend=options.weight_transfer_backend)  # fmt: skip
     trainer_cls = AsyncGRPOTrainer
     if options.trace_rollout:
         trace = (out / "rollout_tracemalloc.txt").resolve()
