@@ -36,7 +36,7 @@ import torch
 from asyncgrpo.adapters.parent_death import command_dying_with_caller
 from asyncgrpo.adapters.vllm.auth import API_KEY_ENV, DevRoutesAuth, bearer
 from asyncgrpo.adapters.vllm.fork_start import FORK_ENV
-from asyncgrpo.core.packing.host_memory import MALLOC_ENVIRONMENT
+from asyncgrpo.core.packing.host_memory import server_allocator_environment
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 SHUTDOWN_GRACE_S = 10.0
@@ -162,9 +162,7 @@ class ServerSpec:
             env[FORK_ENV] = "1"
         else:
             env.pop(FORK_ENV, None)
-        glibc_settings_given = any(name in env for name in MALLOC_ENVIRONMENT)
-        if self.mmap_threshold_bytes is not None and not glibc_settings_given:
-            env["MALLOC_MMAP_THRESHOLD_"] = str(self.mmap_threshold_bytes)
+        env |= server_allocator_environment(self.mmap_threshold_bytes, tuple(env))
         if self.cpus:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(self.cpus))
         return env

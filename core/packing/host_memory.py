@@ -87,3 +87,21 @@ def trim_due(choice: HostMemoryChoice, step: int) -> bool:
         False
     """
     return choice.retain and step % TRIM_EVERY_STEPS == 0
+
+
+def server_allocator_environment(
+    mmap_threshold_bytes: int | None, environment: tuple[str, ...]
+) -> dict[str, str]:
+    """What a vLLM server's processes get in their environment for glibc's ``malloc``: a fixed
+    mmap threshold (``MALLOC_MMAP_THRESHOLD_``), unless it is ``None`` or the environment
+    (the names in ``environment``) sets glibc's allocator already.
+
+    Example:
+        >>> server_allocator_environment(65536, ("PATH",))
+        {'MALLOC_MMAP_THRESHOLD_': '65536'}
+        >>> server_allocator_environment(65536, ("GLIBC_TUNABLES",))
+        {}
+    """
+    if mmap_threshold_bytes is None or any(name in environment for name in MALLOC_ENVIRONMENT):
+        return {}
+    return {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold_bytes)}

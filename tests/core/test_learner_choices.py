@@ -13,6 +13,7 @@ from asyncgrpo.core.packing.host_memory import (
     TRIM_EVERY_STEPS,
     HostMemoryChoice,
     choose_host_memory,
+    server_allocator_environment,
     trim_due,
 )
 from asyncgrpo.core.packing.memory import (
@@ -137,3 +138,21 @@ def test_kept_memory_is_given_back_once_every_trim_period(retain, first, steps) 
         return
     assert len(trims) in (steps // TRIM_EVERY_STEPS, steps // TRIM_EVERY_STEPS + 1)
     assert all(b - a == TRIM_EVERY_STEPS for a, b in itertools.pairwise(trims))
+
+
+@given(
+    st.one_of(st.none(), st.integers(1, 2**31 - 1)),
+    st.lists(
+        st.sampled_from([*MALLOC_ENVIRONMENT, "PATH", "MALLOC_ARENA_MAX", "LD_PRELOAD"]),
+        unique=True,
+    ).map(tuple),
+)
+def test_a_server_gets_a_fixed_mmap_threshold_only_where_nobody_chose_the_allocator(
+    threshold, environment
+) -> None:
+    settings = server_allocator_environment(threshold, environment)
+    chosen = any(name in MALLOC_ENVIRONMENT for name in environment)
+    if threshold is None or chosen:
+        assert settings == {}
+    else:
+        assert settings == {"MALLOC_MMAP_THRESHOLD_": str(threshold)}
