@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
     from asyncgrpo.shell.config import AsyncGRPOConfig
+    from asyncgrpo.shell.harness import HarnessAsyncGRPOTrainer
     from asyncgrpo.shell.rollout import AsyncRolloutLoop
     from asyncgrpo.shell.run import AsyncGRPOTrainer
 
@@ -22,6 +23,7 @@ _HOMES = {
     "AsyncGRPOConfig": "asyncgrpo.shell.config",
     "AsyncGRPOTrainer": "asyncgrpo.shell.run",
     "AsyncRolloutLoop": "asyncgrpo.shell.rollout",
+    "HarnessAsyncGRPOTrainer": "asyncgrpo.shell.harness",
     "Rollout": "asyncgrpo.core.records",
     "RolloutGroup": "asyncgrpo.core.records",
     "TrainingSample": "asyncgrpo.core.records",
@@ -32,6 +34,7 @@ __all__ = [
     "AsyncGRPOConfig",
     "AsyncGRPOTrainer",
     "AsyncRolloutLoop",
+    "HarnessAsyncGRPOTrainer",
     "Rollout",
     "RolloutGroup",
     "TrainingSample",

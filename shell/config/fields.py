@@ -254,6 +254,14 @@ class AsyncGRPOConfig(TrainingArguments):
                        "trainer waits for samples and the rollout process sends nothing at all "
                        "(no group, kept or dropped), before the run fails."),
     )  # fmt: skip
+    harness_timeout_s: float = field(
+        default=600.0,
+        metadata=_help("Not in TRL. HarnessAsyncGRPOTrainer: seconds one harness rollout (its "
+                       "session's creation, the harness's run and verify()) may take; past it "
+                       "the rollout is unscored, counted in harness/timed_out_count, and its "
+                       "session closed (docs/harness.md). OpenEnv's HarnessRunLimits has no "
+                       "time limit."),
+    )  # fmt: skip
     rollout_worker_restarts: int = field(
         default=3,
         metadata=_help("Not in TRL. Times a rollout process that dies without a traceback (a "

@@ -9,11 +9,17 @@ what is sent into it).
 
 from __future__ import annotations
 
+from asyncgrpo.shell.rollout import context
 from asyncgrpo.shell.rollout.evaluation import evaluate_now
 from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
 from asyncgrpo.shell.rollout.messages import EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.process import RolloutProcess
-from asyncgrpo.shell.rollout.prompts import PROMPT_FIX, check_conversational, check_row
+from asyncgrpo.shell.rollout.prompts import (
+    PROMPT_FIX,
+    PromptRows,
+    check_conversational,
+    check_row,
+)
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 
 __all__ = [
@@ -23,9 +29,11 @@ __all__ = [
     "GroupOutcome",
     "LoopReport",
     "LoopSpec",
+    "PromptRows",
     "RolloutProcess",
     "RolloutWorkerError",
     "check_conversational",
     "check_row",
+    "context",
     "evaluate_now",
 ]

@@ -239,6 +239,7 @@ def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int,
             eval_reward_funcs=spec.eval_reward_funcs,
             server_gate=RolloutGate(shared.trust, spec.config.vllm_server_timeout),
             **({"servers": shared.servers} if len(shared.servers) > 1 else {}),
+            **spec.loop_options,
         )
         anyio.run(loop.run)
     except BaseException as error:

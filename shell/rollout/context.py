@@ -11,6 +11,8 @@ seed, the sampling settings) and the heartbeat reads the group
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -33,9 +35,26 @@ GROUP_VERSION: contextvars.ContextVar[int] = contextvars.ContextVar("group_versi
 ROLLOUT: contextvars.ContextVar[RolloutKey | None] = contextvars.ContextVar("rollout", default=None)
 # (group_id, row_index) of the group the current task works for; (-1, -1) outside a group
 GROUP: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("group", default=(-1, -1))
+# the dataset row the current group works for (a harness session's task); None outside a group
+ROW: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("row", default=None)
 # the server the current group runs on (its index in vllm_server_base_url)
 SERVER: contextvars.ContextVar[int] = contextvars.ContextVar("server", default=0)
 # inside an evaluation's rollout: its sampling settings (None: training's)
 EVALUATING: contextvars.ContextVar[SamplingParams | None] = contextvars.ContextVar(
     "evaluating", default=None
 )
+
+
+CARRIED = (GROUP_VERSION, ROLLOUT, GROUP, ROW, SERVER, EVALUATING)
+
+
+def carried() -> list[tuple[contextvars.ContextVar[Any], Any]]:
+    """The current task's values of the variables above, for :func:`adopt` in a task started
+    on its behalf (a harness's sampling request, sent from its worker thread)."""
+    return [(var, var.get()) for var in CARRIED]
+
+
+def adopt(values: list[tuple[contextvars.ContextVar[Any], Any]]) -> None:
+    """Set the variables :func:`carried` read, in the current task."""
+    for var, value in values:
+        var.set(value)

@@ -111,6 +111,7 @@ class GroupRunner:
             server=server,
         )
         context.GROUP.set((group_id, row_index))
+        context.ROW.set(row)
         while True:
             results, too_long, lost = await self._generate(pending, position)
             if too_long:

@@ -407,6 +407,7 @@ class AsyncRolloutLoop:
         context.SERVER.set(which.server)
         context.GROUP_VERSION.set(which.version)
         context.GROUP.set((-1, which.row_index))
+        context.ROW.set(row)
         context.ROLLOUT.set(context.RolloutKey(-1 - which.row_index, which.index))
         context.EVALUATING.set(self.eval_sampling)
         environment = None

@@ -55,6 +55,7 @@ class LoopSpec:
     start_cursor: PromptCursor = attrs.field(factory=PromptCursor)
     eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
     eval_reward_funcs: tuple[Callable[..., Any], ...] = ()  # empty: the reward_funcs
+    loop_options: Mapping[str, Any] = attrs.field(factory=dict)  # loop_cls's own keywords
 
     def check(self) -> None:
         """Fail early on anything that cannot reach the child."""
@@ -70,3 +71,4 @@ class LoopSpec:
         check_picklable("eval dataset", dict(self.eval_datasets))
         check_picklable("processing class", [self.processing_class])
         check_picklable("config", [self.config])
+        check_picklable("rollout loop option", dict(self.loop_options))

@@ -154,6 +154,7 @@ def evaluation_spec(inputs: RunInputs, args: AsyncGRPOConfig) -> LoopSpec:
         max_model_len=longest, token_budget=args.token_budget or longest, rows_per_step=1,
         tools=inputs.tools, environment_factory=inputs.environment_factory,
         eval_datasets=inputs.eval_datasets, eval_reward_funcs=inputs.eval_reward_funcs,
+        loop_options=inputs.loop_options,
     )  # fmt: skip
 
 

@@ -161,6 +161,8 @@ class RunInputs:
         eval_datasets: the evaluation datasets by name (:mod:`.evaluations`).
         eval_reward_funcs: the reward functions that score evaluations (empty: the
             ``reward_funcs``).
+        loop_options: keywords of ``loop_cls`` beyond the loop's own (a harness's session
+            factory, adapter and limits).
     """
 
     args: AsyncGRPOConfig
@@ -177,3 +179,4 @@ class RunInputs:
     cpu_plan: CpuPlan | None = None
     eval_datasets: Mapping[str, Any] = attrs.field(factory=dict)
     eval_reward_funcs: tuple[Callable[..., Any], ...] = ()
+    loop_options: Mapping[str, Any] = attrs.field(factory=dict)

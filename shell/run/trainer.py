@@ -118,12 +118,13 @@ class AsyncGRPOTrainer:
             else (list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs])
         )
         reject_reward_models(funcs)
-        if not funcs and environment_factory is None:
+        tasks = self._task_maker(environment_factory)
+        if not funcs and tasks is None:
             raise ValueError(
                 "give reward_funcs, or an environment_factory whose environments define get_reward"
             )
-        check_dataset(train_dataset, environment_factory, self.args)
-        self.eval_datasets = eval_datasets_of(eval_dataset, environment_factory, self.args)
+        check_dataset(train_dataset, tasks, self.args)
+        self.eval_datasets = eval_datasets_of(eval_dataset, tasks, self.args)
         self.eval_reward_funcs = (
             []
             if eval_reward_funcs is None
@@ -162,7 +163,14 @@ class AsyncGRPOTrainer:
             hub.resolve_token(self.args)  # fail at the door, not at the first save
         self._callbacks.init_end()
         self.cpu_plan: CpuPlan | None = None
+        self.loop_options: dict[str, Any] = {}  # loop_cls's own keywords
         self._served: tuple[int, str | None] | None = None  # after train(): (version, LoRA prefix)
+
+    def _task_maker(self, environment_factory: Any) -> Any:
+        """What makes a row's prompt and reward besides the dataset's ``prompt`` and the
+        reward functions (None: nothing): the environment factory. A row may lack ``prompt``
+        only when something makes it."""
+        return environment_factory
 
     # ----------------------------------------------------------------- public API
 
@@ -238,6 +246,7 @@ class AsyncGRPOTrainer:
             cpu_plan=self.cpu_plan,
             eval_datasets=self.eval_datasets,
             eval_reward_funcs=tuple(self.eval_reward_funcs),
+            loop_options=self.loop_options,
         )
 
     def evaluate(

@@ -234,6 +234,7 @@ class TrainingRun:
             lora_name=self.weights.lora_name if self.weights is not None else None,
             eval_datasets=given.eval_datasets,
             eval_reward_funcs=given.eval_reward_funcs,
+            loop_options=given.loop_options,
         )
 
     # ----------------------------------------------------------------- the loop
