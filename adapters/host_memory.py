@@ -1,6 +1,6 @@
-"""The learner process's C allocator: freed memory kept for the next step on a CPU, and the
-heap's free part given back now and then, as :mod:`asyncgrpo.core.packing.host_memory`
-decides."""
+"""The C allocator of the learner and rollout processes: freed memory kept for the next step on
+a CPU learner, and the heap's free part given back now and then by both, as
+:mod:`asyncgrpo.core.packing.host_memory` decides."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def keep_freed_memory(device: str) -> HostMemoryChoice:
 def give_back_freed_memory() -> None:
     """Free what only reference cycles hold (a full garbage collection: the run's long-lived
     objects make Python's own full collections rare), then return the free memory of glibc's
-    heaps (every arena, not only the top) to the kernel (``malloc_trim(0)``). Only where
-    :func:`keep_freed_memory` kept it: glibc then."""
+    heaps (every arena, not only the top) to the kernel (``malloc_trim(0)``); on another C
+    library, the collection only."""
     gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
+    if platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).malloc_trim(0)

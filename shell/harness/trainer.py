@@ -11,11 +11,10 @@ from the session's ``verify()``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
 from typing import Any
 
 from asyncgrpo.adapters.openenv import harness_api
-from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.harness.loop import HarnessRolloutLoop
 from asyncgrpo.shell.run import AsyncGRPOTrainer
 
@@ -23,7 +22,7 @@ from asyncgrpo.shell.run import AsyncGRPOTrainer
 class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
     """:class:`~asyncgrpo.AsyncGRPOTrainer` whose rollouts an OpenEnv harness drives.
 
-    Args (besides the base trainer's):
+    Takes the base trainer's arguments, and these (by keyword):
         harness_session_factory: OpenEnv ``ResourceSessionFactory``: ``create(task=row,
             seed=..., episode_id=...)`` makes one rollout's session (its messages, tools and
             ``verify()``). ``row`` is the group's row of ``train_dataset`` (``{}`` without one,
@@ -50,36 +49,17 @@ class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     loop_cls = HarnessRolloutLoop
 
-    def __init__(
-        self,
-        model: Any,
-        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
-        args: AsyncGRPOConfig | None = None,
-        train_dataset: Any = None,
-        processing_class: Any = None,
-        callbacks: Sequence[Any] | None = None,
-        optimizers: tuple[Any, Any] = (None, None),
-        peft_config: Any = None,
-        tools: Sequence[Callable[..., Any]] | None = None,
-        environment_factory: Any = None,
-        eval_dataset: Any = None,
-        eval_reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
-        *,
-        harness_session_factory: Any,
-        harness_adapter: Any,
-        harness_limits: Any = None,
-    ) -> None:
-        if tools or environment_factory is not None:
+    def __init__(self, *args: Any, harness_session_factory: Any, harness_adapter: Any,
+                 harness_limits: Any = None, **kwargs: Any) -> None:  # fmt: skip
+        given = inspect.signature(AsyncGRPOTrainer).bind(*args, **kwargs).arguments
+        if given.get("tools") or given.get("environment_factory") is not None:
             raise ValueError(
                 "HarnessAsyncGRPOTrainer: the harness session provides the tools and the "
                 "environment; pass neither tools nor environment_factory"
             )
         check_harness(harness_session_factory, harness_adapter, harness_limits)
         self.harness_session_factory = harness_session_factory
-        super().__init__(
-            model, reward_funcs, args, train_dataset, processing_class, callbacks, optimizers,
-            peft_config, None, None, eval_dataset, eval_reward_funcs,
-        )  # fmt: skip
+        super().__init__(*args, **kwargs)
         self.loop_options = {"session_factory": harness_session_factory,
                              "harness_adapter": harness_adapter,
                              "harness_limits": harness_limits}  # fmt: skip

@@ -48,6 +48,7 @@ import anyio
 import numpy as np
 import structlog
 
+from asyncgrpo.adapters.host_memory import give_back_freed_memory
 from asyncgrpo.adapters.transfer.files import adapter_name
 from asyncgrpo.adapters.vllm.client import (
     PRIORITY_POLICY,
@@ -55,6 +56,7 @@ from asyncgrpo.adapters.vllm.client import (
     VLLMClient,
 )
 from asyncgrpo.core.metrics import Observation
+from asyncgrpo.core.packing.host_memory import rollout_trim_due
 from asyncgrpo.core.records import Rollout, RolloutGroup, TurnRecord
 from asyncgrpo.core.rollout import cursor, sample_wait
 from asyncgrpo.core.rollout.advantages import standardize_rewards
@@ -469,9 +471,11 @@ class AsyncRolloutLoop:
 
     async def _poll_server_forever(self) -> None:
         """Every few seconds: each server's /metrics moves its load cap, and a report of the
-        loop's metrics goes to the trainer (:meth:`ServerPool.report`)."""
+        loop's metrics goes to the trainer (:meth:`ServerPool.report`); every minute or so the
+        process's free heap goes back to the kernel (:func:`~asyncgrpo.core.packing.
+        host_memory.rollout_trim_due`)."""
         assert self.pool is not None
-        last_time = time.monotonic()
+        last_time = trimmed_at = time.monotonic()
         while True:
             await anyio.sleep(METRICS_POLL_S)
             await self.pool.poll()
@@ -483,3 +487,6 @@ class AsyncRolloutLoop:
             last_time = now
             obs, self._pending_obs = obs + self._pending_obs, []
             self.channels.publish(LoopReport(tuple(obs)))
+            if rollout_trim_due(now - trimmed_at):
+                give_back_freed_memory()
+                trimmed_at = now

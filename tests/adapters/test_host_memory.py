@@ -13,18 +13,21 @@ from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.core.packing.host_memory import MALLOC_ENVIRONMENT
 
 BLOCK_MIB = 96
-FREE_AND_MEASURE = f"""
+MEASURING = """
 import ctypes, sys
-from asyncgrpo.adapters.host_memory import keep_freed_memory
-from asyncgrpo.adapters.host_memory import give_back_freed_memory
-if sys.argv[1] in ("keep", "give back"):
-    choice = keep_freed_memory("cpu")
-    assert choice.retain, choice.reason
+from asyncgrpo.adapters.host_memory import give_back_freed_memory, keep_freed_memory
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
+"""
+FREE_AND_MEASURE = (
+    MEASURING
+    + f"""
+if sys.argv[1] in ("keep", "give back"):
+    choice = keep_freed_memory("cpu")
+    assert choice.retain, choice.reason
 before = resident()
 block = libc.malloc({BLOCK_MIB} << 20)
 ctypes.memset(block, 1, {BLOCK_MIB} << 20)  # touch every page
@@ -33,12 +36,27 @@ if sys.argv[1] == "give back":
     give_back_freed_memory()
 print((resident() - before) / 2**20)
 """
+)
+FRAGMENT_AND_MEASURE = (
+    MEASURING
+    + f"""
+before = resident()
+blocks = [libc.malloc(64 << 10) for _ in range({BLOCK_MIB} * 16)]  # below the mmap threshold
+for block in blocks:
+    ctypes.memset(block, 1, 64 << 10)
+for block in blocks[:-1]:  # the last one pins the heap's top: glibc cannot trim it itself
+    libc.free(block)
+if sys.argv[1] == "give back":
+    give_back_freed_memory()
+print((resident() - before) / 2**20)
+"""
+)
 
 
-def resident_after_free_mib(mode: str) -> float:
+def resident_after_free_mib(mode: str, script: str = FREE_AND_MEASURE) -> float:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
-    done = subprocess.run([sys.executable, "-c", FREE_AND_MEASURE, mode], env=env,
+    done = subprocess.run([sys.executable, "-c", script, mode], env=env,
                           capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
     return float(done.stdout.strip())
 
@@ -55,6 +73,15 @@ def test_a_freed_block_stays_resident_only_when_kept() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc: Linux")
 def test_kept_memory_is_returned_when_given_back() -> None:
     assert resident_after_free_mib("give back") < 0.1 * BLOCK_MIB
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc: Linux")
+def test_a_heap_left_as_glibc_sets_it_gives_back_its_free_middle_when_asked() -> None:
+    """The rollout process keeps glibc's defaults, which trim only the heap's top: blocks freed
+    below one still in use stay resident (the negative control) until
+    :func:`give_back_freed_memory`, which the rollout loop calls every minute."""
+    assert resident_after_free_mib("default", FRAGMENT_AND_MEASURE) >= 0.9 * BLOCK_MIB
+    assert resident_after_free_mib("give back", FRAGMENT_AND_MEASURE) < 0.1 * BLOCK_MIB
 
 
 # A block freed below one still in use stays resident when it came from the heap; what glibc

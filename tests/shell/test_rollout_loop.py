@@ -8,12 +8,13 @@ import functools
 import itertools
 import math
 import threading
+import time
 import warnings
 
 import anyio
 import numpy as np
 import pytest
-from loop_harness import LocalChannels, run_loop
+from loop_harness import LocalChannels, recorded_rollouts, run_loop
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
@@ -101,6 +102,26 @@ def test_default_loop_generates_scores_and_publishes_samples(vllm_server, tiny_q
         "rollout/score_s",
     } <= names
     assert channels.beats >= 1
+
+
+def test_the_loop_gives_its_free_heap_back_when_a_trim_is_due(
+    vllm_server, tiny_qwen3, monkeypatch
+) -> None:
+    """The rollout process's heap is trimmed from the server poller whenever
+    :func:`~asyncgrpo.core.packing.host_memory.rollout_trim_due` says so (every minute; here
+    every poll, polled every 0.2 s)."""
+    from asyncgrpo.shell.rollout import loop as loop_module
+
+    trims = []
+    give_back = loop_module.give_back_freed_memory
+    monkeypatch.setattr(loop_module, "METRICS_POLL_S", 0.2)
+    monkeypatch.setattr(loop_module, "rollout_trim_due", lambda seconds: seconds >= 0.3)
+    monkeypatch.setattr(loop_module, "give_back_freed_memory",
+                        lambda: (trims.append(time.monotonic()), give_back()))  # fmt: skip
+    channels = LocalChannels(stop_after=6)
+    run_loop(make_loop(vllm_server, tiny_qwen3, channels=channels))
+    assert len(trims) >= 2
+    assert all(later - earlier >= 0.3 for earlier, later in itertools.pairwise(trims))
 
 
 def test_max_staleness_zero_makes_progress(vllm_server, tiny_qwen3) -> None:
@@ -339,15 +360,7 @@ def test_tool_loop_runs_calls_in_order_and_returns_errors_to_the_model(
         reward_funcs=[digits_reward],
         config={"num_generations": 2},
     )
-    captured = []
-    original = loop.generate_one
-
-    async def spy(prompt, tools, group_id=0):
-        rollout = await original(prompt, tools, group_id)
-        captured.append(rollout)
-        return rollout
-
-    loop.generate_one = spy
+    captured = recorded_rollouts(loop)
     run_loop(loop)
     rollout = captured[0]
     assert rollout.tool_call_count == 4 and rollout.tool_failure_count == 2

@@ -76,3 +76,18 @@ def run_loop(loop, timeout_s: float = 240.0) -> float:
 
     anyio.run(main)
     return time.monotonic() - start
+
+
+def recorded_rollouts(loop) -> list:
+    """The rollouts ``loop.generate_one`` returns from now on, in the order they finish (the
+    hook is wrapped on this instance)."""
+    recorded = []
+    original = loop.generate_one
+
+    async def recording(prompt, tools, group_id=0):
+        rollout = await original(prompt, tools, group_id)
+        recorded.append(rollout)
+        return rollout
+
+    loop.generate_one = recording
+    return recorded
