@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
     from asyncgrpo.shell.config import AsyncGRPOConfig
-    from asyncgrpo.shell.harness import HarnessAsyncGRPOTrainer
+    from asyncgrpo.shell.harness import HarnessAsyncGRPOTrainer, capture_url
     from asyncgrpo.shell.rollout import AsyncRolloutLoop
     from asyncgrpo.shell.run import AsyncGRPOTrainer
 
@@ -24,6 +24,7 @@ _HOMES = {
     "AsyncGRPOTrainer": "asyncgrpo.shell.run",
     "AsyncRolloutLoop": "asyncgrpo.shell.rollout",
     "HarnessAsyncGRPOTrainer": "asyncgrpo.shell.harness",
+    "capture_url": "asyncgrpo.shell.harness",
     "Rollout": "asyncgrpo.core.records",
     "RolloutGroup": "asyncgrpo.core.records",
     "TrainingSample": "asyncgrpo.core.records",
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutGroup",
     "TrainingSample",
     "TurnRecord",
+    "capture_url",
 ]
 
 

@@ -26,10 +26,11 @@ closed) and the rollout is unscored. Faults of a harness are its rollout's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -51,6 +52,7 @@ from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout import harness as decide
+from asyncgrpo.shell.harness.capture import CaptureEndpoint
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, PromptRows, context
 
 log = structlog.get_logger("asyncgrpo.rollout")
@@ -130,7 +132,7 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
             must be empty.
     """
 
-    def __init__(self, *args: Any, session_factory: Any, harness_adapter: Any,
+    def __init__(self, *args: Any, session_factory: Any, harness_adapter: Any = None,
                  harness_limits: Any = None, **kwargs: Any) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         self.prompt_rows = PromptRows(self.dataset, self.config.prompt_order_seed, True)
@@ -140,6 +142,40 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
             max_turns=decide.harness_max_turns(self.config.max_tool_calling_iterations)
         )
         self._threads = anyio.CapacityLimiter(max(1, self.config.max_concurrent_rollouts))
+        self._running = threading.Condition()  # guards the count of harness threads running
+        self._harnesses = 0
+        self.capture = CaptureEndpoint(
+            self.generate_one_turn, self.tokenizer, self.tool_loop.decode,
+            self.config.chat_template_kwargs, self.config.max_completion_length,
+        )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[None]:
+        """The loop's clients and servers, and in loop-owning mode (no ``harness_adapter``) the
+        capture endpoint its agents call."""
+        async with super().opened():
+            try:
+                if self.harness_adapter is not None:
+                    yield
+                    return
+                async with self.capture.serving():
+                    log.info("the capture endpoint serves the agents",
+                             url=self.capture.base_url("EPISODE"))  # fmt: skip
+                    yield
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._harnesses_ended()
+
+    async def _harnesses_ended(self) -> None:
+        """Wait (at most ``CLOSE_TIMEOUT_S``) for the harness threads of rollouts the loop
+        stopped waiting for: each closes the session it created, which ends what it started."""
+        if not await anyio.to_thread.run_sync(self._wait_for_harnesses, CLOSE_TIMEOUT_S):
+            log.warning("harness threads still running as the rollout loop ends",
+                        threads=self._harnesses, waited_s=CLOSE_TIMEOUT_S)  # fmt: skip
+
+    def _wait_for_harnesses(self, timeout_s: float) -> bool:
+        with self._running:
+            return self._running.wait_for(lambda: self._harnesses == 0, timeout=timeout_s)
 
     async def generate_one(self, prompt: list[dict[str, Any]], tools: list[Callable[..., Any]],
                            group_id: int = 0) -> Rollout:  # fmt: skip
@@ -152,7 +188,7 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         stop = threading.Event()
         turns: list[TurnRecord] = []
         started = time.monotonic()
-        holder: dict[str, Any] = {"carried": context.carried()}
+        holder: dict[str, Any] = {"carried": context.carried(), "started": started}
         outcome = decide.HarnessOutcome(decide.TIMED_OUT, cause="ran past harness_timeout_s")
         try:
             with anyio.move_on_after(self.config.harness_timeout_s):
@@ -163,12 +199,15 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 )  # fmt: skip
         finally:
             stop.set()  # an abandoned harness's next model turn raises
+            if (sampling := holder.get("sampling")) is not None:
+                sampling.cancel()  # and the turn it waits for now
+            self.capture.close(rollout_id)  # and its agent's calls are refused or cancelled
             if "session" in holder and claim_close(holder, "loop"):
                 with anyio.CancelScope(shield=True):
                     await self._close(holder["session"])
         await anyio.lowlevel.checkpoint_if_cancelled()  # the loop stops: nothing to count
-        if "sampling_error" in holder:  # the server's fault, not the harness's: as any rollout's
-            raise holder["sampling_error"]
+        if "run_error" in holder:  # the server's fault or a wrong session, not the harness's
+            raise holder["run_error"]
         seconds = time.monotonic() - started
         outcome = decide.HarnessOutcome(outcome.ending, seconds, outcome.reward,
                                         outcome.nonfinite_reward, outcome.cause)  # fmt: skip
@@ -191,29 +230,45 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
 
     # --- the harness thread ---------------------------------------------------------------
 
-    def _drive(self, row: dict[str, Any], seed: int, rollout_id: str, turns: list[TurnRecord],
-               holder: dict[str, Any], stop: threading.Event) -> decide.HarnessOutcome:  # fmt: skip
+    def _drive(self, *args: Any) -> decide.HarnessOutcome:
+        """:meth:`_run_session` on a harness thread, counted while it runs."""
+        with self._running:
+            self._harnesses += 1
+        try:
+            return self._run_session(*args)
+        finally:
+            with self._running:
+                self._harnesses -= 1
+                self._running.notify_all()
+
+    def _run_session(self, row: dict[str, Any], seed: int, rollout_id: str,
+                     turns: list[TurnRecord], holder: dict[str, Any],
+                     stop: threading.Event) -> decide.HarnessOutcome:  # fmt: skip
         """Create the session, run the harness, verify, close: how it ended. ``holder``
         shares the session and what the rollout keeps with the event loop's side."""
         model_step = self._model_step(turns, stop, holder)
+        if self.harness_adapter is None:  # its URL serves before the agent starts
+            holder["captured"] = self.capture.open(rollout_id, holder["carried"])
         try:
             session = self.session_factory.create(task=row, seed=seed, episode_id=rollout_id)
         except Exception as error:
             return decide.HarnessOutcome(decide.SESSION_FAILED,
                                          cause=f"{type(error).__name__}: {error}")  # fmt: skip
         holder["session"] = session
-        measured = holder["measured"] = MeasuredSession(session, self._observe)
         source = f"{type(session).__name__}.verify"
         try:
+            if stop.is_set():  # abandoned while it was created: close it now
+                raise HarnessStopped("abandoned")
             initial = len(session.initial_messages())
-            result = self.harness_adapter.run_white_box(model_step, measured,
-                                                        self.harness_limits)  # fmt: skip
+            if self.harness_adapter is None:
+                transcript, final_state = self._agent_ran(session, rollout_id, turns, holder)
+            else:
+                transcript, final_state = self._adapter_ran(session, model_step, holder)
             if stop.is_set():
                 raise HarnessStopped("abandoned")
-            holder["completion"] = list(result.messages)[initial:]
+            holder["completion"] = transcript[initial:]
             check_training_trace(turns, rollout_id)
-            verified = session.verify(list(result.messages), final_state={
-                "done": result.done, "metrics": dict(result.metrics)})  # fmt: skip
+            verified = session.verify(transcript, final_state=final_state)
             reward, nonfinite = decide.verified_reward(verified.env_reward, source)
         except TrainingContractError as error:
             return decide.HarnessOutcome(decide.REFUSED, cause=str(error))
@@ -226,6 +281,46 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 self._close_now(session)
         return decide.HarnessOutcome(decide.FINISHED, reward=reward, nonfinite_reward=nonfinite)
 
+    def _adapter_ran(self, session: Any, model_step: Any,
+                     holder: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+        """White-box: the adapter runs the rollout, sampling through ``model_step``; the
+        transcript and the final state for ``verify()``."""
+        measured = holder["measured"] = MeasuredSession(session, self._observe)
+        result = self.harness_adapter.run_white_box(model_step, measured, self.harness_limits)
+        return list(result.messages), {"done": result.done, "metrics": dict(result.metrics)}
+
+    def _agent_ran(self, session: Any, rollout_id: str, turns: list[TurnRecord],
+                   holder: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+        """Loop-owning: the session's agent calls the capture endpoint (the session was
+        created after its URL opened) until it exits; its captured turns go into ``turns``.
+
+        Raises:
+            HarnessStopped: the agent outlived ``harness_timeout_s``.
+            RuntimeError: the agent exited with a code other than 0.
+        """
+        captured = holder["captured"]
+        if not callable(getattr(session, "wait_for_completion", None)):
+            holder["run_error"] = TypeError(
+                f"{type(session).__name__} has no wait_for_completion(timeout_s): without a "
+                "harness_adapter, sessions run their own agent (OpenEnv's LoopOwningSession); "
+                "give a harness_adapter such as MCPHarnessAdapter() to sample each turn instead"
+            )
+            raise HarnessStopped("not a loop-owning session")
+        left = self.config.harness_timeout_s - (time.monotonic() - holder["started"])
+        try:
+            code = session.wait_for_completion(timeout_s=max(left, 0.0))
+        except TimeoutError as error:
+            raise HarnessStopped(f"the agent ran past harness_timeout_s: {error}") from error
+        finally:
+            self.capture.close(rollout_id)
+            turns.extend(captured.turns)
+        if captured.sampling_error is not None:
+            holder["run_error"] = captured.sampling_error
+            raise HarnessStopped("a sampling request failed")
+        if code not in (0, None):
+            raise RuntimeError(f"the agent exited with code {code} after {len(turns)} calls")
+        return list(captured.transcript), {"exit_code": code, "calls": len(turns)}
+
     def _model_step(self, turns: list[TurnRecord], stop: threading.Event,
                     holder: dict[str, Any]) -> Callable[..., Any]:  # fmt: skip
         """OpenEnv's ``ModelStep`` for one rollout: render the conversation with the session's
@@ -235,11 +330,16 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
 
         async def sample(prompt_ids: list[int]) -> TurnRecord:
             context.adopt(holder["carried"])  # the rollout task's server, seeds and settings
-            try:
-                return await self.generate_one_turn(prompt_ids)
-            except Exception as error:
-                holder["sampling_error"] = error
-                raise
+            with anyio.CancelScope() as scope:  # cancelled when the rollout is abandoned
+                holder["sampling"] = scope
+                if stop.is_set():
+                    scope.cancel()
+                try:
+                    return await self.generate_one_turn(prompt_ids)
+                except Exception as error:
+                    holder["run_error"] = error
+                    raise
+            raise HarnessStopped("the rollout was abandoned while its turn was sampled")
 
         def model_step(messages: Sequence[dict[str, Any]], tools: Sequence[Any],
                        sampling: dict[str, Any]) -> Any:  # fmt: skip

@@ -28,7 +28,11 @@ class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
             ``verify()``). ``row`` is the group's row of ``train_dataset`` (``{}`` without one,
             then ``max_steps`` sets the length); a row needs no ``prompt`` column.
         harness_adapter: OpenEnv ``HarnessAdapter`` that runs a rollout (``run_white_box``),
-            e.g. ``MCPHarnessAdapter()``: the model's turns are sampled by the trainer.
+            e.g. ``MCPHarnessAdapter()``: the model's turns are sampled by the trainer
+            (white-box). None: the sessions run their own agent (OpenEnv's
+            ``LoopOwningSession``: ``wait_for_completion(timeout_s)``), which calls the
+            trainer's capture endpoint at :func:`~asyncgrpo.capture_url` (``episode_id``)
+            for every model turn (black-box).
         harness_limits: OpenEnv ``HarnessRunLimits`` (``max_turns``, tool-call caps); None:
             ``max_turns`` is ``max_tool_calling_iterations + 1`` (10 when that is None). Its
             ``sampling`` must be empty: sampling follows the config (``temperature``, ...).
@@ -49,7 +53,7 @@ class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     loop_cls = HarnessRolloutLoop
 
-    def __init__(self, *args: Any, harness_session_factory: Any, harness_adapter: Any,
+    def __init__(self, *args: Any, harness_session_factory: Any, harness_adapter: Any = None,
                  harness_limits: Any = None, **kwargs: Any) -> None:  # fmt: skip
         given = inspect.signature(AsyncGRPOTrainer).bind(*args, **kwargs).arguments
         if given.get("tools") or given.get("environment_factory") is not None:
@@ -81,7 +85,7 @@ def check_harness(session_factory: Any, adapter: Any, limits: Any) -> None:
         raise TypeError(f"harness_session_factory: {type(session_factory).__name__} has no "
                         "create(task, seed, episode_id); give an OpenEnv "
                         "ResourceSessionFactory")  # fmt: skip
-    if not callable(getattr(adapter, "run_white_box", None)):
+    if adapter is not None and not callable(getattr(adapter, "run_white_box", None)):
         raise TypeError(f"harness_adapter: {type(adapter).__name__} has no run_white_box; give "
                         "an OpenEnv HarnessAdapter such as MCPHarnessAdapter()")  # fmt: skip
     if limits is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from asyncgrpo.shell.rollout import context
 from asyncgrpo.shell.rollout.evaluation import evaluate_now
-from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop, root_cause
 from asyncgrpo.shell.rollout.messages import EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.process import RolloutProcess
 from asyncgrpo.shell.rollout.prompts import (
@@ -36,4 +36,5 @@ __all__ = [
     "check_row",
     "context",
     "evaluate_now",
+    "root_cause",
 ]

@@ -85,11 +85,11 @@ METRICS_POLL_S = 4.5  # off vLLM's 5 s keep-alive boundary
 EVAL_PRIORITY = 1  # vLLM schedules lower values first; training's requests have 0
 
 
-def _root_cause(group: BaseExceptionGroup) -> BaseException:
+def root_cause(group: BaseExceptionGroup) -> BaseException:
     """The first real error inside nested task-group errors (cancellations skipped)."""
     for error in group.exceptions:
         if isinstance(error, BaseExceptionGroup):
-            return _root_cause(error)
+            return root_cause(error)
         if not isinstance(error, anyio.get_cancelled_exc_class()):
             return error
     return group
@@ -291,7 +291,7 @@ class AsyncRolloutLoop:
                     await self._dispatch(tg, send)
                     tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
-                raise _root_cause(group) from None
+                raise root_cause(group) from None
             finally:
                 send.close()
 

@@ -12,9 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from calculator_harness import CalculatorSession, CalculatorSessions, CrashingAdapter
+from calculator_harness import (
+    AgentSession,
+    CalculatorAgents,
+    CalculatorSession,
+    CalculatorSessions,
+    CrashingAdapter,
+)
 from loop_harness import LocalChannels, recorded_rollouts, run_loop
 from openenv.core.harness import HarnessRunLimits, MCPHarnessAdapter
+from processes import alive
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
@@ -91,7 +98,10 @@ class EveryRowChannels(LocalChannels):
         return len({o.row_index for o in self.outcomes}) >= self.stop_after
 
 
-def harness_loop(server, path, dataset, *, adapter=None, **config):
+WHITE_BOX = CrashingAdapter()
+
+
+def harness_loop(server, path, dataset, *, adapter=WHITE_BOX, factory=None, **config):
     options = dict(num_generations=4, max_completion_length=16, max_staleness=1, seed=3,
                    max_concurrent_rollouts=16, vllm_server_base_url=server.base_url,
                    max_tool_calling_iterations=1)  # fmt: skip
@@ -100,7 +110,7 @@ def harness_loop(server, path, dataset, *, adapter=None, **config):
         AsyncGRPOConfig(**options), server.spec.name, dataset, [],
         AutoTokenizer.from_pretrained(path), EveryRowChannels(len(dataset)),
         max_model_len=1024, token_budget=1024,
-        session_factory=CalculatorSessions(), harness_adapter=adapter or CrashingAdapter(),
+        session_factory=factory or CalculatorSessions(), harness_adapter=adapter,
     )  # fmt: skip
 
 
@@ -128,7 +138,7 @@ def test_each_harness_fault_ends_its_rollout_unscored_counted_and_closed(
     dataset = [{"a": 2, "b": 2}, {"fault": "create"}, {"fault": "crash"}, {"fault": "hang"},
                {"fault": "nan"}]  # fmt: skip
     created, closed = CalculatorSession.created_sessions, CalculatorSession.closed_sessions
-    loop = harness_loop(vllm_server, tiny_qwen3, dataset, harness_timeout_s=15.0)
+    loop = harness_loop(vllm_server, tiny_qwen3, dataset, harness_timeout_s=10.0)
     captured = recorded_rollouts(loop)
     started = time.monotonic()
     with capture_logs() as logs:
@@ -192,21 +202,63 @@ def test_harness_turns_are_sampled_with_the_groups_seeds_and_become_samples(
     assert "What is 3*4? Use the multiply tool." in prompt and '"multiply"' in prompt
 
 
+@pytest.mark.server
+def test_black_box_agents_are_captured_and_their_faults_end_only_their_rollouts(
+    vllm_server, tiny_qwen3
+) -> None:
+    """Without an adapter each session starts an agent process that calls the capture endpoint
+    (the OpenAI SDK, its own tool loop). Its calls become the rollout's turns, with the
+    server's log-probs; an agent that exits 3 after its first call is a crashed harness, one
+    that sleeps past harness_timeout_s a timed-out one; no agent process outlives the loop."""
+    dataset = [{"a": 3, "b": 5}, {"fault": "crash"}, {"fault": "hang"}]
+    started = len(AgentSession.started)
+    loop = harness_loop(vllm_server, tiny_qwen3, dataset, adapter=None,
+                        factory=CalculatorAgents(), harness_timeout_s=15.0)  # fmt: skip
+    captured = recorded_rollouts(loop)
+    with capture_logs() as logs:
+        run_loop(loop, timeout_s=240)
+    endings = collections.Counter(e["ending"] for e in logs if "ending" in e)
+    assert endings["crashed"] >= 4 and endings["timed_out"] >= 4, endings
+    scored = [r for r in captured if r.reward is not None]
+    assert scored and all(r.turns and r.completion for r in scored)
+    for turn in (t for r in scored for t in r.turns):
+        assert len(turn.output_log_probs) == len(turn.output_ids) > 0
+    prompt = AutoTokenizer.from_pretrained(tiny_qwen3).decode(scored[0].turns[0].prompt_ids)
+    assert "What is" in prompt and '"multiply"' in prompt  # the agent's question and tools
+    agents = AgentSession.started[started:]
+    assert agents and not alive(agents)
+    assert not loop.capture.rollouts and loop.capture.port is None
+
+
+@pytest.mark.server
+def test_a_session_without_its_own_agent_is_refused_in_black_box_mode(
+    vllm_server, tiny_qwen3
+) -> None:
+    loop = harness_loop(vllm_server, tiny_qwen3, [{"a": 2, "b": 2}], adapter=None)
+    with pytest.raises(TypeError, match="CalculatorSession has no wait_for_completion"):
+        run_loop(loop, timeout_s=120)
+
+
 # --- the trainer end to end, as docs/harness.md shows it -------------------------------
 
 
-def documented_script(model, server_url: str, output_dir) -> str:
-    """docs/harness.md's example with only its model, server, output and length replaced (each
-    replacement must match exactly once)."""
+def documented(name: str) -> str:
+    """The python block of docs/harness.md that starts with ``# {name}``."""
     text = (ROOT / "docs" / "harness.md").read_text()
-    script = re.search(r"```python\n(# train_calculator.py\n.*?)```", text, re.S).group(1)
+    return re.search(rf"```python\n(# {re.escape(name)}.*?)```", text, re.S).group(1)
+
+
+def documented_script(name: str, model, server_url: str, output_dir, *, steps: int = 2,
+                      generations: int = 4) -> str:  # fmt: skip
+    """A training example of docs/harness.md with only its model, server, output and length
+    replaced (each replacement must match exactly once)."""
+    script = documented(name)
+    settings = (f"output_dir={str(output_dir)!r}, max_steps={steps}, vllm_server_base_url="
+                f"{server_url!r}, num_generations={generations}, max_completion_length=32, "
+                "report_to='none',")  # fmt: skip
     for old, new in (
         ('model="Qwen/Qwen3-0.6B"', f"model={str(model)!r}"),
-        (
-            'output_dir="runs/calculator", max_steps=20,',
-            f"output_dir={str(output_dir)!r}, max_steps=2, vllm_server_base_url={server_url!r}, "
-            "num_generations=4, max_completion_length=32, report_to='none',",
-        ),
+        (re.search(r'output_dir="runs/[\w-]+", max_steps=20,', script).group(0), settings),
     ):
         assert script.count(old) == 1, old
         script = script.replace(old, new)
@@ -217,7 +269,8 @@ def documented_script(model, server_url: str, output_dir) -> str:
 def test_the_documented_example_trains_on_the_calculators_reward(replying_served, tmp_path) -> None:
     server, model = replying_served
     script = tmp_path / "train_calculator.py"
-    script.write_text(documented_script(model, server.base_url, tmp_path / "run"))
+    script.write_text(documented_script("train_calculator.py", model, server.base_url,
+                                        tmp_path / "run"))  # fmt: skip
     namespace = runpy.run_path(str(script), run_name="__main__")
     assert type(namespace["trainer"]).__name__ == "HarnessAsyncGRPOTrainer"
     rows = read_metrics(tmp_path / "run")
@@ -232,3 +285,22 @@ def test_the_documented_example_trains_on_the_calculators_reward(replying_served
     assert verified and all(0 < v < 1 for v in verified)
     assert all(r["harness/unscored_frac"] == 0 for r in rows if "harness/unscored_frac" in r)
     assert all(0 < r["reward"] < 1 for r in rows)
+
+
+@pytest.mark.server
+def test_the_documented_black_box_agent_trains_on_its_reward(replying_served, tmp_path) -> None:
+    """docs/harness.md's agent process and its sessions, as written: the agent calls the capture
+    endpoint through the OpenAI SDK, and a step trains on what it was captured doing (one step
+    of groups of 8: the tool call that earns the reward is rare, one reply in eight or so)."""
+    server, model = replying_served
+    (tmp_path / "calculator_agent.py").write_text(documented("calculator_agent.py"))
+    script = tmp_path / "train_calculator_agent.py"
+    script.write_text(documented_script("train_calculator_agent.py", model, server.base_url,
+                                        tmp_path / "run", steps=1, generations=8))  # fmt: skip
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    assert type(namespace["trainer"]).__name__ == "HarnessAsyncGRPOTrainer"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1]
+    assert all(0 < r["reward"] < 1 for r in rows)
+    verified = [r["harness/reward_mean"] for r in rows if "harness/reward_mean" in r]
+    assert verified and all(0 < v < 1 for v in verified)

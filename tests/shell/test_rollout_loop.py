@@ -118,7 +118,7 @@ def test_the_loop_gives_its_free_heap_back_when_a_trim_is_due(
     monkeypatch.setattr(loop_module, "rollout_trim_due", lambda seconds: seconds >= 0.3)
     monkeypatch.setattr(loop_module, "give_back_freed_memory",
                         lambda: (trims.append(time.monotonic()), give_back()))  # fmt: skip
-    channels = LocalChannels(stop_after=6)
+    channels = LocalChannels(stop_after=3)
     run_loop(make_loop(vllm_server, tiny_qwen3, channels=channels))
     assert len(trims) >= 2
     assert all(later - earlier >= 0.3 for earlier, later in itertools.pairwise(trims))

@@ -6,6 +6,10 @@ server in the session's own process (its in-memory transport). The reward, forwa
 tests (tests/support/replying_model.py) calls ``multiply`` in one reply of eight, so rewards
 differ within a group and a trainer can raise them.
 
+:class:`CalculatorAgents` makes the same task black-box: each session starts
+``calculator_agent.py``, an agent process that calls the trainer's capture endpoint
+(:func:`asyncgrpo.capture_url`) and runs ``multiply`` itself.
+
 A row's ``fault`` column makes a rollout misbehave on purpose: ``create`` (the factory
 raises), ``tool_error`` (the tool server is gone: every call raises), ``hang`` (the session's
 first call blocks until the session is closed, as a harness stuck in its sandbox would),
@@ -16,9 +20,17 @@ after the model's first turn).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
+import psutil
 from fastmcp import Client, FastMCP
 from openenv.core.env_server.mcp_types import Tool
 from openenv.core.harness import (
@@ -118,3 +130,64 @@ class CrashingAdapter(MCPHarnessAdapter):
             model_step(session.initial_messages(), session.list_tools(), {})
             raise RuntimeError("the harness process died (exit code -9)")
         return super().run_white_box(model_step, session, limits)
+
+
+AGENT = Path(__file__).with_name("calculator_agent.py")
+
+
+class AgentSession(ResourceSession):
+    """One rollout's black-box agent: a process of ``calculator_agent.py`` pointed at the
+    trainer's capture endpoint; the reward is 1.0 when it called ``multiply``. A row's
+    ``fault`` (``crash``, ``hang``) reaches the agent."""
+
+    started: ClassVar[list[psutil.Process]] = []  # across the process, for the tests' checks
+
+    def __init__(self, task: dict[str, Any], episode_id: str) -> None:
+        from asyncgrpo import capture_url
+
+        self.task = dict(task)
+        self.report = Path(tempfile.mkdtemp(prefix="calculator-agent-")) / "report.json"
+        question = (
+            f"What is {self.task.get('a', 2)}*{self.task.get('b', 2)}? Use the multiply tool."
+        )
+        env = {**os.environ, "OPENAI_BASE_URL": capture_url(episode_id)}
+        if self.task.get("fault") in ("crash", "hang"):
+            env["CALCULATOR_AGENT_FAULT"] = self.task["fault"]
+        self.question = question
+        self.process = subprocess.Popen(
+            [sys.executable, str(AGENT), str(self.report), question], env=env,
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        AgentSession.started.append(psutil.Process(self.process.pid))
+
+    def initial_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": self.question}]
+
+    def list_tools(self) -> list[Tool]:
+        return [MULTIPLY]
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        raise KeyError(f"the agent runs its own tools, not {name}")
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired as error:
+            raise TimeoutError(f"the agent did not exit in {timeout_s} s") from error
+
+    def verify(self, transcript: list[dict[str, Any]], final_state: Any = None) -> VerifyResult:
+        calls = json.loads(self.report.read_text())["multiply_calls"] if self.report.exists() else 0
+        return VerifyResult(env_reward=1.0 if calls else 0.0, done=True)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+class CalculatorAgents(ResourceSessionFactory[AgentSession]):
+    """The black-box factory: one agent process per rollout."""
+
+    def create(self, task: Any, seed: int | None = None,
+               episode_id: str | None = None) -> AgentSession:  # fmt: skip
+        return AgentSession(task or {}, str(episode_id))
