@@ -3,7 +3,7 @@
 ``multiply`` tool it runs itself, for at most two model calls, then writes how many times it
 called the tool to the JSON file named by its first argument.
 
-``CALCULATOR_AGENT_FAULT`` makes it misbehave on purpose after its first call: ``crash`` (exit
+``CALCULATOR_AGENT_FAULT`` makes it misbehave on purpose before its first call: ``crash`` (exit
 code 3) or ``hang`` (sleeps for an hour).
 
     python calculator_agent.py REPORT.json "What is 6*7? Use the multiply tool."
@@ -35,13 +35,13 @@ def main() -> None:
     client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="none", max_retries=0)
     messages: list[dict] = [{"role": "user", "content": question}]
     calls = 0
+    if fault == "crash":
+        sys.exit(3)
+    if fault == "hang":
+        time.sleep(3600)
     for _ in range(2):
         reply = client.chat.completions.create(model="calculator-agent", messages=messages,
                                                tools=TOOLS)  # fmt: skip
-        if fault == "crash":
-            sys.exit(3)
-        if fault == "hang":
-            time.sleep(3600)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
