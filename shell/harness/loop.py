@@ -27,7 +27,6 @@ closed) and the rollout is unscored. Faults of a harness are its rollout's
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -37,6 +36,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 import structlog
 
 from asyncgrpo.adapters.models.chat import parse_tool_calls, render_prompt
@@ -52,7 +52,7 @@ from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout import harness as decide
-from asyncgrpo.shell.harness.capture import CaptureEndpoint
+from asyncgrpo.shell.harness.capture import CapturedRollout, CaptureEndpoint
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, PromptRows, context
 
 log = structlog.get_logger("asyncgrpo.rollout")
@@ -61,11 +61,33 @@ CLOSE_TIMEOUT_S = 30.0
 """Seconds a session's ``close()`` may take before the rollout goes on without it (logged)."""
 
 
-def claim_close(holder: dict[str, Any], closer: str) -> bool:
-    """Whether ``closer`` closes the rollout's session: the first to claim it (the harness
-    thread once it is done, or the rollout task once it stops waiting), never both
-    (``dict.setdefault`` is atomic)."""
-    return holder.setdefault("closer", closer) == closer
+@attrs.define
+class HarnessRun:
+    """One harness rollout, shared by its rollout task (on the event loop) and its harness
+    thread: what the thread made (the session, the turns, the completion) and what either side
+    tells the other (``stop``, the sampling in flight, an error the rollout raises)."""
+
+    rollout_id: str
+    carried: list[Any]  # the rollout task's context (context.carried())
+    started: float
+    stop: threading.Event = attrs.field(factory=threading.Event)
+    turns: list[TurnRecord] = attrs.field(factory=list)
+    completion: list[Any] = attrs.field(factory=list)
+    session: Any = None
+    measured: MeasuredSession | None = None
+    captured: CapturedRollout | None = None
+    sampling: anyio.CancelScope | None = None  # the turn being sampled now
+    run_error: Exception | None = None  # the server's fault or a wrong session: raised
+    _closer: str | None = None
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def claim_close(self, closer: str) -> bool:
+        """Whether ``closer`` closes the session: the first to claim it (the harness thread
+        once it is done, or the rollout task once it stops waiting), never both."""
+        with self._lock:
+            if self._closer is None:
+                self._closer = closer
+            return self._closer == closer
 
 
 class HarnessStopped(RuntimeError):
@@ -82,6 +104,7 @@ class MeasuredSession:
     def __init__(self, session: Any, observe: Callable[..., None]) -> None:
         self.session = session
         self._observe = observe
+        self._known = sorted(tool.name for tool in session.list_tools())
         self.tool_calls = 0
         self.tool_failures = 0
 
@@ -89,12 +112,11 @@ class MeasuredSession:
         return getattr(self.session, name)
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        known = {tool.name for tool in self.session.list_tools()}
         self.tool_calls += 1
-        if name not in known:
+        if name not in self._known:
             self.tool_failures += 1
             self._observe(total("tools/unknown_name_count", 1))
-            text = f"Error: unknown tool {name!r}; available tools: {sorted(known)}"
+            text = f"Error: unknown tool {name!r}; available tools: {self._known}"
             return harness_api().ToolResult(data=text, error=text)
         start = time.monotonic()
         failed = 0
@@ -184,48 +206,43 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         key = context.ROLLOUT.get()
         position = key.position if key is not None else group_id
         seed = cursor.request_seed(self.config.seed, position, 0, 0)  # one task per group
-        rollout_id = Rollout(completion=(), completion_ids=(), turns=()).rollout_id
-        stop = threading.Event()
-        turns: list[TurnRecord] = []
-        started = time.monotonic()
-        holder: dict[str, Any] = {"carried": context.carried(), "started": started}
+        run = HarnessRun(Rollout(completion=(), completion_ids=(), turns=()).rollout_id,
+                         context.carried(), time.monotonic())  # fmt: skip
         outcome = decide.HarnessOutcome(decide.TIMED_OUT, cause="ran past harness_timeout_s")
         try:
             with anyio.move_on_after(self.config.harness_timeout_s):
                 outcome = await anyio.to_thread.run_sync(
-                    functools.partial(self._drive, dict(context.ROW.get() or {}), seed, rollout_id,
-                                      turns, holder, stop),
+                    self._drive, dict(context.ROW.get() or {}), seed, run,
                     abandon_on_cancel=True, limiter=self._threads,
                 )  # fmt: skip
         finally:
-            stop.set()  # an abandoned harness's next model turn raises
-            if (sampling := holder.get("sampling")) is not None:
-                sampling.cancel()  # and the turn it waits for now
-            self.capture.close(rollout_id)  # and its agent's calls are refused or cancelled
-            if "session" in holder and claim_close(holder, "loop"):
+            run.stop.set()  # an abandoned harness's next model turn raises
+            if run.sampling is not None:
+                run.sampling.cancel()  # and the turn it waits for now
+            self.capture.close(run.rollout_id)  # and its agent's calls are refused or cancelled
+            if run.session is not None and run.claim_close("loop"):
                 with anyio.CancelScope(shield=True):
-                    await self._close(holder["session"])
+                    await self._close(run.session)
         await anyio.lowlevel.checkpoint_if_cancelled()  # the loop stops: nothing to count
-        if "run_error" in holder:  # the server's fault or a wrong session, not the harness's
-            raise holder["run_error"]
-        seconds = time.monotonic() - started
+        if run.run_error is not None:  # the server's fault or a wrong session, not the harness's
+            raise run.run_error
+        seconds = time.monotonic() - run.started
         outcome = decide.HarnessOutcome(outcome.ending, seconds, outcome.reward,
                                         outcome.nonfinite_reward, outcome.cause)  # fmt: skip
         self._observe(*decide.outcome_observations(outcome))
-        measured: MeasuredSession | None = holder.get("measured")
-        calls = measured.tool_calls if measured is not None else 0
-        failures = measured.tool_failures if measured is not None else 0
+        calls = run.measured.tool_calls if run.measured is not None else 0
+        failures = run.measured.tool_failures if run.measured is not None else 0
         if outcome.faulted:
             log.warning("a harness rollout ended unscored", ending=outcome.ending,
-                        cause=outcome.cause[:500], rollout=rollout_id, seconds=round(seconds, 1),
-                        position=position)  # fmt: skip
+                        cause=outcome.cause[:500], rollout=run.rollout_id,
+                        seconds=round(seconds, 1), position=position)  # fmt: skip
             return Rollout(completion=(), completion_ids=(), turns=(), tool_call_count=calls,
-                           tool_failure_count=failures, rollout_id=rollout_id)  # fmt: skip
+                           tool_failure_count=failures, rollout_id=run.rollout_id)  # fmt: skip
         return Rollout(
-            completion=holder.get("completion", ()),
-            completion_ids=[t for turn in turns for t in turn.output_ids],
-            turns=turns, tool_call_count=calls, tool_failure_count=failures,
-            reward=outcome.reward, rollout_id=rollout_id,
+            completion=run.completion,
+            completion_ids=[t for turn in run.turns for t in turn.output_ids],
+            turns=run.turns, tool_call_count=calls, tool_failure_count=failures,
+            reward=outcome.reward, rollout_id=run.rollout_id,
         )  # fmt: skip
 
     # --- the harness thread ---------------------------------------------------------------
@@ -241,33 +258,31 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 self._harnesses -= 1
                 self._running.notify_all()
 
-    def _run_session(self, row: dict[str, Any], seed: int, rollout_id: str,
-                     turns: list[TurnRecord], holder: dict[str, Any],
-                     stop: threading.Event) -> decide.HarnessOutcome:  # fmt: skip
-        """Create the session, run the harness, verify, close: how it ended. ``holder``
-        shares the session and what the rollout keeps with the event loop's side."""
-        model_step = self._model_step(turns, stop, holder)
+    def _run_session(self, row: dict[str, Any], seed: int,
+                     run: HarnessRun) -> decide.HarnessOutcome:  # fmt: skip
+        """Create the session, run the harness, verify, close: how it ended."""
+        model_step = self._model_step(run)
         if self.harness_adapter is None:  # its URL serves before the agent starts
-            holder["captured"] = self.capture.open(rollout_id, holder["carried"])
+            run.captured = self.capture.open(run.rollout_id, run.carried)
         try:
-            session = self.session_factory.create(task=row, seed=seed, episode_id=rollout_id)
+            session = self.session_factory.create(task=row, seed=seed, episode_id=run.rollout_id)
         except Exception as error:
             return decide.HarnessOutcome(decide.SESSION_FAILED,
                                          cause=f"{type(error).__name__}: {error}")  # fmt: skip
-        holder["session"] = session
+        run.session = session
         source = f"{type(session).__name__}.verify"
         try:
-            if stop.is_set():  # abandoned while it was created: close it now
+            if run.stop.is_set():  # abandoned while it was created: close it now
                 raise HarnessStopped("abandoned")
             initial = len(session.initial_messages())
             if self.harness_adapter is None:
-                transcript, final_state = self._agent_ran(session, rollout_id, turns, holder)
+                transcript, final_state = self._agent_ran(session, run)
             else:
-                transcript, final_state = self._adapter_ran(session, model_step, holder)
-            if stop.is_set():
+                transcript, final_state = self._adapter_ran(session, model_step, run)
+            if run.stop.is_set():
                 raise HarnessStopped("abandoned")
-            holder["completion"] = transcript[initial:]
-            check_training_trace(turns, rollout_id)
+            run.completion = transcript[initial:]
+            check_training_trace(run.turns, run.rollout_id)
             verified = session.verify(transcript, final_state=final_state)
             reward, nonfinite = decide.verified_reward(verified.env_reward, source)
         except TrainingContractError as error:
@@ -277,79 +292,77 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         except Exception as error:
             return decide.HarnessOutcome(decide.CRASHED, cause=f"{type(error).__name__}: {error}")
         finally:
-            if claim_close(holder, "harness"):
+            if run.claim_close("harness"):
                 self._close_now(session)
         return decide.HarnessOutcome(decide.FINISHED, reward=reward, nonfinite_reward=nonfinite)
 
     def _adapter_ran(self, session: Any, model_step: Any,
-                     holder: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+                     run: HarnessRun) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
         """White-box: the adapter runs the rollout, sampling through ``model_step``; the
         transcript and the final state for ``verify()``."""
-        measured = holder["measured"] = MeasuredSession(session, self._observe)
-        result = self.harness_adapter.run_white_box(model_step, measured, self.harness_limits)
+        run.measured = MeasuredSession(session, self._observe)
+        result = self.harness_adapter.run_white_box(model_step, run.measured, self.harness_limits)
         return list(result.messages), {"done": result.done, "metrics": dict(result.metrics)}
 
-    def _agent_ran(self, session: Any, rollout_id: str, turns: list[TurnRecord],
-                   holder: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+    def _agent_ran(self, session: Any, run: HarnessRun) -> tuple[list[Any], dict[str, Any]]:
         """Loop-owning: the session's agent calls the capture endpoint (the session was
-        created after its URL opened) until it exits; its captured turns go into ``turns``.
+        created after its URL opened) until it exits; its captured turns go into the run's.
 
         Raises:
             HarnessStopped: the agent outlived ``harness_timeout_s``.
             RuntimeError: the agent exited with a code other than 0.
         """
-        captured = holder["captured"]
+        assert run.captured is not None
         if not callable(getattr(session, "wait_for_completion", None)):
-            holder["run_error"] = TypeError(
+            run.run_error = TypeError(
                 f"{type(session).__name__} has no wait_for_completion(timeout_s): without a "
                 "harness_adapter, sessions run their own agent (OpenEnv's LoopOwningSession); "
                 "give a harness_adapter such as MCPHarnessAdapter() to sample each turn instead"
             )
             raise HarnessStopped("not a loop-owning session")
-        left = self.config.harness_timeout_s - (time.monotonic() - holder["started"])
+        left = self.config.harness_timeout_s - (time.monotonic() - run.started)
         try:
             code = session.wait_for_completion(timeout_s=max(left, 0.0))
         except TimeoutError as error:
             raise HarnessStopped(f"the agent ran past harness_timeout_s: {error}") from error
         finally:
-            self.capture.close(rollout_id)
-            turns.extend(captured.turns)
-        if captured.sampling_error is not None:
-            holder["run_error"] = captured.sampling_error
+            self.capture.close(run.rollout_id)
+            run.turns.extend(run.captured.turns)
+        if run.captured.sampling_error is not None:
+            run.run_error = run.captured.sampling_error
             raise HarnessStopped("a sampling request failed")
         if code not in (0, None):
-            raise RuntimeError(f"the agent exited with code {code} after {len(turns)} calls")
-        return list(captured.transcript), {"exit_code": code, "calls": len(turns)}
+            raise RuntimeError(f"the agent exited with code {code} after {len(run.turns)} calls")
+        return list(run.captured.transcript), {"exit_code": code, "calls": len(run.turns)}
 
-    def _model_step(self, turns: list[TurnRecord], stop: threading.Event,
-                    holder: dict[str, Any]) -> Callable[..., Any]:  # fmt: skip
+    def _model_step(self, run: HarnessRun) -> Callable[..., Any]:
         """OpenEnv's ``ModelStep`` for one rollout: render the conversation with the session's
         tools, sample on the event loop, parse the reply's tool calls. A sampling request that
-        fails (the server went away, the prompt outgrew the context) is kept in ``holder`` for
+        fails (the server went away, the prompt outgrew the context) is kept in the run for
         the rollout task to raise, as any rollout's would be: it is not the harness's fault."""
 
         async def sample(prompt_ids: list[int]) -> TurnRecord:
-            context.adopt(holder["carried"])  # the rollout task's server, seeds and settings
+            context.adopt(run.carried)  # the rollout task's server, seeds and settings
             with anyio.CancelScope() as scope:  # cancelled when the rollout is abandoned
-                holder["sampling"] = scope
-                if stop.is_set():
+                run.sampling = scope
+                if run.stop.is_set():
                     scope.cancel()
                 try:
                     return await self.generate_one_turn(prompt_ids)
                 except Exception as error:
-                    holder["run_error"] = error
+                    run.run_error = error
                     raise
             raise HarnessStopped("the rollout was abandoned while its turn was sampled")
 
         def model_step(messages: Sequence[dict[str, Any]], tools: Sequence[Any],
                        sampling: dict[str, Any]) -> Any:  # fmt: skip
-            if stop.is_set():
+            if run.stop.is_set():
                 raise HarnessStopped("the rollout was abandoned (harness_timeout_s, or the run "
                                      "stopped)")  # fmt: skip
             prompt_ids = render_prompt(self.tokenizer, messages, tool_schemas(tools),
                                        self.config.chat_template_kwargs)  # fmt: skip
             turn = anyio.from_thread.run(sample, prompt_ids)
-            turns.append(turn)
+            run.turns.append(turn)
             content, calls = parse_tool_calls(self.tool_loop.decode(turn.output_ids))
             return step_result(model_reply(content, calls), turn)
 
