@@ -18,11 +18,11 @@ process's peak resident memory::
     .venv/bin/python benchmarks/real_model.py --settings fp32-ckpt,bf16 --rounds 3
 
 ``--baseline COMMIT`` adds the trainer as it was at ``COMMIT`` (a git worktree of it, imported
-in place of this checkout): its fp32-with-checkpointing step, ``baseline``, takes its turn with
-the others and is the reference of the ratios. So a change to the learner is measured side by
-side with the code before it::
+in place of this checkout): the first of ``--settings`` run by that code, ``baseline``, takes
+its turn with the others and is the reference of the ratios. So a change to the learner is
+measured side by side with the code before it, in the same setting::
 
-    .venv/bin/python benchmarks/real_model.py --baseline HEAD --settings fp32-ckpt,bf16
+    .venv/bin/python benchmarks/real_model.py --baseline HEAD --settings fp32,fp32-ckpt
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         metavar="COMMIT",
-        help="also run fp32 with checkpointing as COMMIT's trainer ran it",
+        help="also run the first of --settings as COMMIT's trainer ran it",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args()
@@ -156,7 +156,7 @@ def main() -> None:
     base = statistics.median(r["tokens_per_s"] for r in results[reference])
     first = results[names[0]][0]
     if args.baseline:
-        print(f"baseline: fp32 with checkpointing, the trainer at {args.baseline}")
+        print(f"baseline: {args.settings.split(',')[0]}, the trainer at {args.baseline}")
     print(f"SmolLM2-135M-Instruct, one thread; a row of {args.groups} groups x 8 samples, "
           f"{args.prompt}-token prompts, {args.completion}-token completions: "
           f"{first['forwarded_tokens']} forwarded tokens; {args.rounds} rounds x {args.steps} "
@@ -181,7 +181,7 @@ def run_rounds(
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else list(reversed(names)):
             command = [sys.executable, __file__, "--one",
-                       "fp32-ckpt" if name == "baseline" else name, "--steps", str(args.steps),
+                       names[1] if name == "baseline" else name, "--steps", str(args.steps),
                        "--groups", str(args.groups), "--prompt", str(args.prompt),
                        "--completion", str(args.completion)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, check=True,

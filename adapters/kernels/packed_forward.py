@@ -3,10 +3,12 @@
 The decoder runs once over the row's ``T`` tokens with tree attention
 (:mod:`asyncgrpo.adapters.kernels.attention`) and the row's per-sample position ids; its hidden
 states are gathered at the ``N`` positions that predict a trained token, and only those go through
-the LM head and the log-softmax, ``chunk_size`` positions at a time. Each chunk's logits are
-recomputed in the backward pass (activation checkpointing), so memory holds at most one chunk's
-``[chunk_size, V]`` logits, never ``N x V``. The log-prob math is
-:func:`asyncgrpo.core.loss.losses.token_log_probs`, applied per chunk.
+the LM head and the log-softmax, ``chunk_size`` positions at a time. The last chunk keeps its
+logits for the backward pass, which starts with it; every other chunk's logits are recomputed
+there, so memory holds at most one chunk's ``[chunk_size, V]`` logits, never ``N x V``. The
+log-prob math is :func:`asyncgrpo.core.loss.losses.token_log_probs`, applied per chunk, and
+its gradient is written out (:mod:`asyncgrpo.adapters.kernels.lm_head_log_probs`), so the LM
+head must be a plain ``nn.Linear``.
 
 Example (``model`` a causal LM switched with ``enable_tree_attention``)::
 
@@ -18,8 +20,7 @@ from __future__ import annotations
 
 import torch
 from attrs import frozen
-from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.attention import LAYOUT_KWARG, TREE_ATTENTION, tree_layout
@@ -31,6 +32,7 @@ from asyncgrpo.adapters.kernels.gated_delta_net import (
     recurrent_tensors,
 )
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
+from asyncgrpo.adapters.kernels.lm_head_log_probs import lm_head_log_probs
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing.tree import PackedRow
@@ -145,6 +147,7 @@ def packed_log_probs(
     hidden = decoder_hidden_states(model, inputs)[inputs.predict_index]
     lm_head, n = model.get_output_embeddings(), hidden.shape[0]
     # One (possibly empty) chunk when N = 0, so that the result keeps its shapes and dtypes.
+    starts = range(0, max(n, 1), chunk_size)
     chunks = [
         _chunk_log_probs(
             lm_head,
@@ -153,8 +156,9 @@ def packed_log_probs(
             temperature,
             None if candidate_mask is None else candidate_mask[start : start + chunk_size],
             None if topk is None else _slice_topk(topk, start, start + chunk_size),
+            last=start == starts[-1],
         )
-        for start in range(0, max(n, 1), chunk_size)
+        for start in starts
     ]
     return TokenLogProbs(
         logp=torch.cat([c.logp for c in chunks]),
@@ -170,16 +174,16 @@ def _chunk_log_probs(
     temperature: float,
     candidate_mask: Tensor | None,
     topk: SamplerTopK | None,
+    *,
+    last: bool,
 ) -> TokenLogProbs:
-    """One chunk: hidden [c, H] -> logits [c, V] -> log-probs; the logits are recomputed in
-    the backward pass instead of being kept for it."""
-
-    def log_probs(chunk_hidden: Tensor) -> TokenLogProbs:
-        return token_log_probs(lm_head(chunk_hidden), target_ids, temperature, candidate_mask, topk)
+    """One chunk: hidden [c, H] -> logits [c, V] -> log-probs. With grad, only the ``last``
+    chunk's logits are kept for the backward pass; the others' are recomputed there."""
 
     if not torch.is_grad_enabled():
-        return log_probs(hidden)
-    return checkpoint(log_probs, hidden, use_reentrant=False)
+        return token_log_probs(lm_head(hidden), target_ids, temperature, candidate_mask, topk)
+    return lm_head_log_probs(lm_head, hidden, target_ids, temperature, candidate_mask, topk,
+                             keep_logits=last)  # fmt: skip
 
 
 def _slice_topk(topk: SamplerTopK, start: int, stop: int) -> SamplerTopK:
@@ -187,6 +191,13 @@ def _slice_topk(topk: SamplerTopK, start: int, stop: int) -> SamplerTopK:
 
 
 def _check_plain_lm_head(model: PreTrainedModel) -> None:
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise ValueError(
+            f"{type(model).__name__}'s output embeddings are a {type(head).__name__}, not an "
+            "nn.Linear; packed_log_probs writes out the gradient of a plain linear LM head only "
+            "(LoRA and modules_to_save on lm_head are refused for this reason)"
+        )
     config = model.config
     softcap = getattr(config, "final_logit_softcapping", None)
     scale = getattr(config, "logit_scale", None)
