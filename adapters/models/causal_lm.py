@@ -285,6 +285,15 @@ def context_length(model: str | Path) -> int | None:
     return int(value) if value else None
 
 
+def meta_model(model: str | Path) -> PreTrainedModel:
+    """``model``'s architecture on the meta device, no weights read: its shapes and parameter
+    count, for a decision made before loading it."""
+    config = AutoConfig.from_pretrained(str(model))
+    with torch.device("meta"):
+        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+        return auto.from_config(config)
+
+
 def save_weights_as_model(
     base: PreTrainedModel, weights: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype
 ) -> None:

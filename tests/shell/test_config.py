@@ -27,6 +27,7 @@ from asyncgrpo.shell.config import docs as config_docs
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.learner.optimization import build_optimizer, build_scheduler
 from asyncgrpo.shell.servers import local_server_spec
+from asyncgrpo.shell.servers.local import dtype_as_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,6 +180,15 @@ def test_train_takes_trl_lora_flags_and_starts_a_server_that_fits_the_run(
     assert not local_server_spec(
         str(tiny_qwen3), build_config(settings), max_model_len=128
     ).enable_lora
+
+
+def test_a_server_as_the_trainer_serves_the_dtype_the_learner_computes_in(tiny_qwen3) -> None:
+    """The real demo's server dtype: fp32 for a model the learner computes in fp32 on this CPU
+    (a tiny one: under the size at which bf16 pays), bf16 when the run asks the learner for it."""
+    config = AsyncGRPOConfig(output_dir="out", use_cpu=True)
+    assert dtype_as_trainer(str(tiny_qwen3), config) == "float32"
+    asked = dataclasses.replace(config, bf16=True)
+    assert dtype_as_trainer(str(tiny_qwen3), asked) == "bfloat16"
 
 
 def test_train_fails_naming_the_closest_flag_or_key(tmp_path, capsys) -> None:
