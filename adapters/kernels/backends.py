@@ -173,19 +173,23 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float |
 def _segments(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
     """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D], one SDPA per segment on the varlen view."""
     q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
-    outputs = []
-    for q_start, q_end, k_start, k_end in layout.segment_spans:
-        causal = _bottom_right_causal(q_end - q_start, k_end - k_start, q.device)
-        outputs.append(
-            F.scaled_dot_product_attention(
-                q_rows[q_start:q_end].transpose(0, 1),
-                k_path[k_start:k_end].transpose(0, 1),
-                v_path[k_start:k_end].transpose(0, 1),
-                attn_mask=causal,
-                scale=scaling,
-                enable_gqa=True,
-            ).transpose(0, 1)
+    # The spans tile the rows and the paths in order: one split each, whose backward is one
+    # concatenation, where a slice per segment would zero-fill a whole-row gradient per segment.
+    q_sizes = [q_end - q_start for q_start, q_end, _, _ in layout.segment_spans]
+    k_sizes = [k_end - k_start for _, _, k_start, k_end in layout.segment_spans]
+    outputs = [
+        F.scaled_dot_product_attention(
+            q_segment.transpose(0, 1),
+            k_segment.transpose(0, 1),
+            v_segment.transpose(0, 1),
+            attn_mask=_bottom_right_causal(len(q_segment), len(k_segment), q.device),
+            scale=scaling,
+            enable_gqa=True,
+        ).transpose(0, 1)
+        for q_segment, k_segment, v_segment in zip(
+            q_rows.split(q_sizes), k_path.split(k_sizes), v_path.split(k_sizes), strict=True
         )
+    ]
     return torch.cat(outputs)
 
 
