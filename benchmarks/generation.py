@@ -64,8 +64,12 @@ def main() -> None:
 
     from asyncgrpo.adapters.models.packaged import resolve_model
     from asyncgrpo.shell.commands.real_demo import SERVER, real_demo_config, train_problems
-    from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
-    from asyncgrpo.shell.servers.local import dtype_as_trainer
+    from asyncgrpo.shell.servers import (
+        dtype_as_trainer,
+        local_server_spec,
+        local_servers,
+        servers_cpus_for,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)

@@ -21,7 +21,8 @@ Printed per part: the median seconds per profiled step and its share of the step
 (forward + backward + optimizer), and the step's forwarded tokens/s and ``perf/fwd_bwd_mfu``
 from the run's metrics; ``profile.jsonl`` in each run's folder keeps every profiled step's
 parts and each part's six largest ops. The profiler slows the step it watches (its figures
-are for shares, not speed): the run's unprofiled steps in ``metrics.jsonl`` are the speed. ``--baseline COMMIT`` first runs the same with the trainer as it was at
+are for shares, not speed): the run's unprofiled steps in ``metrics.jsonl`` are the speed.
+``--baseline COMMIT`` first runs the same with the trainer as it was at
 ``COMMIT`` (``benchmarks/real_model.py``'s worktree), so a change is profiled before and after
 on the same machine, in one sitting::
 

@@ -23,8 +23,13 @@ from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import EVALUATIONS_FILE, AsyncGRPOTrainer, TrainOutput, read_metrics
-from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
-from asyncgrpo.shell.servers.local import AS_TRAINER, dtype_as_trainer
+from asyncgrpo.shell.servers import (
+    AS_TRAINER,
+    dtype_as_trainer,
+    local_server_spec,
+    local_servers,
+    servers_cpus_for,
+)
 from asyncgrpo.tasks import answer_reward, arithmetic
 
 TASK: dict[str, Any] = {"digits": 1, "operations": ("+", "-", "*"), "form": "plain"}

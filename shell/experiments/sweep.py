@@ -397,8 +397,13 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
     if urls:
         yield list(urls)
         return
-    from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
-    from asyncgrpo.shell.servers.local import AS_TRAINER, dtype_as_trainer
+    from asyncgrpo.shell.servers import (
+        AS_TRAINER,
+        dtype_as_trainer,
+        local_server_spec,
+        local_servers,
+        servers_cpus_for,
+    )
 
     config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
                                 "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip

@@ -17,7 +17,12 @@ from asyncgrpo.shell.servers.cpu_sharing import (
     servers_cpus_for,
 )
 from asyncgrpo.shell.servers.endpoint import ServerSettings
-from asyncgrpo.shell.servers.local import local_server_spec, local_servers
+from asyncgrpo.shell.servers.local import (
+    AS_TRAINER,
+    dtype_as_trainer,
+    local_server_spec,
+    local_servers,
+)
 from asyncgrpo.shell.servers.outages import (
     RolloutGate,
     ServerGone,
@@ -32,6 +37,7 @@ from asyncgrpo.shell.servers.routing import PooledServer, ServerPool
 from asyncgrpo.shell.servers.watch import ServerWatch
 
 __all__ = [
+    "AS_TRAINER",
     "EvalRequest",
     "PooledServer",
     "RolloutGate",
@@ -45,6 +51,7 @@ __all__ = [
     "VersionPin",
     "check_servers_match",
     "cpus_shared_with_server",
+    "dtype_as_trainer",
     "local_server_spec",
     "local_servers",
     "release_process",

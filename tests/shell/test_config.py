@@ -26,8 +26,7 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.config import docs as config_docs
 from asyncgrpo.shell.config import rules as config_rules
 from asyncgrpo.shell.learner.optimization import build_optimizer, build_scheduler
-from asyncgrpo.shell.servers import local_server_spec
-from asyncgrpo.shell.servers.local import dtype_as_trainer
+from asyncgrpo.shell.servers import dtype_as_trainer, local_server_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
