@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -63,13 +62,12 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from asyncgrpo.adapters.models.packaged import resolve_model
-    from asyncgrpo.shell.commands.real_demo import SERVER, real_demo_config, train_problems
-    from asyncgrpo.shell.servers import (
-        dtype_as_trainer,
-        local_server_spec,
-        local_servers,
-        servers_cpus_for,
+    from asyncgrpo.shell.commands.real_demo import (
+        real_demo_config,
+        real_demo_server,
+        train_problems,
     )
+    from asyncgrpo.shell.servers import local_servers, servers_cpus_for
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)
@@ -87,13 +85,11 @@ def main() -> None:
     warm, measured = prompts[:GROUP], prompts[GROUP:]
     out = Path(args.output_dir)
     config = real_demo_config(out, 1, "http://127.0.0.1")
-    config = dataclasses.replace(config, dtype=dtype_as_trainer(model, config))
+    served = real_demo_server(model, config)
     results = {}
     for name in args.settings.split(","):
         eager, per_request, kv_cache_bytes = SETTINGS[name]
-        spec = local_server_spec(model, config, max_model_len=SERVER["max_model_len"],
-                                 max_logprobs=SERVER["max_logprobs"],
-                                 enforce_eager=eager)  # fmt: skip
+        spec = attrs.evolve(served, enforce_eager=eager)
         if kv_cache_bytes:
             spec = attrs.evolve(spec, kv_cache_bytes=kv_cache_bytes)
         started = time.perf_counter()
@@ -109,7 +105,7 @@ def main() -> None:
                 rates.append(tokens / seconds)
         results[name] = (ready_s, rates)
         print(f"{name}: ready in {ready_s:.0f} s, {[round(r) for r in rates]} tokens/s", flush=True)
-    print(f"SmolLM2-135M-Instruct, {config.dtype}, {args.prompts} prompts x {GROUP} completions "
+    print(f"SmolLM2-135M-Instruct, {served.dtype}, {args.prompts} prompts x {GROUP} completions "
           f"of <= 24 tokens, {args.concurrency} in flight, {args.rounds} rounds")  # fmt: skip
     print("| server | ready after (s) | generated tokens/s (median; range) |")
     print("|---|---|---|")

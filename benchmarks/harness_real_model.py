@@ -69,18 +69,13 @@ def main() -> None:
     from asyncgrpo.adapters.vllm.auth import new_api_key
     from asyncgrpo.core.experiments.stats import bootstrap_interval
     from asyncgrpo.shell.commands.real_demo import (
-        SERVER,
         held_out_problems,
         real_demo_config,
+        real_demo_server,
         train_problems,
     )
     from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
-    from asyncgrpo.shell.servers import (
-        dtype_as_trainer,
-        local_server_spec,
-        local_servers,
-        servers_cpus_for,
-    )
+    from asyncgrpo.shell.servers import local_servers, servers_cpus_for
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)
@@ -92,10 +87,7 @@ def main() -> None:
     model = str(resolve_model("smollm2-135m"))
     key = new_api_key()
     config = real_demo_config(out, args.steps, "http://127.0.0.1")
-    served = dataclasses.replace(config, dtype=dtype_as_trainer(model, config))
-    spec = local_server_spec(model, served, max_model_len=SERVER["max_model_len"],
-                             max_logprobs=SERVER["max_logprobs"],
-                             enforce_eager=SERVER["enforce_eager"], api_key=key)  # fmt: skip
+    spec = real_demo_server(model, config, api_key=key)
     gains, lines = [], []
     with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
         for seed in (int(s) for s in args.seeds.split(",")):

@@ -20,6 +20,7 @@ from typing import Any
 
 from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
+from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import EVALUATIONS_FILE, AsyncGRPOTrainer, TrainOutput, read_metrics
@@ -81,6 +82,16 @@ def real_demo_config(output_dir: str | Path, max_steps: int, base_url: str,
     )
 
 
+def real_demo_server(model_dir: str | Path, config: AsyncGRPOConfig,
+                     api_key: str | None = None) -> ServerSpec:  # fmt: skip
+    """The real demo's local server of ``model_dir`` (:data:`SERVER`), serving the dtype the
+    trainer of ``config`` computes in."""
+    served = dataclasses.replace(config, dtype=dtype_as_trainer(str(model_dir), config))
+    return local_server_spec(str(model_dir), served, max_model_len=SERVER["max_model_len"],
+                             max_logprobs=SERVER["max_logprobs"],
+                             enforce_eager=SERVER["enforce_eager"], api_key=api_key)  # fmt: skip
+
+
 def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps: int = 20,
                   overrides: dict[str, Any] | None = None) -> TrainOutput:  # fmt: skip
     """Make the checkpoint (once), start the server, train; then print the held-out accuracy
@@ -92,10 +103,7 @@ def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps
     config = dataclasses.replace(real_demo_config(output_dir, max_steps, "http://127.0.0.1"),
                                  **(overrides or {}))  # fmt: skip
     key = new_api_key()
-    served = dataclasses.replace(config, dtype=dtype_as_trainer(str(model_dir), config))
-    spec = local_server_spec(model_dir, served, max_model_len=SERVER["max_model_len"],
-                             max_logprobs=SERVER["max_logprobs"],
-                             enforce_eager=SERVER["enforce_eager"], api_key=key)  # fmt: skip
+    spec = real_demo_server(model_dir, config, api_key=key)
     with local_servers(spec, servers_cpus_for(config, 1), output_dir) as started:
         args = dataclasses.replace(config, vllm_server_base_url=started[0].base_url,
                                    vllm_server_api_key=key)  # fmt: skip
