@@ -183,7 +183,7 @@ def test_an_aborted_generation_is_retried_and_counted_not_returned(vllm_server) 
     back partial; the client generates it again (counted in retry_count) and returns only the
     full completion. The server is paused while the abort is repeated until it catches the
     request, so the request is surely in flight then, however short its completion."""
-    params = SamplingParams(max_tokens=1000, temperature=1.0, num_sampler_logprobs=0)
+    params = SamplingParams(max_tokens=64, temperature=1.0, num_sampler_logprobs=0)
     prompt = [1, 5, 9]
 
     async def main():
