@@ -12,8 +12,8 @@ the session's reward is the only one. The held-out split (58 problems) goes thro
 sessions, greedily, at the start and every 10 steps.
 
 Printed per seed: held-out accuracy at each evaluation with its 90% interval over problems,
-samples/s and the median step; then the held-out gain's median over seeds with its 90%
-bootstrap interval. Regime: as the real demo's on the same CPU (docs/benchmarks.md).
+the samples trained and the median step's seconds; then the held-out gain's median over seeds
+with its 90% bootstrap interval. Regime: as the real demo's on the same CPU (docs/benchmarks.md).
 ::
 
     .venv/bin/python benchmarks/harness_real_model.py --output-dir runs/harness-real
