@@ -318,6 +318,53 @@ def fit_generation(
     return RateFit(value, _spread(tokens / busy, steps, value), len(rows), note)
 
 
+PAUSE_PARTS = ("perf/weight_sync_pause_s", "perf/weight_sync_transfer_s")
+"""The parts of a push that hold the server still: asking it to pause, then the reload or
+transfer and the resume (docs/metrics.md); the disk path's file is written before them."""
+
+
+def fit_server_pause(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> RateFit:
+    """Seconds per push the server stands still: the mean of :data:`PAUSE_PARTS` summed, over
+    the windows that log both (after the first ``skip_windows``).
+
+    Example:
+        >>> rows = [{"perf/weight_sync_pause_s": 0.02, "perf/weight_sync_transfer_s": t}
+        ...         for t in (0.1, 0.03, 0.05)]
+        >>> round(fit_server_pause(rows).value, 3)
+        0.06
+        >>> fit_server_pause([{"perf/step_s": 1.0}] * 3).value is None
+        True
+    """
+    parts = [sum(row[k] for k in PAUSE_PARTS) for row in rows[skip_windows:]
+             if all(row.get(k) is not None for k in PAUSE_PARTS)]  # fmt: skip
+    if not parts:
+        return RateFit(None, math.nan, 0, f"no window logs {' and '.join(PAUSE_PARTS)}")
+    values = np.array(parts)
+    value = float(values.mean())
+    return RateFit(value, _spread(values, np.ones_like(values), value), len(parts),
+                   f"mean {' + '.join(PAUSE_PARTS)}")  # fmt: skip
+
+
+def fit_push_write(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> RateFit:
+    """Seconds per push spent writing its file on the trainer's cores (the disk path's
+    ``perf/weight_sync_write_s``), the mean over the windows after the first ``skip_windows``
+    that log it.
+
+    Example:
+        >>> fit_push_write([{"perf/weight_sync_write_s": w} for w in (9.0, 0.4, 0.5)]).value
+        0.45
+    """
+    values = np.array([row[WRITE] for row in rows[skip_windows:] if row.get(WRITE) is not None])
+    if not len(values):
+        return RateFit(None, math.nan, 0, f"no window logs {WRITE}")
+    value = float(values.mean())
+    return RateFit(value, _spread(values, np.ones_like(values), value), len(values),
+                   f"mean {WRITE}")  # fmt: skip
+
+
+WRITE = "perf/weight_sync_write_s"
+
+
 @attrs.frozen
 class Calibration:
     """The simulator's throughputs fitted from one run.
@@ -328,12 +375,17 @@ class Calibration:
         generation: busy generator throughput, completion tokens per second (value None
             when the run does not identify it).
         windows: windows of the run that were read.
+        server_pause: seconds of a push the server stands still (value None: not logged,
+            the whole push is taken to stop it).
+        push_write: seconds of a push writing its file on the trainer's cores.
     """
 
     training: TrainingFit
     weight_sync: RateFit
     generation: RateFit
     windows: int
+    server_pause: RateFit = RateFit(None, math.nan, 0, "not fitted")
+    push_write: RateFit = RateFit(None, math.nan, 0, "not fitted")
 
     @property
     def training_tokens_per_s(self) -> float:
@@ -378,6 +430,10 @@ class Calibration:
             "training_per_sample_s": self.training.per_sample_s,
             "weight_sync_s": self.weight_sync_s,
         }
+        if self.server_pause.value is not None:
+            settings["server_pause_s"] = min(self.server_pause.value, self.weight_sync_s)
+        if self.push_write.value is not None:
+            settings["push_trainer_s"] = self.push_write.value
         return settings
 
 
@@ -409,6 +465,8 @@ def calibrate(
             windows, max_staleness, min_wait_frac, min_bound_share, weight_sync_steps
         ),
         windows=len(windows),
+        server_pause=fit_server_pause(rows, skip_windows),
+        push_write=fit_push_write(rows, skip_windows),
     )
 
 

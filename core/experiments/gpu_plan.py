@@ -115,6 +115,23 @@ def layout(split: Split, gpus: int, gpus_per_node: int) -> Layout | None:
     return Layout(tuple(trainer), tuple(servers))
 
 
+def colocated_layout(split: Split, gpus_per_node: int) -> Layout:
+    """Trainer and servers on the same GPUs (each GPU generates, then trains): the trainer on
+    every one of ``split.trainer_gpus``, the servers tiling them node by node.
+
+    Example:
+        >>> colocated_layout(Split(16, 4, 4), 8).servers[-1]
+        (1, (4, 5, 6, 7))
+    """
+    gpus = split.trainer_gpus
+    nodes = tuple((n, tuple(range(min(gpus_per_node, gpus - n * gpus_per_node))))
+                  for n in range(math.ceil(gpus / gpus_per_node)))  # fmt: skip
+    tp = split.tensor_parallel
+    servers = tuple((n, devices[i : i + tp]) for n, devices in nodes
+                    for i in range(0, len(devices) - tp + 1, tp))  # fmt: skip
+    return Layout(nodes, servers)
+
+
 @attrs.frozen
 class StepShape:
     """The step's settings: rows of ``token_budget`` tokens, ``gradient_accumulation_steps``
@@ -209,9 +226,15 @@ def trainer_part(workload: Workload, split: Split, shape: StepShape) -> Trainer:
                         mfu=workload.train_mfu)  # fmt: skip
 
 
-def push_part(workload: Workload, split: Split, where: Layout) -> Push:
+def push_part(workload: Workload, split: Split, where: Layout, colocated: bool = False) -> Push:
     """The push of the workload's weight path: over NVLink when every server shares the
-    trainer's first node, else over the link between nodes."""
+    trainer's first node, else over the link between nodes. ``colocated``: each server's GPUs
+    hold the trainer's shards of the weights, so every server gathers its copy at once, over
+    NVLink (one transfer's time)."""
+    if colocated:
+        link = workload.intra_node
+        return weight_push(workload.model, workload.weight_path, 1, split.trainer_gpus, link,
+                           link, workload.lora_bytes)  # fmt: skip
     first = where.trainer[0][0]
     local = all(node == first for node, _ in where.servers)
     return weight_push(workload.model, workload.weight_path, split.servers,

@@ -48,11 +48,12 @@ GPUS: Mapping[str, GPU] = {
         GPU("a100", 312e12, 2.039e12, 80e9),
         GPU("h100", 989e12, 3.35e12, 80e9),
         GPU("h200", 989e12, 4.8e12, 141e9),
+        GPU("h20", 148e12, 4.0e12, 96e9),
         GPU("b200", 2250e12, 8.0e12, 180e9),
         GPU("l40s", 362e12, 0.864e12, 48e9),
     )
 }
-"""Vendors' data sheets: A100 80GB SXM, H100 SXM, H200 SXM, B200 (HGX), L40S."""
+"""Vendors' data sheets: A100 80GB SXM, H100 SXM, H200 SXM, H20, B200 (HGX), L40S."""
 
 
 @attrs.frozen

@@ -108,7 +108,8 @@ class Throughputs:
         training_tokens_per_s: the trainer's forwarded tokens per second.
         training_fixed_s, training_per_sample_s: step costs beside the tokens.
         generation_tokens_per_s: one server's completion tokens per second.
-        weight_sync_s: seconds a push holds the servers still.
+        weight_sync_s: seconds a push takes.
+        server_pause_s: seconds of it that hold the servers still (None: all of it).
     """
 
     training_tokens_per_s: float
@@ -116,8 +117,9 @@ class Throughputs:
     training_per_sample_s: float
     generation_tokens_per_s: float
     weight_sync_s: float
+    server_pause_s: float | None = None
 
-    def as_settings(self) -> dict[str, float]:
+    def as_settings(self) -> dict[str, float | None]:
         return attrs.asdict(self)
 
 

@@ -68,8 +68,8 @@ TABLES: Mapping[str, tuple[str, ...]] = {
     "contention": ("training_slowdown", "generation_slowdown"),
 }
 REQUIRED_TABLES = ("model", "cluster", "batch", "lengths")
-INTRA_NODE_OF = {"a100": "nvlink3", "h100": "nvlink4", "h200": "nvlink4", "b200": "nvlink5",
-                 "l40s": "pcie4"}  # fmt: skip
+INTRA_NODE_OF = {"a100": "nvlink3", "h100": "nvlink4", "h200": "nvlink4", "h20": "nvlink4",
+                 "b200": "nvlink5", "l40s": "pcie4"}  # fmt: skip
 
 
 class WorkloadError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -201,7 +202,7 @@ def _add_plan_parser(commands: Any) -> None:
         "(default: 1:1, the CPU plan on 2 cores)",
     )
     planning.add_argument(
-        "--gpu", help="predict from this GPU's published figures: a100, h100, h200, b200, l40s"
+        "--gpu", help="predict from this GPU's published figures: a100, h100, h200, h20, b200, l40s"
     )
     planning.add_argument(
         "--parameters", type=float, help="the model's parameter count (with --gpu), e.g. 1.5e9"
@@ -364,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             SweepError,
             calibrate_and_predict,
             predict_servers,
+            read_probe,
             report,
             servers_report,
         )
@@ -375,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (SweepError, ValueError) as error:
             print(f"asyncgrpo simulate: {error}", file=sys.stderr)
             return 2
-        print(report(fit, predictions))
+        print(report(fit, predictions, read_probe(pathlib.Path(args.calibrate))))
         if points:
             print("\n" + servers_report(points))
     elif args.command == "simulate":

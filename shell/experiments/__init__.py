@@ -1,9 +1,11 @@
 """Experiments as code, the library behind :mod:`asyncgrpo.experiments`: sweeps over settings
 and seeds (:mod:`.sweep`; each run's process: :mod:`.sweep_run`), comparisons with intervals
 and claims (:mod:`.compare`), the pipeline simulator (:mod:`.simulate`) and its calibration
-from a real run (:mod:`.calibrate`), recommended settings for a machine (:mod:`.plan`) or for a
-GPU run described by a workload file (:mod:`.workload_plan`), a run's
-plots (:mod:`.plot`) and evaluations of any model or checkpoint (:mod:`.evaluate`).
+from a real run (:mod:`.calibrate`) with a sweep's probe of its server
+(:mod:`.generator_probe`, its training load: :mod:`.training_load`), recommended settings
+for a machine (:mod:`.plan`) or for a GPU run described by a workload file
+(:mod:`.workload_plan`), a run's plots (:mod:`.plot`) and evaluations of any model or
+checkpoint (:mod:`.evaluate`).
 
 It sits above the run wing (a sweep's run is a trainer) and below the commands, which are
 argparse glue over it.
@@ -22,6 +24,7 @@ from asyncgrpo.shell.experiments.calibrate import (
 )
 from asyncgrpo.shell.experiments.compare import Comparison, compare, load_runs
 from asyncgrpo.shell.experiments.evaluate import evaluate_model, evaluation_table, served_model
+from asyncgrpo.shell.experiments.generator_probe import Probe, read_probe
 from asyncgrpo.shell.experiments.plan import Plan, plan, plan_report
 from asyncgrpo.shell.experiments.plot import plot_run, server_panels
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
@@ -47,6 +50,7 @@ __all__ = [
     "SYNC_STEP_CHOICES",
     "Comparison",
     "Plan",
+    "Probe",
     "SimulationConfig",
     "StopRule",
     "Sweep",
@@ -64,6 +68,7 @@ __all__ = [
     "plot_run",
     "predict_servers",
     "read_index",
+    "read_probe",
     "read_sweep",
     "read_workload",
     "record_run_settings",

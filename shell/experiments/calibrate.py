@@ -27,12 +27,14 @@ from typing import Any
 import attrs
 
 from asyncgrpo.core.experiments.calibration import Calibration, calibrate
+from asyncgrpo.core.experiments.generator import fit_concurrency
 from asyncgrpo.core.experiments.prediction_figures import (
     FigureError,
     compare_figures,
     pipeline_figures,
 )
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.experiments.generator_probe import Probe, read_probe
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.experiments.sweep import RUN_SPEC, SweepError
 from asyncgrpo.shell.run import read_metrics
@@ -82,7 +84,7 @@ def run_config(run_dir: Path) -> AsyncGRPOConfig:
     )
 
 
-def simulation_of(run_dir: Path, fitted: Mapping[str, float], seed: int = 0,
+def simulation_of(run_dir: Path, fitted: Mapping[str, Any], seed: int = 0,
                   servers: int | None = None) -> SimulationConfig:  # fmt: skip
     """The simulation of a run: its settings, its measured lengths, the fitted throughputs
     (the generator's per server), with the run's number of servers or ``servers``."""
@@ -146,13 +148,33 @@ def fitted_per_server(run_dir: Path, fit: Calibration) -> dict[str, float]:
     return fitted
 
 
+def with_probe(run_dir: Path, fitted: Mapping[str, float], scale: float = 1.0) -> dict[str, Any]:
+    """``fitted`` with the probe of the run's sweep where there is one
+    (:mod:`~asyncgrpo.shell.experiments.generator_probe`): the generator's throughput as a
+    function of the requests in flight (in place of the one throughput fitted from the run),
+    ``scale`` times the probed server's, and each side's slowdown beside the other. Unchanged
+    without a probe."""
+    probe = read_probe(run_dir)
+    if probe is None:
+        return dict(fitted)
+    settings: dict[str, Any] = {k: v for k, v in fitted.items() if k != "generation_tokens_per_s"}
+    concurrencies = ", ".join(str(p.concurrency) for p in probe.points)
+    settings["generator"] = fit_concurrency(
+        [(p.concurrency, scale * p.tokens_per_s) for p in probe.points],
+        source=f"probed at {concurrencies} requests in flight",
+    )
+    settings["training_slowdown"] = probe.training_slowdown
+    settings["generation_slowdown"] = probe.generation_slowdown
+    return settings
+
+
 def calibrate_and_predict(
     calibration_run: str | Path, predict: Sequence[str | Path], output_dir: str | Path
 ) -> tuple[Calibration, list[Prediction]]:
     """Fit on ``calibration_run``; simulate and score each of ``predict`` (the calibration run
     itself is scored too, as the in-sample check). Simulations land under ``output_dir``."""
     fit = fit_run(Path(calibration_run))
-    fitted = fitted_per_server(Path(calibration_run), fit)
+    fitted = with_probe(Path(calibration_run), fitted_per_server(Path(calibration_run), fit))
     predictions = []
     for run in [Path(calibration_run), *map(Path, predict)]:
         simulation = simulation_of(run, fitted)
@@ -181,7 +203,7 @@ def predict_servers(calibration_run: str | Path, counts: Sequence[int],
                     output_dir: str | Path) -> list[ServerPoint]:  # fmt: skip
     """Simulate the calibration run's settings with each number of servers in ``counts``."""
     run = Path(calibration_run)
-    fitted = fitted_per_server(run, fit_run(run))
+    fitted = with_probe(run, fitted_per_server(run, fit_run(run)))
     points = []
     for count in counts:
         simulated = simulate(simulation_of(run, fitted, servers=count),
@@ -203,12 +225,18 @@ def servers_report(points: Sequence[ServerPoint]) -> str:
     return "\n".join(lines)
 
 
-def report(fit: Calibration, predictions: Sequence[Prediction]) -> str:
-    """The fitted values and a markdown table of predicted against measured figures."""
-    lines = ["fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in
-                                    fit.simulator_settings(with_fixed_costs=True).items()),
-             "", "| run | figure | predicted | measured | relative error |",
-             "|---|---|---|---|---|"]  # fmt: skip
+def report(fit: Calibration, predictions: Sequence[Prediction], probe: Probe | None = None) -> str:
+    """The fitted values (and the sweep's probe, where the simulations used one) and a markdown
+    table of predicted against measured figures."""
+    fitted = fit.simulator_settings(with_fixed_costs=True)
+    lines = ["fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items())]
+    if probe is not None:
+        points = ", ".join(f"{p.tokens_per_s:.0f} at {p.concurrency}" for p in probe.points)
+        lines.append(f"probed (used instead of generation_tokens_per_s): tokens/s {points}; "
+                     f"training_slowdown={probe.training_slowdown:.3g}, generation_slowdown="
+                     f"{probe.generation_slowdown:.3g} ({probe.note})")  # fmt: skip
+    lines += ["", "| run | figure | predicted | measured | relative error |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for prediction in predictions:
         for error in prediction.errors:
             relative = "-" if error.relative is None else f"{error.relative:+.1%}"

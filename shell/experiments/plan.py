@@ -10,13 +10,17 @@ Every candidate of :func:`asyncgrpo.core.experiments.recommend.candidates` is si
 those throughputs scaled to its devices, and :func:`~asyncgrpo.core.experiments.recommend.recommend`
 picks one. With ``--gpu NAME --parameters P`` the throughputs are predicted from the GPU's
 published peak figures instead (:func:`~asyncgrpo.core.experiments.recommend.gpu_throughputs`):
-a prediction for a machine that was not measured, labelled so in the report.
+a prediction for a machine that was not measured, labelled so in the report. Where the
+calibration run's sweep probed its server (``[probe]``,
+:mod:`~asyncgrpo.shell.experiments.generator_probe`), each server's throughput follows the
+requests in flight and both sides slow each other as probed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 from tqdm import tqdm
@@ -39,6 +43,7 @@ from asyncgrpo.shell.experiments.calibrate import (
     fitted_per_server,
     run_config,
     simulation_of,
+    with_probe,
 )
 from asyncgrpo.shell.experiments.simulate import simulate
 
@@ -82,11 +87,15 @@ def measured_throughputs(run: Path) -> Throughputs:
 
 
 def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_dir: Path,
-             max_steps: int | None) -> Prediction:  # fmt: skip
+             max_steps: int | None, probe_scale: float | None = None) -> Prediction:  # fmt: skip
     """Simulate ``candidate`` on the calibration run's task (its steps and logging windows, or
-    ``max_steps`` in 8 windows)."""
+    ``max_steps`` in 8 windows); ``probe_scale``: use the run's sweep's probe, its server's
+    throughput times this, where there is one (None: not)."""
+    settings: dict[str, Any] = dict(throughputs.as_settings())
+    if probe_scale is not None:
+        settings = with_probe(run, settings, probe_scale)
     simulation = attrs.evolve(
-        simulation_of(run, throughputs.as_settings(), servers=candidate.servers),
+        simulation_of(run, settings, servers=candidate.servers),
         max_staleness=candidate.max_staleness, weight_sync_steps=candidate.weight_sync_steps,
         weight_push_overlap=True,
     )  # fmt: skip
@@ -141,11 +150,15 @@ def plan(
                   "(an upper bound on CPU cores)")  # fmt: skip
     chosen = candidates(devices, staleness_choices, sync_step_choices, max_servers)
     predictions = []
+    measured = gpu is None
     for candidate in tqdm(chosen, desc="plan", unit="setting", disable=not progress):
         scaled = scaled_throughputs(base, *base_devices, candidate, devices)
-        predictions.append(_predict(run, candidate, scaled, out, max_steps))
+        scale = scaled.generation_tokens_per_s / base.generation_tokens_per_s
+        predictions.append(_predict(run, candidate, scaled, out, max_steps,
+                                    scale if measured else None))  # fmt: skip
     own = Candidate(base_devices[0], 1, config.max_staleness, config.weight_sync_steps)
-    calibrated = _predict(run, own, base, out / "calibrated", max_steps)
+    calibrated = _predict(run, own, base, out / "calibrated", max_steps,
+                          1.0 if measured else None)  # fmt: skip
     predictions.sort(key=lambda p: -p.samples_per_s)
     return Plan(devices, source, base, tuple(predictions), recommend(predictions), calibrated)
 

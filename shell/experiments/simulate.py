@@ -248,8 +248,10 @@ def _train(state: Pipeline, step: step_queue.TakenStep) -> float:
         metrics.mean("batch/trained_tokens_per_step", sum(s.sequence.num_trained for s in batch)),
         metrics.mean("batch/samples_per_step", len(batch)),
     )
+    beside_push = c.weight_push_overlap and state.version % c.weight_sync_steps == 0
+    push_work = c.push_trainer_s if beside_push and state.version > 0 else 0.0
     return (c.training_fixed_s + c.training_per_sample_s * len(batch)
-            + step.forwarded_tokens / c.training_tokens_per_s)  # fmt: skip
+            + step.forwarded_tokens / c.training_tokens_per_s + push_work)  # fmt: skip
 
 
 def _push_after(state: Pipeline, trained_at: float) -> float:

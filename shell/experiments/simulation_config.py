@@ -61,8 +61,14 @@ class SimulationConfig:
         training_slowdown, generation_slowdown: how much longer each side takes while the
             other runs on shared cores (:class:`~asyncgrpo.core.experiments.parts.Contention`;
             1: separate devices).
-        weight_sync_s: seconds of each push: the servers stand still meanwhile and the
-            version lands at its end.
+        weight_sync_s: seconds of each push: the servers stand still for its last
+            ``server_pause_s`` and the version lands at its end.
+        server_pause_s: seconds at the end of each push that the servers stand still (the
+            reload or transfer; the file written before it does not stop them); None: the
+            whole push.
+        push_trainer_s: seconds of each push's work on the trainer's own cores (the disk path
+            writes its file there): with the push beside the step, they add to the step it
+            runs beside.
         weight_sync_steps: steps between pushes.
         weight_push_overlap: the push runs beside the next step (else the step waits for it).
         skill_per_step: the toy policy's skill gain per step at full signal.
@@ -94,6 +100,8 @@ class SimulationConfig:
     training_slowdown: float = 1.0
     generation_slowdown: float = 1.0
     weight_sync_s: float = 0.0
+    server_pause_s: float | None = None
+    push_trainer_s: float = 0.0
     weight_sync_steps: int = _CONFIG_DEFAULTS["weight_sync_steps"]
     weight_push_overlap: bool = _CONFIG_DEFAULTS["weight_push_overlap"]
     skill_per_step: float = 0.12
@@ -118,6 +126,12 @@ class SimulationConfig:
         if not self.tick_s > 0:
             raise ValueError(f"SimulationConfig.tick_s must be > 0, got {self.tick_s}")
         Contention(self.training_slowdown, self.generation_slowdown)  # its own checks
+        if self.server_pause_s is not None and not 0 <= self.server_pause_s <= self.weight_sync_s:
+            raise ValueError(
+                f"SimulationConfig.server_pause_s ({self.server_pause_s}) must lie between 0 "
+                f"and weight_sync_s ({self.weight_sync_s}): the servers stand still for part "
+                "of a push at most"
+            )
         mean = self.mean_completion_tokens
         if (
             mean is not None

@@ -59,11 +59,13 @@ class Requests:
 
 @attrs.define
 class Push:
-    """A push of ``version``'s weights: the servers stand still from ``start`` to ``end``."""
+    """A push of ``version``'s weights from ``start`` to ``end``; the servers stand still
+    from ``paused_from``."""
 
     version: int
     start: float
     end: float
+    paused_from: float
 
 
 @attrs.define
@@ -147,7 +149,7 @@ class Pipeline:
     @property
     def paused(self) -> bool:
         """Whether a push holds the servers still now."""
-        return bool(self.pushes) and self.pushes[0].start <= self.clock
+        return bool(self.pushes) and self.pushes[0].paused_from <= self.clock
 
     def land_pushes(self) -> None:
         """The servers take each push whose end has come."""
@@ -160,5 +162,7 @@ class Pipeline:
         if len(self.pushes) > 1:
             self.pushes.pop()
         start = max(at, self.pushes[-1].end) if self.pushes else at
-        self.pushes.append(Push(version, start, start + self.config.weight_sync_s))
+        end = start + self.config.weight_sync_s
+        pause = self.config.server_pause_s
+        self.pushes.append(Push(version, start, end, start if pause is None else end - pause))
         return self.pushes[-1].end

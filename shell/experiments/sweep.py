@@ -28,6 +28,11 @@ table: the base of every run) and::
                                           # as_trainer: the one the learner computes in here
     enforce_eager = false                 # true: no torch.compile (starts sooner, runs slower)
 
+    [probe]                               # optional: after the runs, measure the server for the
+    concurrency = [1, 4, 16, 64]          # simulator (asyncgrpo simulate, asyncgrpo plan) at these
+    seconds = 8                           # requests in flight, alone and beside a training load
+    beside_training = true                # (asyncgrpo.shell.experiments.generator_probe)
+
 ``model`` is a model id or directory, or a tiny random model built here:
 ``model = {tiny = "qwen3", hidden_size = 128, num_layers = 2, seed = 0}``. ``dataset`` is a
 ``.json``/``.jsonl`` file, a ``datasets.save_to_disk`` folder, or ``"module:function"`` returning
@@ -77,12 +82,20 @@ from asyncgrpo.shell.config import (
     eval_dataset_specs,
     read_config,
 )
+from asyncgrpo.shell.experiments.generator_probe import (
+    PROBE_FILE,
+    PROBE_KEYS,
+    ProbeError,
+    ProbeSettings,
+    probe_sweep,
+)
 from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
 log = structlog.get_logger("asyncgrpo.sweep")
 
 SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "eval_reward_funcs", "loop",
-              "seeds", "grid", "runs", "stop", "server", "claims", "compare")  # fmt: skip
+              "seeds", "grid", "runs", "stop", "server", "probe", "claims",
+              "compare")  # fmt: skip
 STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s",
              "spreadless_steps")  # fmt: skip
 SERVER_KEYS = ("max_model_len", "max_logprobs", "dtype", "enforce_eager", "extra_args")
@@ -138,12 +151,14 @@ class Sweep:
     compare: Mapping[str, Any]
     eval_dataset: Mapping[str, str] | None = None  # name -> PATH
     eval_reward_funcs: tuple[str, ...] = ()  # empty: the reward_funcs
+    probe: ProbeSettings | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "base": dict(self.base), "model": self.model,
                 "dataset": self.dataset, "reward_funcs": list(self.reward_funcs),
                 "loop": self.loop, "stop": attrs.asdict(self.stop), "server": dict(self.server),
-                "claims": list(self.claims), "compare": dict(self.compare)}  # fmt: skip
+                "claims": list(self.claims), "compare": dict(self.compare),
+                "probe": None if self.probe is None else attrs.asdict(self.probe)}  # fmt: skip
 
 
 def read_sweep(path: str | Path) -> Sweep:
@@ -187,13 +202,23 @@ def read_sweep(path: str | Path) -> Sweep:
                   compare=_table(extra, "compare", path, ("threshold", "baseline")),
                   eval_dataset=_eval_datasets(extra.get("eval_dataset"), path),
                   eval_reward_funcs=tuple(_strings(extra.get("eval_reward_funcs", []),
-                                                   "eval_reward_funcs", path)))  # fmt: skip
+                                                   "eval_reward_funcs", path)),
+                  probe=_probe_settings(extra, path))  # fmt: skip
     for run in planned:
         try:
             run_config(sweep, run, Path("."), "http://127.0.0.1:1")
         except (TypeError, ValueError) as error:
             raise SweepError(f"{path}: the run {run.name}: {error}") from error
     return sweep
+
+
+def _probe_settings(extra: Mapping[str, Any], path: Path) -> ProbeSettings | None:
+    if "probe" not in extra:
+        return None
+    try:
+        return ProbeSettings.from_table(_table(extra, "probe", path, PROBE_KEYS), str(path))
+    except ProbeError as error:
+        raise SweepError(str(error)) from error
 
 
 def _table(extra: Mapping[str, Any], key: str, path: Path,
@@ -271,10 +296,16 @@ def run_sweep(
         if action is not Action.SKIP:
             todo.append((run, action))
     log.info("sweep", runs=len(sweep.runs), to_run=len(todo), output_dir=str(out))
-    if todo:
+    probe = sweep.probe is not None and not (out / PROBE_FILE).exists()
+    if todo or probe:
         model = _model_dir(sweep, out)
         with signals_interrupt(), _servers(sweep, model, out, vllm_urls) as urls:
-            _run_all(sweep, model, out, todo, urls, index)
+            if todo:
+                _run_all(sweep, model, out, todo, urls, index)
+            if sweep.probe is not None and probe and not index.stopping.is_set():
+                probe_sweep(sweep.probe, AsyncGRPOConfig(**{
+                    **sweep.base, "output_dir": str(out), "vllm_server_base_url": urls[0]}),
+                    model, [out / run.name for run in sweep.runs])  # fmt: skip
     return SweepResult(out, index.statuses())
 
 

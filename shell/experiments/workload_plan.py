@@ -89,6 +89,9 @@ class WorkloadPlan:
         gpus: GPUs of the plan.
         recommended: the chosen setting's prediction.
         synchronous: the chosen split at ``max_staleness`` 0 and a push every step.
+        colocated: every GPU generating, then training, with the chosen servers' tensor
+            parallelism (:func:`colocated_config`): the synchronous baseline of most
+            frameworks.
         predictions: every simulated setting, most samples per second first.
         shape: the step's settings of the chosen split.
         layout: where its roles run.
@@ -100,6 +103,7 @@ class WorkloadPlan:
     gpus: int
     recommended: Prediction
     synchronous: Prediction
+    colocated: Prediction
     predictions: tuple[Prediction, ...]
     shape: gpu_plan.StepShape
     layout: gpu_plan.Layout
@@ -108,14 +112,20 @@ class WorkloadPlan:
 
 
 def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: int,
-                      weight_sync_steps: int, steps: int = STEPS) -> SimulationConfig:  # fmt: skip
+                      weight_sync_steps: int, steps: int = STEPS,
+                      colocated: bool = False) -> SimulationConfig:  # fmt: skip
     """The simulation of ``split`` at these settings: lengths, generator, trainer and push
-    from the part models, counted in units of several tokens (the module's docstring)."""
+    from the part models, counted in units of several tokens (the module's docstring).
+    ``colocated``: the trainer and the servers on the same GPUs (:func:`colocated_config`)."""
     shape = gpu_plan.step_shape(workload, split)
-    where = gpu_plan.layout(split, split.trainer_gpus + split.server_gpus, workload.gpus_per_node)
+    if colocated:
+        where = gpu_plan.colocated_layout(split, workload.gpus_per_node)
+    else:
+        gpus = split.trainer_gpus + split.server_gpus
+        where = gpu_plan.layout(split, gpus, workload.gpus_per_node)
     assert where is not None, "a split comes from gpu_plan.splits, which lays each out"
     trainer = gpu_plan.trainer_part(workload, split, shape)
-    push = gpu_plan.push_part(workload, split, where)
+    push = gpu_plan.push_part(workload, split, where, colocated)
     sample = workload.prompt_lengths.mean + workload.response_lengths.mean
     unit = max(1.0, sample / UNIT_SAMPLE_TOKENS)
     generator = generators.in_units(gpu_plan.server_generator(workload, split.tensor_parallel),
@@ -134,7 +144,6 @@ def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: 
         num_generations=workload.num_generations,
         max_staleness=max_staleness,
         weight_sync_steps=weight_sync_steps,
-        weight_push_overlap=True,
         max_concurrent_rollouts=shape.max_concurrent_rollouts,
         token_budget=budget,
         rows_per_step=split.trainer_gpus * shape.gradient_accumulation_steps,
@@ -147,18 +156,45 @@ def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: 
         training_slowdown=workload.contention.training_slowdown,
         generation_slowdown=workload.contention.generation_slowdown,
         weight_sync_s=push.seconds,
+        weight_push_overlap=not colocated,
         logging_steps=max(1, steps // 6),
         tick_s=min(response_s, training_s) / TICKS_PER_RESPONSE,
     )
 
 
+def colocated_config(workload: Workload, gpus: int, tensor_parallel: int,
+                     steps: int = STEPS) -> SimulationConfig:  # fmt: skip
+    """The synchronous baseline most frameworks run (verl's and TRL's colocated modes): every
+    one of ``gpus`` GPUs generates, as ``gpus / tensor_parallel`` servers, then trains, one
+    after the other (``max_staleness`` 0, the push waited for, within each server's GPUs).
+    Offloading the trainer's state and waking the servers between the two is not modelled."""
+    if gpus % tensor_parallel:
+        raise ValueError(f"{gpus} GPUs do not split into servers of tensor-parallel "
+                         f"{tensor_parallel}")  # fmt: skip
+    split = gpu_plan.Split(gpus, gpus // tensor_parallel, tensor_parallel)
+    return simulation_config(workload, split, 0, 1, steps, colocated=True)
+
+
 def predict(workload: Workload, candidate: Candidate, output_dir: Path,
-            steps: int = STEPS) -> Prediction:  # fmt: skip
-    """Simulate ``candidate`` and read its figures (after :data:`START_STEPS`)."""
-    split = gpu_plan.Split(candidate.train_devices, candidate.servers, candidate.tensor_parallel)
-    config = simulation_config(workload, split, candidate.max_staleness,
-                               candidate.weight_sync_steps, steps)  # fmt: skip
-    windows = simulate(config, output_dir / candidate.label(), progress=False)
+            steps: int = STEPS, colocated: bool = False) -> Prediction:  # fmt: skip
+    """Simulate ``candidate`` and read its figures (after :data:`START_STEPS`); ``colocated``:
+    its trainer's GPUs are its servers' (:func:`colocated_config`)."""
+    if colocated:
+        config = colocated_config(workload, candidate.train_devices, candidate.tensor_parallel,
+                                  steps)  # fmt: skip
+        output_dir = output_dir / "colocated"
+    else:
+        split = gpu_plan.Split(candidate.train_devices, candidate.servers,
+                               candidate.tensor_parallel)  # fmt: skip
+        config = simulation_config(workload, split, candidate.max_staleness,
+                                   candidate.weight_sync_steps, steps)  # fmt: skip
+    return simulated_prediction(config, candidate, output_dir / candidate.label())
+
+
+def simulated_prediction(config: SimulationConfig, candidate: Candidate,
+                         output_dir: Path) -> Prediction:  # fmt: skip
+    """Simulate ``config`` (``candidate``'s) and read its figures (after :data:`START_STEPS`)."""
+    windows = simulate(config, output_dir, progress=False)
     # the first steps are the pipeline filling up (and, at max_staleness 0, the groups the
     # first step left over dropped as stale): left out, as a run's first window is
     skip = math.ceil(START_STEPS / config.logging_steps)
@@ -214,6 +250,9 @@ def plan_workload(
     sync_candidate = attrs.evolve(c, max_staleness=0, weight_sync_steps=1)
     synchronous = next((p for p in predictions if p.candidate == sync_candidate), None) or (
         predict(workload, sync_candidate, out / "synchronous", steps))  # fmt: skip
+    colocated = predict(workload, attrs.evolve(sync_candidate, train_devices=gpus,
+                                               servers=gpus // c.tensor_parallel),
+                        out, steps, colocated=True)  # fmt: skip
     split = gpu_plan.Split(c.train_devices, c.servers, c.tensor_parallel)
     shape = gpu_plan.step_shape(workload, split)
     where = gpu_plan.layout(split, gpus, workload.gpus_per_node)
@@ -241,8 +280,8 @@ def plan_workload(
         f"push: {workload.weight_path}, {push.seconds:.2f} s a sync (an assumed pause of "
         f"{push.pause_s:g} s included)",
     )  # fmt: skip
-    return WorkloadPlan(workload, gpus, best, synchronous, tuple(predictions), shape, where,
-                        parts, blocks)  # fmt: skip
+    return WorkloadPlan(workload, gpus, best, synchronous, colocated, tuple(predictions), shape,
+                        where, parts, blocks)  # fmt: skip
 
 
 def _gpus_of(devices: Sequence[tuple[int, tuple[int, ...]]]) -> str:
@@ -274,6 +313,10 @@ def workload_report(plan: WorkloadPlan, rows: int = 10) -> str:
         f"predicted: {_figures(r)}",
         f"synchronous on the same split (max_staleness=0): {_figures(plan.synchronous)}; the "
         f"plan gives {gain:.2f}x its samples/s",
+        f"colocated on all {plan.gpus} GPUs (each generates, then trains; "
+        f"{plan.gpus // c.tensor_parallel} server(s) of tensor-parallel {c.tensor_parallel}): "
+        f"{_figures(plan.colocated)}; the "
+        f"plan gives {r.samples_per_s / plan.colocated.samples_per_s:.2f}x its samples/s",
         *plan.parts,
         "PREDICTED from data-sheet figures and the workload, not measured: check the first "
         "steps' perf/step_s and rollout/generated_tokens_per_s.",

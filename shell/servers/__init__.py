@@ -14,6 +14,7 @@ from asyncgrpo.shell.servers.cpu_sharing import (
     cpus_shared_with_server,
     release_process,
     server_cpus_for,
+    server_on_host,
     servers_cpus_for,
 )
 from asyncgrpo.shell.servers.endpoint import ServerSettings
@@ -56,6 +57,7 @@ __all__ = [
     "local_servers",
     "release_process",
     "server_cpus_for",
+    "server_on_host",
     "servers_cpus_for",
     "wait_for_server",
     "wait_for_servers_out",

@@ -182,3 +182,30 @@ def test_plan_gives_devices_to_the_side_that_bounds_the_step_and_runs_ahead(tmp_
     assert out.startswith("recommended for 2 devices: max_staleness=") and "| samples/s |" in out
     assert main([*argv[:-2], "--output-dir", str(tmp_path / "cli"), "--gpu", "tpu"]) == 2
     assert "--gpu takes one of a100" in capsys.readouterr().err
+
+
+def test_a_push_stops_the_servers_only_for_its_pause_and_its_write_slows_the_next_step(
+    tmp_path,
+) -> None:
+    """Generation-bound, the push beside the step: servers that stand still for a tenth of the
+    push generate more, and the step is shorter, than servers stopped for all of it.
+    Training-bound, the push's file written on the trainer's cores lengthens the step it runs
+    beside by about that much; a pause longer than the push is refused."""
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+
+    def step_s(name: str, push_s: float = 1.5, **settings) -> float:
+        config = SimulationConfig(max_steps=30, max_staleness=2, logging_steps=10,
+                                  weight_push_overlap=True, weight_sync_s=push_s,
+                                  **settings)  # fmt: skip
+        return pipeline_figures(simulate(config, tmp_path / name, progress=False)).step_s
+
+    slow_generator = {"generation_tokens_per_s": 1500.0}
+    assert step_s("paused-0.15", server_pause_s=0.15, **slow_generator) < 0.85 * step_s(
+        "paused-all", **slow_generator
+    )
+    slow_trainer = {"training_tokens_per_s": 1000.0, "push_s": 0.3, "server_pause_s": 0.05}
+    alone, writing = step_s("no-write", **slow_trainer), step_s("write", push_trainer_s=0.2,
+                                                                 **slow_trainer)  # fmt: skip
+    assert writing - alone == pytest.approx(0.2, abs=0.05), (alone, writing)
+    with pytest.raises(ValueError, match=r"server_pause_s \(0.5\) must lie between 0 and "):
+        SimulationConfig(weight_sync_s=0.3, server_pause_s=0.5)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.experiments import compare, read_index, run_sweep
+from asyncgrpo.shell.experiments.generator_probe import PROBE_FILE, read_probe
 from asyncgrpo.shell.experiments.sweep import _model_dir, read_sweep
 from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
@@ -50,6 +51,11 @@ max_steps = {max_steps}
 [server]
 max_model_len = 512
 enforce_eager = true
+
+[probe]
+concurrency = [1, 2]
+seconds = 1
+beside_training = false
 """
 
 
@@ -88,7 +94,8 @@ def test_a_tiny_model_table_is_built_under_the_sweep_once(tmp_path):
 def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(served, tmp_path):
     """The first sweep starts its own server and is killed; the second finishes on the
     session's server (``--vllm-url``; its trainer pushes its weights at start, the fixture
-    puts the model's back), and the third finds nothing left to run."""
+    puts the model's back) and probes the server after its runs, and the third finds nothing
+    left to run or probe."""
     server, model = served
     sweep_file = tmp_path / "sweep.toml"
     sweep_file.write_text(SWEEP.format(model=model, max_steps=4))
@@ -116,10 +123,16 @@ def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(s
     for entry in read_index(out):
         assert [r["step"] for r in read_metrics(out / entry["name"])] == [1, 2, 3, 4]
     finished = {e["name"]: os.stat(out / e["name"] / "run.json").st_mtime for e in runs}
+    probe = read_probe(out / runs[0]["name"])
+    assert [p.concurrency for p in probe.points] == [1, 2] and probe.max_completion_tokens == 8
+    # requests ended in each window (the trained weights may stop some at once: no tokens)
+    assert all(p.requests > 0 and p.tokens_per_s >= 0 for p in probe.points), probe
+    probed_at = os.stat(out / PROBE_FILE).st_mtime
 
     again = run_sweep(sweep_file, out)  # nothing left: no run starts again
     assert set(again.statuses.values()) == {"finished"}
     assert {n: os.stat(out / n / "run.json").st_mtime for n in finished} == finished
+    assert os.stat(out / PROBE_FILE).st_mtime == probed_at
 
     report = compare([out])
     outcomes = [v.outcome.value for v in report.verdicts]

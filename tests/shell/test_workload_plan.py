@@ -11,13 +11,20 @@ from pathlib import Path
 import pytest
 
 from asyncgrpo.core.experiments import generator as generators
-from asyncgrpo.core.experiments import lengths
+from asyncgrpo.core.experiments import gpu_plan, lengths
 from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+from asyncgrpo.core.experiments.recommend import Candidate
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import SweepError, record_run_settings
 from asyncgrpo.shell.experiments.calibrate import run_config
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
+from asyncgrpo.shell.experiments.workload_plan import (
+    colocated_config,
+    read_workload,
+    simulated_prediction,
+    simulation_config,
+)
 from asyncgrpo.shell.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +62,8 @@ def test_plan_prints_split_settings_predictions_and_commands_for_all_gpus(capsys
     out = capsys.readouterr().out
     for part in ("split: the trainer on", "settings: max_staleness=", "predicted:",
                  "generator idle", "samples dropped per step", "synchronous on the same split",
-                 "ROOFLINE", "vllm serve Qwen/Qwen2.5-7B", "torchrun"):  # fmt: skip
+                 f"colocated on all {gpus} GPUs", "ROOFLINE", "vllm serve Qwen/Qwen2.5-7B",
+                 "torchrun"):  # fmt: skip
         assert part in out, part
     assert planned_devices(out) == gpus
     assert ("job.sbatch" in out) == (gpus > 8)  # 8 GPUs a node: 16 span two
@@ -75,6 +83,28 @@ def test_plan_errors_name_the_key_and_the_fix(tmp_path, capsys) -> None:
     workload.write_text(EXAMPLE.read_text())
     assert main(["plan", "--workload", str(workload), "--gpus", "1", "--no-progress"]) == 2
     assert "no split of 1 h100 GPUs fits" in capsys.readouterr().err
+
+
+def test_the_colocated_baseline_generates_on_every_gpu_then_trains_on_them(tmp_path) -> None:
+    """Colocated on 16 GPUs: 4 servers of tensor-parallel 4 and the trainer on all 16, one
+    after the other, its push within the servers' GPUs. Against a synchronous split of the
+    same GPUs (8 to the trainer, 2 servers) it trains faster; it generates no faster, since a
+    synchronous step waits for its longest response, which one server decodes alone."""
+    workload = read_workload(EXAMPLE)
+    config = colocated_config(workload, 16, 4, steps=6)
+    assert (config.num_servers, config.max_staleness, config.weight_push_overlap) == (4, 0, False)
+    assert config.rows_per_step % 16 == 0
+    split = gpu_plan.Split(8, 2, 4)
+    dedicated = simulation_config(workload, split, 0, 1, steps=6)
+    assert config.weight_sync_s < dedicated.weight_sync_s  # one gather, not one send a server
+    together = simulated_prediction(config, Candidate(16, 4, 0, 1, 4), tmp_path / "colocated")
+    apart = simulated_prediction(dedicated, Candidate(8, 2, 0, 1, 4), tmp_path / "split")
+    phases = {name: (p.trainer_idle_frac * p.step_s, (1 - p.trainer_idle_frac) * p.step_s)
+              for name, p in (("together", together), ("apart", apart))}  # fmt: skip
+    assert phases["together"][1] < 0.7 * phases["apart"][1], phases  # training
+    assert phases["together"][0] == pytest.approx(phases["apart"][0], rel=0.1), phases
+    with pytest.raises(ValueError, match="16 GPUs do not split into servers of tensor-parallel 3"):
+        colocated_config(workload, 16, 3)
 
 
 def tail_config(completions: lengths.Lengths, max_staleness: int) -> SimulationConfig:

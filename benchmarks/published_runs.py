@@ -1,0 +1,183 @@
+"""The GPU planner against published asynchronous-against-synchronous runs: predicted seconds per
+step beside the published ones, from each run's stated setup (docs/experiments.md, "Checked
+against published runs").
+
+The runs are verl's fully asynchronous recipe (``recipe/fully_async_policy/README.md``, last
+updated 2025-12-25): DAPO on Qwen2.5-Math-7B, 512 prompts x 16 responses a step, responses up
+to 28,672 tokens, on 32, 64 and 128 H20 GPUs, each colocated and synchronous (every GPU
+generates, then trains; vLLM at tensor-parallel 4) and asynchronous (half the GPUs to each side,
+``staleness_threshold`` 0.5 with partial rollouts, a weight sync per 512 prompts).
+
+Neither the mean response length nor the trainer's efficiency is published, so two values are
+fitted, on the 128-GPU synchronous run's phases only:
+
+* the mean response length, so that the predicted generation phase of that run is its
+  published ``gen`` (177.85 s), with the lengths' shape assumed (median 0.8x the mean, 90th
+  percentile 2x, the maximum 28,672);
+* the trainer's MFU, so that its predicted training phase is its published ``update_actor``
+  (113.81 s).
+
+Every other figure is held out: the 128-GPU asynchronous run and both runs on 64 and 32 GPUs.
+The synchronous runs also recompute the old log-probs (verl's ``old_log_prob``, a forward pass
+over the step's samples, one third of a forward and backward), added to their prediction; the
+asynchronous runs take the sampler's.
+
+    .venv/bin/python benchmarks/published_runs.py --output-dir runs/published
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from asyncgrpo.core.experiments import gpu_plan
+from asyncgrpo.core.experiments.recommend import Candidate, Prediction
+from asyncgrpo.core.experiments.workload import Workload, workload_from_mapping
+from asyncgrpo.shell.experiments.workload_plan import (
+    colocated_config,
+    simulated_prediction,
+    simulation_config,
+)
+
+QWEN25_MATH_7B = {  # its config.json (Hugging Face), the fields the planner reads
+    "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+MAX_RESPONSE = 28 * 1024
+SAMPLES_PER_STEP = 512 * 16
+OLD_LOG_PROB_SHARE = 1 / 3  # a forward over a forward and backward (2 / 6 FLOPs per parameter)
+
+
+@attrs.frozen
+class Published:
+    """One published run: its GPUs, how they split, and its mean seconds per step."""
+
+    name: str
+    gpus: int
+    colocated: bool
+    step_s: float
+    gen_s: float
+    train_s: float  # update_actor (and old_log_prob, for a synchronous run, in old_log_prob_s)
+    old_log_prob_s: float = 0.0
+
+
+PUBLISHED = (  # recipe/fully_async_policy/README.md, "Asynchronous Training on 7B Model"
+    Published("colocated sync, 128 GPUs", 128, True, 356.30, 177.85, 113.81, 53.92),
+    Published("fully async 64:64", 128, False, 150.63, 33.14, 113.16),
+    Published("colocated sync, 64 GPUs", 64, True, 365.28, 150.72, 133.41, 70.26),
+    Published("fully async 32:32", 64, False, 189.26, 28.46, 156.98),
+    # update_actor as the docs and README_zh give it (the English README swaps sync's and
+    # async's; only these add up to the step)
+    Published("colocated sync, 32 GPUs", 32, True, 790.10, 357.41, 313.81, 107.71),
+    Published("fully async 16:16", 32, False, 294.77, 21.26, 269.80),
+)
+CALIBRATION = PUBLISHED[0]
+
+
+def workload(mean_response: float, mfu: float) -> Workload:
+    """The runs' setup as a workload; the response lengths' shape is assumed (see above)."""
+    return workload_from_mapping({
+        "model": {"name": "Qwen/Qwen2.5-Math-7B", "config": QWEN25_MATH_7B},
+        "cluster": {"gpu": "h20", "gpus": 128, "gpus_per_node": 8, "intra_node": "nvlink4",
+                    "inter_node": "ib-ndr"},
+        "batch": {"prompts_per_step": 512, "num_generations": 16},
+        "lengths": {
+            "prompt": {"mean": 250, "p50": 220, "p90": 400, "max": 2048},
+            "response": {"mean": mean_response, "p50": 0.8 * mean_response,
+                         "p90": min(2.0 * mean_response, MAX_RESPONSE - 1), "max": MAX_RESPONSE},
+        },
+        "settings": {"weight_path": "nccl"},
+        "trainer": {"mfu": mfu},
+    })  # fmt: skip
+
+
+@attrs.frozen
+class Phases:
+    """A predicted step and its parts, seconds."""
+
+    step_s: float
+    gen_s: float  # the trainer waiting for samples
+    train_s: float
+
+
+def predict(run: Published, w: Workload, out: Path, steps: int) -> Phases:
+    """The planner's prediction of ``run`` under workload ``w``."""
+    if run.colocated:
+        candidate = Candidate(run.gpus, run.gpus // 4, 0, 1, 4)
+        config = colocated_config(w, run.gpus, 4, steps)
+    else:
+        half = run.gpus // 2
+        candidate = Candidate(half, half // 4, 4, 1, 4)
+        config = simulation_config(w, gpu_plan.Split(half, half // 4, 4), 4, 1, steps)
+        # staleness_threshold 0.5: at most 1.5 steps' samples generated ahead; partial
+        # rollouts: no sample dropped for its age (max_staleness 4 drops none here)
+        config = attrs.evolve(config, max_concurrent_rollouts=int(1.5 * SAMPLES_PER_STEP))
+    p: Prediction = simulated_prediction(config, candidate, out / run.name.replace(" ", "_"))
+    gen = p.trainer_idle_frac * p.step_s
+    train = p.step_s - gen
+    if run.colocated:  # the old log-probs recomputed: a forward over the step
+        return Phases(p.step_s + OLD_LOG_PROB_SHARE * train, gen, train)
+    return Phases(p.step_s, gen, train)
+
+
+def fit(out: Path, steps: int) -> tuple[float, float, list[str]]:
+    """The mean response length and the MFU fitted to the calibration run's phases."""
+    log = []
+    low, high = 500.0, 12_000.0
+    mfu = 0.4
+    for _ in range(9):  # the generation phase grows with the mean length: bisect
+        mean = (low + high) / 2
+        phases = predict(CALIBRATION, workload(mean, mfu), out / "fit", steps)
+        log.append(f"mean response {mean:.0f}: gen {phases.gen_s:.1f} s")
+        low, high = (mean, high) if phases.gen_s < CALIBRATION.gen_s else (low, mean)
+    mean = (low + high) / 2
+    for _ in range(3):  # training time falls as 1/MFU (bar the collectives): iterate
+        phases = predict(CALIBRATION, workload(mean, mfu), out / "fit", steps)
+        log.append(f"mfu {mfu:.3f}: train {phases.train_s:.1f} s")
+        mfu *= phases.train_s / CALIBRATION.train_s
+    return mean, mfu, log
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    out = Path(args.output_dir)
+    mean, mfu, log = fit(out, args.steps)
+    print("\n".join(log))
+    print(f"fitted on '{CALIBRATION.name}': mean response {mean:.0f} tokens, trainer MFU "
+          f"{mfu:.3f}\n")  # fmt: skip
+    w = workload(mean, mfu)
+    predicted = {run.name: predict(run, w, out / "predict", args.steps) for run in PUBLISHED}
+    rows: list[dict[str, Any]] = []
+    print("| run | published s/step | predicted | error | published gen / train s | "
+          "predicted gen / train s | held out |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for run in PUBLISHED:
+        p = predicted[run.name]
+        error = p.step_s / run.step_s - 1
+        train = run.train_s + run.old_log_prob_s
+        rows.append({"run": run.name, "error": error, "held_out": run is not CALIBRATION})
+        print(f"| {run.name} | {run.step_s:.1f} | {p.step_s:.1f} | {error:+.1%} | "
+              f"{run.gen_s:.1f} / {train:.1f} | {p.gen_s:.1f} / "
+              f"{p.train_s * (1 + OLD_LOG_PROB_SHARE * run.colocated):.1f} | "
+              f"{'yes' if run is not CALIBRATION else 'fitted'} |")  # fmt: skip
+    print()
+    for gpus in (128, 64, 32):
+        sync, asynchronous = (r for r in PUBLISHED if r.gpus == gpus)
+        ratio = predicted[sync.name].step_s / predicted[asynchronous.name].step_s
+        print(f"{gpus} GPUs: async against sync published "
+              f"{sync.step_s / asynchronous.step_s:.2f}x, predicted {ratio:.2f}x")  # fmt: skip
+    held = [abs(r["error"]) for r in rows if r["held_out"]]
+    print(f"\nheld out: median absolute error {statistics.median(held):.1%}, "
+          f"{sum(e <= 0.15 for e in held)} of {len(held)} within 15%")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
