@@ -8,16 +8,21 @@ to 28,672 tokens, on 32, 64 and 128 H20 GPUs, each colocated and synchronous (ev
 generates, then trains; vLLM at tensor-parallel 4) and asynchronous (half the GPUs to each side,
 ``staleness_threshold`` 0.5 with partial rollouts, a weight sync per 512 prompts).
 
-Neither the mean response length nor the trainer's efficiency is published, so two values are
-fitted, on the 128-GPU synchronous run's phases only:
+Neither the mean response length, nor how fast vLLM decodes one request, nor the trainers'
+efficiency is published, so they are fitted, on the two 128-GPU runs' phases only:
 
-* the mean response length, so that the predicted generation phase of that run is its
-  published ``gen`` (177.85 s), with the lengths' shape assumed (median 0.8x the mean, 90th
-  percentile 2x, the maximum 28,672);
-* the trainer's MFU, so that its predicted training phase is its published ``update_actor``
-  (113.81 s).
+* the mean response length, so that the asynchronous run's trainer (64 GPUs, the planner's
+  default 40% MFU: an assumption) takes its published ``update_actor`` (113.16 s), with the
+  lengths' shape assumed (median 0.8x the mean, 90th percentile 2x, the maximum 28,672);
+* the decode step's overhead beside the roofline (kernel launches, the tensor-parallel
+  all-reduces, sampling), so that the synchronous run's generation phase is its published
+  ``gen`` (177.85 s): a synchronous step waits for its longest response, decoded one token a
+  step;
+* the colocated trainer's MFU, so that its training phase is its published ``update_actor``
+  (113.81 s on 128 GPUs: it offloads its parameters and optimizer to the CPU between phases,
+  so the same work takes it twice the GPU-seconds).
 
-Every other figure is held out: the 128-GPU asynchronous run and both runs on 64 and 32 GPUs.
+The runs on 64 and 32 GPUs are held out: predicted from the setup and the three values.
 The synchronous runs also recompute the old log-probs (verl's ``old_log_prob``, a forward pass
 over the step's samples, one third of a forward and backward), added to their prediction; the
 asynchronous runs take the sampler's.
@@ -76,10 +81,10 @@ PUBLISHED = (  # recipe/fully_async_policy/README.md, "Asynchronous Training on 
     Published("colocated sync, 32 GPUs", 32, True, 790.10, 357.41, 313.81, 107.71),
     Published("fully async 16:16", 32, False, 294.77, 21.26, 269.80),
 )
-CALIBRATION = PUBLISHED[0]
+CALIBRATION = PUBLISHED[:2]
 
 
-def workload(mean_response: float, mfu: float) -> Workload:
+def workload(mean_response: float, mfu: float, step_overhead_s: float = 0.0) -> Workload:
     """The runs' setup as a workload; the response lengths' shape is assumed (see above)."""
     return workload_from_mapping({
         "model": {"name": "Qwen/Qwen2.5-Math-7B", "config": QWEN25_MATH_7B},
@@ -93,6 +98,7 @@ def workload(mean_response: float, mfu: float) -> Workload:
         },
         "settings": {"weight_path": "nccl"},
         "trainer": {"mfu": mfu},
+        "generator": {"step_overhead_s": step_overhead_s, "source": "fitted to verl's runs"},
     })  # fmt: skip
 
 
@@ -125,22 +131,57 @@ def predict(run: Published, w: Workload, out: Path, steps: int) -> Phases:
     return Phases(p.step_s, gen, train)
 
 
-def fit(out: Path, steps: int) -> tuple[float, float, list[str]]:
-    """The mean response length and the MFU fitted to the calibration run's phases."""
-    log = []
-    low, high = 500.0, 12_000.0
-    mfu = 0.4
-    for _ in range(9):  # the generation phase grows with the mean length: bisect
-        mean = (low + high) / 2
-        phases = predict(CALIBRATION, workload(mean, mfu), out / "fit", steps)
-        log.append(f"mean response {mean:.0f}: gen {phases.gen_s:.1f} s")
-        low, high = (mean, high) if phases.gen_s < CALIBRATION.gen_s else (low, mean)
-    mean = (low + high) / 2
-    for _ in range(3):  # training time falls as 1/MFU (bar the collectives): iterate
-        phases = predict(CALIBRATION, workload(mean, mfu), out / "fit", steps)
-        log.append(f"mfu {mfu:.3f}: train {phases.train_s:.1f} s")
-        mfu *= phases.train_s / CALIBRATION.train_s
-    return mean, mfu, log
+@attrs.frozen
+class Fitted:
+    """The values fitted to the 128-GPU runs."""
+
+    mean_response: float
+    step_overhead_s: float
+    mfu_colocated: float
+
+    def workload(self, run: Published) -> Workload:
+        mfu = self.mfu_colocated if run.colocated else SEPARATE_MFU
+        return workload(self.mean_response, mfu, self.step_overhead_s)
+
+
+SEPARATE_MFU = 0.4  # the planner's default, assumed for the trainer on its own GPUs
+
+
+def training_s(run: Published, w: Workload) -> float:
+    """The trainer part's seconds for one step of ``run`` (no simulation needed)."""
+    gpus = run.gpus if run.colocated else run.gpus // 2
+    split = gpu_plan.Split(gpus, gpus // 4, 4)
+    shape = gpu_plan.step_shape(w, split)
+    return gpu_plan.trainer_part(w, split, shape).step_s(shape.forwarded_tokens)
+
+
+def bisect(function, target: float, low: float, high: float, rounds: int) -> float:
+    """The argument in [low, high] where an increasing ``function`` meets ``target``."""
+    for _ in range(rounds):
+        middle = (low + high) / 2
+        low, high = (middle, high) if function(middle) < target else (low, middle)
+    return (low + high) / 2
+
+
+def fit(out: Path, steps: int) -> tuple[Fitted, list[str]]:
+    """The mean response length, the decode step's overhead and the colocated MFU, fitted to
+    the 128-GPU runs' phases (the module's docstring)."""
+    log: list[str] = []
+    sync, asynchronous = CALIBRATION
+    mean = bisect(lambda m: training_s(asynchronous, workload(m, SEPARATE_MFU)),
+                  asynchronous.train_s, 100.0, 20_000.0, 30)  # fmt: skip
+    log.append(f"mean response {mean:.0f} tokens: the 64 trainer GPUs at {SEPARATE_MFU:.0%} MFU "
+               f"take {training_s(asynchronous, workload(mean, SEPARATE_MFU)):.1f} s")  # fmt: skip
+
+    def generation_s(overhead: float) -> float:
+        phases = predict(sync, workload(mean, SEPARATE_MFU, overhead), out / "fit", steps)
+        log.append(f"decode step overhead {overhead * 1e3:.2f} ms: gen {phases.gen_s:.1f} s")
+        return phases.gen_s
+
+    overhead = bisect(generation_s, sync.gen_s, 0.0, 0.05, 8)
+    mfu = bisect(lambda u: -training_s(sync, workload(mean, u)), -sync.train_s, 0.01, 1.0, 30)
+    log.append(f"colocated MFU {mfu:.3f}: {training_s(sync, workload(mean, mfu)):.1f} s")
+    return Fitted(mean, overhead, mfu), log
 
 
 def main() -> None:
@@ -149,12 +190,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     out = Path(args.output_dir)
-    mean, mfu, log = fit(out, args.steps)
+    fitted, log = fit(out, args.steps)
     print("\n".join(log))
-    print(f"fitted on '{CALIBRATION.name}': mean response {mean:.0f} tokens, trainer MFU "
-          f"{mfu:.3f}\n")  # fmt: skip
-    w = workload(mean, mfu)
-    predicted = {run.name: predict(run, w, out / "predict", args.steps) for run in PUBLISHED}
+    print(f"fitted on the 128-GPU runs: mean response {fitted.mean_response:.0f} tokens, "
+          f"decode step overhead {fitted.step_overhead_s * 1e3:.2f} ms, colocated MFU "
+          f"{fitted.mfu_colocated:.3f} (on its own GPUs: {SEPARATE_MFU}, assumed)\n")  # fmt: skip
+    predicted = {run.name: predict(run, fitted.workload(run), out / "predict", args.steps)
+                 for run in PUBLISHED}  # fmt: skip
     rows: list[dict[str, Any]] = []
     print("| run | published s/step | predicted | error | published gen / train s | "
           "predicted gen / train s | held out |")  # fmt: skip
@@ -163,11 +205,11 @@ def main() -> None:
         p = predicted[run.name]
         error = p.step_s / run.step_s - 1
         train = run.train_s + run.old_log_prob_s
-        rows.append({"run": run.name, "error": error, "held_out": run is not CALIBRATION})
+        rows.append({"run": run.name, "error": error, "held_out": run not in CALIBRATION})
         print(f"| {run.name} | {run.step_s:.1f} | {p.step_s:.1f} | {error:+.1%} | "
               f"{run.gen_s:.1f} / {train:.1f} | {p.gen_s:.1f} / "
               f"{p.train_s * (1 + OLD_LOG_PROB_SHARE * run.colocated):.1f} | "
-              f"{'yes' if run is not CALIBRATION else 'fitted'} |")  # fmt: skip
+              f"{'yes' if run not in CALIBRATION else 'fitted (its phases)'} |")  # fmt: skip
     print()
     for gpus in (128, 64, 32):
         sync, asynchronous = (r for r in PUBLISHED if r.gpus == gpus)

@@ -186,9 +186,16 @@ def in_flight_tokens(workload: Workload) -> float:
 
 
 def server_generator(workload: Workload, tensor_parallel: int) -> generators.Generator:
-    """A server's part model: the roofline of its GPUs, scaled to the workload's decode
-    figure when it gives one (a figure per GPU, at ``concurrency`` requests per GPU)."""
+    """A server's part model: the roofline of its GPUs with the workload's decode step
+    overhead, scaled to the workload's decode figure when it gives one (a figure per GPU, at
+    ``concurrency`` requests per GPU)."""
     roofline = generators.roofline(workload.gpu, workload.model, tensor_parallel)
+    if workload.decode_step_overhead_s:
+        roofline = attrs.evolve(
+            roofline, overhead_s=workload.decode_step_overhead_s,
+            source=f"{roofline.source}; {workload.decode_step_overhead_s * 1e3:g} ms a decode "
+            "step besides",
+        )  # fmt: skip
     figure = workload.decode_figure
     if figure is None:
         return roofline

@@ -18,7 +18,9 @@ tables; every error names the table, the key and the fix:
   the plan chooses), ``weight_path`` (``nccl``, ``disk`` or ``lora`` with ``lora_bytes``);
 * ``[generator]`` (optional): a decode figure, ``tokens_per_s`` of one server at
   ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
-  flight) with its ``source``, which scales the roofline; ``[trainer]`` ``mfu``;
+  flight) with its ``source``, which scales the roofline, and/or ``step_overhead_s``, seconds
+  every decode step takes besides the roofline (kernel launches, the tensor-parallel
+  all-reduces, sampling); ``[trainer]`` ``mfu``;
   ``[contention]`` ``training_slowdown`` and ``generation_slowdown`` (shared cores only).
 
 Example:
@@ -63,7 +65,7 @@ TABLES: Mapping[str, tuple[str, ...]] = {
     "batch": ("prompts_per_step", "num_generations"),
     "lengths": ("prompt", "response"),
     "settings": ("max_staleness", "weight_sync_steps", "weight_path", "lora_bytes"),
-    "generator": ("tokens_per_s", "concurrency", "context_tokens", "source"),
+    "generator": ("tokens_per_s", "concurrency", "context_tokens", "step_overhead_s", "source"),
     "trainer": ("mfu",),
     "contention": ("training_slowdown", "generation_slowdown"),
 }
@@ -103,6 +105,7 @@ class Workload:
         max_staleness, weight_sync_steps: fixed by the workload, or None (the plan chooses).
         weight_path: ``nccl``, ``disk`` or ``lora``; ``lora_bytes`` the adapters' size.
         decode_figure: a decode figure that scales the roofline (None: the roofline).
+        decode_step_overhead_s: seconds every decode step takes besides the roofline.
         train_mfu: the trainer's share of peak FLOP/s.
         contention: slowdowns where trainer and servers share cores.
     """
@@ -123,6 +126,7 @@ class Workload:
     weight_path: str = "nccl"
     lora_bytes: float | None = None
     decode_figure: DecodeFigure | None = None
+    decode_step_overhead_s: float = 0.0
     train_mfu: float = TRAIN_MFU
     contention: Contention = attrs.field(factory=Contention)
 
@@ -320,12 +324,14 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         if key not in lengths:
             raise WorkloadError(f"[lengths] {key}: missing; give its tokens (a number, or mean, "
                                 "quantiles and max, or a histogram)")  # fmt: skip
-    figure = None
-    if tables["generator"]:
-        g = tables["generator"]
-        if not isinstance(g.get("source"), str):
-            raise WorkloadError("[generator] source: say where the decode figure comes from "
-                                "(a paper, a benchmark, a measured run)")  # fmt: skip
+    figure, overhead = None, 0.0
+    g = tables["generator"]
+    if g and not isinstance(g.get("source"), str):
+        raise WorkloadError("[generator] source: say where the decode figures come from "
+                            "(a paper, a benchmark, a measured run)")  # fmt: skip
+    if "step_overhead_s" in g:
+        overhead = float(_number("generator", "step_overhead_s", g["step_overhead_s"], minimum=0))
+    if g and ("tokens_per_s" in g or "concurrency" in g or "step_overhead_s" not in g):
         context = g.get("context_tokens")
         figure = DecodeFigure(
             float(_number("generator", "tokens_per_s", g.get("tokens_per_s"), minimum=1e-9)),
@@ -356,6 +362,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         prompt_lengths=lengths_from("[lengths] prompt", lengths["prompt"]),
         response_lengths=lengths_from("[lengths] response", lengths["response"]),
         decode_figure=figure,
+        decode_step_overhead_s=overhead,
         train_mfu=_mfu(tables["trainer"].get("mfu", TRAIN_MFU)),
         contention=contention,
         **_settings(tables["settings"]),

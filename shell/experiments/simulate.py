@@ -74,6 +74,11 @@ def _start_groups(state: Pipeline, training: bool) -> None:
     New groups get the servers' policy, ``state.behind(training)`` versions behind the steps
     taken (the step training counts)."""
     c = state.config
+    if c.groups_per_step is not None:  # colocated: the whole batch at once, between steps
+        if not (state.in_flight or state.queue or training or state.pushes):
+            for _ in range(c.groups_per_step):
+                _start_group(state, training)
+        return
     behind = state.behind(training)
     allowance = state.steps.allowance_behind(behind)
     while True:
@@ -88,17 +93,23 @@ def _start_groups(state: Pipeline, training: bool) -> None:
         if state.blocked_since is not None:
             state.observe(metrics.mean("rollout/backpressure_s", state.clock - state.blocked_since))
             state.blocked_since = None
-        server = _route(state, training)
-        _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
-        lengths = c.completion_distribution.sample(state.rng, c.num_generations).tolist()
-        prompt = int(c.prompt_distribution.sample(state.rng, 1)[0])
-        group = Group(state.next_position, row, state.policy, lengths, prompt, server)
-        state.in_flight[group.position] = group
-        state.requests.add(group.position, server, lengths, prompt)
-        # the group's prompt is prefilled once (its requests share it: prefix caching)
-        state.prefill_left_s[server] += c.server_generator.prefill_s(prompt)
-        state.ledger = pacing.group_started(state.ledger)
-        state.next_position += 1
+        _start_group(state, training)
+
+
+def _start_group(state: Pipeline, training: bool) -> None:
+    """Start the next prompt's group on the server routing picks."""
+    c = state.config
+    server = _route(state, training)
+    _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
+    lengths = c.completion_distribution.sample(state.rng, c.num_generations).tolist()
+    prompt = int(c.prompt_distribution.sample(state.rng, 1)[0])
+    group = Group(state.next_position, row, state.policy, lengths, prompt, server)
+    state.in_flight[group.position] = group
+    state.requests.add(group.position, server, lengths, prompt)
+    # the group's prompt is prefilled once (its requests share it: prefix caching)
+    state.prefill_left_s[server] += c.server_generator.prefill_s(prompt)
+    state.ledger = pacing.group_started(state.ledger)
+    state.next_position += 1
 
 
 def _route(state: Pipeline, training: bool) -> int:

@@ -34,6 +34,10 @@ class SimulationConfig:
         num_generations: rollouts per prompt (G).
         max_staleness: as in the config; samples further behind are dropped.
         max_concurrent_rollouts: rollouts in flight at most (groups start whole).
+        groups_per_step: the colocated synchronous baseline of most frameworks (verl's,
+            TRL's colocated mode): this many groups start together, the whole batch, once the
+            last step's weights have landed and every sample before them is trained; None:
+            the pacing and ``max_concurrent_rollouts`` admit groups (this trainer).
         token_budget: tokens per row.
         rows_per_step: ``gradient_accumulation_steps x num_processes`` (planned as one
             process's micro-batches).
@@ -82,6 +86,7 @@ class SimulationConfig:
     num_generations: int = _CONFIG_DEFAULTS["num_generations"]
     max_staleness: int = _CONFIG_DEFAULTS["max_staleness"]
     max_concurrent_rollouts: int = _CONFIG_DEFAULTS["max_concurrent_rollouts"]
+    groups_per_step: int | None = None
     token_budget: int = 4096
     rows_per_step: int = 1
     prompt_tokens: int = 64

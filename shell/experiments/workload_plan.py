@@ -165,14 +165,16 @@ def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: 
 def colocated_config(workload: Workload, gpus: int, tensor_parallel: int,
                      steps: int = STEPS) -> SimulationConfig:  # fmt: skip
     """The synchronous baseline most frameworks run (verl's and TRL's colocated modes): every
-    one of ``gpus`` GPUs generates, as ``gpus / tensor_parallel`` servers, then trains, one
-    after the other (``max_staleness`` 0, the push waited for, within each server's GPUs).
+    one of ``gpus`` GPUs generates a step's whole batch at once, as ``gpus / tensor_parallel``
+    servers, then trains, one after the other (the push waited for, within each server's
+    GPUs).
     Offloading the trainer's state and waking the servers between the two is not modelled."""
     if gpus % tensor_parallel:
         raise ValueError(f"{gpus} GPUs do not split into servers of tensor-parallel "
                          f"{tensor_parallel}")  # fmt: skip
     split = gpu_plan.Split(gpus, gpus // tensor_parallel, tensor_parallel)
-    return simulation_config(workload, split, 0, 1, steps, colocated=True)
+    config = simulation_config(workload, split, 0, 1, steps, colocated=True)
+    return attrs.evolve(config, groups_per_step=workload.prompts_per_step)
 
 
 def predict(workload: Workload, candidate: Candidate, output_dir: Path,

@@ -106,3 +106,23 @@ def test_the_long_tail_lowers_the_screened_rate_at_the_same_mean() -> None:
     split = gpu_plan.Split(4, 4, 1)
     assert gpu_plan.running_share(even) == 1.0 > gpu_plan.running_share(tail)
     assert gpu_plan.screen(tail, split).generation < gpu_plan.screen(even, split).generation
+
+
+def test_a_decode_step_overhead_slows_the_roofline_most_where_few_requests_run() -> None:
+    """``[generator] step_overhead_s`` adds to every decode step of the roofline: one request
+    (the tail of a synchronous step) decodes much slower, a full server less so; it
+    needs a source, and a figure is optional beside it."""
+    plain = workload_from_mapping(WORKLOAD)
+    slowed = workload_from_mapping(changed("generator", "step_overhead_s", 0.0025) | {
+        "generator": {"step_overhead_s": 0.0025, "source": "a measured run"}})  # fmt: skip
+    assert slowed.decode_figure is None and slowed.decode_step_overhead_s == 0.0025
+    fast, slow = (gpu_plan.server_generator(w, 1) for w in (plain, slowed))
+    alone = fast.tokens_per_s(1, 3000) / slow.tokens_per_s(1, 3000)
+    full = fast.tokens_per_s(256, 256 * 3000) / slow.tokens_per_s(256, 256 * 3000)
+    assert alone > 1.4 and 1.0 < full < alone, (alone, full)  # 4.5 ms a step alone on H100
+    assert "2.5 ms a decode step besides" in slow.source
+    with pytest.raises(WorkloadError, match=r"\[generator\] source"):
+        workload_from_mapping(changed("generator", "step_overhead_s", 0.0025))
+    with pytest.raises(WorkloadError, match=r"\[generator\] step_overhead_s"):
+        workload_from_mapping(changed("generator", "step_overhead_s", -1.0) | {
+            "generator": {"step_overhead_s": -1.0, "source": "x"}})  # fmt: skip

@@ -209,3 +209,25 @@ def test_a_push_stops_the_servers_only_for_its_pause_and_its_write_slows_the_nex
     assert writing - alone == pytest.approx(0.2, abs=0.05), (alone, writing)
     with pytest.raises(ValueError, match=r"server_pause_s \(0.5\) must lie between 0 and "):
         SimulationConfig(weight_sync_s=0.3, server_pause_s=0.5)
+
+
+def test_a_colocated_baseline_starts_each_steps_whole_batch_together(tmp_path) -> None:
+    """groups_per_step (verl's and TRL's colocated trainers): the step's 8 groups start at
+    once after the last step, past the pacing's cap of 2 groups in flight; with a server whose
+    throughput grows with the requests it runs, a sample costs less time than paced."""
+    from asyncgrpo.core.experiments.generator import Generator
+    from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
+
+    figures, concurrency = {}, {}
+    for name, batch in (("paced", None), ("batch", 8)):
+        config = SimulationConfig(max_steps=12, logging_steps=3, max_staleness=0,
+                                  num_generations=8, max_concurrent_rollouts=16,
+                                  groups_per_step=batch, token_budget=4096, rows_per_step=2,
+                                  generator=Generator(compute_s_per_request=2e-4,
+                                                      weight_read_s=0.01))  # fmt: skip
+        windows = simulate(config, tmp_path / name, progress=False)
+        figures[name] = pipeline_figures(windows)
+        concurrency[name] = max(w["rollout/concurrency"] for w in windows)
+    assert concurrency["paced"] <= 16 < concurrency["batch"], concurrency
+    per_sample = {name: f.seconds_per_sample for name, f in figures.items()}
+    assert per_sample["batch"] < 0.8 * per_sample["paced"], per_sample

@@ -86,14 +86,14 @@ def test_plan_errors_name_the_key_and_the_fix(tmp_path, capsys) -> None:
 
 
 def test_the_colocated_baseline_generates_on_every_gpu_then_trains_on_them(tmp_path) -> None:
-    """Colocated on 16 GPUs: 4 servers of tensor-parallel 4 and the trainer on all 16, one
-    after the other, its push within the servers' GPUs. Against a synchronous split of the
-    same GPUs (8 to the trainer, 2 servers) it trains faster; it generates no faster, since a
-    synchronous step waits for its longest response, which one server decodes alone."""
+    """Colocated on 16 GPUs: 4 servers of tensor-parallel 4 generating a step's whole batch at
+    once, then the trainer on all 16, its push within the servers' GPUs. Against the paced
+    synchronous setting of a split of the same GPUs (8 to the trainer, 2 servers) it trains
+    and generates faster."""
     workload = read_workload(EXAMPLE)
     config = colocated_config(workload, 16, 4, steps=6)
     assert (config.num_servers, config.max_staleness, config.weight_push_overlap) == (4, 0, False)
-    assert config.rows_per_step % 16 == 0
+    assert config.rows_per_step % 16 == 0 and config.groups_per_step == 64
     split = gpu_plan.Split(8, 2, 4)
     dedicated = simulation_config(workload, split, 0, 1, steps=6)
     assert config.weight_sync_s < dedicated.weight_sync_s  # one gather, not one send a server
@@ -102,7 +102,7 @@ def test_the_colocated_baseline_generates_on_every_gpu_then_trains_on_them(tmp_p
     phases = {name: (p.trainer_idle_frac * p.step_s, (1 - p.trainer_idle_frac) * p.step_s)
               for name, p in (("together", together), ("apart", apart))}  # fmt: skip
     assert phases["together"][1] < 0.7 * phases["apart"][1], phases  # training
-    assert phases["together"][0] == pytest.approx(phases["apart"][0], rel=0.1), phases
+    assert phases["together"][0] < 0.7 * phases["apart"][0], phases  # generation
     with pytest.raises(ValueError, match="16 GPUs do not split into servers of tensor-parallel 3"):
         colocated_config(workload, 16, 3)
 
