@@ -216,7 +216,12 @@ def _take_step(state: Pipeline) -> step_queue.TakenStep | None:
     while state.queue:
         _apply(state, step_queue.arrive(state.steps, state.queue.popleft(), state.version))
     in_flight = step_queue.InFlight.of(group.version for group in state.in_flight.values())
-    if not step_queue.ready(state.steps, in_flight, behind=state.behind(False)):
+    # colocated: the step is the whole batch, taken once all of it is in
+    whole_batch = state.config.groups_per_step is not None
+    if whole_batch and (state.in_flight or not state.steps.buffer):
+        return None
+    if not whole_batch and not step_queue.ready(state.steps, in_flight,
+                                                behind=state.behind(False)):  # fmt: skip
         return None
     step = step_queue.take_step(state.steps)
     state.steps = step.queue

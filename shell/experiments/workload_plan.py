@@ -174,7 +174,9 @@ def colocated_config(workload: Workload, gpus: int, tensor_parallel: int,
                          f"{tensor_parallel}")  # fmt: skip
     split = gpu_plan.Split(gpus, gpus // tensor_parallel, tensor_parallel)
     config = simulation_config(workload, split, 0, 1, steps, colocated=True)
-    return attrs.evolve(config, groups_per_step=workload.prompts_per_step)
+    # rows enough for the whole batch, however long its responses come out
+    return attrs.evolve(config, groups_per_step=workload.prompts_per_step,
+                        rows_per_step=2 * config.rows_per_step)  # fmt: skip
 
 
 def predict(workload: Workload, candidate: Candidate, output_dir: Path,
