@@ -255,9 +255,13 @@ def probe_server(base_url: str, settings: ProbeSettings, *, prompt_tokens: int,
             beside = anyio.run(measure, settings.concurrency[-1])
             beside_end = time.monotonic()
             lines = steps_file.read_text().splitlines()
-        finally:
+        finally:  # never left behind: terminated, else killed
             load.terminate()
-            load.wait(30)
+            try:
+                load.wait(30)
+            except subprocess.TimeoutExpired:
+                load.kill()
+                load.wait()
     alone_s = _load_rate(lines, alone_start, alone_end)
     beside_s = _load_rate(lines, beside_end - beside.seconds, beside_end)
     if alone_s is None or beside_s is None:

@@ -45,6 +45,7 @@ from asyncgrpo.shell.experiments.calibrate import (
     simulation_of,
     with_probe,
 )
+from asyncgrpo.shell.experiments.generator_probe import read_probe
 from asyncgrpo.shell.experiments.simulate import simulate
 
 TICKS_PER_GROUP = 20
@@ -148,6 +149,9 @@ def plan(
         source = (f"measured by {run} on {base_devices[0]} trainer and {base_devices[1]} server "
                   "device(s), per-token throughputs scaled in proportion to devices "
                   "(an upper bound on CPU cores)")  # fmt: skip
+        if read_probe(run) is not None:
+            source += ("; each server's throughput against the requests in flight, and the "
+                       "contention, from its sweep's probe")  # fmt: skip
     chosen = candidates(devices, staleness_choices, sync_step_choices, max_servers)
     predictions = []
     measured = gpu is None

@@ -18,6 +18,7 @@ from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import SweepError, record_run_settings
 from asyncgrpo.shell.experiments.calibrate import run_config
+from asyncgrpo.shell.experiments.generator_probe import PROBE_FILE, Probe, ProbePoint
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.experiments.workload_plan import (
     colocated_config,
@@ -153,4 +154,10 @@ def test_any_run_with_recorded_settings_calibrates_a_plan(tmp_path, capsys) -> N
     argv = ["plan", "--calibrate", str(run), "--devices", "2", "--max-staleness", "0", "1",
             "--weight-sync-steps", "1", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
-    assert capsys.readouterr().out.startswith("recommended for 2 devices: max_staleness=")
+    out = capsys.readouterr().out
+    assert out.startswith("recommended for 2 devices: max_staleness=") and "probe" not in out
+    probe = Probe((ProbePoint(1, 400.0, 10, 1.0), ProbePoint(16, 3000.0, 90, 1.0)),
+                  training_slowdown=1.5, generation_slowdown=1.3, note="measured")  # fmt: skip
+    (run / PROBE_FILE).write_text(json.dumps(probe.as_json()))
+    assert main(argv) == 0
+    assert "contention, from its sweep's probe" in capsys.readouterr().out
