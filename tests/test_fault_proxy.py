@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import math
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,9 +33,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """The proxy's upstream; a connection the proxy resets or cuts (as the fault tests ask)
+    is expected, not an error to print."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture(scope="module")
 def server_port() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
