@@ -321,6 +321,21 @@ def fit_generation(
 PAUSE_PARTS = ("perf/weight_sync_pause_s", "perf/weight_sync_transfer_s")
 """The parts of a push that hold the server still: asking it to pause, then the reload or
 transfer and the resume (docs/metrics.md); the disk path's file is written before them."""
+WRITE = "perf/weight_sync_write_s"
+
+
+def _mean_of_sums(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                  skip_windows: int) -> RateFit:  # fmt: skip
+    """The mean of ``keys`` summed, over the rows after the first ``skip_windows`` that log
+    every one of them."""
+    sums = [sum(row[k] for k in keys) for row in rows[skip_windows:]
+            if all(row.get(k) is not None for k in keys)]  # fmt: skip
+    if not sums:
+        return RateFit(None, math.nan, 0, f"no window logs {' and '.join(keys)}")
+    values = np.array(sums)
+    value = float(values.mean())
+    return RateFit(value, _spread(values, np.ones_like(values), value), len(sums),
+                   f"mean {' + '.join(keys)}")  # fmt: skip
 
 
 def fit_server_pause(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> RateFit:
@@ -335,34 +350,18 @@ def fit_server_pause(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -
         >>> fit_server_pause([{"perf/step_s": 1.0}] * 3).value is None
         True
     """
-    parts = [sum(row[k] for k in PAUSE_PARTS) for row in rows[skip_windows:]
-             if all(row.get(k) is not None for k in PAUSE_PARTS)]  # fmt: skip
-    if not parts:
-        return RateFit(None, math.nan, 0, f"no window logs {' and '.join(PAUSE_PARTS)}")
-    values = np.array(parts)
-    value = float(values.mean())
-    return RateFit(value, _spread(values, np.ones_like(values), value), len(parts),
-                   f"mean {' + '.join(PAUSE_PARTS)}")  # fmt: skip
+    return _mean_of_sums(rows, PAUSE_PARTS, skip_windows)
 
 
 def fit_push_write(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> RateFit:
     """Seconds per push spent writing its file on the trainer's cores (the disk path's
-    ``perf/weight_sync_write_s``), the mean over the windows after the first ``skip_windows``
-    that log it.
+    :data:`WRITE`), the mean over the windows after the first ``skip_windows`` that log it.
 
     Example:
         >>> fit_push_write([{"perf/weight_sync_write_s": w} for w in (9.0, 0.4, 0.5)]).value
         0.45
     """
-    values = np.array([row[WRITE] for row in rows[skip_windows:] if row.get(WRITE) is not None])
-    if not len(values):
-        return RateFit(None, math.nan, 0, f"no window logs {WRITE}")
-    value = float(values.mean())
-    return RateFit(value, _spread(values, np.ones_like(values), value), len(values),
-                   f"mean {WRITE}")  # fmt: skip
-
-
-WRITE = "perf/weight_sync_write_s"
+    return _mean_of_sums(rows, (WRITE,), skip_windows)
 
 
 @attrs.frozen
