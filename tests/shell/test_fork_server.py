@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import psutil
-from processes import alive_after, kill_all
+from processes import alive_after, described, kill_all
 
 WAIT_S = 120  # the fork server's imports on a loaded 2-core machine; the checks do not depend on it
 
@@ -72,7 +72,7 @@ def test_a_forked_rollout_process_sees_the_trainer_as_it_is_now_and_dies_with_it
         trainer.wait(WAIT_S)
         assert seen["waiting"]["pid"] in {p.pid for p in run}
         left = alive_after([p for p in run if p.pid != trainer.pid], WAIT_S)
-        assert left == [], [" ".join(p.cmdline()) for p in left]
+        assert left == [], [described(p) for p in left]
     finally:
         trainer.kill()
         kill_all(run)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from processes import alive_after, described, kill_all
+from processes import alive_after, command_lines, described, kill_all
 
 pytestmark = pytest.mark.server
 
@@ -66,7 +66,7 @@ def test_sigterm_stops_the_demo_its_server_and_rollout_process(tmp_path) -> None
     process, log = run_demo_until_first_step(tmp_path)
     children = descendants(process)
     try:
-        commands = " ".join(" ".join(c.cmdline()) for c in children)
+        commands = " ".join(" ".join(line) for _, line in command_lines(children))
         assert "vllm.entrypoints.openai.api_server" in commands  # the server the demo started
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=120)

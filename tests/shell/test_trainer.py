@@ -8,6 +8,7 @@ import shutil
 import psutil
 import pytest
 from datasets import Dataset
+from processes import command_lines
 from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -253,8 +254,8 @@ class KillRolloutProcess(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step not in self.at_steps:
             return
-        children = [c for c in psutil.Process().children(recursive=True)
-                    if c.cmdline()[:1] == [PROCESS_TITLE]]  # fmt: skip
+        descendants = psutil.Process().children(recursive=True)
+        children = [c for c, line in command_lines(descendants) if line[:1] == [PROCESS_TITLE]]
         assert len(children) == 1, children
         children[0].kill()
         self.killed.append(children[0].pid)

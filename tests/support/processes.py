@@ -19,6 +19,17 @@ def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return left
 
 
+def command_lines(processes: list[psutil.Process]) -> list[tuple[psutil.Process, list[str]]]:
+    """``(process, command line)`` of those of ``processes`` still running. A process can exit,
+    or be a zombie not yet reaped, between the listing of a parent's children and the read of
+    its command line (``psutil.ZombieProcess``); such a process is left out, never raised."""
+    lines = []
+    for process in alive(processes):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            lines.append((process, process.cmdline()))
+    return lines
+
+
 def alive_after(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """Those of ``processes`` still running once they all exited or ``timeout_s`` passed."""
     deadline = time.monotonic() + timeout_s
