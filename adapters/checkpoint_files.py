@@ -32,11 +32,23 @@ from torch.distributed.checkpoint import FileSystemReader
 
 DCP_METADATA = ".metadata"
 SAFETENSORS_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 """Bytes per element of each safetensors dtype; tensors of other dtypes (sub-byte ones) are
 checked by their offsets only."""
 SAFETENSORS_HEADER_LIMIT = 100 * 1024**2  # the largest header the safetensors library reads
@@ -114,8 +126,9 @@ def check_safetensors(file: Path) -> None:
         if header_bytes > SAFETENSORS_HEADER_LIMIT:
             raise DamagedFile(file, f"not a safetensors file: a header of {header_bytes} bytes")
         if 8 + header_bytes > size:
-            raise DamagedFile(file, f"cut short: {size} bytes, its header alone needs "
-                                    f"{8 + header_bytes}")  # fmt: skip
+            raise DamagedFile(
+                file, f"cut short: {size} bytes, its header alone needs {8 + header_bytes}"
+            )
         try:
             header = json.loads(handle.read(header_bytes))
         except ValueError as error:
@@ -131,19 +144,25 @@ def check_safetensors(file: Path) -> None:
             elements = math.prod(int(d) for d in entry["shape"])
             dtype = str(entry["dtype"])
         except (KeyError, TypeError, ValueError) as error:
-            raise DamagedFile(file, f"its header entry for {name!r} is malformed "
-                                    f"({type(error).__name__}: {error})") from error  # fmt: skip
+            raise DamagedFile(
+                file,
+                f"its header entry for {name!r} is malformed ({type(error).__name__}: {error})",
+            ) from error
         per_element = SAFETENSORS_DTYPE_BYTES.get(dtype)
         if stop < begin or (per_element is not None and stop - begin != elements * per_element):
-            raise DamagedFile(file, f"its header gives tensor {name!r} ({dtype}, "
-                                    f"{elements} elements) bytes [{begin}, {stop})")  # fmt: skip
+            raise DamagedFile(
+                file,
+                f"its header gives tensor {name!r} ({dtype}, "
+                f"{elements} elements) bytes [{begin}, {stop})",
+            )
         end = max(end, stop)
     needed = 8 + header_bytes + end
     if size < needed:
         raise DamagedFile(file, f"cut short: {size} bytes, its header needs {needed}")
     if size > needed:
-        raise DamagedFile(file, f"{size} bytes, {size - needed} more than its header accounts "
-                                f"for ({needed})")  # fmt: skip
+        raise DamagedFile(
+            file, f"{size} bytes, {size - needed} more than its header accounts for ({needed})"
+        )
 
 
 def check_distributed_checkpoint(directory: Path) -> None:
@@ -203,5 +222,4 @@ def check_file_sizes(directory: Path, sizes: Mapping[str, int], listed_in: str) 
             raise DamagedFile(file, f"empty (0 bytes; {expected} when saved, {listed_in})")
         if size != expected:
             shorter = "cut short: " if size < expected else ""
-            raise DamagedFile(file, f"{shorter}{size} bytes, {expected} when saved "
-                                    f"({listed_in})")  # fmt: skip
+            raise DamagedFile(file, f"{shorter}{size} bytes, {expected} when saved ({listed_in})")

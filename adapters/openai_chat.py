@@ -98,17 +98,28 @@ def chat_completion(
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
-            {"id": call_id, "type": "function",
-             "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))}}
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))},
+            }
             for call, call_id in zip(calls, call_ids, strict=True)
-        ]  # fmt: skip
+        ]
     return {
         "id": f"chatcmpl-{call_ids[0] if call_ids else int(time.time() * 1000)}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if calls else finish_reason}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }  # fmt: skip
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }

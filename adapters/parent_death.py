@@ -81,8 +81,15 @@ def command_dying_with_caller(argv: Sequence[str], grace_s: float = 10.0) -> lis
         >>> command_dying_with_caller(["sleep", "9"], grace_s=5)[4:]
         ['5', '--', 'sleep', '9']
     """
-    return [sys.executable, "-m", "asyncgrpo.adapters.parent_death",
-            str(os.getpid()), str(grace_s), "--", *argv]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "asyncgrpo.adapters.parent_death",
+        str(os.getpid()),
+        str(grace_s),
+        "--",
+        *argv,
+    ]
 
 
 def supervise(command: Sequence[str], parent_pid: int, grace_s: float) -> int:

@@ -97,8 +97,14 @@ def first_failure(error: Exception | None) -> str | None:
         return failure
     failures: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(failures, failure)
-    return next((f if rank == 0 else f"rank {rank}: {f}" for rank, f in enumerate(failures)
-                 if f is not None), None)  # fmt: skip
+    return next(
+        (
+            f if rank == 0 else f"rank {rank}: {f}"
+            for rank, f in enumerate(failures)
+            if f is not None
+        ),
+        None,
+    )
 
 
 class _Refused:

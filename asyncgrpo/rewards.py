@@ -53,7 +53,10 @@ def accuracy_reward(
         if not gold:
             rewards.append(None)
             continue
-        answer = parse(_last_content(completion), extraction_config=[LatexExtractionConfig()],
-                       parsing_timeout=timeout)  # fmt: skip
+        answer = parse(
+            _last_content(completion),
+            extraction_config=[LatexExtractionConfig()],
+            parsing_timeout=timeout,
+        )
         rewards.append(float(verify(gold, answer, timeout_seconds=timeout)))
     return rewards

@@ -65,24 +65,34 @@ def _valid(problem: tuple[Any, ...], split: str) -> bool:
     return _value(problem) >= 0 and _split_of(problem) == split
 
 
-def _draw(rng: random.Random, numbers: range, operations: Sequence[str],
-          operands: int) -> tuple[Any, ...]:  # fmt: skip
+def _draw(
+    rng: random.Random, numbers: range, operations: Sequence[str], operands: int
+) -> tuple[Any, ...]:
     values = [rng.choice(numbers) for _ in range(operands)]
     ops = [rng.choice(operations) for _ in range(operands - 1)]
-    return tuple(x for pair in zip(values, (*ops, None), strict=True) for x in pair
-                 if x is not None)  # fmt: skip
+    return tuple(
+        x for pair in zip(values, (*ops, None), strict=True) for x in pair if x is not None
+    )
 
 
-def _problems(count: int | None, digits: int, operations: Sequence[str], operands: int,
-              split: str, rng: random.Random) -> list[tuple[Any, ...]]:  # fmt: skip
+def _problems(
+    count: int | None,
+    digits: int,
+    operations: Sequence[str],
+    operands: int,
+    split: str,
+    rng: random.Random,
+) -> list[tuple[Any, ...]]:
     """``count`` problems of the split: drawn in a seeded order from all of them (repeating
     when there are fewer; all of them once for ``None``), or drawn at random from a space too
     large to list."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     space = len(numbers) ** operands * len(operations) ** (operands - 1)
     if space > ENUMERATED and count is None:
-        raise ValueError(f"count=None lists the whole split, but this difficulty has {space} "
-                         f"problems (over {ENUMERATED}): give a count")  # fmt: skip
+        raise ValueError(
+            f"count=None lists the whole split, but this difficulty has {space} "
+            f"problems (over {ENUMERATED}): give a count"
+        )
     if space > ENUMERATED:
         found = []
         while len(found) < count:
@@ -93,8 +103,9 @@ def _problems(count: int | None, digits: int, operations: Sequence[str], operand
     pool = []
     for values in itertools.product(numbers, repeat=operands):
         for ops in itertools.product(operations, repeat=operands - 1):
-            problem = tuple(x for pair in zip(values, (*ops, None), strict=True)
-                            for x in pair if x is not None)  # fmt: skip
+            problem = tuple(
+                x for pair in zip(values, (*ops, None), strict=True) for x in pair if x is not None
+            )
             if _valid(problem, split):
                 pool.append(problem)
     if not pool:

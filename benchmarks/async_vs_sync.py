@@ -67,8 +67,10 @@ def main() -> int:
     parts = step_parts(out)
     if parts is not None:
         gen, train, sync = parts
-        print(f"ceiling of overlap per step (from max_staleness 0): {ceiling(*parts):.2f}x "
-              f"(T_gen {gen:.3f} s, T_train {train:.3f} s, T_sync {sync:.3f} s)")  # fmt: skip
+        print(
+            f"ceiling of overlap per step (from max_staleness 0): {ceiling(*parts):.2f}x "
+            f"(T_gen {gen:.3f} s, T_train {train:.3f} s, T_sync {sync:.3f} s)"
+        )
     return comparison.exit_status
 
 

@@ -36,15 +36,15 @@ HEAD_DIM = 64
 
 def sample(tokens: list[int], group: int, rollout: str) -> TrainingSample:
     mask = [0] + [1] * (len(tokens) - 1)
-    seq = TrainingSequence(input_ids=tokens, trained_mask=mask,
-                           sampler_logprobs=[-0.1 * m for m in mask])  # fmt: skip
+    seq = TrainingSequence(
+        input_ids=tokens, trained_mask=mask, sampler_logprobs=[-0.1 * m for m in mask]
+    )
     return TrainingSample(seq, 1.0, 0, group, group, group, rollout)
 
 
 def independent_row(tokens: int, count: int, rng: np.random.Generator) -> PackedRow:
     length = max(2, tokens // count)
-    return pack_row([sample(list(rng.integers(0, 1000, length)), i, f"s{i}")
-                     for i in range(count)])  # fmt: skip
+    return pack_row([sample(list(rng.integers(0, 1000, length)), i, f"s{i}") for i in range(count)])
 
 
 def grouped_row(tokens: int, count: int, rng: np.random.Generator) -> PackedRow:
@@ -53,8 +53,10 @@ def grouped_row(tokens: int, count: int, rng: np.random.Generator) -> PackedRow:
     samples = []
     for g in range(groups):
         shared = list(rng.integers(0, 1000, prompt))
-        samples += [sample(shared + list(rng.integers(0, 1000, completion)), g, f"{g}-{m}")
-                    for m in range(8)]  # fmt: skip
+        samples += [
+            sample(shared + list(rng.integers(0, 1000, completion)), g, f"{g}-{m}")
+            for m in range(8)
+        ]
     return pack_row(samples)
 
 
@@ -82,12 +84,17 @@ def fit(rows: list[dict]) -> AttentionCosts:
 
     dense = solve([[1.0, r["T"] ** 2 * r["width"]] for r in rows], [r["dense_s"] for r in rows])
     mask = solve([[r["T"] ** 2, r["T"]] for r in rows], [r["mask_s"] for r in rows])
-    split = solve([[r["S"], r["pairs"] * r["width"]] for r in rows],
-                  [r["segments_s"] for r in rows])  # fmt: skip
-    return AttentionCosts(dense_per_call=dense[0], dense_per_cell_dim=dense[1],
-                          mask_per_cell=mask[0], mask_per_token=mask[1],
-                          segments_per_call=split[0],
-                          segments_per_pair_dim=split[1])  # fmt: skip
+    split = solve(
+        [[r["S"], r["pairs"] * r["width"]] for r in rows], [r["segments_s"] for r in rows]
+    )
+    return AttentionCosts(
+        dense_per_call=dense[0],
+        dense_per_cell_dim=dense[1],
+        mask_per_cell=mask[0],
+        mask_per_token=mask[1],
+        segments_per_call=split[0],
+        segments_per_pair_dim=split[1],
+    )
 
 
 def main() -> None:
@@ -112,18 +119,26 @@ def main() -> None:
                     for _ in range(args.repeats):
                         for backend in times:
                             times[backend].append(timed(row, backend, heads))
-                    results.append({
-                        "kind": kind, "count": count, "heads": heads, "width": heads * HEAD_DIM,
-                        "T": row.num_tokens, "S": row.num_segments,
-                        "pairs": query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k),
-                        "mask_s": statistics.median(b for b, _ in times["dense"]),
-                        "dense_s": statistics.median(a for _, a in times["dense"]),
-                        "segments_s": statistics.median(b + a for b, a in times["segments"]),
-                    })  # fmt: skip
+                    results.append(
+                        {
+                            "kind": kind,
+                            "count": count,
+                            "heads": heads,
+                            "width": heads * HEAD_DIM,
+                            "T": row.num_tokens,
+                            "S": row.num_segments,
+                            "pairs": query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k),
+                            "mask_s": statistics.median(b for b, _ in times["dense"]),
+                            "dense_s": statistics.median(a for _, a in times["dense"]),
+                            "segments_s": statistics.median(b + a for b, a in times["segments"]),
+                        }
+                    )
     costs = fit(results)
     print(f"fitted: {costs}")
-    print("| heads x 64 | row | T | segments | pairs / T² | dense ms (mask + layer) | "
-          "segments ms | faster | model picks |")  # fmt: skip
+    print(
+        "| heads x 64 | row | T | segments | pairs / T² | dense ms (mask + layer) | "
+        "segments ms | faster | model picks |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     hits = 0
     for r in results:
@@ -131,12 +146,16 @@ def main() -> None:
         faster = "dense" if dense_total < r["segments_s"] else "segments"
         pick = cheaper_backend(r["T"], r["S"], r["pairs"], r["width"], 1, costs)
         hits += pick == faster
-        predicted = (dense_cost(r["T"], r["width"], 1, costs),
-                     segments_cost(r["S"], r["pairs"], r["width"], 1, costs))  # fmt: skip
-        print(f"| {r['heads']} | {r['count']} {r['kind']} | {r['T']} | {r['S']} | "
-              f"{r['pairs'] / r['T'] ** 2:.3f} | {1e3 * dense_total:.2f} | "
-              f"{1e3 * r['segments_s']:.2f} | {faster} | {pick} "
-              f"(model {1e3 * predicted[0]:.2f} / {1e3 * predicted[1]:.2f}) |")  # fmt: skip
+        predicted = (
+            dense_cost(r["T"], r["width"], 1, costs),
+            segments_cost(r["S"], r["pairs"], r["width"], 1, costs),
+        )
+        print(
+            f"| {r['heads']} | {r['count']} {r['kind']} | {r['T']} | {r['S']} | "
+            f"{r['pairs'] / r['T'] ** 2:.3f} | {1e3 * dense_total:.2f} | "
+            f"{1e3 * r['segments_s']:.2f} | {faster} | {pick} "
+            f"(model {1e3 * predicted[0]:.2f} / {1e3 * predicted[1]:.2f}) |"
+        )
     print(f"model picks the faster backend in {hits} of {len(results)} rows")
 
 

@@ -92,8 +92,15 @@ from asyncgrpo.shell.rollout.child import PROCESS_TITLE
 from asyncgrpo.shell.run.checkpoints import ROLLOUT_STATE
 from asyncgrpo.shell.servers import servers_cpus_for
 
-FAULTS = ("server_kill_restart", "server_stop_20s", "server_lost", "rollout_kill", "disk_full",
-          "trainer_sigterm", *LINK_FAULTS)  # fmt: skip
+FAULTS = (
+    "server_kill_restart",
+    "server_stop_20s",
+    "server_lost",
+    "rollout_kill",
+    "disk_full",
+    "trainer_sigterm",
+    *LINK_FAULTS,
+)
 SERVER_FAULTS = {"server_kill_restart", "server_stop_20s", "server_lost", *LINK_FAULTS}
 STOP_S = 20.0
 START_TIMEOUT_S = 300.0
@@ -107,8 +114,11 @@ def settings_file(out: Path, model: Path, save_steps: int) -> Path:
     """The trainer's settings: the demo's at a learning rate a random reward cannot collapse,
     the in-memory engine, restarts of the rollout process without limit, one row per step."""
     prompts = out / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n"
-                               for q in QUESTIONS * 8))  # fmt: skip
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS * 8
+        )
+    )
     settings = out / "run.toml"
     settings.write_text(f"""
 model = "{model}"
@@ -156,8 +166,9 @@ class Run:
 
     def __init__(self, out: Path, run_dir: Path, settings: Path, specs: list[ServerSpec]):
         self.out, self.run_dir, self.settings = out, run_dir, settings
-        self.servers = [VLLMServer(spec, log_path=out / f"vllm-server-{i}.log")
-                        for i, spec in enumerate(specs)]  # fmt: skip
+        self.servers = [
+            VLLMServer(spec, log_path=out / f"vllm-server-{i}.log") for i, spec in enumerate(specs)
+        ]
         self.links = Links([server.port for server in self.servers])  # the trainer's way in
         self.trainer: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
@@ -190,14 +201,29 @@ class Run:
         self.incarnations += 1
         log = (self.out / f"trainer-{self.incarnations}.log").open("wb")
         urls = ",".join(self.links.urls())  # every call to a server crosses its proxy
-        command = [sys.executable, "-m", "asyncgrpo", "train", "--config", str(self.settings),
-                   "--vllm-url", urls, "--output-dir", str(self.run_dir),
-                   "--max-steps", str(max_steps), *(["--resume"] if resume else [])]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "asyncgrpo",
+            "train",
+            "--config",
+            str(self.settings),
+            "--vllm-url",
+            urls,
+            "--output-dir",
+            str(self.run_dir),
+            "--max-steps",
+            str(max_steps),
+            *(["--resume"] if resume else []),
+        ]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
         self.trainer = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env,
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
             preexec_fn=lambda: die_with_parent(signal.SIGTERM, me),
-        )  # fmt: skip
+        )
         log.close()
 
     def trainer_log(self) -> str:
@@ -241,8 +267,11 @@ class Run:
         return max((int(r["step"]) for r in self.rows()), default=0)
 
     def last_checkpoint(self) -> int:
-        steps = [int(p.name.split("-")[1]) for p in self.run_dir.glob("checkpoint-*")
-                 if p.name.split("-")[1].isdigit() and (p / ROLLOUT_STATE).exists()]  # fmt: skip
+        steps = [
+            int(p.name.split("-")[1])
+            for p in self.run_dir.glob("checkpoint-*")
+            if p.name.split("-")[1].isdigit() and (p / ROLLOUT_STATE).exists()
+        ]
         return max(steps, default=0)
 
     def elapsed(self) -> float:
@@ -308,8 +337,9 @@ def resume(run: Run, fault: Fault, started: float, timeout_s: float) -> None:
         fault.cause = f"the resumed trainer logged no step: {cause_of(run.trainer_log())}"
 
 
-def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace,
-           disk: Path | None) -> Fault:  # fmt: skip
+def inject(
+    run: Run, kind: str, draw: random.Random, options: argparse.Namespace, disk: Path | None
+) -> Fault:
     """Inject one fault of ``kind``, follow it until it recovers (or the timeout), and note
     when the trainer first showed that it noticed it."""
     index = draw.randrange(len(run.servers))
@@ -331,8 +361,9 @@ def inject(run: Run, kind: str, draw: random.Random, options: argparse.Namespace
     return fault
 
 
-def follow(run: Run, fault: Fault, index: int, options: argparse.Namespace,
-           disk: Path | None) -> None:  # fmt: skip
+def follow(
+    run: Run, fault: Fault, index: int, options: argparse.Namespace, disk: Path | None
+) -> None:
     """Inject ``fault`` (of the server ``index`` where it strikes one) and classify it."""
     kind = fault.kind
     started, rows = time.monotonic(), len(run.rows())
@@ -341,8 +372,11 @@ def follow(run: Run, fault: Fault, index: int, options: argparse.Namespace,
         proxy = run.links.proxies[index]
         before = struck(proxy, kind)
         lasts_s = strike(proxy, kind, options)
-        wait_until(lambda: kind == "link_reset" and
-                   struck(proxy, kind) - before >= options.cut_replies, run, lasts_s)  # fmt: skip
+        wait_until(
+            lambda: kind == "link_reset" and struck(proxy, kind) - before >= options.cut_replies,
+            run,
+            lasts_s,
+        )
         proxy.clear()
         fault.note = what_struck(proxy, kind, struck(proxy, kind) - before, options)
         if struck(proxy, kind) == before and run.trainer_exited() is None:
@@ -373,8 +407,9 @@ def follow(run: Run, fault: Fault, index: int, options: argparse.Namespace,
         fault.target = f"rollout process {child.pid}"
         child.kill()
         step = run.last_step()
-        if wait_until(lambda: run.last_step() > step and run.rollout_process() is not None,
-                      run, timeout):  # fmt: skip
+        if wait_until(
+            lambda: run.last_step() > step and run.rollout_process() is not None, run, timeout
+        ):
             fault.outcome, fault.recover_s = "survived", time.monotonic() - started
     elif kind == "trainer_sigterm":
         status = run.stop_trainer(signal.SIGTERM)
@@ -389,8 +424,7 @@ def follow(run: Run, fault: Fault, index: int, options: argparse.Namespace,
         with filler.open("wb") as f:
             free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
             os.posix_fallocate(f.fileno(), 0, max(0, free - FILL_LEAVES_BYTES))
-        stopped = wait_until(lambda: run.trainer_exited() is not None, run,
-                             options.disk_full_wait)  # fmt: skip
+        stopped = wait_until(lambda: run.trainer_exited() is not None, run, options.disk_full_wait)
         if not stopped:  # no checkpoint came: stop it to free the disk under a stopped run
             fault.outcome = "not stopped by the full disk"
             run.stop_trainer(signal.SIGTERM)
@@ -429,8 +463,11 @@ def chosen_kinds(text: str) -> tuple[str, ...]:
 
 def mount_tmpfs(path: Path, mib: int) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
-                          capture_output=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
     return done.returncode == 0
 
 
@@ -466,9 +503,18 @@ def main() -> None:
     model = save_tiny_model(out / "model", "qwen3", seed=0)
     settings = settings_file(out, model, options.save_steps)
     config = AsyncGRPOConfig(output_dir=str(run_dir), vllm_server_base_url="http://127.0.0.1:1")
-    specs = [ServerSpec(model=str(model), port=free_port(), max_model_len=1024, dtype="float32",
-                        max_logprobs=8, weight_transfer_backend="asyncgrpo_gloo", cpus=cpus)
-             for cpus in servers_cpus_for(config, 2)]  # fmt: skip
+    specs = [
+        ServerSpec(
+            model=str(model),
+            port=free_port(),
+            max_model_len=1024,
+            dtype="float32",
+            max_logprobs=8,
+            weight_transfer_backend="asyncgrpo_gloo",
+            cpus=cpus,
+        )
+        for cpus in servers_cpus_for(config, 2)
+    ]
     run = Run(out, run_dir, settings, specs)
     draw = random.Random(options.seed)
     faults: list[Fault] = []
@@ -485,25 +531,32 @@ def main() -> None:
         for kind in schedule(draw, rounds=100, kinds=options.kinds):
             gap = draw.uniform(*options.gap)
             if not wait_until(lambda: False, run, gap) and run.trainer_exited() is not None:
-                unplanned.append(f"at {run.elapsed():.0f} s, exit {run.trainer_exited()}: "
-                                 f"{cause_of(run.trainer_log())}")  # fmt: skip
+                unplanned.append(
+                    f"at {run.elapsed():.0f} s, exit {run.trainer_exited()}: "
+                    f"{cause_of(run.trainer_log())}"
+                )
                 run.start_trainer(resume=True)
             if time.monotonic() > end:
                 break
             fault = inject(run, kind, draw, options, disk)
             faults.append(fault)
-            print(f"{fault.at_s:7.0f} s  {fault.kind:<22} {fault.target:<22} "
-                  f"{fault.outcome:<28} detected {seconds(fault.detect_s):>5}, recovered "
-                  f"{seconds(fault.recover_s):>5}  {fault.note} {fault.cause[:100]} "
-                  f"[{fault.sign[:100]}]", flush=True)  # fmt: skip
+            print(
+                f"{fault.at_s:7.0f} s  {fault.kind:<22} {fault.target:<22} "
+                f"{fault.outcome:<28} detected {seconds(fault.detect_s):>5}, recovered "
+                f"{seconds(fault.recover_s):>5}  {fault.note} {fault.cause[:100]} "
+                f"[{fault.sign[:100]}]",
+                flush=True,
+            )
         # the end: stop, and resume to the next checkpoint step so the run ends on one
         status = run.stop_trainer(signal.SIGTERM)
         final = run.last_checkpoint() + options.save_steps
         run.start_trainer(resume=True, max_steps=final)
         assert run.trainer is not None
         final_status = run.trainer.wait(START_TIMEOUT_S + 600)
-        print(f"stopped with SIGTERM (exit {status}); resumed to step {final}: exit "
-              f"{final_status}", flush=True)  # fmt: skip
+        print(
+            f"stopped with SIGTERM (exit {status}); resumed to step {final}: exit {final_status}",
+            flush=True,
+        )
     finally:
         run.stop_sampling()
         if run.trainer is not None and run.trainer.poll() is None:

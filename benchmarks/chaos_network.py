@@ -27,11 +27,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from fault_proxy import FaultProxy
 
-LINK_FAULTS = ("link_latency", "link_reset", "link_truncate", "link_black_hole_short",
-               "link_black_hole_long", "link_capped")  # fmt: skip
-STRUCK_AS = {"link_latency": "latency", "link_reset": "reset", "link_truncate": "truncate",
-             "link_black_hole_short": "black_hole", "link_black_hole_long": "black_hole",
-             "link_capped": "capped"}  # fmt: skip
+LINK_FAULTS = (
+    "link_latency",
+    "link_reset",
+    "link_truncate",
+    "link_black_hole_short",
+    "link_black_hole_long",
+    "link_capped",
+)
+STRUCK_AS = {
+    "link_latency": "latency",
+    "link_reset": "reset",
+    "link_truncate": "truncate",
+    "link_black_hole_short": "black_hole",
+    "link_black_hole_long": "black_hole",
+    "link_capped": "capped",
+}
 """The :attr:`FaultProxy.struck` counter of each link fault."""
 GENERATE = "POST /v1/completions"
 PUSH_STARTS = "POST /pause"  # the first call of every weight push
@@ -39,9 +50,11 @@ RESET_AFTER_BYTES = 100
 TRUNCATE_AFTER_BYTES = 300  # past a /health or a /pause reply, inside a generation's
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024  # of metrics.jsonl, enough for the rows of the last few steps
-SERVER_SIGNS = re.compile(r"out of routing|unreachable|restarted \(its identity|has not answered|"
-                          r"ServerGone|ServerNotAnswering|ResponsesCut|WeightSendTimeout|"
-                          r"failed after \d+ retries|could not leave")  # fmt: skip
+SERVER_SIGNS = re.compile(
+    r"out of routing|unreachable|restarted \(its identity|has not answered|"
+    r"ServerGone|ServerNotAnswering|ResponsesCut|WeightSendTimeout|"
+    r"failed after \d+ retries|could not leave"
+)
 """Log lines by which the trainer or its rollout process show that a server (named in the
 line) went away, fell silent or cut its replies."""
 ROLLOUT_SIGNS = re.compile(r"the rollout process died")
@@ -81,8 +94,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="link_black_hole_long: above vllm_server_stall_timeout (10 s), "
         "below vllm_server_timeout (180 s)",
     )
-    parser.add_argument("--cap-bytes-per-s", type=float, default=4000.0,
-                        help="the link's bandwidth each way during link_capped")  # fmt: skip
+    parser.add_argument(
+        "--cap-bytes-per-s",
+        type=float,
+        default=4000.0,
+        help="the link's bandwidth each way during link_capped",
+    )
 
 
 class Links:
@@ -140,8 +157,10 @@ def what_struck(proxy: FaultProxy, kind: str, times: int, options: argparse.Name
     and for the cap, the weight pushes that crossed it."""
     if kind == "link_capped":
         pushes = sum(line.startswith(PUSH_STARTS) for _, line in proxy.requests_seen)
-        return (f"{times} chunks slowed to {options.cap_bytes_per_s:g} B/s, {pushes} weight "
-                "pushes began under the cap")  # fmt: skip
+        return (
+            f"{times} chunks slowed to {options.cap_bytes_per_s:g} B/s, {pushes} weight "
+            "pushes began under the cap"
+        )
     unit = "chunks held" if kind.startswith("link_black_hole") else "replies struck"
     return f"{times} {unit}"
 
@@ -174,8 +193,9 @@ class Noticed:
 
     ``run`` is the chaos script's :class:`Run` (its log, metrics and trainer)."""
 
-    def __init__(self, run: Any, url: str | None, proxy: FaultProxy | None,
-                 rollout: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, run: Any, url: str | None, proxy: FaultProxy | None, rollout: bool = False
+    ) -> None:
         self.run, self.url, self.proxy, self.rollout = run, url, proxy, rollout
         self.started, self.started_wall = time.monotonic(), time.time()
         self.seconds: float | None = None
@@ -216,16 +236,23 @@ class Noticed:
                     signs.append((at - self.started_wall, f"logged: {line.strip()}"))
                     break
         if self.proxy is not None:
-            probes = [at for at, request in list(self.proxy.requests_seen)
-                      if at >= self.started and request.startswith("GET /health")]  # fmt: skip
+            probes = [
+                at
+                for at, request in list(self.proxy.requests_seen)
+                if at >= self.started and request.startswith("GET /health")
+            ]
             if probes:
                 signs.append((probes[0] - self.started, "probed /health"))
         if self.url is not None and not signs:  # a row is timed late: only when nothing else
             for row in self._rows_after():
                 counted = [key for key in COUNTED_SIGNS if (row.get(key) or 0) > 0]
                 if counted:
-                    signs.append((time.monotonic() - self.started,
-                                  f"step {row['step']} counted {counted[0]}"))  # fmt: skip
+                    signs.append(
+                        (
+                            time.monotonic() - self.started,
+                            f"step {row['step']} counted {counted[0]}",
+                        )
+                    )
                     break
         if signs:
             self._found(*min(signs))

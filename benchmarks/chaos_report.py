@@ -39,24 +39,31 @@ def spread(times: list[float]) -> str:
 def fault_table(faults: list[Any], kinds: tuple[str, ...]) -> list[str]:
     """One row per kind: how often injected, each outcome, the times to detect (how many of
     the faults were noticed at all) and to recover."""
-    lines = ["| fault | injected | survived | failed with its cause named, resumed | failed, "
-             "cause not named, resumed | not recovered | time to detect, median [range] "
-             "(noticed) | time to recover, median [range] |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| fault | injected | survived | failed with its cause named, resumed | failed, "
+        "cause not named, resumed | not recovered | time to detect, median [range] "
+        "(noticed) | time to recover, median [range] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for kind in kinds:
         of_kind = [f for f in faults if f.kind == kind and f.outcome != "skipped"]
         times = [f.recover_s for f in of_kind if f.recover_s is not None]
         detected = [f.detect_s for f in of_kind if f.detect_s is not None]
         survived = sum(f.outcome == "survived" for f in of_kind)
-        failed = [f for f in of_kind if f.recover_s is not None
-                  and f.outcome.startswith(("failed", "stopped"))]  # fmt: skip
+        failed = [
+            f
+            for f in of_kind
+            if f.recover_s is not None and f.outcome.startswith(("failed", "stopped"))
+        ]
         failed_named = sum(named(f.cause) for f in failed)
         lost = len(of_kind) - survived - len(failed)
         skipped = [f.cause for f in faults if f.kind == kind and f.outcome == "skipped"]
         note = f" (skipped {len(skipped)}: {skipped[0]})" if skipped else ""
-        lines.append(f"| {kind}{note} | {len(of_kind)} | {survived} | {failed_named} | "
-                     f"{len(failed) - failed_named} | {lost} | {spread(detected)} "
-                     f"({len(detected)} of {len(of_kind)}) | {spread(times)} |")  # fmt: skip
+        lines.append(
+            f"| {kind}{note} | {len(of_kind)} | {survived} | {failed_named} | "
+            f"{len(failed) - failed_named} | {lost} | {spread(detected)} "
+            f"({len(detected)} of {len(of_kind)}) | {spread(times)} |"
+        )
     return lines
 
 
@@ -82,8 +89,11 @@ def memory_table(samples: list[dict[str, Any]]) -> list[str]:
     quarter = max(1, len(samples) // 4)
     first, last = samples[1 : quarter + 1], samples[-quarter:]
     roles = sorted({k for s in samples for k in s if k != "t"})
-    lines = [f"| process | RSS, first quarter (MB) | RSS, last quarter (MB) | change | "
-             f"within {FLAT_WITHIN:.0%} |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| process | RSS, first quarter (MB) | RSS, last quarter (MB) | change | "
+        f"within {FLAT_WITHIN:.0%} |",
+        "|---|---|---|---|---|",
+    ]
     grown: list[str] = []
     unjudged: list[str] = []
     for role in [*roles, "all"]:
@@ -105,20 +115,32 @@ def memory_table(samples: list[dict[str, Any]]) -> list[str]:
         flat = abs(b - a) <= FLAT_WITHIN * a
         if not flat:
             grown.append(role)
-        lines.append(f"| {role} | {a:.0f} | {b:.0f} | {(b - a) / a:+.0%} | "
-                     f"{'yes' if flat else 'NO'} |")  # fmt: skip
-    verdict = (f"every process within {FLAT_WITHIN:.0%}, first quarter to last" if not grown
-               else f"NOT FLAT within {FLAT_WITHIN:.0%}: {', '.join(grown)}")  # fmt: skip
+        lines.append(
+            f"| {role} | {a:.0f} | {b:.0f} | {(b - a) / a:+.0%} | {'yes' if flat else 'NO'} |"
+        )
+    verdict = (
+        f"every process within {FLAT_WITHIN:.0%}, first quarter to last"
+        if not grown
+        else f"NOT FLAT within {FLAT_WITHIN:.0%}: {', '.join(grown)}"
+    )
     if unjudged:
         verdict += f" (not in both quarters, not judged: {', '.join(unjudged)})"
     return [*lines, "", f"memory: {verdict}"]
 
 
-def report(run: Any, faults: list[Any], kinds: tuple[str, ...], unplanned: list[str],
-           out: Path, disk: Path | None) -> None:  # fmt: skip
+def report(
+    run: Any,
+    faults: list[Any],
+    kinds: tuple[str, ...],
+    unplanned: list[str],
+    out: Path,
+    disk: Path | None,
+) -> None:
     """Print the faults' table and the invariants; ``run`` is the chaos script's ``Run``."""
-    print(f"\n{len(faults)} faults in {run.elapsed() / 60:.1f} minutes, {run.incarnations} "
-          "trainer incarnations\n")  # fmt: skip
+    print(
+        f"\n{len(faults)} faults in {run.elapsed() / 60:.1f} minutes, {run.incarnations} "
+        "trainer incarnations\n"
+    )
     print("\n".join(fault_table(faults, kinds)))
     print("\ncauses named by the trainer:")
     for cause, n in collections.Counter(f.cause for f in faults if f.cause).most_common():
@@ -139,10 +161,12 @@ def report(run: Any, faults: list[Any], kinds: tuple[str, ...], unplanned: list[
     positions = [json.loads(line) for line in (run.run_dir / "positions.jsonl").open()]
     positions = [r for r in positions if r["step"] <= state["step"]]
     audit = audit_positions(positions, state["cursor"], samples_per_group=8)
-    print(f"positions against checkpoint-{final}: {audit.consumed} consumed, {audit.split} "
-          f"split, {audit.trained_samples} samples trained, dropped {dict(audit.dropped)}; "
-          f"missing {list(audit.missing)}, repeated {list(audit.repeated)}, unconsumed "
-          f"{list(audit.unconsumed)}: {'EXACT' if audit.exact else 'NOT EXACT'}")  # fmt: skip
+    print(
+        f"positions against checkpoint-{final}: {audit.consumed} consumed, {audit.split} "
+        f"split, {audit.trained_samples} samples trained, dropped {dict(audit.dropped)}; "
+        f"missing {list(audit.missing)}, repeated {list(audit.repeated)}, unconsumed "
+        f"{list(audit.unconsumed)}: {'EXACT' if audit.exact else 'NOT EXACT'}"
+    )
     (out / "metrics.jsonl").write_text((run.run_dir / "metrics.jsonl").read_text())
     (out / "positions.jsonl").write_text((run.run_dir / "positions.jsonl").read_text())
     if disk is not None:

@@ -32,15 +32,18 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.run import checkpoints
 
-MODELS = {"tiny (hidden 128, 2 layers)": {}, "h1024 (hidden 1024, 8 layers)": {
-    "hidden_size": 1024, "num_layers": 8}}  # fmt: skip
+MODELS = {
+    "tiny (hidden 128, 2 layers)": {},
+    "h1024 (hidden 1024, 8 layers)": {"hidden_size": 1024, "num_layers": 8},
+}
 DAMAGES = ("truncate", "empty", "delete")
 
 
 def write_checkpoint(model_dir: Path, out: Path) -> tuple[Path, int]:
     """A real checkpoint of ``model_dir`` under ``out``; returns it and its parameter count."""
-    config = AsyncGRPOConfig(output_dir=str(out / "unused"), num_sampler_logprobs=4, seed=0,
-                             gradient_checkpointing=False)  # fmt: skip
+    config = AsyncGRPOConfig(
+        output_dir=str(out / "unused"), num_sampler_logprobs=4, seed=0, gradient_checkpointing=False
+    )
     with Learner(load_causal_lm(model_dir), config) as learner:
         learner.optimizer.zero_grad()
         sum(p.sum() for p in learner.model.parameters()).backward()
@@ -80,9 +83,14 @@ def measure(name: str, overrides: dict, out: Path, repeats: int) -> dict:
     saved, parameters = write_checkpoint(model_dir, out)
     files = sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*") if p.is_file())
     size = sum((saved / f).stat().st_size for f in files)
-    row = {"model": name, "parameters": parameters, "checkpoint_mb": round(size / 1e6, 1),
-           "files": files, "check_ms": median_ms(lambda: checkpoints.check_loads(saved), repeats),
-           "resume_fallback_ms": {}}  # fmt: skip
+    row = {
+        "model": name,
+        "parameters": parameters,
+        "checkpoint_mb": round(size / 1e6, 1),
+        "files": files,
+        "check_ms": median_ms(lambda: checkpoints.check_loads(saved), repeats),
+        "resume_fallback_ms": {},
+    }
     weights = model_dir / "model.safetensors"
     row["safetensors_mb"] = round(weights.stat().st_size / 1e6, 1)
     row["safetensors_check_ms"] = median_ms(lambda: check_safetensors(weights), repeats)

@@ -34,9 +34,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "auto_float": {"cpu_sharing": "auto"},
 }
 ENVIRONMENTS: dict[str, dict[str, str]] = {"omp1": {"OMP_NUM_THREADS": "1"}}
-SHOWN = ("perf/step_s", "perf/rollout_wait_s", "perf/fwd_s", "perf/fwd_bwd_s",
-         "perf/optimizer_s", "perf/weight_sync_s",
-         "rollout/generated_tokens_per_s")  # fmt: skip
+SHOWN = (
+    "perf/step_s",
+    "perf/rollout_wait_s",
+    "perf/fwd_s",
+    "perf/fwd_bwd_s",
+    "perf/optimizer_s",
+    "perf/weight_sync_s",
+    "rollout/generated_tokens_per_s",
+)
 
 
 def median_of(rows: list[dict[str, Any]], key: str) -> float:
@@ -62,8 +68,16 @@ def main() -> None:
         order = args.settings if round_index % 2 == 0 else list(reversed(args.settings))
         for name in order:
             out = Path(args.output_dir) / f"{name}-{round_index}"
-            command = [sys.executable, __file__, "--one", name, "--output-dir", str(out),
-                       "--max-steps", str(args.max_steps)]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                name,
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                str(args.max_steps),
+            ]
             subprocess.run(command, check=True, env={**os.environ, **ENVIRONMENTS.get(name, {})})
             results[name].append(read_metrics(out))
     print(f"| setting | {' | '.join(SHOWN)} | reward steps 1, 5, 10, 15, 20 |")
@@ -76,8 +90,10 @@ def main() -> None:
             for run in runs
         )
         print(f"| {name} | {figures} | {curves} |")
-    summary = {name: median_of([r for run in runs for r in run], "perf/step_s")
-               for name, runs in results.items()}  # fmt: skip
+    summary = {
+        name: median_of([r for run in runs for r in run], "perf/step_s")
+        for name, runs in results.items()
+    }
     print(json.dumps({"median_step_s": summary}))
 
 

@@ -32,23 +32,36 @@ from pathlib import Path
 import attrs
 import httpx
 
-SETTINGS = {"eager": (True, 1, None), "eager-n": (True, 8, None), "compiled": (False, 1, None),
-            "eager-kv1g": (True, 1, 1024**3)}  # fmt: skip
+SETTINGS = {
+    "eager": (True, 1, None),
+    "eager-n": (True, 8, None),
+    "compiled": (False, 1, None),
+    "eager-kv1g": (True, 1, 1024**3),
+}
 """name: (enforce_eager, completions per request, KV cache bytes or None for the default)"""
 GROUP = 8
 
 
-async def load(base_url: str, model: str, prompts: list[list[int]], per_request: int,
-               concurrency: int) -> tuple[int, float]:  # fmt: skip
+async def load(
+    base_url: str, model: str, prompts: list[list[int]], per_request: int, concurrency: int
+) -> tuple[int, float]:
     """Generated tokens and seconds for every prompt's 8 completions."""
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=1800.0) as client:
 
         async def one(prompt: list[int]) -> int:
             async with gate:
-                reply = await client.post("/v1/completions", json={
-                    "model": model, "prompt": prompt, "max_tokens": 24, "temperature": 1.0,
-                    "logprobs": 4, "n": per_request})  # fmt: skip
+                reply = await client.post(
+                    "/v1/completions",
+                    json={
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": 24,
+                        "temperature": 1.0,
+                        "logprobs": 4,
+                        "n": per_request,
+                    },
+                )
                 reply.raise_for_status()
                 return int(reply.json()["usage"]["completion_tokens"])
 
@@ -79,9 +92,12 @@ def main() -> None:
     model = str(resolve_model("smollm2-135m"))
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = train_problems()
-    prompts = [tokenizer.apply_chat_template(rows[i]["prompt"], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False)
-               for i in range(args.prompts + GROUP)]  # fmt: skip
+    prompts = [
+        tokenizer.apply_chat_template(
+            rows[i]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for i in range(args.prompts + GROUP)
+    ]
     warm, measured = prompts[:GROUP], prompts[GROUP:]
     out = Path(args.output_dir)
     config = real_demo_config(out, 1, "http://127.0.0.1")
@@ -100,18 +116,23 @@ def main() -> None:
             asyncio.run(load(url, model, warm, per_request, args.concurrency))
             rates = []
             for _ in range(args.rounds):
-                tokens, seconds = asyncio.run(load(url, model, measured, per_request,
-                                                   args.concurrency))  # fmt: skip
+                tokens, seconds = asyncio.run(
+                    load(url, model, measured, per_request, args.concurrency)
+                )
                 rates.append(tokens / seconds)
         results[name] = (ready_s, rates)
         print(f"{name}: ready in {ready_s:.0f} s, {[round(r) for r in rates]} tokens/s", flush=True)
-    print(f"SmolLM2-135M-Instruct, {served.dtype}, {args.prompts} prompts x {GROUP} completions "
-          f"of <= 24 tokens, {args.concurrency} in flight, {args.rounds} rounds")  # fmt: skip
+    print(
+        f"SmolLM2-135M-Instruct, {served.dtype}, {args.prompts} prompts x {GROUP} completions "
+        f"of <= 24 tokens, {args.concurrency} in flight, {args.rounds} rounds"
+    )
     print("| server | ready after (s) | generated tokens/s (median; range) |")
     print("|---|---|---|")
     for name, (ready_s, rates) in results.items():
-        print(f"| {name} | {ready_s:.0f} | {statistics.median(rates):.0f} "
-              f"[{min(rates):.0f}, {max(rates):.0f}] |")  # fmt: skip
+        print(
+            f"| {name} | {ready_s:.0f} | {statistics.median(rates):.0f} "
+            f"[{min(rates):.0f}, {max(rates):.0f}] |"
+        )
 
 
 if __name__ == "__main__":

@@ -97,13 +97,30 @@ DCP_TOL = 1e-6  # |resumed - uninterrupted| loss at C / |uninterrupted|
 ROW_FILL_TOL = 0.01  # a budget-N row holds N tokens within 1%
 PACKING_RATIO = (3.2, 3.6)  # the tree-vs-padded samples' packing ratio (aimed at 3.4)
 CHEAP_BACKEND = "dense"  # of checks that do not test attention: SDPA, compiled on no device
-QWEN3_0_6B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                  vocab_size=151_936, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                  max_position_embeddings=40_960, rms_norm_eps=1e-6)  # fmt: skip
-TINY = dict(QWEN3_0_6B, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=64, intermediate_size=256, vocab_size=1000,
-            max_position_embeddings=4096)  # fmt: skip
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151_936,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40_960,
+    rms_norm_eps=1e-6,
+)
+TINY = dict(
+    QWEN3_0_6B,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    intermediate_size=256,
+    vocab_size=1000,
+    max_position_embeddings=4096,
+)
 
 
 @attrs.frozen
@@ -136,36 +153,67 @@ class Sizes:
 
     @classmethod
     def of(cls, dry_run: bool) -> Sizes:
-        seconds = {"weights": 60, "race": 30, "lora": 60, "dcp": 120, "parity": 90, "grad": 120,
-                   "fwd+bwd": 150, "fsdp": 120, "tree": 150, "memory": 150}  # fmt: skip
+        seconds = {
+            "weights": 60,
+            "race": 30,
+            "lora": 60,
+            "dcp": 120,
+            "parity": 90,
+            "grad": 120,
+            "fwd+bwd": 150,
+            "fsdp": 120,
+            "tree": 150,
+            "memory": 150,
+        }
         if dry_run:  # generous: a busy CPU in CI must not turn a slow check into a failure
             seconds = dict.fromkeys(seconds, 300.0)
-            return cls((12, 6), (16, 6), 256, (64, 128), (1, 50, 9, 13), 4096, 0, 1024, 1,
-                       seconds)  # fmt: skip
-        return cls((96, 48), (1024, 256), 16_384, (4096, 8192, 16_384, 32_768),
-                   (4, 1024, 196, 294), 64 * 2**20, 2_000_000_000, 2**22, 3,
-                   seconds)  # fmt: skip
+            return cls((12, 6), (16, 6), 256, (64, 128), (1, 50, 9, 13), 4096, 0, 1024, 1, seconds)
+        return cls(
+            (96, 48),
+            (1024, 256),
+            16_384,
+            (4096, 8192, 16_384, 32_768),
+            (4, 1024, 196, 294),
+            64 * 2**20,
+            2_000_000_000,
+            2**22,
+            3,
+            seconds,
+        )
 
 
 # --- samples and rows ----------------------------------------------------------------------
 
 
-def make_groups(vocab: int, groups: int, prompt: int, completion: int, rng: np.random.Generator,
-                shortest: int | None = None, advantage: float | None = None,
-                ) -> list[TrainingSample]:  # fmt: skip
+def make_groups(
+    vocab: int,
+    groups: int,
+    prompt: int,
+    completion: int,
+    rng: np.random.Generator,
+    shortest: int | None = None,
+    advantage: float | None = None,
+) -> list[TrainingSample]:
     """``groups`` x 8 samples; each group shares a random prompt of ``prompt`` tokens;
     completions of ``shortest`` (default ``completion // 2``) to ``completion`` tokens, all
     trained, sampler log-prob ``-log(vocab)``; advantages alternate +-1 unless ``advantage``."""
     low = max(1, completion // 2) if shortest is None else shortest
     lengths = rng.integers(low, completion + 1, (groups, 8))
-    return [sample for group in range(groups)
-            for sample in group_of(vocab, group, prompt, lengths[group], rng,
-                                   advantage)]  # fmt: skip
+    return [
+        sample
+        for group in range(groups)
+        for sample in group_of(vocab, group, prompt, lengths[group], rng, advantage)
+    ]
 
 
-def group_of(vocab: int, group: int, prompt: int, completions: Sequence[int],
-             rng: np.random.Generator, advantage: float | None = None,
-             ) -> list[TrainingSample]:  # fmt: skip
+def group_of(
+    vocab: int,
+    group: int,
+    prompt: int,
+    completions: Sequence[int],
+    rng: np.random.Generator,
+    advantage: float | None = None,
+) -> list[TrainingSample]:
     """One group: a shared random prompt, one sample per completion length."""
     shared = rng.integers(10, vocab, prompt)
     samples = []
@@ -175,8 +223,7 @@ def group_of(vocab: int, group: int, prompt: int, completions: Sequence[int],
         mask = np.r_[np.zeros(prompt, np.int8), np.ones(len(own), np.int8)]
         sequence = TrainingSequence(tokens, mask, np.where(mask == 1, -math.log(vocab), 0.0))
         value = (-1.0) ** member if advantage is None else advantage
-        samples.append(TrainingSample(sequence, value, 0, group, group, group,
-                                      f"{group}-{member}"))  # fmt: skip
+        samples.append(TrainingSample(sequence, value, 0, group, group, group, f"{group}-{member}"))
     return samples
 
 
@@ -245,8 +292,9 @@ def backends_for(device: torch.device, dtype: torch.dtype) -> list[str]:
     return offered
 
 
-def token_log_probs(model: Any, input_ids: Sequence[int], predict: Sequence[int],
-                    targets: Sequence[int]) -> torch.Tensor:  # fmt: skip
+def token_log_probs(
+    model: Any, input_ids: Sequence[int], predict: Sequence[int], targets: Sequence[int]
+) -> torch.Tensor:
     """float [N]: log-probs of ``targets`` predicted at rows ``predict`` of ``input_ids``
     forwarded as one ordinary causal sequence (positions 0..T-1, the model's own attention)."""
     device = model.device
@@ -277,9 +325,7 @@ def differs(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[
     <= BF16_TOL / 10."""
     diff = (got.float() - want.float()).abs()
     tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
-    within = diff.max().item() <= tol and (
-        dtype == torch.float32 or diff.mean().item() <= tol / 10
-    )  # fmt: skip
+    within = diff.max().item() <= tol and (dtype == torch.float32 or diff.mean().item() <= tol / 10)
     return within, f"max {diff.max().item():.2e}, mean {diff.mean().item():.2e} (tol {tol:g})"
 
 
@@ -294,19 +340,32 @@ def free_memory() -> None:
 Row = dict[str, Any]
 
 
-def row(check: str, dtype: str, backend: str, tokens: int | str, result: str, ok: bool,
-        **figures: Any) -> Row:  # fmt: skip
-    return {"check": check, "dtype": dtype, "backend": backend, "tokens": tokens,
-            "result": result, "ok": ok, **figures}  # fmt: skip
+def row(
+    check: str, dtype: str, backend: str, tokens: int | str, result: str, ok: bool, **figures: Any
+) -> Row:
+    return {
+        "check": check,
+        "dtype": dtype,
+        "backend": backend,
+        "tokens": tokens,
+        "result": result,
+        "ok": ok,
+        **figures,
+    }
 
 
 def learner_config(device: torch.device, **overrides: Any) -> AsyncGRPOConfig:
     """The learners' settings: bf16 mixed precision on CUDA (fp32 on a CPU, where bf16
     attention is slow and proves nothing about the GPU), checkpointing on."""
-    settings = dict(output_dir=tempfile.gettempdir() + "/gpu_check", bf16=device.type == "cuda",
-                    score_centering=False, vllm_importance_sampling_clip_max=1e9,
-                    learning_rate=1e-7, use_cpu=device.type == "cpu",
-                    gradient_checkpointing=True)  # fmt: skip
+    settings = dict(
+        output_dir=tempfile.gettempdir() + "/gpu_check",
+        bf16=device.type == "cuda",
+        score_centering=False,
+        vllm_importance_sampling_clip_max=1e9,
+        learning_rate=1e-7,
+        use_cpu=device.type == "cpu",
+        gradient_checkpointing=True,
+    )
     return AsyncGRPOConfig(**{**settings, **overrides})
 
 
@@ -331,13 +390,23 @@ def check_weights(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row
         ]
     yielded = [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in weights]
     total = sum(t.numel() * t.element_size() for _, t in weights)
-    problems = [what for what, same in (("metadata", declared == expected),
-                                        ("iter_weights", yielded == expected))
-                if not same]  # fmt: skip
-    contract = row("weights contract", "bf16", "-", "-",
-                   f"{len(weights)} tensors, {total / 2**20:.1f} MiB; names, order, shapes and "
-                   f"dtypes {'differ in ' + ', '.join(problems) if problems else 'as the model'}",
-                   not problems)  # fmt: skip
+    problems = [
+        what
+        for what, same in (
+            ("metadata", declared == expected),
+            ("iter_weights", yielded == expected),
+        )
+        if not same
+    ]
+    contract = row(
+        "weights contract",
+        "bf16",
+        "-",
+        "-",
+        f"{len(weights)} tensors, {total / 2**20:.1f} MiB; names, order, shapes and "
+        f"dtypes {'differ in ' + ', '.join(problems) if problems else 'as the model'}",
+        not problems,
+    )
     metas = [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in weights]
     sizes_b = [padded_nbytes(dtype, shape) for _, dtype, shape in metas]
     received: list[tuple[str, torch.Tensor]] = []
@@ -345,19 +414,26 @@ def check_weights(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row
     for start, stop in bounds:
         chunk = pack([t for _, t in weights[start:stop]], sizes_b[start:stop])
         received += unpack(chunk.cpu().clone(), metas[start:stop])  # as if over the wire
-    same_bytes = all(torch.equal(a.cpu(), b) for (_, a), (_, b) in zip(weights, received,
-                                                                       strict=True))  # fmt: skip
+    same_bytes = all(
+        torch.equal(a.cpu(), b) for (_, a), (_, b) in zip(weights, received, strict=True)
+    )
     direct = random_model(torch.bfloat16, device, dry_run, seed=1)
     direct.load_state_dict(dict(weights))
     streamed = random_model(torch.bfloat16, device, dry_run, seed=2)
     streamed.load_state_dict({name: t.to(device) for name, t in received})
     samples = make_groups(direct.config.vocab_size, 1, *sizes.parity, np.random.default_rng(3))
-    equal_logp = torch.equal(unpacked_log_probs(direct, samples),
-                             unpacked_log_probs(streamed, samples))  # fmt: skip
-    trip = row("weights round trip", "bf16", "-", "-",
-               f"{len(bounds)} chunks; bytes {'equal' if same_bytes else 'DIFFER'}, log-probs "
-               f"{'bit-equal' if equal_logp else 'DIFFER'}",
-               same_bytes and equal_logp)  # fmt: skip
+    equal_logp = torch.equal(
+        unpacked_log_probs(direct, samples), unpacked_log_probs(streamed, samples)
+    )
+    trip = row(
+        "weights round trip",
+        "bf16",
+        "-",
+        "-",
+        f"{len(bounds)} chunks; bytes {'equal' if same_bytes else 'DIFFER'}, log-probs "
+        f"{'bit-equal' if equal_logp else 'DIFFER'}",
+        same_bytes and equal_logp,
+    )
     return [contract, trip]
 
 
@@ -369,17 +445,28 @@ def check_race(device: torch.device, sizes: Sizes) -> list[Row]:
     ok = torch.equal(ordered, expected)
     control, expected = race_read(device, weights, sizes.sleep_cycles, ordered=False)
     raced = not torch.equal(control, expected)
-    where = "a CPU has no streams to race" if device.type == "cpu" else (
-        "raced (stale bytes read)" if raced else "did not race this time")  # fmt: skip
+    where = (
+        "a CPU has no streams to race"
+        if device.type == "cpu"
+        else ("raced (stale bytes read)" if raced else "did not race this time")
+    )
     mib = 8 * sizes.race_numel * 4 / 2**20
-    return [row("stream race", "float32", "-", "-",
-                f"{mib:.0f} MiB read behind {sizes.sleep_cycles:,} cycles: bytes "
-                f"{'as written' if ok else 'STALE'}; control without stream_ordered: {where}",
-                ok)]  # fmt: skip
+    return [
+        row(
+            "stream race",
+            "float32",
+            "-",
+            "-",
+            f"{mib:.0f} MiB read behind {sizes.sleep_cycles:,} cycles: bytes "
+            f"{'as written' if ok else 'STALE'}; control without stream_ordered: {where}",
+            ok,
+        )
+    ]
 
 
-def race_read(device: torch.device, weights: list[tuple[str, torch.Tensor]], cycles: int,
-              ordered: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def race_read(
+    device: torch.device, weights: list[tuple[str, torch.Tensor]], cycles: int, ordered: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Queue a long kernel and an in-place write (+1) on the default stream, clone the
     snapshot there and record ``ready``; read the snapshot's bytes on a side stream as the
     packer does, through ``stream_ordered`` or (the control) not. Returns (what the side
@@ -394,7 +481,7 @@ def race_read(device: torch.device, weights: list[tuple[str, torch.Tensor]], cyc
     ready = record_ready(device)
     pairs: Iterable[tuple[str, torch.Tensor]] = (
         stream_ordered(snapshot, ready) if ordered else iter(snapshot)
-    )  # fmt: skip
+    )
     with side_stream(device):
         read = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in pairs])
     synchronize(device)
@@ -430,9 +517,17 @@ def check_lora(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
     base = unpacked_log_probs(random_model(torch.float32, device, dry_run), samples)
     within, note = differs(unpacked_log_probs(plain, samples), want, torch.float32)
     moved, _ = differs(base, want, torch.float32)
-    return [row("lora merged", "float32", "-", len(want),
-                f"merged vs adapter forward: {note}; B non-zero: {nonzero}; adapters move the "
-                f"log-probs: {not moved}", within and nonzero and not moved)]  # fmt: skip
+    return [
+        row(
+            "lora merged",
+            "float32",
+            "-",
+            len(want),
+            f"merged vs adapter forward: {note}; B non-zero: {nonzero}; adapters move the "
+            f"log-probs: {not moved}",
+            within and nonzero and not moved,
+        )
+    ]
 
 
 def roomiest_dir() -> str:
@@ -448,8 +543,7 @@ def check_dcp(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
     """Row 5: a save and a resume through torch.distributed.checkpoint, against no break."""
     vocab = model_config(dry_run).vocab_size
     rng = np.random.default_rng(6)
-    a, b, c = (pack_row(make_groups(vocab, 1, *sizes.parity, rng, advantage=1.0))
-               for _ in range(3))  # fmt: skip
+    a, b, c = (pack_row(make_groups(vocab, 1, *sizes.parity, rng, advantage=1.0)) for _ in range(3))
     config = learner_config(device, bf16=False, learning_rate=1e-4)
     backend = CHEAP_BACKEND
     where = tempfile.mkdtemp(prefix="gpu_check_dcp_", dir=roomiest_dir())
@@ -472,14 +566,25 @@ def check_dcp(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
     finally:
         shutil.rmtree(where, ignore_errors=True)
     resumed, control = (abs(loss - straight) / max(abs(straight), 1e-12) for loss in losses)
-    return [row("dcp resume", "float32", backend, c.num_tokens,
-                f"loss at C {straight:.6g}: resumed off by {resumed:.1e} (tol {DCP_TOL:g}), "
-                f"unloaded control off by {control:.1e}",
-                resumed <= DCP_TOL and control > DCP_TOL)]  # fmt: skip
+    return [
+        row(
+            "dcp resume",
+            "float32",
+            backend,
+            c.num_tokens,
+            f"loss at C {straight:.6g}: resumed off by {resumed:.1e} (tol {DCP_TOL:g}), "
+            f"unloaded control off by {control:.1e}",
+            resumed <= DCP_TOL and control > DCP_TOL,
+        )
+    ]
 
 
-def check_parity(device: torch.device, sizes: Sizes, dry_run: bool, dtype: torch.dtype,
-                 ) -> list[Row]:  # fmt: skip
+def check_parity(
+    device: torch.device,
+    sizes: Sizes,
+    dry_run: bool,
+    dtype: torch.dtype,
+) -> list[Row]:
     """Row 6 in ``dtype``: every backend, and the plain-causal control."""
     model = random_model(dtype, device, dry_run)
     samples = make_groups(model.config.vocab_size, 2, *sizes.parity, np.random.default_rng(1))
@@ -489,9 +594,16 @@ def check_parity(device: torch.device, sizes: Sizes, dry_run: bool, dtype: torch
     with torch.no_grad():
         control = token_log_probs(model, packed.input_ids, packed.predict_index, packed.target_ids)
     within, note = differs(control, want, dtype)
-    rows = [row("parity control", name, "causal", packed.num_tokens,
-                f"plain causal mask over the packed row: {note}; must exceed",
-                not within)]  # fmt: skip
+    rows = [
+        row(
+            "parity control",
+            name,
+            "causal",
+            packed.num_tokens,
+            f"plain causal mask over the packed row: {note}; must exceed",
+            not within,
+        )
+    ]
     enable_tree_attention(model)
     for backend in backends_for(device, dtype):
         with torch.no_grad():
@@ -518,16 +630,25 @@ def check_gradients(device: torch.device, sizes: Sizes, dry_run: bool) -> list[R
     for backend in backends_for(device, torch.float32):
         model.zero_grad(set_to_none=True)
         (weights * packed_log_probs(model, packed, 1.0, backend=backend).logp).sum().backward()
-        worst = max((p.grad - want[name]).abs().max().item()
-                    for name, p in model.named_parameters())  # fmt: skip
-        rows.append(row("grad parity", "float32", backend, packed.num_tokens,
-                        f"max diff {worst / scale:.2e} of the largest entry {scale:.2e} "
-                        f"(tol {GRAD_TOL:g})", worst <= GRAD_TOL * scale))  # fmt: skip
+        worst = max(
+            (p.grad - want[name]).abs().max().item() for name, p in model.named_parameters()
+        )
+        rows.append(
+            row(
+                "grad parity",
+                "float32",
+                backend,
+                packed.num_tokens,
+                f"max diff {worst / scale:.2e} of the largest entry {scale:.2e} (tol {GRAD_TOL:g})",
+                worst <= GRAD_TOL * scale,
+            )
+        )
     return rows
 
 
-def step_figures(learner: Learner, packed: PackedRow, meter: FlopsMeter, repeats: int,
-                 device: torch.device) -> dict[str, Any]:  # fmt: skip
+def step_figures(
+    learner: Learner, packed: PackedRow, meter: FlopsMeter, repeats: int, device: torch.device
+) -> dict[str, Any]:
     """Median train step over ``repeats`` after one warm-up; peak memory of the timed steps;
     whether every loss was finite."""
     losses = [learner.train_step([packed]).metrics["loss"]]
@@ -537,9 +658,13 @@ def step_figures(learner: Learner, packed: PackedRow, meter: FlopsMeter, repeats
     losses += [m["loss"] for m in steps]
     seconds = statistics.median(m["perf/fwd_bwd_s"] for m in steps)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"ms": 1e3 * seconds, "tok_s": len(packed.target_ids) / seconds,
-            "mfu": meter.of_rows([packed]) / (seconds * meter.peak_flops), "peak_gib": peak,
-            "finite": all(math.isfinite(loss) for loss in losses)}  # fmt: skip
+    return {
+        "ms": 1e3 * seconds,
+        "tok_s": len(packed.target_ids) / seconds,
+        "mfu": meter.of_rows([packed]) / (seconds * meter.peak_flops),
+        "peak_gib": peak,
+        "finite": all(math.isfinite(loss) for loss in losses),
+    }
 
 
 def check_steps(device: torch.device, sizes: Sizes, dry_run: bool, backend: str) -> list[Row]:
@@ -553,31 +678,51 @@ def check_steps(device: torch.device, sizes: Sizes, dry_run: bool, backend: str)
     with Learner(model, learner_config(device), attention_backend=backend) as learner:
         for name, packed in layouts.items():
             figures = step_figures(learner, packed, meter, sizes.repeats, device)
-            rows.append(row(f"fwd+bwd {name}", precision(device), backend, packed.num_tokens,
-                            f"{len(packed.target_ids)} trained, checkpointing on",
-                            figures.pop("finite"), **figures))  # fmt: skip
+            rows.append(
+                row(
+                    f"fwd+bwd {name}",
+                    precision(device),
+                    backend,
+                    packed.num_tokens,
+                    f"{len(packed.target_ids)} trained, checkpointing on",
+                    figures.pop("finite"),
+                    **figures,
+                )
+            )
     return rows
 
 
-def check_full_row(device: torch.device, sizes: Sizes, dry_run: bool, checkpointing: bool | None,
-                   ) -> list[Row]:  # fmt: skip
+def check_full_row(
+    device: torch.device,
+    sizes: Sizes,
+    dry_run: bool,
+    checkpointing: bool | None,
+) -> list[Row]:
     """Row 9: one step on a full row, checkpointing on or decided, the default backend."""
     config = model_config(dry_run)
     meter = FlopsMeter(config, device, bf16=device.type == "cuda")
     packed = full_row(config.vocab_size, sizes.full_row, np.random.default_rng(10))
     full, fill = row_fill(packed, sizes.full_row)
     model = random_model(torch.float32, device, dry_run).train()
-    settings = learner_config(device, gradient_checkpointing=checkpointing,
-                              token_budget=sizes.full_row)  # fmt: skip
+    settings = learner_config(
+        device, gradient_checkpointing=checkpointing, token_budget=sizes.full_row
+    )
     with Learner(model, settings) as learner:
         enabled = learner.model.is_gradient_checkpointing
         backend = learner.attention.name
         figures = step_figures(learner, packed, meter, 1, device)
     mode = "on" if checkpointing else "decided"
-    return [row(f"fsdp step checkpointing {mode}", precision(device), backend, packed.num_tokens,
-                f"{fill}; checkpointing {'on' if enabled else 'off'}",
-                full and figures.pop("finite") and (enabled or checkpointing is None),
-                **figures)]  # fmt: skip
+    return [
+        row(
+            f"fsdp step checkpointing {mode}",
+            precision(device),
+            backend,
+            packed.num_tokens,
+            f"{fill}; checkpointing {'on' if enabled else 'off'}",
+            full and figures.pop("finite") and (enabled or checkpointing is None),
+            **figures,
+        )
+    ]
 
 
 def check_tree_vs_padded(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
@@ -609,20 +754,30 @@ def check_tree_vs_padded(device: torch.device, sizes: Sizes, dry_run: bool) -> l
             model.zero_grad(set_to_none=True)
     median = {name: statistics.median(values) for name, values in seconds.items()}
     trained = len(tree.target_ids)
-    forwarded = {"tree": tree.num_tokens, "padding-free": free.num_tokens,
-                 "padded": len(samples) * max(len(s.sequence) for s in samples)}  # fmt: skip
+    forwarded = {
+        "tree": tree.num_tokens,
+        "padding-free": free.num_tokens,
+        "padded": len(samples) * max(len(s.sequence) for s in samples),
+    }
     in_range = PACKING_RATIO[0] <= ratio <= PACKING_RATIO[1]
     rows = []
     for name in steps:
         speedup = median[name] / median["tree"]
         faster = name == "tree" or dry_run or speedup > 1.0
-        rows.append(row(f"tree vs padded: {name}", str(dtype).removeprefix("torch."),
-                        backend if name != "padded" else "sdpa",
-                        forwarded[name],
-                        f"packing ratio {ratio:.2f}; tree's speedup {speedup:.2f}x"
-                        if name != "tree" else f"packing ratio {ratio:.2f} "
-                        f"(aimed at 3.4; {trained} trained)", in_range and faster,
-                        ms=1e3 * median[name], tok_s=trained / median[name]))  # fmt: skip
+        rows.append(
+            row(
+                f"tree vs padded: {name}",
+                str(dtype).removeprefix("torch."),
+                backend if name != "padded" else "sdpa",
+                forwarded[name],
+                f"packing ratio {ratio:.2f}; tree's speedup {speedup:.2f}x"
+                if name != "tree"
+                else f"packing ratio {ratio:.2f} (aimed at 3.4; {trained} trained)",
+                in_range and faster,
+                ms=1e3 * median[name],
+                tok_s=trained / median[name],
+            )
+        )
     return rows
 
 
@@ -648,8 +803,9 @@ def padded_step(model: Any, samples: Sequence[TrainingSample]) -> torch.Tensor:
         picks += [i * longest + p - 1 for p in positions]
         targets += tokens[positions].tolist()
         advantages += [sample.advantage] * len(positions)
-    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attention.to(device),
-                                 use_cache=False).last_hidden_state  # fmt: skip
+    hidden = model.get_decoder()(
+        input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False
+    ).last_hidden_state
     picked = hidden.reshape(-1, hidden.shape[-1])[torch.as_tensor(picks, device=device)]
     logits = model.get_output_embeddings()(picked).float()
     want = torch.as_tensor(targets, device=device)
@@ -669,9 +825,17 @@ def check_memory(device: torch.device, sizes: Sizes, dry_run: bool, backend: str
             packed = full_row(config.vocab_size, budget, rng)
             full, fill = row_fill(packed, budget)
             figures = step_figures(learner, packed, meter, 1, device)
-            rows.append(row(f"memory budget {budget}", precision(device), backend,
-                            packed.num_tokens, f"{fill}, checkpointing on",
-                            full and figures.pop("finite"), **figures))  # fmt: skip
+            rows.append(
+                row(
+                    f"memory budget {budget}",
+                    precision(device),
+                    backend,
+                    packed.num_tokens,
+                    f"{fill}, checkpointing on",
+                    full and figures.pop("finite"),
+                    **figures,
+                )
+            )
     return rows
 
 
@@ -697,31 +861,68 @@ def checks(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Check]:
         Check("weights", "bf16", "-", s["weights"], lambda: check_weights(device, sizes, dry_run)),
         Check("stream race", "float32", "-", s["race"], lambda: check_race(device, sizes)),
         Check("lora merged", "float32", "-", s["lora"], lambda: check_lora(device, sizes, dry_run)),
-        Check("dcp resume", "float32", "dense", s["dcp"],
-              lambda: check_dcp(device, sizes, dry_run)),
-    ]  # fmt: skip
+        Check(
+            "dcp resume", "float32", "dense", s["dcp"], lambda: check_dcp(device, sizes, dry_run)
+        ),
+    ]
     for dtype in (torch.float32, torch.bfloat16):
-        units.append(Check("parity", str(dtype).removeprefix("torch."), "all", s["parity"],
-                           lambda dtype=dtype: check_parity(device, sizes, dry_run,
-                                                            dtype)))  # fmt: skip
-    units.append(Check("grad parity", "float32", "all", s["grad"],
-                       lambda: check_gradients(device, sizes, dry_run)))  # fmt: skip
+        units.append(
+            Check(
+                "parity",
+                str(dtype).removeprefix("torch."),
+                "all",
+                s["parity"],
+                lambda dtype=dtype: check_parity(device, sizes, dry_run, dtype),
+            )
+        )
+    units.append(
+        Check(
+            "grad parity",
+            "float32",
+            "all",
+            s["grad"],
+            lambda: check_gradients(device, sizes, dry_run),
+        )
+    )
     for backend in backends_for(device, torch.bfloat16):
-        units.append(Check("fwd+bwd", precision(device), backend, s["fwd+bwd"],
-                           lambda backend=backend: check_steps(device, sizes, dry_run,
-                                                               backend)))  # fmt: skip
+        units.append(
+            Check(
+                "fwd+bwd",
+                precision(device),
+                backend,
+                s["fwd+bwd"],
+                lambda backend=backend: check_steps(device, sizes, dry_run, backend),
+            )
+        )
     for mode in (True, None):
-        units.append(Check(f"fsdp step checkpointing {'on' if mode else 'decided'}",
-                           precision(device),
-                           "default", s["fsdp"],
-                           lambda mode=mode: check_full_row(device, sizes, dry_run,
-                                                            mode)))  # fmt: skip
-    units.append(Check("tree vs padded", precision(device), "-", s["tree"],
-                       lambda: check_tree_vs_padded(device, sizes, dry_run)))  # fmt: skip
+        units.append(
+            Check(
+                f"fsdp step checkpointing {'on' if mode else 'decided'}",
+                precision(device),
+                "default",
+                s["fsdp"],
+                lambda mode=mode: check_full_row(device, sizes, dry_run, mode),
+            )
+        )
+    units.append(
+        Check(
+            "tree vs padded",
+            precision(device),
+            "-",
+            s["tree"],
+            lambda: check_tree_vs_padded(device, sizes, dry_run),
+        )
+    )
     for backend in backends_for(device, torch.bfloat16):
-        units.append(Check("memory", precision(device), backend, s["memory"],
-                           lambda backend=backend: check_memory(device, sizes, dry_run,
-                                                                backend)))  # fmt: skip
+        units.append(
+            Check(
+                "memory",
+                precision(device),
+                backend,
+                s["memory"],
+                lambda backend=backend: check_memory(device, sizes, dry_run, backend),
+            )
+        )
     return units
 
 
@@ -737,9 +938,16 @@ def run_all(units: Sequence[Check], budget_s: float) -> list[Row]:
         left = deadline - time.monotonic()
         label = f"{unit.check} {unit.dtype} {unit.backend}"
         if left < 1:
-            rows.append(row(unit.check, unit.dtype, unit.backend, "-",
-                            f"not run: the total budget of {budget_s:.0f} s is spent",
-                            False))  # fmt: skip
+            rows.append(
+                row(
+                    unit.check,
+                    unit.dtype,
+                    unit.backend,
+                    "-",
+                    f"not run: the total budget of {budget_s:.0f} s is spent",
+                    False,
+                )
+            )
             continue
         limit = min(unit.budget_s, left)
         box: dict[str, Any] = {}
@@ -750,15 +958,30 @@ def run_all(units: Sequence[Check], budget_s: float) -> list[Row]:
         elapsed = time.perf_counter() - start
         print(f"done {label} in {elapsed:.1f} s", file=sys.stderr, flush=True)
         if thread.is_alive():
-            rows.append(row(unit.check, unit.dtype, unit.backend, "-",
-                            f"timeout: still running after {limit:.0f} s", False))  # fmt: skip
+            rows.append(
+                row(
+                    unit.check,
+                    unit.dtype,
+                    unit.backend,
+                    "-",
+                    f"timeout: still running after {limit:.0f} s",
+                    False,
+                )
+            )
             overrun.append(label)
             continue
         if "error" in box:
             error = box["error"]
-            rows.append(row(unit.check, unit.dtype, unit.backend, "-",
-                            f"error: {type(error).__name__}: {str(error)[:160]}",
-                            False))  # fmt: skip
+            rows.append(
+                row(
+                    unit.check,
+                    unit.dtype,
+                    unit.backend,
+                    "-",
+                    f"error: {type(error).__name__}: {str(error)[:160]}",
+                    False,
+                )
+            )
         else:
             for r in box["rows"]:
                 r["s"] = elapsed
@@ -780,27 +1003,35 @@ def run_into(body: Callable[[], list[Row]], box: dict[str, Any]) -> None:
 def print_table(rows: list[Row], device: torch.device) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}")
-    print("| check | dtype | backend | tokens | result | ms | trained tok/s | MFU | peak GiB "
-          "| s | ok |")  # fmt: skip
+    print(
+        "| check | dtype | backend | tokens | result | ms | trained tok/s | MFU | peak GiB "
+        "| s | ok |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def fmt(value: Any, spec: str) -> str:
         return "" if value is None else format(value, spec)
 
     for r in rows:
-        print(f"| {r['check']} | {r['dtype']} | {r['backend']} | {r['tokens']} | {r['result']} "
-              f"| {fmt(r.get('ms'), '.1f')} | {fmt(r.get('tok_s'), ',.0f')} "
-              f"| {fmt(r.get('mfu'), '.3f')} | {fmt(r.get('peak_gib'), '.2f')} "
-              f"| {fmt(r.get('s'), '.0f')} | {'yes' if r['ok'] else 'NO'} |")  # fmt: skip
+        print(
+            f"| {r['check']} | {r['dtype']} | {r['backend']} | {r['tokens']} | {r['result']} "
+            f"| {fmt(r.get('ms'), '.1f')} | {fmt(r.get('tok_s'), ',.0f')} "
+            f"| {fmt(r.get('mfu'), '.3f')} | {fmt(r.get('peak_gib'), '.2f')} "
+            f"| {fmt(r.get('s'), '.0f')} | {'yes' if r['ok'] else 'NO'} |"
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true",
-                        help="CPU, tiny model, few tokens, CPU backends only")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds for all checks together (default 480; 1200 with "
-                             "--dry-run)")  # fmt: skip
+    parser.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny model, few tokens, CPU backends only"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for all checks together (default 480; 1200 with --dry-run)",
+    )
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run or not torch.cuda.is_available() else "cuda")
     if device.type == "cuda":

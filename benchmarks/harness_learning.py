@@ -45,8 +45,16 @@ def calculator_rows() -> list[dict[str, int]]:
     return [{"a": a, "b": b} for a in range(2, 10) for b in range(2, 10)]
 
 
-def train_one(mode: str, seed: int, model: str, base_url: str, api_key: str, output_dir: Path,
-              steps: int, learning_rate: float) -> float:  # fmt: skip
+def train_one(
+    mode: str,
+    seed: int,
+    model: str,
+    base_url: str,
+    api_key: str,
+    output_dir: Path,
+    steps: int,
+    learning_rate: float,
+) -> float:
     """One run; returns its wall seconds."""
     from openenv.core.harness import MCPHarnessAdapter
 
@@ -54,17 +62,30 @@ def train_one(mode: str, seed: int, model: str, base_url: str, api_key: str, out
 
     white = mode == "white-box"
     args = AsyncGRPOConfig(
-        output_dir=str(output_dir), max_steps=steps, seed=seed, learning_rate=learning_rate,
-        dtype="float32", num_generations=8, max_completion_length=32, max_staleness=1,
-        logging_steps=1, save_strategy="no", report_to="none", gradient_checkpointing=False,
-        max_tool_calling_iterations=1, max_concurrent_rollouts=32 if white else 8,
-        vllm_server_base_url=base_url, vllm_server_api_key=api_key,
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        max_steps=steps,
+        seed=seed,
+        learning_rate=learning_rate,
+        dtype="float32",
+        num_generations=8,
+        max_completion_length=32,
+        max_staleness=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        gradient_checkpointing=False,
+        max_tool_calling_iterations=1,
+        max_concurrent_rollouts=32 if white else 8,
+        vllm_server_base_url=base_url,
+        vllm_server_api_key=api_key,
+    )
     trainer = HarnessAsyncGRPOTrainer(
-        model=model, train_dataset=calculator_rows(), args=args,
+        model=model,
+        train_dataset=calculator_rows(),
+        args=args,
         harness_session_factory=CalculatorSessions() if white else CalculatorAgents(),
         harness_adapter=MCPHarnessAdapter() if white else None,
-    )  # fmt: skip
+    )
     started = time.perf_counter()
     trainer.train()
     return time.perf_counter() - started
@@ -103,32 +124,48 @@ def main() -> None:
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = save_replying_model(save_tiny_model(out / "tiny-qwen3", "qwen3", seed=0),
-                                out / "replying-qwen3")  # fmt: skip
+    model = save_replying_model(
+        save_tiny_model(out / "tiny-qwen3", "qwen3", seed=0), out / "replying-qwen3"
+    )
     key = new_api_key()
     config = AsyncGRPOConfig(output_dir=str(out), dtype="float32")
-    spec = local_server_spec(str(model), config, max_model_len=1024, max_logprobs=8,
-                             enforce_eager=True, api_key=key)  # fmt: skip
+    spec = local_server_spec(
+        str(model), config, max_model_len=1024, max_logprobs=8, enforce_eager=True, api_key=key
+    )
     results: dict[str, list[tuple[int, float, float, float]]] = {m: [] for m in modes}
     with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
         for seed in seeds:
             for mode in modes:  # alternating, so a slow stretch of the machine hits both
                 run_dir = out / mode / f"seed-{seed}"
-                seconds = train_one(mode, seed, str(model), servers[0].base_url, key, run_dir,
-                                    args.steps, args.learning_rate)  # fmt: skip
+                seconds = train_one(
+                    mode,
+                    seed,
+                    str(model),
+                    servers[0].base_url,
+                    key,
+                    run_dir,
+                    args.steps,
+                    args.learning_rate,
+                )
                 first, last = first_and_last(run_dir, args.window)
                 results[mode].append((seed, first, last, seconds))
-                print(f"{mode} seed {seed}: {REWARD} {first:.3f} -> {last:.3f} "
-                      f"in {seconds:.0f} s", flush=True)  # fmt: skip
-    print(f"\nThe replying tiny Qwen3 on the calculator task, {args.steps} steps, learning rate "
-          f"{args.learning_rate:g}, groups of 8; {REWARD} over the first and last "
-          f"{args.window} steps")  # fmt: skip
+                print(
+                    f"{mode} seed {seed}: {REWARD} {first:.3f} -> {last:.3f} in {seconds:.0f} s",
+                    flush=True,
+                )
+    print(
+        f"\nThe replying tiny Qwen3 on the calculator task, {args.steps} steps, learning rate "
+        f"{args.learning_rate:g}, groups of 8; {REWARD} over the first and last "
+        f"{args.window} steps"
+    )
     print("| mode | seed | first | last | gain | run s |")
     print("|---|---|---|---|---|---|")
     for mode, runs in results.items():
         for seed, first, last, seconds in runs:
-            print(f"| {mode} | {seed} | {first:.3f} | {last:.3f} | {last - first:+.3f} "
-                  f"| {seconds:.0f} |")  # fmt: skip
+            print(
+                f"| {mode} | {seed} | {first:.3f} | {last:.3f} | {last - first:+.3f} "
+                f"| {seconds:.0f} |"
+            )
     for mode, runs in results.items():
         gain = bootstrap_interval([last - first for _, first, last, _ in runs])
         verdict = "rises" if gain.low > 0 else "does not rise measurably"

@@ -56,8 +56,9 @@ class ArithmeticSession(ResourceSession):
 
 
 class ArithmeticSessions(ResourceSessionFactory[ArithmeticSession]):
-    def create(self, task: Any, seed: int | None = None,
-               episode_id: str | None = None) -> ArithmeticSession:  # fmt: skip
+    def create(
+        self, task: Any, seed: int | None = None, episode_id: str | None = None
+    ) -> ArithmeticSession:
         return ArithmeticSession(dict(task))
 
 
@@ -92,34 +93,55 @@ def main() -> None:
     with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
         for seed in (int(s) for s in args.seeds.split(",")):
             run_dir = out / f"seed-{seed}"
-            run_args = dataclasses.replace(config, output_dir=str(run_dir), seed=seed,
-                                           vllm_server_base_url=servers[0].base_url,
-                                           vllm_server_api_key=key)  # fmt: skip
+            run_args = dataclasses.replace(
+                config,
+                output_dir=str(run_dir),
+                seed=seed,
+                vllm_server_base_url=servers[0].base_url,
+                vllm_server_api_key=key,
+            )
             HarnessAsyncGRPOTrainer(
-                model=model, args=run_args, train_dataset=train_problems(),
+                model=model,
+                args=run_args,
+                train_dataset=train_problems(),
                 eval_dataset={"held_out": held_out_problems()},
-                harness_session_factory=ArithmeticSessions(), harness_adapter=MCPHarnessAdapter(),
-            ).train()  # fmt: skip
+                harness_session_factory=ArithmeticSessions(),
+                harness_adapter=MCPHarnessAdapter(),
+            ).train()
             evaluations = read_metrics(run_dir, EVALUATIONS_FILE)
             steps = read_metrics(run_dir)
-            held_out = [(e["step"], e["eval/held_out/reward"], e["eval/held_out/reward/ci_low"],
-                         e["eval/held_out/reward/ci_high"]) for e in evaluations]  # fmt: skip
+            held_out = [
+                (
+                    e["step"],
+                    e["eval/held_out/reward"],
+                    e["eval/held_out/reward/ci_low"],
+                    e["eval/held_out/reward/ci_high"],
+                )
+                for e in evaluations
+            ]
             gains.append(held_out[-1][1] - held_out[0][1])
             samples = int(sum(r.get("batch/samples_per_step", 0) for r in steps))
             step_s = statistics.median(r["perf/step_s"] for r in steps if "perf/step_s" in r)
-            cells = " / ".join(f"{v:.3f} [{lo:.3f}, {hi:.3f}] (step {s})"
-                               for s, v, lo, hi in held_out)  # fmt: skip
+            cells = " / ".join(
+                f"{v:.3f} [{lo:.3f}, {hi:.3f}] (step {s})" for s, v, lo, hi in held_out
+            )
             lines.append(f"| {seed} | {cells} | {samples} | {step_s:.1f} |")
             print(f"seed {seed}: held-out {cells}", flush=True)
-    print("\nSmolLM2-135M-Instruct through OpenEnv sessions (white-box, MCPHarnessAdapter), the "
-          f"real demo's task and settings, {args.steps} steps")  # fmt: skip
-    print("| seed | held-out accuracy (90% interval over problems) | samples trained | median "
-          "step s |")  # fmt: skip
+    print(
+        "\nSmolLM2-135M-Instruct through OpenEnv sessions (white-box, MCPHarnessAdapter), the "
+        f"real demo's task and settings, {args.steps} steps"
+    )
+    print(
+        "| seed | held-out accuracy (90% interval over problems) | samples trained | median "
+        "step s |"
+    )
     print("|---|---|---|---|")
     print("\n".join(lines))
     gain = bootstrap_interval(gains)
-    print(f"held-out gain {gain.estimate:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] (median over "
-          f"{len(gains)} seeds, 90% bootstrap interval)")  # fmt: skip
+    print(
+        f"held-out gain {gain.estimate:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] (median over "
+        f"{len(gains)} seeds, 90% bootstrap interval)"
+    )
 
 
 if __name__ == "__main__":

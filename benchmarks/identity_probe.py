@@ -46,8 +46,9 @@ class AlwaysTrusted:
         self.identities_seen += 1
 
 
-async def generate_all(server: VLLMServer, requests: int, concurrency: int,
-                       probes: bool) -> tuple[float, int]:  # fmt: skip
+async def generate_all(
+    server: VLLMServer, requests: int, concurrency: int, probes: bool
+) -> tuple[float, int]:
     """Requests per second, and identity probes sent to the server."""
     gate = AlwaysTrusted()
     params = SamplingParams(max_tokens=16, num_sampler_logprobs=4)
@@ -82,13 +83,16 @@ def main() -> None:
             probes = 0
             for _ in range(options.rounds):
                 for with_probes in (False, True):
-                    rate, seen = anyio.run(generate_all, server, options.requests,
-                                           options.concurrency, with_probes)  # fmt: skip
+                    rate, seen = anyio.run(
+                        generate_all, server, options.requests, options.concurrency, with_probes
+                    )
                     rates[with_probes].append(rate)
                     probes = seen if with_probes else probes
     without, with_ = statistics.median(rates[False]), statistics.median(rates[True])
-    print(f"requests {options.requests}, concurrency {options.concurrency}, "
-          f"rounds {options.rounds} (median)")  # fmt: skip
+    print(
+        f"requests {options.requests}, concurrency {options.concurrency}, "
+        f"rounds {options.rounds} (median)"
+    )
     print(f"without identity probes: {without:.1f} requests/s")
     print(
         f"with identity probes:    {with_:.1f} requests/s ({with_ / without - 1:+.1%}); "

@@ -34,10 +34,12 @@ STOP_TIMEOUT_S = 120
 
 def write_settings(out: Path, model: Path, backend: str) -> Path:
     prompts = out / "prompts.jsonl"
-    prompts.write_text("".join(
-        json.dumps({"prompt": [{"role": "user", "content": f"Number {i}?"}]}) + "\n"
-        for i in range(8)
-    ))  # fmt: skip
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Number {i}?"}]}) + "\n"
+            for i in range(8)
+        )
+    )
     settings = out / "run.toml"
     settings.write_text(f"""
 model = "{model}"
@@ -65,10 +67,22 @@ def one_trial(
     log = run_dir.with_suffix(".log")
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "asyncgrpo", "train", "--config", str(settings),
-             "--vllm-url", base_url, "--output-dir", str(run_dir)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "asyncgrpo",
+                "train",
+                "--config",
+                str(settings),
+                "--vllm-url",
+                base_url,
+                "--output-dir",
+                str(run_dir),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + FIRST_CHECKPOINT_TIMEOUT_S
     while not (run_dir / "checkpoint-1").exists() and process.poll() is None:
         if time.monotonic() > deadline:
@@ -97,8 +111,13 @@ def main() -> None:
     model = save_tiny_model(out / "model", "qwen3", seed=0)
     settings = write_settings(out, model, args.backend)
     draw = random.Random(args.seed)
-    spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=20,
-                      weight_transfer_backend="asyncgrpo_gloo")  # fmt: skip
+    spec = ServerSpec(
+        model=str(model),
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=20,
+        weight_transfer_backend="asyncgrpo_gloo",
+    )
     counts: collections.Counter = collections.Counter()
     with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
         for trial in range(args.trials):
@@ -106,8 +125,10 @@ def main() -> None:
             status, log = one_trial(settings, server.base_url, out / f"trial{trial}", delay)
             clean = status == 128 + signal.SIGINT and "Traceback" not in log
             counts["clean" if clean else f"exit {status}"] += 1
-            print(f"trial {trial}: SIGINT {delay:.2f} s after checkpoint-1 -> exit {status}",
-                  flush=True)  # fmt: skip
+            print(
+                f"trial {trial}: SIGINT {delay:.2f} s after checkpoint-1 -> exit {status}",
+                flush=True,
+            )
             if not clean:
                 print(log[-2500:], flush=True)
     print(dict(counts))

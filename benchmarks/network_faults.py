@@ -65,24 +65,36 @@ class ComesBackGate:
 
 
 class Bench:
-    def __init__(self, server: VLLMServer, proxy: FaultProxy, timeout_s: float,
-                 stall_s: float) -> None:  # fmt: skip
+    def __init__(
+        self, server: VLLMServer, proxy: FaultProxy, timeout_s: float, stall_s: float
+    ) -> None:
         self.server, self.proxy = server, proxy
         self.timeout_s, self.stall_s = timeout_s, stall_s
 
     def client(self, gated: bool = False) -> VLLMClient:
         gate = ComesBackGate() if gated else None
-        return VLLMClient(self.proxy.url, self.server.spec.name, timeout_s=self.timeout_s,
-                          stall_s=self.stall_s, gate=gate)  # fmt: skip
+        return VLLMClient(
+            self.proxy.url,
+            self.server.spec.name,
+            timeout_s=self.timeout_s,
+            stall_s=self.stall_s,
+            gate=gate,
+        )
 
     def after(self, start: float, line: str) -> float | None:
         """Seconds from ``start`` to the first request starting with ``line`` after it."""
-        seen = [t for t, request in self.proxy.requests_seen if t > start and
-                request.startswith(line)]  # fmt: skip
+        seen = [
+            t for t, request in self.proxy.requests_seen if t > start and request.startswith(line)
+        ]
         return seen[0] - start if seen else None
 
-    def generate(self, arm: Callable[[], None], gated: bool = False, probe: str = GENERATE,
-                 cut: str | None = None) -> dict[str, float | str | None]:  # fmt: skip
+    def generate(
+        self,
+        arm: Callable[[], None],
+        gated: bool = False,
+        probe: str = GENERATE,
+        cut: str | None = None,
+    ) -> dict[str, float | str | None]:
         """One generation on a kept-alive connection, the fault armed just before it; times
         from the ``cut``'s first strike, else from the arming; detected when a request
         starting with ``probe`` went by."""
@@ -137,11 +149,19 @@ class Bench:
                     anyio.run(push)
             else:
                 state = model.state_dict
-                stream = WeightStream(lambda: [(n, t.dtype, tuple(t.shape))
-                                               for n, t in state().items()],
-                                      lambda: iter(state().items()))  # fmt: skip
-                sync = EngineSync.join(proxy.url, lambda: holed(self.client()), backend, stream,
-                                       workers=1, rank=0, timeout_s=self.timeout_s)  # fmt: skip
+                stream = WeightStream(
+                    lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+                    lambda: iter(state().items()),
+                )
+                sync = EngineSync.join(
+                    proxy.url,
+                    lambda: holed(self.client()),
+                    backend,
+                    stream,
+                    workers=1,
+                    rank=0,
+                    timeout_s=self.timeout_s,
+                )
                 try:
                     sync.sync()
                 finally:
@@ -156,8 +176,7 @@ class Bench:
         if hole:
             resume_directly(self.server)
         crossed = proxy.forwarded["down"] - down + proxy.forwarded["up"] - up
-        return {"outcome": outcome, key: end - (opened[0] if opened else started),
-                "bytes": crossed}  # fmt: skip
+        return {"outcome": outcome, key: end - (opened[0] if opened else started), "bytes": crossed}
 
 
 def resume_directly(server: VLLMServer) -> None:
@@ -172,26 +191,32 @@ def cases(bench: Bench, proxy: FaultProxy) -> dict[str, Callable[[], dict]]:
     hole_s, late_s = bench.timeout_s / 2, bench.timeout_s / 3
     return {
         "reply reset after 100 bytes, once": lambda: bench.generate(
-            lambda: proxy.reset_after(100, requests=GENERATE), cut="reset"),
+            lambda: proxy.reset_after(100, requests=GENERATE), cut="reset"
+        ),
         "reply truncated after 300 bytes, once": lambda: bench.generate(
-            lambda: proxy.truncate_after(300, requests=GENERATE), cut="truncate"),
+            lambda: proxy.truncate_after(300, requests=GENERATE), cut="truncate"
+        ),
         f"{late_s:.1f} s of latency inside every reply": lambda: bench.generate(
-            lambda: proxy.add_latency(late_s), probe="GET /health"),
+            lambda: proxy.add_latency(late_s), probe="GET /health"
+        ),
         f"black hole for {hole_s:.1f} s": lambda: bench.generate(
-            lambda: proxy.black_hole(hole_s), probe="GET /health"),
+            lambda: proxy.black_hole(hole_s), probe="GET /health"
+        ),
         "black hole for good": lambda: bench.generate(proxy.black_hole, probe="GET /health"),
-        "every reply reset (rollout side, the server comes back each time)":
-            lambda: bench.generate(lambda: proxy.reset_after(100, requests=GENERATE,
-                                                             times=None), True, cut="reset"),
+        "every reply reset (rollout side, the server comes back each time)": lambda: bench.generate(
+            lambda: proxy.reset_after(100, requests=GENERATE, times=None), True, cut="reset"
+        ),
         "every reply truncated (trainer side, retried)": lambda: bench.generate(
-            lambda: proxy.truncate_after(300, requests=GENERATE, times=None), cut="truncate"),
+            lambda: proxy.truncate_after(300, requests=GENERATE, times=None), cut="truncate"
+        ),
         "link capped at 2,000 bytes/s": lambda: bench.generate(
-            lambda: proxy.cap_bandwidth(2000), probe="GET /health"),
+            lambda: proxy.cap_bandwidth(2000), probe="GET /health"
+        ),
         "disk push, 2,000 bytes/s": lambda: bench.push("disk", hole=False, cap=2000),
         "gloo push, 2,000 bytes/s": lambda: bench.push("asyncgrpo_gloo", hole=False, cap=2000),
         "disk push, black hole after the pause": lambda: bench.push("disk", True, None),
         "gloo push, black hole after the pause": lambda: bench.push("asyncgrpo_gloo", True, None),
-    }  # fmt: skip
+    }
 
 
 def measured(results: list[dict], key: str) -> list[float]:
@@ -212,15 +237,22 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         model = save_tiny_model(Path(work) / "tiny-qwen3", "qwen3", seed=0)
-        spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32",
-                          max_logprobs=20, weight_transfer_backend="asyncgrpo_gloo",
-                          enforce_eager=True)  # fmt: skip
+        spec = ServerSpec(
+            model=str(model),
+            max_model_len=1024,
+            dtype="float32",
+            max_logprobs=20,
+            weight_transfer_backend="asyncgrpo_gloo",
+            enforce_eager=True,
+        )
         with VLLMServer(spec, log_path=Path(work) / "server.log") as server:
             port = int(server.base_url.rsplit(":", 1)[1])
             with FaultProxy(port) as proxy:
                 bench = Bench(server, proxy, args.timeout, args.stall)
-                rows = {name: [run() for _ in range(args.repeats)]
-                        for name, run in cases(bench, proxy).items()}  # fmt: skip
+                rows = {
+                    name: [run() for _ in range(args.repeats)]
+                    for name, run in cases(bench, proxy).items()
+                }
     print(
         f"vllm_server_timeout={args.timeout:g} s, vllm_server_stall_timeout={args.stall:g} s, "
         f"{args.repeats} repeats; median [min, max] from the fault's start\n"
@@ -230,10 +262,12 @@ def main() -> None:
     for name, results in rows.items():
         outcomes = sorted({str(r["outcome"]) for r in results})
         crossed = measured(results, "bytes")
-        print(f"| {name} | {', '.join(outcomes)} | {spread(measured(results, 'detected_s'))} | "
-              f"{spread(measured(results, 'recovered_s'))} | "
-              f"{spread(measured(results, 'named_s'))} | "
-              f"{int(statistics.median(crossed)) if crossed else '-'} |")  # fmt: skip
+        print(
+            f"| {name} | {', '.join(outcomes)} | {spread(measured(results, 'detected_s'))} | "
+            f"{spread(measured(results, 'recovered_s'))} | "
+            f"{spread(measured(results, 'named_s'))} | "
+            f"{int(statistics.median(crossed)) if crossed else '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -50,18 +50,33 @@ class ForeignPusher(TrainerCallback):
         anyio.run(push)
 
 
-def run(server: VLLMServer, model: Path, out: Path, trainer_dtype: str, steps: int,
-        callbacks: list) -> list[float]:  # fmt: skip
+def run(
+    server: VLLMServer, model: Path, out: Path, trainer_dtype: str, steps: int, callbacks: list
+) -> list[float]:
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(16)]
-    args = AsyncGRPOConfig(output_dir=str(out), max_steps=steps, learning_rate=1e-3,
-                           num_generations=8, max_completion_length=32, token_budget=1024,
-                           max_staleness=0, dtype=trainer_dtype, gradient_checkpointing=False,
-                           vllm_server_base_url=server.base_url, save_steps=1000,
-                           disable_tqdm=True, foreign_weights_steps=0,
-                           weight_transfer_backend="disk")  # fmt: skip
-    AsyncGRPOTrainer(model=str(model), reward_funcs=digit_fraction_reward, args=args,
-                     train_dataset=Dataset.from_dict({"prompt": prompts}),
-                     callbacks=callbacks).train()  # fmt: skip
+    args = AsyncGRPOConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        learning_rate=1e-3,
+        num_generations=8,
+        max_completion_length=32,
+        token_budget=1024,
+        max_staleness=0,
+        dtype=trainer_dtype,
+        gradient_checkpointing=False,
+        vllm_server_base_url=server.base_url,
+        save_steps=1000,
+        disable_tqdm=True,
+        foreign_weights_steps=0,
+        weight_transfer_backend="disk",
+    )
+    AsyncGRPOTrainer(
+        model=str(model),
+        reward_funcs=digit_fraction_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=callbacks,
+    ).train()
     return [row.get(STALENESS0_GAP, float("nan")) for row in read_metrics(out)]
 
 
@@ -82,10 +97,13 @@ def main() -> None:
         print("  own weights, gap per step:", " ".join(f"{g:.3g}" for g in gaps))
         if options.foreign:
             pusher = ForeignPusher(server, model, options.foreign, work / "foreign")
-            gaps = run(server, model, work / "foreign-run", options.trainer_dtype,
-                       options.steps, [pusher])  # fmt: skip
-            print(f"  foreign weights (noise {options.foreign}), gap per step:",
-                  " ".join(f"{g:.3g}" for g in gaps))  # fmt: skip
+            gaps = run(
+                server, model, work / "foreign-run", options.trainer_dtype, options.steps, [pusher]
+            )
+            print(
+                f"  foreign weights (noise {options.foreign}), gap per step:",
+                " ".join(f"{g:.3g}" for g in gaps),
+            )
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ def replanning(buffer_sizes=(64, 256, 1024, 4096, 8192), repeats: int = 5) -> No
         16_384, num_processes=4, gradient_accumulation_steps=1, max_staleness=4
     )
     rng = np.random.default_rng(1)
-    pool = make_samples(rng, groups=max(buffer_sizes) // 8 + 8, prompt_len=128,
-                        completions=(64, 340))  # fmt: skip
+    pool = make_samples(
+        rng, groups=max(buffer_sizes) // 8 + 8, prompt_len=128, completions=(64, 340)
+    )
     print("buffered  re-plan the buffer  arrive 1 group  take 1 step   (medians, ms)")
     for size in buffer_sizes:
         queue = step_queue.StepQueue(settings)

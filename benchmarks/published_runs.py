@@ -49,10 +49,14 @@ from asyncgrpo.shell.experiments.workload_plan import (
 )
 
 QWEN25_MATH_7B = {  # its config.json (Hugging Face), the fields the planner reads
-    "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-    "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
     "tie_word_embeddings": False,
-}  # fmt: skip
+}
 MAX_RESPONSE = 28 * 1024
 SAMPLES_PER_STEP = 512 * 16
 OLD_LOG_PROB_SHARE = 1 / 3  # a forward over a forward and backward (2 / 6 FLOPs per parameter)
@@ -86,20 +90,31 @@ CALIBRATION = PUBLISHED[:2]
 
 def workload(mean_response: float, mfu: float, step_overhead_s: float = 0.0) -> Workload:
     """The runs' setup as a workload; the response lengths' shape is assumed (see above)."""
-    return workload_from_mapping({
-        "model": {"name": "Qwen/Qwen2.5-Math-7B", "config": QWEN25_MATH_7B},
-        "cluster": {"gpu": "h20", "gpus": 128, "gpus_per_node": 8, "intra_node": "nvlink4",
-                    "inter_node": "ib-ndr"},
-        "batch": {"prompts_per_step": 512, "num_generations": 16},
-        "lengths": {
-            "prompt": {"mean": 250, "p50": 220, "p90": 400, "max": 2048},
-            "response": {"mean": mean_response, "p50": 0.8 * mean_response,
-                         "p90": min(2.0 * mean_response, MAX_RESPONSE - 1), "max": MAX_RESPONSE},
-        },
-        "settings": {"weight_path": "nccl"},
-        "trainer": {"mfu": mfu},
-        "generator": {"step_overhead_s": step_overhead_s, "source": "fitted to verl's runs"},
-    })  # fmt: skip
+    return workload_from_mapping(
+        {
+            "model": {"name": "Qwen/Qwen2.5-Math-7B", "config": QWEN25_MATH_7B},
+            "cluster": {
+                "gpu": "h20",
+                "gpus": 128,
+                "gpus_per_node": 8,
+                "intra_node": "nvlink4",
+                "inter_node": "ib-ndr",
+            },
+            "batch": {"prompts_per_step": 512, "num_generations": 16},
+            "lengths": {
+                "prompt": {"mean": 250, "p50": 220, "p90": 400, "max": 2048},
+                "response": {
+                    "mean": mean_response,
+                    "p50": 0.8 * mean_response,
+                    "p90": min(2.0 * mean_response, MAX_RESPONSE - 1),
+                    "max": MAX_RESPONSE,
+                },
+            },
+            "settings": {"weight_path": "nccl"},
+            "trainer": {"mfu": mfu},
+            "generator": {"step_overhead_s": step_overhead_s, "source": "fitted to verl's runs"},
+        }
+    )
 
 
 @attrs.frozen
@@ -168,10 +183,17 @@ def fit(out: Path, steps: int) -> tuple[Fitted, list[str]]:
     the 128-GPU runs' phases (the module's docstring)."""
     log: list[str] = []
     sync, asynchronous = CALIBRATION
-    mean = bisect(lambda m: training_s(asynchronous, workload(m, SEPARATE_MFU)),
-                  asynchronous.train_s, 100.0, 20_000.0, 30)  # fmt: skip
-    log.append(f"mean response {mean:.0f} tokens: the 64 trainer GPUs at {SEPARATE_MFU:.0%} MFU "
-               f"take {training_s(asynchronous, workload(mean, SEPARATE_MFU)):.1f} s")  # fmt: skip
+    mean = bisect(
+        lambda m: training_s(asynchronous, workload(m, SEPARATE_MFU)),
+        asynchronous.train_s,
+        100.0,
+        20_000.0,
+        30,
+    )
+    log.append(
+        f"mean response {mean:.0f} tokens: the 64 trainer GPUs at {SEPARATE_MFU:.0%} MFU "
+        f"take {training_s(asynchronous, workload(mean, SEPARATE_MFU)):.1f} s"
+    )
 
     def generation_s(overhead: float) -> float:
         phases = predict(sync, workload(mean, SEPARATE_MFU, overhead), out / "fit", steps)
@@ -192,33 +214,45 @@ def main() -> None:
     out = Path(args.output_dir)
     fitted, log = fit(out, args.steps)
     print("\n".join(log))
-    print(f"fitted on the 128-GPU runs: mean response {fitted.mean_response:.0f} tokens, "
-          f"decode step overhead {fitted.step_overhead_s * 1e3:.2f} ms, colocated MFU "
-          f"{fitted.mfu_colocated:.3f} (on its own GPUs: {SEPARATE_MFU}, assumed)\n")  # fmt: skip
-    predicted = {run.name: predict(run, fitted.workload(run), out / "predict", args.steps)
-                 for run in PUBLISHED}  # fmt: skip
+    print(
+        f"fitted on the 128-GPU runs: mean response {fitted.mean_response:.0f} tokens, "
+        f"decode step overhead {fitted.step_overhead_s * 1e3:.2f} ms, colocated MFU "
+        f"{fitted.mfu_colocated:.3f} (on its own GPUs: {SEPARATE_MFU}, assumed)\n"
+    )
+    predicted = {
+        run.name: predict(run, fitted.workload(run), out / "predict", args.steps)
+        for run in PUBLISHED
+    }
     rows: list[dict[str, Any]] = []
-    print("| run | published s/step | predicted | error | published gen / train s | "
-          "predicted gen / train s | held out |")  # fmt: skip
+    print(
+        "| run | published s/step | predicted | error | published gen / train s | "
+        "predicted gen / train s | held out |"
+    )
     print("|---|---|---|---|---|---|---|")
     for run in PUBLISHED:
         p = predicted[run.name]
         error = p.step_s / run.step_s - 1
         train = run.train_s + run.old_log_prob_s
         rows.append({"run": run.name, "error": error, "held_out": run not in CALIBRATION})
-        print(f"| {run.name} | {run.step_s:.1f} | {p.step_s:.1f} | {error:+.1%} | "
-              f"{run.gen_s:.1f} / {train:.1f} | {p.gen_s:.1f} / "
-              f"{p.train_s * (1 + OLD_LOG_PROB_SHARE * run.colocated):.1f} | "
-              f"{'yes' if run not in CALIBRATION else 'fitted (its phases)'} |")  # fmt: skip
+        print(
+            f"| {run.name} | {run.step_s:.1f} | {p.step_s:.1f} | {error:+.1%} | "
+            f"{run.gen_s:.1f} / {train:.1f} | {p.gen_s:.1f} / "
+            f"{p.train_s * (1 + OLD_LOG_PROB_SHARE * run.colocated):.1f} | "
+            f"{'yes' if run not in CALIBRATION else 'fitted (its phases)'} |"
+        )
     print()
     for gpus in (128, 64, 32):
         sync, asynchronous = (r for r in PUBLISHED if r.gpus == gpus)
         ratio = predicted[sync.name].step_s / predicted[asynchronous.name].step_s
-        print(f"{gpus} GPUs: async against sync published "
-              f"{sync.step_s / asynchronous.step_s:.2f}x, predicted {ratio:.2f}x")  # fmt: skip
+        print(
+            f"{gpus} GPUs: async against sync published "
+            f"{sync.step_s / asynchronous.step_s:.2f}x, predicted {ratio:.2f}x"
+        )
     held = [abs(r["error"]) for r in rows if r["held_out"]]
-    print(f"\nheld out: median absolute error {statistics.median(held):.1%}, "
-          f"{sum(e <= 0.15 for e in held)} of {len(held)} within 15%")  # fmt: skip
+    print(
+        f"\nheld out: median absolute error {statistics.median(held):.1%}, "
+        f"{sum(e <= 0.15 for e in held)} of {len(held)} within 15%"
+    )
 
 
 if __name__ == "__main__":

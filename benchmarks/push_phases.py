@@ -37,11 +37,17 @@ async def one_push(client: VLLMClient, weights: dict[str, torch.Tensor], where: 
     start = time.perf_counter()
     write_safetensors(weights, where)
     times["write_s"] = time.perf_counter() - start
-    for name, call in (("pause_s", client.admin.pause),
-                       ("reload_s", lambda: client.admin.collective_rpc(
-                           "reload_weights", kwargs={"weights_path": str(where)})),
-                       ("reset_s", client.admin.reset_prefix_cache),
-                       ("resume_s", client.admin.resume)):  # fmt: skip
+    for name, call in (
+        ("pause_s", client.admin.pause),
+        (
+            "reload_s",
+            lambda: client.admin.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(where)}
+            ),
+        ),
+        ("reset_s", client.admin.reset_prefix_cache),
+        ("resume_s", client.admin.resume),
+    ):
         start = time.perf_counter()
         await call()
         times[name] = time.perf_counter() - start
@@ -65,8 +71,9 @@ async def keep_busy(client: VLLMClient, concurrency: int, stop: anyio.Event) -> 
     return done[0]
 
 
-async def measure(server: VLLMServer, model_path: Path, rounds: int, concurrency: int,
-                  tmp: Path) -> dict[str, list[dict]]:  # fmt: skip
+async def measure(
+    server: VLLMServer, model_path: Path, rounds: int, concurrency: int, tmp: Path
+) -> dict[str, list[dict]]:
     model = load_causal_lm(model_path)
     results: dict[str, list[dict]] = {"idle": [], "busy": []}
     async with VLLMClient(server.base_url, server.spec.name, max_connections=concurrency + 8) as c:
@@ -97,11 +104,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        path = save_tiny_model(tmp / "model", "qwen3", seed=0, hidden_size=args.hidden,
-                               num_layers=args.layers)  # fmt: skip
+        path = save_tiny_model(
+            tmp / "model", "qwen3", seed=0, hidden_size=args.hidden, num_layers=args.layers
+        )
         config = AsyncGRPOConfig(output_dir=str(tmp), vllm_server_base_url="http://127.0.0.1")
-        spec = ServerSpec(model=str(path), max_model_len=1024, dtype="float32",
-                          cpus=server_cpus_for(config))  # fmt: skip
+        spec = ServerSpec(
+            model=str(path), max_model_len=1024, dtype="float32", cpus=server_cpus_for(config)
+        )
         with VLLMServer(spec, log_path=tmp / "server.log") as server:
             results = anyio.run(measure, server, path, args.rounds, args.concurrency, tmp)
     print(
@@ -114,8 +123,10 @@ def main() -> None:
         cells = []
         for phase in (*PHASES, "total"):
             values = [sum(r.values()) if phase == "total" else r[phase] for r in rounds]
-            cells.append(f"{statistics.median(values) * 1e3:.0f} [{min(values) * 1e3:.0f}, "
-                         f"{max(values) * 1e3:.0f}]")  # fmt: skip
+            cells.append(
+                f"{statistics.median(values) * 1e3:.0f} [{min(values) * 1e3:.0f}, "
+                f"{max(values) * 1e3:.0f}]"
+            )
         print(f"| {condition} | " + " | ".join(cells) + " |")
 
 

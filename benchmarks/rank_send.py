@@ -125,11 +125,15 @@ def main() -> None:
         else:
             seconds[item[0]].append(item[1])
     trained = args.samples * 256
-    print(f"{args.ranks} ranks, {trained} trained tokens per rank, top-{args.top_logprobs} "
-          f"log-probs, top-{args.top_k} candidate sets")  # fmt: skip
+    print(
+        f"{args.ranks} ranks, {trained} trained tokens per rank, top-{args.top_logprobs} "
+        f"log-probs, top-{args.top_k} candidate sets"
+    )
     for mode in ("broadcast", "scatter"):
-        print(f"{mode:>9}: {sizes[mode] / 1e6:8.2f} MB sent per step, perf/send_s median "
-              f"{statistics.median(seconds[mode]):.4f} s over {len(seconds[mode])}")  # fmt: skip
+        print(
+            f"{mode:>9}: {sizes[mode] / 1e6:8.2f} MB sent per step, perf/send_s median "
+            f"{statistics.median(seconds[mode]):.4f} s over {len(seconds[mode])}"
+        )
 
 
 if __name__ == "__main__":

@@ -75,14 +75,27 @@ def one_setting(name: str, steps: int, groups: int, prompt: int, completion: int
             tokens = np.concatenate([shared, rng.integers(10, vocab, completion)])
             mask = np.r_[np.zeros(prompt, np.int8), np.ones(completion, np.int8)]
             logprobs = np.where(mask == 1, -np.log(vocab), 0.0)
-            samples.append(TrainingSample(TrainingSequence(tokens, mask, logprobs),
-                                          (-1.0) ** member, 0, group, 0, group,
-                                          f"{group}-{member}"))  # fmt: skip
+            samples.append(
+                TrainingSample(
+                    TrainingSequence(tokens, mask, logprobs),
+                    (-1.0) ** member,
+                    0,
+                    group,
+                    0,
+                    group,
+                    f"{group}-{member}",
+                )
+            )
     row = pack_row(samples)
     with tempfile.TemporaryDirectory() as out:
-        config = AsyncGRPOConfig(output_dir=out, bf16=bf16, gradient_checkpointing=checkpointing,
-                                 learning_rate=1e-6, use_cpu=True,
-                                 score_centering=False)  # fmt: skip
+        config = AsyncGRPOConfig(
+            output_dir=out,
+            bf16=bf16,
+            gradient_checkpointing=checkpointing,
+            learning_rate=1e-6,
+            use_cpu=True,
+            score_centering=False,
+        )
         peft = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear") if lora else None
         with Learner(model, config, peft_config=peft) as learner:
             meter = FlopsMeter(model.config, learner.device, bf16)
@@ -112,8 +125,10 @@ def checkout_of(commit: str) -> Iterator[dict[str, str]]:
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         tree, shim = Path(tmp) / "tree", Path(tmp) / "shim" / "asyncgrpo"
-        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree),
-                        commit], check=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree), commit],
+            check=True,
+        )
         try:
             shim.mkdir(parents=True)
             for entry in (tree / "asyncgrpo").iterdir():
@@ -122,8 +137,9 @@ def checkout_of(commit: str) -> Iterator[dict[str, str]]:
                 (shim / package).symlink_to(tree / package)
             yield {**os.environ, "PYTHONPATH": str(shim.parent)}
         finally:
-            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
-                           check=True)  # fmt: skip
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=True
+            )
 
 
 def main() -> None:
@@ -142,8 +158,9 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a setting's own process
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_setting(args.one, args.steps, args.groups, args.prompt,
-                                     args.completion)))  # fmt: skip
+        print(
+            json.dumps(one_setting(args.one, args.steps, args.groups, args.prompt, args.completion))
+        )
         return
     names = args.settings.split(",")
     with contextlib.ExitStack() as stack:
@@ -157,20 +174,27 @@ def main() -> None:
     first = results[names[0]][0]
     if args.baseline:
         print(f"baseline: {args.settings.split(',')[0]}, the trainer at {args.baseline}")
-    print(f"SmolLM2-135M-Instruct, one thread; a row of {args.groups} groups x 8 samples, "
-          f"{args.prompt}-token prompts, {args.completion}-token completions: "
-          f"{first['forwarded_tokens']} forwarded tokens; {args.rounds} rounds x {args.steps} "
-          "steps per setting")  # fmt: skip
-    print("| setting | fwd+bwd tokens/s (median; range of rounds) | vs " + reference
-          + " | MFU | optimizer s | peak RSS MiB |")  # fmt: skip
+    print(
+        f"SmolLM2-135M-Instruct, one thread; a row of {args.groups} groups x 8 samples, "
+        f"{args.prompt}-token prompts, {args.completion}-token completions: "
+        f"{first['forwarded_tokens']} forwarded tokens; {args.rounds} rounds x {args.steps} "
+        "steps per setting"
+    )
+    print(
+        "| setting | fwd+bwd tokens/s (median; range of rounds) | vs "
+        + reference
+        + " | MFU | optimizer s | peak RSS MiB |"
+    )
     print("|---|---|---|---|---|---|")
     for name in names:
         rates = [r["tokens_per_s"] for r in results[name]]
         mid = statistics.median(rates)
-        print(f"| {name} | {mid:.0f} [{min(rates):.0f}, {max(rates):.0f}] | {mid / base:.2f}x "
-              f"| {statistics.median(r['mfu'] for r in results[name]):.2f} "
-              f"| {statistics.median(r['optimizer_s'] for r in results[name]):.2f} "
-              f"| {max(r['peak_rss_mib'] for r in results[name]):.0f} |")  # fmt: skip
+        print(
+            f"| {name} | {mid:.0f} [{min(rates):.0f}, {max(rates):.0f}] | {mid / base:.2f}x "
+            f"| {statistics.median(r['mfu'] for r in results[name]):.2f} "
+            f"| {statistics.median(r['optimizer_s'] for r in results[name]):.2f} "
+            f"| {max(r['peak_rss_mib'] for r in results[name]):.0f} |"
+        )
 
 
 def run_rounds(
@@ -180,15 +204,28 @@ def run_rounds(
     results: dict[str, list[dict]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else list(reversed(names)):
-            command = [sys.executable, __file__, "--one",
-                       names[1] if name == "baseline" else name, "--steps", str(args.steps),
-                       "--groups", str(args.groups), "--prompt", str(args.prompt),
-                       "--completion", str(args.completion)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, check=True,
-                                  env=environments[name])  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                names[1] if name == "baseline" else name,
+                "--steps",
+                str(args.steps),
+                "--groups",
+                str(args.groups),
+                "--prompt",
+                str(args.prompt),
+                "--completion",
+                str(args.completion),
+            ]
+            done = subprocess.run(
+                command, capture_output=True, text=True, check=True, env=environments[name]
+            )
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {round_ + 1} {name}: "
-                  f"{results[name][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)  # fmt: skip
+            print(
+                f"round {round_ + 1} {name}: {results[name][-1]['tokens_per_s']:.0f} tokens/s",
+                file=sys.stderr,
+            )
     return results
 
 

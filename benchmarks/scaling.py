@@ -59,9 +59,12 @@ def measure(output_dir: Path, servers: int, steps: int) -> dict[str, float]:
         values["vllm_server_base_url"] = urls
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run_spec.json").write_text(json.dumps({"config": values}, indent=1))
-        trainer = AsyncGRPOTrainer(model=str(model), reward_funcs=digit_fraction_reward,
-                                   args=AsyncGRPOConfig(**values),
-                                   train_dataset=demo_dataset())  # fmt: skip
+        trainer = AsyncGRPOTrainer(
+            model=str(model),
+            reward_funcs=digit_fraction_reward,
+            args=AsyncGRPOConfig(**values),
+            train_dataset=demo_dataset(),
+        )
         began = time.monotonic()
         trainer.train()
         wall_s = time.monotonic() - began
@@ -92,8 +95,10 @@ def main() -> None:
     print("| servers | measured step s | measured samples/s | generated tokens/s | trainer idle |")
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['servers']} | {r['step_s']:.3f} | {r['samples_per_s']:.1f} | "
-              f"{r['generated_tokens_per_s']:.0f} | {r['trainer_idle_frac']:.0%} |")  # fmt: skip
+        print(
+            f"| {r['servers']} | {r['step_s']:.3f} | {r['samples_per_s']:.1f} | "
+            f"{r['generated_tokens_per_s']:.0f} | {r['trainer_idle_frac']:.0%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny_model(Path(tmp) / "model", "qwen3", seed=0, hidden_size=args.hidden,
-                               num_layers=args.layers)  # fmt: skip
+        path = save_tiny_model(
+            Path(tmp) / "model", "qwen3", seed=0, hidden_size=args.hidden, num_layers=args.layers
+        )
         model = load_causal_lm(path)
         spec = ServerSpec(model=str(path), max_model_len=512, weight_transfer_backend=GLOO)
         with (
@@ -45,33 +46,45 @@ def main() -> None:
         ):
             times = measure([first, second], model, args.rounds)
     mib = sum(p.numel() for p in model.parameters()) * 4 / 2**20
-    print(f"model: hidden {args.hidden}, {args.layers} layers, {mib:.0f} MiB fp32; 2 servers, "
-          f"{args.rounds} rounds each, alternating")  # fmt: skip
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers, {mib:.0f} MiB fp32; 2 servers, "
+        f"{args.rounds} rounds each, alternating"
+    )
     for mode, runs in times.items():
-        print(f"{mode:8s} median {statistics.median(runs) * 1e3:7.1f} ms "
-              f"(min {min(runs) * 1e3:.1f}, max {max(runs) * 1e3:.1f})")  # fmt: skip
+        print(
+            f"{mode:8s} median {statistics.median(runs) * 1e3:7.1f} ms "
+            f"(min {min(runs) * 1e3:.1f}, max {max(runs) * 1e3:.1f})"
+        )
     serial, parallel = np.array(times["serial"]), np.array(times["parallel"])
     rng = np.random.default_rng(0)
-    ratios = [np.median(rng.choice(serial, serial.size)) / np.median(rng.choice(parallel,
-              parallel.size)) for _ in range(2000)]  # fmt: skip
+    ratios = [
+        np.median(rng.choice(serial, serial.size)) / np.median(rng.choice(parallel, parallel.size))
+        for _ in range(2000)
+    ]
     low, high = np.percentile(ratios, [2.5, 97.5])
-    print(f"serial / parallel: {np.median(serial) / np.median(parallel):.2f}x "
-          f"[{low:.2f}, {high:.2f}] (95% bootstrap)")  # fmt: skip
+    print(
+        f"serial / parallel: {np.median(serial) / np.median(parallel):.2f}x "
+        f"[{low:.2f}, {high:.2f}] (95% bootstrap)"
+    )
 
 
-def measure(servers: list[VLLMServer], model: torch.nn.Module,
-            rounds: int) -> dict[str, list[float]]:  # fmt: skip
+def measure(
+    servers: list[VLLMServer], model: torch.nn.Module, rounds: int
+) -> dict[str, list[float]]:
     state = model.state_dict
     syncs = []
     for server in servers:
-        source = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
-                              lambda: iter(state().items()))  # fmt: skip
+        source = WeightStream(
+            lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+            lambda: iter(state().items()),
+        )
 
         def client(server: VLLMServer = server) -> VLLMClient:
             return VLLMClient(server.base_url, server.spec.name, timeout_s=600)
 
-        syncs.append(EngineSync.join(server.base_url, client, GLOO, source, workers=1, rank=0,
-                                     timeout_s=600))  # fmt: skip
+        syncs.append(
+            EngineSync.join(server.base_url, client, GLOO, source, workers=1, rank=0, timeout_s=600)
+        )
     times: dict[str, list[float]] = {"parallel": [], "serial": []}
     try:
         for round_ in range(2 * rounds + 2):
@@ -81,8 +94,9 @@ def measure(servers: list[VLLMServer], model: torch.nn.Module,
             snapshot = [(n, t.detach().clone()) for n, t in state().items()]
             mode = "parallel" if round_ % 2 == 0 else "serial"
             started = time.perf_counter()
-            landing = each_server((0, 1), lambda i, s=snapshot: syncs[i].send_snapshot(s),
-                                  parallel=mode == "parallel")  # fmt: skip
+            landing = each_server(
+                (0, 1), lambda i, s=snapshot: syncs[i].send_snapshot(s), parallel=mode == "parallel"
+            )
             elapsed = time.perf_counter() - started
             failed = [outcome for outcome in landing.values() if isinstance(outcome, Exception)]
             if failed:

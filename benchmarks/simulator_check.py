@@ -44,8 +44,9 @@ def measured_windows(run: Path) -> tuple[np.ndarray, np.ndarray]:
     return step, samples
 
 
-def error_interval(predicted: float, values: np.ndarray, samples: np.ndarray | None,
-                   rng: np.random.Generator) -> tuple[float, float, float]:  # fmt: skip
+def error_interval(
+    predicted: float, values: np.ndarray, samples: np.ndarray | None, rng: np.random.Generator
+) -> tuple[float, float, float]:
     """The relative error of ``predicted`` against the measured mean step (or seconds per
     sample, with ``samples``), and its 90% bootstrap interval over the steps."""
 
@@ -56,8 +57,9 @@ def error_interval(predicted: float, values: np.ndarray, samples: np.ndarray | N
 
     everything = np.arange(len(values))
     point = predicted / figure(everything) - 1
-    draws = [predicted / figure(rng.integers(0, len(values), len(values))) - 1
-             for _ in range(RESAMPLES)]  # fmt: skip
+    draws = [
+        predicted / figure(rng.integers(0, len(values), len(values))) - 1 for _ in range(RESAMPLES)
+    ]
     low, high = np.percentile(draws, [5, 95])
     return point, float(low), float(high)
 
@@ -77,16 +79,20 @@ def main() -> None:
         ways = {"without": fitted}
         if probe is not None:
             ways["with"] = with_probe(calibration, fitted)
-            print(f"<!-- {sweep.name}: probed "
-                  f"{[(p.concurrency, round(p.tokens_per_s)) for p in probe.points]}, "
-                  f"{probe.note} -->")  # fmt: skip
+            print(
+                f"<!-- {sweep.name}: probed "
+                f"{[(p.concurrency, round(p.tokens_per_s)) for p in probe.points]}, "
+                f"{probe.note} -->"
+            )
         runs = sorted(p.parent for p in sweep.glob("*/seed=0/metrics.jsonl"))
         for run in runs:
             step, samples = measured_windows(run)
             for way, settings in ways.items():
-                simulated = simulate(simulation_of(run, settings),
-                                     args.output_dir / sweep.name / way / run.parent.name,
-                                     progress=False)  # fmt: skip
+                simulated = simulate(
+                    simulation_of(run, settings),
+                    args.output_dir / sweep.name / way / run.parent.name,
+                    progress=False,
+                )
                 figures = pipeline_figures(simulated)
                 cells = []
                 figure_pairs = ((None, figures.step_s), (samples, figures.seconds_per_sample))

@@ -64,12 +64,15 @@ def role_of(process: psutil.Process) -> str:
         name = process.name()
     except psutil.Error:
         return "gone"
-    for needle, role in ((PROCESS_TITLE, "rollout process"),
-                         ("multiprocessing.forkserver", "rollout fork server"),
-                         ("resource_tracker", "multiprocessing resource tracker"),
-                         ("asyncgrpo.adapters.parent_death", "server supervisor"),
-                         ("api_server", "vLLM API server"), ("EngineCore", "vLLM engine"),
-                         ("Worker", "vLLM worker")):  # fmt: skip
+    for needle, role in (
+        (PROCESS_TITLE, "rollout process"),
+        ("multiprocessing.forkserver", "rollout fork server"),
+        ("resource_tracker", "multiprocessing resource tracker"),
+        ("asyncgrpo.adapters.parent_death", "server supervisor"),
+        ("api_server", "vLLM API server"),
+        ("EngineCore", "vLLM engine"),
+        ("Worker", "vLLM worker"),
+    ):
         if needle in command or needle in name:
             return role
     return name
@@ -83,11 +86,16 @@ def sample_processes() -> list[dict[str, Any]]:
         try:
             with process.oneshot():
                 full = process.memory_full_info()
-                found.append({
-                    "role": "trainer" if process.pid == me.pid else role_of(process),
-                    "pid": process.pid, "rss_mb": full.rss / 2**20, "uss_mb": full.uss / 2**20,
-                    "open_fds": process.num_fds(), "threads": process.num_threads(),
-                })  # fmt: skip
+                found.append(
+                    {
+                        "role": "trainer" if process.pid == me.pid else role_of(process),
+                        "pid": process.pid,
+                        "rss_mb": full.rss / 2**20,
+                        "uss_mb": full.uss / 2**20,
+                        "open_fds": process.num_fds(),
+                        "threads": process.num_threads(),
+                    }
+                )
         except psutil.Error:
             continue
     return found
@@ -114,14 +122,19 @@ class Sampler(TrainerCallback):
         step = state.global_step
         if step != 1 and step % self.every:
             return
-        row = {"step": step, "elapsed_s": round(time.monotonic() - self.started, 1),
-               "reward": self.reward, "processes": sample_processes()}  # fmt: skip
+        row = {
+            "step": step,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "reward": self.reward,
+            "processes": sample_processes(),
+        }
         with self.path.open("a") as out:
             out.write(json.dumps(row) + "\n")
         if self.trace is not None:
             self._trace(step)
-        summary = "  ".join(f"{p['role']} {p['rss_mb']:.0f}MB/{p['open_fds']}fd"
-                            for p in row["processes"])  # fmt: skip
+        summary = "  ".join(
+            f"{p['role']} {p['rss_mb']:.0f}MB/{p['open_fds']}fd" for p in row["processes"]
+        )
         print(f"step {step} t={row['elapsed_s']}s reward={self.reward}: {summary}", flush=True)
 
     def _trace(self, step: int) -> None:
@@ -134,9 +147,11 @@ class Sampler(TrainerCallback):
         gc.collect()
         unreachable = collections.Counter(type(o).__qualname__ for o in gc.garbage)
         tensor_mb = sum(o.nbytes for o in gc.garbage if isinstance(o, torch.Tensor)) / 2**20
-        requests = collections.Counter(f"{type(o).__module__}: {o.method!r} {o.url}"
-                                       for o in gc.garbage
-                                       if type(o).__qualname__ == "Request")  # fmt: skip
+        requests = collections.Counter(
+            f"{type(o).__module__}: {o.method!r} {o.url}"
+            for o in gc.garbage
+            if type(o).__qualname__ == "Request"
+        )
         gc.garbage.clear()
         gc.set_debug(0)
         gc.collect()  # the cycles kept above, freed now
@@ -150,12 +165,17 @@ class Sampler(TrainerCallback):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         trimmed = (before - me.memory_info().rss) / 2**20
         with self.trace.open("a") as out:
-            out.write(f"=== step {step}: malloc_trim gave back {trimmed:.1f} MB; "
-                      + ", ".join(f"{t} {n:+d}" for n, t in grown[:12]) + "\n")  # fmt: skip
-            out.write(f"    unreachable (cycles) found by the full collection: "
-                      f"{sum(unreachable.values())} objects; "
-                      + ", ".join(f"{t} {n}" for t, n in unreachable.most_common(12))
-                      + f"; tensors {tensor_mb:.1f} MB; requests: {dict(requests)}\n")  # fmt: skip
+            out.write(
+                f"=== step {step}: malloc_trim gave back {trimmed:.1f} MB; "
+                + ", ".join(f"{t} {n:+d}" for n, t in grown[:12])
+                + "\n"
+            )
+            out.write(
+                f"    unreachable (cycles) found by the full collection: "
+                f"{sum(unreachable.values())} objects; "
+                + ", ".join(f"{t} {n}" for t, n in unreachable.most_common(12))
+                + f"; tensors {tensor_mb:.1f} MB; requests: {dict(requests)}\n"
+            )
 
 
 TRACE_ENV = "ASYNCGRPO_SOAK_TRACE"  # "<seconds>:<file>", read in the spawned rollout process
@@ -179,24 +199,39 @@ class TracingLoop(AsyncRolloutLoop):
                 with path.open("a") as out:
                     out.write(f"=== {time.strftime('%H:%M:%S')} traced {traced:.1f} MiB\n")
                     for stat in top:
-                        out.write(f"{stat.size_diff / 2**20:+.2f} MiB {stat.count_diff:+d} "
-                                  f"blocks\n  " + "\n  ".join(stat.traceback.format()[-8:])
-                                  + "\n")  # fmt: skip
+                        out.write(
+                            f"{stat.size_diff / 2**20:+.2f} MiB {stat.count_diff:+d} "
+                            f"blocks\n  " + "\n  ".join(stat.traceback.format()[-8:]) + "\n"
+                        )
 
         threading.Thread(target=trace, daemon=True, name="tracemalloc").start()
 
 
-def soak_config(output_dir: Path, steps: int, save_steps: int, base_url: str, api_key: str,
-                **options: Any) -> AsyncGRPOConfig:  # fmt: skip
+def soak_config(
+    output_dir: Path, steps: int, save_steps: int, base_url: str, api_key: str, **options: Any
+) -> AsyncGRPOConfig:
     """The demo's settings at a learning rate a random reward cannot collapse (``options``
     override them)."""
     return AsyncGRPOConfig(
-        output_dir=str(output_dir), max_steps=steps, learning_rate=1e-3, num_generations=8,
-        max_completion_length=16, max_staleness=1, token_budget=512, logging_steps=1,
-        save_steps=save_steps, save_total_limit=1, gradient_checkpointing=False,
-        num_sampler_logprobs=4, max_concurrent_rollouts=64, vllm_server_base_url=base_url,
-        vllm_server_api_key=api_key, seed=0, disable_tqdm=True, **options,
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        max_steps=steps,
+        learning_rate=1e-3,
+        num_generations=8,
+        max_completion_length=16,
+        max_staleness=1,
+        token_budget=512,
+        logging_steps=1,
+        save_steps=save_steps,
+        save_total_limit=1,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        max_concurrent_rollouts=64,
+        vllm_server_base_url=base_url,
+        vllm_server_api_key=api_key,
+        seed=0,
+        disable_tqdm=True,
+        **options,
+    )
 
 
 def growth_per_100_steps(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float, int]]:
@@ -246,9 +281,15 @@ def main() -> None:
     model = save_tiny_model(out / "initial-model", "qwen3", seed=0)
     key = new_api_key()
     config = soak_config(out, options.steps, options.save_steps, "http://127.0.0.1", key, **engine)
-    spec = ServerSpec(model=str(model), max_model_len=1024, dtype="float32", max_logprobs=8,
-                      cpus=server_cpus_for(config), api_key=key,
-                      weight_transfer_backend=options.weight_transfer_backend)  # fmt: skip
+    spec = ServerSpec(
+        model=str(model),
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=8,
+        cpus=server_cpus_for(config),
+        api_key=key,
+        weight_transfer_backend=options.weight_transfer_backend,
+    )
     trainer_cls = AsyncGRPOTrainer
     if options.trace_rollout:
         trace = (out / "rollout_tracemalloc.txt").resolve()
@@ -258,21 +299,28 @@ def main() -> None:
             loop_cls = TracingLoop
 
         trainer_cls = TracingTrainer
-    prompts = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}]
-                                            for q in QUESTIONS] * 8})  # fmt: skip
+    prompts = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS] * 8}
+    )
     trainer_trace = (out / "trainer_objects.txt") if options.trace_trainer else None
     started = time.monotonic()
     with VLLMServer(spec, log_path=out / "vllm-server.log") as server:
         config = soak_config(out, options.steps, options.save_steps, server.base_url, key, **engine)
-        trainer = trainer_cls(model=str(model), reward_funcs=noise_reward, args=config,
-                              train_dataset=prompts,
-                              callbacks=[Sampler(samples, options.every,
-                                                 trainer_trace)])  # fmt: skip
+        trainer = trainer_cls(
+            model=str(model),
+            reward_funcs=noise_reward,
+            args=config,
+            train_dataset=prompts,
+            callbacks=[Sampler(samples, options.every, trainer_trace)],
+        )
         trainer.train()
     rows = [json.loads(line) for line in samples.open()]
     print(f"\n{options.steps} steps in {time.monotonic() - started:.0f} s")
-    print("| step | elapsed s | reward | " + " | ".join(
-        p["role"] for p in rows[0]["processes"]) + " |")  # fmt: skip
+    print(
+        "| step | elapsed s | reward | "
+        + " | ".join(p["role"] for p in rows[0]["processes"])
+        + " |"
+    )
     for row in rows:
         cells = " | ".join(f"{p['rss_mb']:.0f} MB, {p['open_fds']} fds" for p in row["processes"])
         print(f"| {row['step']} | {row['elapsed_s']} | {row['reward']} | {cells} |")

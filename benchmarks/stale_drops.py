@@ -45,14 +45,22 @@ def main() -> None:
         demo.digit_fraction_reward = vowel_fraction_reward
     for staleness in args.max_staleness:
         out = Path(tempfile.mkdtemp(prefix=f"stale-{args.task}-{staleness}-"))
-        demo.run_demo(out, max_steps=args.max_steps, overrides={"max_staleness": staleness},
-                      enforce_eager=True, eval_steps=0)  # fmt: skip
+        demo.run_demo(
+            out,
+            max_steps=args.max_steps,
+            overrides={"max_staleness": staleness},
+            enforce_eager=True,
+            eval_steps=0,
+        )
         rows = read_metrics(out)
         per_step = [int(r.get("sample/dropped_stale_count") or 0) for r in rows]
         worst = max(int(r.get("sample/staleness_max") or 0) for r in rows)
-        print(f"task={args.task} max_staleness={staleness} steps={len(rows)} "
-              f"dropped_stale={sum(per_step)} per_step={per_step} staleness_max={worst} "
-              f"run={out}", flush=True)  # fmt: skip
+        print(
+            f"task={args.task} max_staleness={staleness} steps={len(rows)} "
+            f"dropped_stale={sum(per_step)} per_step={per_step} staleness_max={worst} "
+            f"run={out}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,25 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-PARTS = ("matrix products", "attention", "LM head and log-softmax", "embedding",
-         "FSDP2 hooks and copies", "optimizer", "rest")  # fmt: skip
-ATTENTION_OPS = {"aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::_safe_softmax",
-                 "aten::_softmax_backward_data", "aten::_scaled_dot_product_attention_math",
-                 "aten::_scaled_dot_product_flash_attention_for_cpu",
-                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}  # fmt: skip
+PARTS = (
+    "matrix products",
+    "attention",
+    "LM head and log-softmax",
+    "embedding",
+    "FSDP2 hooks and copies",
+    "optimizer",
+    "rest",
+)
+ATTENTION_OPS = {
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_softmax",
+    "aten::_safe_softmax",
+    "aten::_softmax_backward_data",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+}
 ATTENTION_NODES = ("BmmBackward", "SoftmaxBackward", "SafeSoftmaxBackward", "ScaledDotProduct")
 MATMUL_OPS = {"aten::mm", "aten::addmm"}
 OPTIMIZER_RANGE = "asyncgrpo::optimizer_step"
@@ -103,12 +116,18 @@ def profiled_run(output_dir: Path, max_steps: int, profile_steps: set[int]) -> N
             part = part_of(event, self.vocab_size)
             seconds[part] += event.self_cpu_time_total / 1e6
             ops[part][event.name] += event.self_cpu_time_total / 1e6
-        top = {part: dict(sorted(times.items(), key=lambda kv: -kv[1])[:6])
-               for part, times in ops.items()}  # fmt: skip
-        record = {"step": self.step, "seconds": seconds, "top_ops": top,
-                  "forwarded_tokens": sum(r.num_tokens for r in micro_batches if r is not None),
-                  "fwd_bwd_s": out.metrics["perf/fwd_bwd_s"],
-                  "optimizer_s": out.metrics["perf/optimizer_s"]}  # fmt: skip
+        top = {
+            part: dict(sorted(times.items(), key=lambda kv: -kv[1])[:6])
+            for part, times in ops.items()
+        }
+        record = {
+            "step": self.step,
+            "seconds": seconds,
+            "top_ops": top,
+            "forwarded_tokens": sum(r.num_tokens for r in micro_batches if r is not None),
+            "fwd_bwd_s": out.metrics["perf/fwd_bwd_s"],
+            "optimizer_s": out.metrics["perf/optimizer_s"],
+        }
         with open(output_dir / "profile.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
         return out
@@ -124,8 +143,11 @@ def summary(output_dir: Path) -> dict[str, Any]:
 
     records = [json.loads(line) for line in (output_dir / "profile.jsonl").read_text().splitlines()]
     steps = {r["step"] for r in records}
-    mfu = [row["perf/fwd_bwd_mfu"] for row in read_metrics(output_dir)
-           if row.get("step") in steps and row.get("perf/fwd_bwd_mfu") is not None]  # fmt: skip
+    mfu = [
+        row["perf/fwd_bwd_mfu"]
+        for row in read_metrics(output_dir)
+        if row.get("step") in steps and row.get("perf/fwd_bwd_mfu") is not None
+    ]
     return {
         "steps": sorted(steps),
         "parts": {
@@ -146,8 +168,9 @@ def main() -> None:
         default="4,5,6",
         help="steps to profile, comma-separated (after the first steps' warm-up)",
     )
-    parser.add_argument("--baseline", metavar="COMMIT",
-                        help="first profile the trainer as it was at COMMIT")  # fmt: skip
+    parser.add_argument(
+        "--baseline", metavar="COMMIT", help="first profile the trainer as it was at COMMIT"
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     profile_steps = {int(s) for s in args.profile_steps.split(",")}
@@ -165,8 +188,15 @@ def main() -> None:
             runs = {"before": environment, "after": None}
         for name, env in runs.items():
             folder = output / name
-            command = [sys.executable, __file__, "--one", "--output-dir", str(folder),
-                       "--profile-steps", args.profile_steps]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                "--output-dir",
+                str(folder),
+                "--profile-steps",
+                args.profile_steps,
+            ]
             subprocess.run(command, check=True, env=env)
             results[name] = summary(folder)
     print_table(results, args.baseline)
@@ -174,21 +204,29 @@ def main() -> None:
 
 def print_table(results: dict[str, dict[str, Any]], baseline: str | None) -> None:
     names = list(results)
-    print(f"real demo, steps {results[names[-1]]['steps']} profiled"
-          + (f"; before: the trainer at {baseline}" if baseline else ""))  # fmt: skip
+    print(
+        f"real demo, steps {results[names[-1]]['steps']} profiled"
+        + (f"; before: the trainer at {baseline}" if baseline else "")
+    )
     print("| part | " + " | ".join(f"{n}: s per step (share)" for n in names) + " |")
     print("|---|" + "---|" * len(names))
     for part in PARTS:
-        cells = [f"{r['parts'][part]:.2f} ({r['parts'][part] / r['profiled_s']:.0%})"
-                 for r in results.values()]  # fmt: skip
+        cells = [
+            f"{r['parts'][part]:.2f} ({r['parts'][part] / r['profiled_s']:.0%})"
+            for r in results.values()
+        ]
         print(f"| {part} | " + " | ".join(cells) + " |")
-    print("| profiled step | " + " | ".join(f"{r['profiled_s']:.2f}" for r in results.values())
-          + " |")  # fmt: skip
-    print("| forwarded tokens (fwd+bwd tokens/s) | " + " | ".join(
-        f"{r['forwarded_tokens']:.0f} ({r['tokens_per_s']:.0f})" for r in results.values())
-          + " |")  # fmt: skip
-    print("| perf/fwd_bwd_mfu | " + " | ".join(f"{r['mfu']:.2f}" for r in results.values())
-          + " |")  # fmt: skip
+    print(
+        "| profiled step | " + " | ".join(f"{r['profiled_s']:.2f}" for r in results.values()) + " |"
+    )
+    print(
+        "| forwarded tokens (fwd+bwd tokens/s) | "
+        + " | ".join(
+            f"{r['forwarded_tokens']:.0f} ({r['tokens_per_s']:.0f})" for r in results.values()
+        )
+        + " |"
+    )
+    print("| perf/fwd_bwd_mfu | " + " | ".join(f"{r['mfu']:.2f}" for r in results.values()) + " |")
 
 
 if __name__ == "__main__":

@@ -151,8 +151,10 @@ def main() -> None:
         )
     speedup = medians["padding-free"] / medians["tree"]
     if architecture == "qwen3_next":
-        print(f"packing_ratio {ratio:.2f}, speedup {speedup:.2f} ({speedup / ratio:.2f} x "
-              "packing_ratio)")  # fmt: skip
+        print(
+            f"packing_ratio {ratio:.2f}, speedup {speedup:.2f} ({speedup / ratio:.2f} x "
+            "packing_ratio)"
+        )
         return
     ideal = forward_macs(rows["padding-free"], model.config) / forward_macs(
         rows["tree"], model.config

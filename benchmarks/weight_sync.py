@@ -33,21 +33,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny_model(Path(tmp) / "model", "qwen3", seed=0, hidden_size=args.hidden,
-                               num_layers=args.layers)  # fmt: skip
+        path = save_tiny_model(
+            Path(tmp) / "model", "qwen3", seed=0, hidden_size=args.hidden, num_layers=args.layers
+        )
         model = load_causal_lm(path)
         params = sum(p.numel() for p in model.parameters())
         spec = ServerSpec(model=str(path), max_model_len=512, weight_transfer_backend=GLOO)
         with VLLMServer(spec, log_path=Path(tmp) / "server.log") as server:
             disk, memory = measure(server, model, Path(tmp) / "weights", args.rounds)
     mib = params * 4 / 2**20
-    print(f"model: hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f} M params "
-          f"({mib:.0f} MiB fp32); {args.rounds} rounds each, alternating")  # fmt: skip
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f} M params "
+        f"({mib:.0f} MiB fp32); {args.rounds} rounds each, alternating"
+    )
     for name, runs in (("disk reload", disk), ("asyncgrpo_gloo", memory)):
         total = statistics.median(t.total_s for t in runs)
         pause = statistics.median(t.pause_s for t in runs)
-        print(f"{name:15s} median {total * 1e3:7.1f} ms (pause {pause * 1e3:5.1f} ms), "
-              f"{mib / total:6.0f} MiB/s")  # fmt: skip
+        print(
+            f"{name:15s} median {total * 1e3:7.1f} ms (pause {pause * 1e3:5.1f} ms), "
+            f"{mib / total:6.0f} MiB/s"
+        )
     ratio = statistics.median(t.total_s for t in disk) / statistics.median(
         t.total_s for t in memory
     )

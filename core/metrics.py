@@ -155,8 +155,9 @@ def declared(
         return mean(name, amount, weight)
     if aggregation in _MAKERS:
         return _MAKERS[aggregation](name, amount)
-    raise ValueError(f"metric {name!r}: a table declares means, totals and extremes, not "
-                     f"{aggregation.value}")  # fmt: skip
+    raise ValueError(
+        f"metric {name!r}: a table declares means, totals and extremes, not {aggregation.value}"
+    )
 
 
 @attrs.frozen

@@ -55,8 +55,15 @@ def pytest_configure(config) -> None:
 # Test tiers (pyproject's markers): a test that uses one of these fixtures is marked `server`
 # here; a test that starts a server itself is marked in its module. Every test under
 # tests/distributed/ is `distributed`. The fast tier is `-m "not server and not distributed"`.
-SERVER_FIXTURES = {"vllm_server", "served", "own_server", "replying_served", "lora_server",
-                   "short_keep_alive_server", "server_pair"}  # fmt: skip
+SERVER_FIXTURES = {
+    "vllm_server",
+    "served",
+    "own_server",
+    "replying_served",
+    "lora_server",
+    "short_keep_alive_server",
+    "server_pair",
+}
 
 
 # The suite runs in two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``): every
@@ -206,35 +213,59 @@ def session_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
 
 def session_lora_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
     """The session's server with runtime LoRA (:func:`restartable_lora_server`), starting."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      enable_lora=True, max_lora_rank=8, max_loras=4,
-                      enforce_eager=True)  # fmt: skip
+    spec = ServerSpec(
+        model=str(tiny_qwen3),
+        max_model_len=1024,
+        dtype="float32",
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=4,
+        enforce_eager=True,
+    )
     return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-lora.log"))
 
 
 def short_keep_alive(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
     """A server that closes idle connections after 1 s (:func:`short_keep_alive_server`)."""
     keep_alive = (("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "1"),)
-    spec = SpecWithEnvironment(enforce_eager=True, model=str(tiny_qwen3), max_model_len=512,
-                               dtype="float32", own_environment=keep_alive)  # fmt: skip
+    spec = SpecWithEnvironment(
+        enforce_eager=True,
+        model=str(tiny_qwen3),
+        max_model_len=512,
+        dtype="float32",
+        own_environment=keep_alive,
+    )
     return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-keep-alive.log"))
 
 
 def several_servers(tiny_qwen3: Path, logs: Path) -> list[BackgroundStart]:
     """Two servers of the tiny Qwen3 in fp32, each with the gloo engine and runtime LoRA
     (:func:`server_pair`)."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      max_logprobs=20, weight_transfer_backend="asyncgrpo_gloo",
-                      enable_lora=True, max_lora_rank=8, max_loras=4,
-                      enforce_eager=True)  # fmt: skip
-    return [BackgroundStart(VLLMServer(spec, log_path=logs / f"vllm-pair-{i}.log"))
-            for i in range(2)]  # fmt: skip
+    spec = ServerSpec(
+        model=str(tiny_qwen3),
+        max_model_len=1024,
+        dtype="float32",
+        max_logprobs=20,
+        weight_transfer_backend="asyncgrpo_gloo",
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=4,
+        enforce_eager=True,
+    )
+    return [
+        BackgroundStart(VLLMServer(spec, log_path=logs / f"vllm-pair-{i}.log")) for i in range(2)
+    ]
 
 
 def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
     """The server behind :func:`own_server` (one per module), starting."""
-    spec = ServerSpec(model=str(tiny_qwen3), max_model_len=1024, dtype="float32",
-                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
+    spec = ServerSpec(
+        model=str(tiny_qwen3),
+        max_model_len=1024,
+        dtype="float32",
+        weight_transfer_backend="asyncgrpo_gloo",
+        enforce_eager=True,
+    )
     return BackgroundStart(VLLMServer(spec, log_path=logs / "vllm-restartable.log"))
 
 
@@ -249,11 +280,13 @@ def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
 # it, stopped after that module: PER_MODULE). A test module may declare its own
 # module-scoped kinds in ``SERVERS_STARTED_AHEAD`` (fixture name -> starter).
 START_AHEAD_TESTS = 6
-SERVERS_STARTED_AHEAD = {"vllm_server": session_server,
-                         "restartable_lora_server": session_lora_server,
-                         "short_keep_alive_server": short_keep_alive,
-                         "server_pair": several_servers,
-                         "restartable_server": restartable}  # fmt: skip
+SERVERS_STARTED_AHEAD = {
+    "vllm_server": session_server,
+    "restartable_lora_server": session_lora_server,
+    "short_keep_alive_server": short_keep_alive,
+    "server_pair": several_servers,
+    "restartable_server": restartable,
+}
 PER_MODULE = {"restartable_server", "short_keep_alive_server", "server_pair"}
 
 

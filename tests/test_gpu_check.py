@@ -31,8 +31,9 @@ EVERY_ROW = [
 
 @pytest.mark.slow(reason="every check of the script, learners included, in a subprocess")
 def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
-                          text=True, timeout=1500)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=1500
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line for line in table[1:]}

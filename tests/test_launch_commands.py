@@ -82,14 +82,20 @@ class Launch:
     @property
     def is_torchrun(self) -> bool:
         return Path(self.argv[0]).name == "torchrun" or self.argv[1:3] == [
-            "-m", "torch.distributed.run"]  # fmt: skip
+            "-m",
+            "torch.distributed.run",
+        ]
 
     @property
     def names_gpus(self) -> bool:
         """It says it runs on GPUs: devices given, torchrun, or an NCCL weight transfer."""
         nccl = self.role == "server" and "nccl" in option(self.argv, "--weight-transfer-config", "")
-        return bool(self.devices) or self.per_node is not None or self.total is not None or (
-            self.is_torchrun or nccl)  # fmt: skip
+        return (
+            bool(self.devices)
+            or self.per_node is not None
+            or self.total is not None
+            or (self.is_torchrun or nccl)
+        )
 
 
 @dataclass
@@ -103,8 +109,7 @@ class Scheduler:
     nodes: str | None = None
 
     def update(self, options: dict[str, str]) -> Scheduler:
-        new = Scheduler(self.per_node, self.total, self.tasks_per_node, self.per_task,
-                        self.nodes)  # fmt: skip
+        new = Scheduler(self.per_node, self.total, self.tasks_per_node, self.per_task, self.nodes)
         for key, value in options.items():
             if key == "--gpus-per-node":
                 new.per_node = count(value)
@@ -216,9 +221,14 @@ def simple_commands(line: str) -> list[list[str]]:
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def shell_launches(text: str, first_line: int, path: str, env: dict[str, str] | None = None,
-                   host: str = "local", scheduler: Scheduler | None = None,
-                   ) -> list[Launch]:  # fmt: skip
+def shell_launches(
+    text: str,
+    first_line: int,
+    path: str,
+    env: dict[str, str] | None = None,
+    host: str = "local",
+    scheduler: Scheduler | None = None,
+) -> list[Launch]:
     """Every launch in a shell block (see the module docstring); raises
     :class:`UnrecognisedLaunch` for a command that mentions a launch it cannot read."""
     env = dict(env or {})
@@ -247,8 +257,9 @@ def shell_launches(text: str, first_line: int, path: str, env: dict[str, str] | 
     return launches
 
 
-def command_launches(argv: list[str], where: str, env: dict[str, str], host: str,
-                     scheduler: Scheduler) -> list[Launch]:  # fmt: skip
+def command_launches(
+    argv: list[str], where: str, env: dict[str, str], host: str, scheduler: Scheduler
+) -> list[Launch]:
     """The launch of one simple command (none, or several through ``bash -c``)."""
     env, words, i = dict(env), argv, 0
     while i < len(words):
@@ -278,22 +289,36 @@ def command_launches(argv: list[str], where: str, env: dict[str, str], host: str
             scheduler = scheduler.update(options)
             host = f"srun step {where} {scheduler.nodes or ''}".strip()
         elif name in ("bash", "sh") and words[i + 1 : i + 2] == ["-c"]:
-            return shell_launches(words[i + 2], int(where.rsplit(":", 1)[1]),
-                                  where.rsplit(":", 1)[0], env, host, scheduler)  # fmt: skip
+            return shell_launches(
+                words[i + 2],
+                int(where.rsplit(":", 1)[1]),
+                where.rsplit(":", 1)[0],
+                env,
+                host,
+                scheduler,
+            )
         else:
             break
     rest = words[i:]
     role = launch_role(rest, where)
     if role is None:
         if MENTIONS.search(" ".join(argv)):
-            raise UnrecognisedLaunch(f"{where}: {shlex.join(argv)!r} mentions a server or "
-                                     "trainer launch in a form this test does not "
-                                     "read")  # fmt: skip
+            raise UnrecognisedLaunch(
+                f"{where}: {shlex.join(argv)!r} mentions a server or "
+                "trainer launch in a form this test does not "
+                "read"
+            )
         return []
     devices = env.get("CUDA_VISIBLE_DEVICES")
-    launch = Launch(where, role, rest, None if devices is None else
-                    tuple(d.strip() for d in devices.split(",") if d.strip()),
-                    scheduler.per_node, scheduler.total, host)  # fmt: skip
+    launch = Launch(
+        where,
+        role,
+        rest,
+        None if devices is None else tuple(d.strip() for d in devices.split(",") if d.strip()),
+        scheduler.per_node,
+        scheduler.total,
+        host,
+    )
     return [launch]
 
 
@@ -365,8 +390,11 @@ def yaml_launches(text: str, first_line: int, path: str) -> list[Launch]:
     launches = []
     for container in containers(documents):
         argv = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
-        env = {str(e["name"]): str(e.get("value", "")) for e in container.get("env") or []
-               if "name" in e}  # fmt: skip
+        env = {
+            str(e["name"]): str(e.get("value", ""))
+            for e in container.get("env") or []
+            if "name" in e
+        }
         limits = (container.get("resources") or {}).get("limits") or {}
         gpus = limits.get("nvidia.com/gpu")
         scheduler = Scheduler(per_node=None if gpus is None else int(gpus))
@@ -407,14 +435,22 @@ def section_launches(section: Section) -> tuple[list[Launch], list[Launch]]:
     prose = " ".join(section.prose)
     for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose):
         try:
-            found = [launch for argv in simple_commands(span)
-                     for launch in command_launches(argv, f"{section.path}:{section.line}",
-                                                    {}, "local", Scheduler())]  # fmt: skip
+            found = [
+                launch
+                for argv in simple_commands(span)
+                for launch in command_launches(
+                    argv, f"{section.path}:{section.line}", {}, "local", Scheduler()
+                )
+            ]
         except (ValueError, IndexError):
             continue  # prose: a span that is not a command
         for launch in found:
-            words = 3 if launch.argv[:2] in (["vllm", "serve"],) or (
-                Path(launch.argv[0]).name == "asyncgrpo") else 2  # fmt: skip
+            words = (
+                3
+                if launch.argv[:2] in (["vllm", "serve"],)
+                or (Path(launch.argv[0]).name == "asyncgrpo")
+                else 2
+            )
             if len(launch.argv) >= words or launch.devices is not None:
                 launch.inline = True
                 inline.append(launch)
@@ -439,15 +475,20 @@ def problems_of(section: Section) -> list[str]:
     problems = []
     for launch in launches:
         text = f"{launch.where}: {'inline ' if launch.inline else ''}{shlex.join(launch.argv)!r}"
-        stated = launch.devices is not None or launch.per_node is not None or (
-            launch.total is not None)  # fmt: skip
+        stated = (
+            launch.devices is not None or launch.per_node is not None or (launch.total is not None)
+        )
         if not stated:
-            problems.append(f"{text}: a {launch.role} in a GPU recipe without "
-                            "CUDA_VISIBLE_DEVICES (nor a scheduler's GPU count)")  # fmt: skip
+            problems.append(
+                f"{text}: a {launch.role} in a GPU recipe without "
+                "CUDA_VISIBLE_DEVICES (nor a scheduler's GPU count)"
+            )
             continue
         if launch.devices and not all(d.isdigit() for d in launch.devices):
-            problems.append(f"{text}: CUDA_VISIBLE_DEVICES={','.join(launch.devices)} is not "
-                            "a list of device numbers")  # fmt: skip
+            problems.append(
+                f"{text}: CUDA_VISIBLE_DEVICES={','.join(launch.devices)} is not "
+                "a list of device numbers"
+            )
             continue
         problems += count_problems(launch, text)
     problems += overlap_problems([launch for launch in launches if launch.devices])
@@ -468,8 +509,10 @@ def count_problems(launch: Launch, text: str) -> list[str]:
     if launch.devices and launch.per_node is not None:
         beyond = [d for d in launch.devices if int(d) >= launch.per_node]
         if beyond:
-            return [f"{text}: CUDA_VISIBLE_DEVICES names device(s) {','.join(beyond)}, but the "
-                    f"scheduler gives {launch.per_node} GPUs (numbered from 0)"]  # fmt: skip
+            return [
+                f"{text}: CUDA_VISIBLE_DEVICES names device(s) {','.join(beyond)}, but the "
+                f"scheduler gives {launch.per_node} GPUs (numbered from 0)"
+            ]
     argv = launch.argv
     if launch.is_torchrun:
         nproc = option(argv, "--nproc_per_node")
@@ -480,24 +523,31 @@ def count_problems(launch: Launch, text: str) -> list[str]:
         nnodes = int(str(option(argv, "--nnodes", "1")).rsplit(":", 1)[-1])
         if seen is None and launch.total is not None:
             if int(nproc) * nnodes != launch.total:
-                return [f"{text}: --nproc_per_node {nproc} x --nnodes {nnodes} processes, but "
-                        f"the scheduler gives {launch.total} GPUs"]  # fmt: skip
+                return [
+                    f"{text}: --nproc_per_node {nproc} x --nnodes {nnodes} processes, but "
+                    f"the scheduler gives {launch.total} GPUs"
+                ]
             return []
         if seen is not None and int(nproc) != seen:
-            return [f"{text}: --nproc_per_node {nproc} processes, but {seen} visible devices "
-                    "per node (one each: rank i trains on visible device i)"]  # fmt: skip
+            return [
+                f"{text}: --nproc_per_node {nproc} processes, but {seen} visible devices "
+                "per node (one each: rank i trains on visible device i)"
+            ]
         return []
     if launch.role == "trainer" and seen is not None and seen != 1:
-        return [f"{text}: a single-process trainer sees {seen} devices; it trains on the first "
-                "(cuda:LOCAL_RANK, LOCAL_RANK 0): give it one"]  # fmt: skip
+        return [
+            f"{text}: a single-process trainer sees {seen} devices; it trains on the first "
+            "(cuda:LOCAL_RANK, LOCAL_RANK 0): give it one"
+        ]
     if launch.role == "server" and seen is not None:
         kinds = (("tensor", "-tp"), ("pipeline", "-pp"), ("data", "-dp"))
-        sizes = [int(option(argv, f"--{kind}-parallel-size", "1", short))
-                 for kind, short in kinds]  # fmt: skip
+        sizes = [int(option(argv, f"--{kind}-parallel-size", "1", short)) for kind, short in kinds]
         wanted = sizes[0] * sizes[1] * sizes[2]
         if wanted != seen:
-            return [f"{text}: the server sees {seen} devices but runs tensor x pipeline x data "
-                    f"parallel = {wanted} workers"]  # fmt: skip
+            return [
+                f"{text}: the server sees {seen} devices but runs tensor x pipeline x data "
+                f"parallel = {wanted} workers"
+            ]
     return []
 
 
@@ -529,22 +579,33 @@ def problems_in(text: str, path: str) -> list[str]:
 
 
 def test_every_gpu_recipe_in_the_docs_gives_each_role_its_own_devices() -> None:
-    problems = [p for path in doc_files()
-                for p in problems_in(path.read_text(), str(path.relative_to(ROOT)))]  # fmt: skip
+    problems = [
+        p
+        for path in doc_files()
+        for p in problems_in(path.read_text(), str(path.relative_to(ROOT)))
+    ]
     assert not problems, "\n".join(problems)
 
 
 def test_the_docs_hold_gpu_recipes_for_one_trainer_gpu_and_for_torchrun() -> None:
     """The rule above must have something to hold: docs/gpu.md's recipes are read."""
     gpu = ROOT / "docs" / "gpu.md"
-    launches = [launch for section in sections(gpu.read_text(), "docs/gpu.md")
-                for part in section_launches(section) for launch in part]  # fmt: skip
+    launches = [
+        launch
+        for section in sections(gpu.read_text(), "docs/gpu.md")
+        for part in section_launches(section)
+        for launch in part
+    ]
     roles = {(launch.role, Path(launch.argv[0]).name) for launch in launches if launch.devices}
     assert ("server", "vllm") in roles
     assert ("trainer", "torchrun") in roles
-    assert any(launch.role == "trainer" and launch.devices and len(launch.devices) == 1
-               and Path(launch.argv[0]).name.startswith("python")
-               for launch in launches)  # fmt: skip
+    assert any(
+        launch.role == "trainer"
+        and launch.devices
+        and len(launch.devices) == 1
+        and Path(launch.argv[0]).name.startswith("python")
+        for launch in launches
+    )
 
 
 RECIPE_OF_2026_12_04 = """# Running on GPUs
@@ -670,11 +731,17 @@ spec:
 """
 
 
-@pytest.mark.parametrize(("nproc", "server_gpus", "expected"),
-                         [(4, 1, None), (8, 1, "--nproc_per_node 8 processes, but 4"),
-                          (4, 2, "tensor x pipeline x data")])  # fmt: skip
-def test_the_rules_on_kubernetes_containers(nproc: int, server_gpus: int,
-                                            expected: str | None) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("nproc", "server_gpus", "expected"),
+    [
+        (4, 1, None),
+        (8, 1, "--nproc_per_node 8 processes, but 4"),
+        (4, 2, "tensor x pipeline x data"),
+    ],
+)
+def test_the_rules_on_kubernetes_containers(
+    nproc: int, server_gpus: int, expected: str | None
+) -> None:
     problems = problems_in(
         KUBERNETES.replace("NPROC", str(nproc)).replace("SERVER_GPUS", str(server_gpus)), "k8s.md"
     )

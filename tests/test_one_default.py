@@ -20,10 +20,12 @@ from asyncgrpo.shell.experiments.simulate import SimulationConfig
 from asyncgrpo.shell.servers import ServerSettings
 
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
-RENAMED = {("SamplingParams", "max_tokens"): "max_completion_length",
-           ("ServerSettings", "base_url"): "vllm_server_base_url",
-           ("ServerSettings", "timeout_s"): "vllm_server_timeout",
-           ("ServerSettings", "stall_s"): "vllm_server_stall_timeout"}  # fmt: skip
+RENAMED = {
+    ("SamplingParams", "max_tokens"): "max_completion_length",
+    ("ServerSettings", "base_url"): "vllm_server_base_url",
+    ("ServerSettings", "timeout_s"): "vllm_server_timeout",
+    ("ServerSettings", "stall_s"): "vllm_server_stall_timeout",
+}
 SAME_MEANING = {("SamplingParams", "min_p"): lambda config_default: config_default or 0.0}
 """A component's value for the config's default where the forms differ (None: off = 0.0)."""
 OWN_MEANING = {

@@ -40,8 +40,10 @@ def module_name(path: Path) -> str:
 
 def module_path(name: str) -> Path | None:
     parts = name.split(".")[2:]
-    for candidate in (SHELL.joinpath(*parts).with_suffix(".py"),
-                      SHELL.joinpath(*parts, "__init__.py")):  # fmt: skip
+    for candidate in (
+        SHELL.joinpath(*parts).with_suffix(".py"),
+        SHELL.joinpath(*parts, "__init__.py"),
+    ):
         if parts and candidate.exists():
             return candidate
     return None
@@ -211,8 +213,12 @@ def test_pyproject_lists_every_package() -> None:
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
-    homes = {"asyncgrpo": ROOT / "asyncgrpo", "asyncgrpo.core": ROOT / "core",
-             "asyncgrpo.adapters": ROOT / "adapters", "asyncgrpo.shell": SHELL}  # fmt: skip
+    homes = {
+        "asyncgrpo": ROOT / "asyncgrpo",
+        "asyncgrpo.core": ROOT / "core",
+        "asyncgrpo.adapters": ROOT / "adapters",
+        "asyncgrpo.shell": SHELL,
+    }
     found = set()
     for name, folder in homes.items():
         for init in folder.rglob("__init__.py"):

@@ -19,8 +19,9 @@ def test_docstring_examples(module) -> None:
 
 
 @settings(max_examples=20)
-@given(st.integers(1, 2), st.sampled_from([("+",), ("-",), ("*",), ("+", "-", "*")]),
-       st.integers(0, 3))  # fmt: skip
+@given(
+    st.integers(1, 2), st.sampled_from([("+",), ("-",), ("*",), ("+", "-", "*")]), st.integers(0, 3)
+)
 def test_the_splits_never_share_a_problem_and_every_answer_is_right(digits, ops, seed) -> None:
     train = arithmetic(300, digits=digits, operations=ops, split="train", seed=seed)
     test = arithmetic(60, digits=digits, operations=ops, split="test", seed=seed + 1)
@@ -61,8 +62,13 @@ def test_count_none_lists_every_problem_of_a_split_once() -> None:
     ops = ("+", "-", "*")
     test = arithmetic(None, digits=1, operations=ops, split="test")
     train = arithmetic(None, digits=1, operations=ops, split="train")
-    every = {f"{a} {op} {b}" for a in range(10) for b in range(10) for op in ops
-             if eval(f"{a} {op} {b}") >= 0}  # fmt: skip
+    every = {
+        f"{a} {op} {b}"
+        for a in range(10)
+        for b in range(10)
+        for op in ops
+        if eval(f"{a} {op} {b}") >= 0
+    }
     assert len(set(test["problem"])) == len(test) and len(set(train["problem"])) == len(train)
     assert set(test["problem"]) | set(train["problem"]) == every
     assert 0.1 < len(test) / len(every) < 0.3  # about 1 in 5 held out

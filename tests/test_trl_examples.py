@@ -264,13 +264,18 @@ def as_script(fragment: str) -> str:
 
 
 def quick_start() -> str:
-    return adapt(DOC_QUICK_START, [
-        *TRL_IMPORTS,
-        ('load_dataset("trl-lib/DeepMath-103K", split="train")',
-         'load_dataset("json", data_files=TINY_DATASET, split="train")'),
-        ('model="Qwen/Qwen3.5-2B"', "model=TINY_MODEL"),
-        ARGS_AFTER_DATASET,
-    ])  # fmt: skip
+    return adapt(
+        DOC_QUICK_START,
+        [
+            *TRL_IMPORTS,
+            (
+                'load_dataset("trl-lib/DeepMath-103K", split="train")',
+                'load_dataset("json", data_files=TINY_DATASET, split="train")',
+            ),
+            ('model="Qwen/Qwen3.5-2B"', "model=TINY_MODEL"),
+            ARGS_AFTER_DATASET,
+        ],
+    )
 
 
 def multi_task() -> str:
@@ -281,11 +286,14 @@ def multi_task() -> str:
         "def test_code_solution(prompt, completion):\n"
         "    return completion[-1]['content'].startswith('The answer')\n\n"
     )
-    return stand_ins + adapt(DOC_MULTI_TASK, [
-        TRL_IMPORTS[0],
-        ('model="Qwen/Qwen2.5-0.5B-Instruct"', "model=TINY_MODEL"),
-        ARGS_AFTER_DATASET,
-    ])  # fmt: skip
+    return stand_ins + adapt(
+        DOC_MULTI_TASK,
+        [
+            TRL_IMPORTS[0],
+            ('model="Qwen/Qwen2.5-0.5B-Instruct"', "model=TINY_MODEL"),
+            ARGS_AFTER_DATASET,
+        ],
+    )
 
 
 def async_reward() -> str:
@@ -312,12 +320,23 @@ def curriculum() -> str:
         "    )\n"
         "    trainer.train()\n"
     )
-    return adapt(DOC_CURRICULUM, [
-        ("from trl import AsyncGRPOConfig, AsyncGRPOTrainer\n",
-         "from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer\n"),
-        ("from trl.trainer.async_grpo_trainer import AsyncRolloutLoop\n",
-         "from asyncgrpo import AsyncRolloutLoop\n"),
-    ]) + "\n" + main  # fmt: skip
+    return (
+        adapt(
+            DOC_CURRICULUM,
+            [
+                (
+                    "from trl import AsyncGRPOConfig, AsyncGRPOTrainer\n",
+                    "from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer\n",
+                ),
+                (
+                    "from trl.trainer.async_grpo_trainer import AsyncRolloutLoop\n",
+                    "from asyncgrpo import AsyncRolloutLoop\n",
+                ),
+            ],
+        )
+        + "\n"
+        + main
+    )
 
 
 def tools() -> str:
@@ -333,12 +352,17 @@ def tools() -> str:
 
 
 def environment() -> str:
-    return adapt(DOC_ENVIRONMENT, [
-        ("from trl import AsyncGRPOConfig, AsyncGRPOTrainer\n",
-         "from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer\n"),
-        ('model="Qwen/Qwen3-0.6B"', "model=TINY_MODEL"),
-        ("max_steps=1000", "**TINY_ARGS"),
-    ])  # fmt: skip
+    return adapt(
+        DOC_ENVIRONMENT,
+        [
+            (
+                "from trl import AsyncGRPOConfig, AsyncGRPOTrainer\n",
+                "from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer\n",
+            ),
+            ('model="Qwen/Qwen3-0.6B"', "model=TINY_MODEL"),
+            ("max_steps=1000", "**TINY_ARGS"),
+        ],
+    )
 
 
 EXAMPLES = {

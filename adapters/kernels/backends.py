@@ -105,8 +105,13 @@ class BackendChoice:
             return "segments"
         shape = shape or ModelAttention()
         pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
-        return cheaper_backend(row.num_tokens, row.num_segments, pairs,  # type: ignore[return-value]
-                               shape.query_width, shape.layers)  # fmt: skip
+        return cheaper_backend(
+            row.num_tokens,
+            row.num_segments,
+            pairs,  # type: ignore[return-value]
+            shape.query_width,
+            shape.layers,
+        )
 
 
 def choose_backend(device: torch.device | str, requested: Backend | None = None) -> BackendChoice:
@@ -128,8 +133,9 @@ def choose_backend(device: torch.device | str, requested: Backend | None = None)
     device = torch.device(device)
     if requested is not None:
         check_backend(requested, device)
-        return BackendChoice(requested, ATTENTION_MEMORY[requested],
-                             f"attention_backend={requested!r} (given)")  # fmt: skip
+        return BackendChoice(
+            requested, ATTENTION_MEMORY[requested], f"attention_backend={requested!r} (given)"
+        )
     if device.type != "cuda":
         by_cost = f"{device.type}: 'dense' or 'segments' by each row's cost"
         return BackendChoice(None, QUADRATIC, by_cost)
@@ -235,8 +241,16 @@ def _torch_varlen(
     kwargs: dict[str, object] = {"scale": scaling}
     kwargs.update({"enable_gqa": True} if "enable_gqa" in options else {})
     kwargs.update({"is_causal": True} if "is_causal" in options else {"window_size": (-1, 0)})
-    out = attend(q_rows, k_path, v_path, layout.cu_seqlens_q, layout.cu_seqlens_k,
-                 layout.max_seqlen_q, layout.max_seqlen_k, **kwargs)  # fmt: skip
+    out = attend(
+        q_rows,
+        k_path,
+        v_path,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_k,
+        layout.max_seqlen_q,
+        layout.max_seqlen_k,
+        **kwargs,
+    )
     return out[0] if isinstance(out, tuple) else out
 
 

@@ -57,12 +57,21 @@ def lm_head_log_probs(
         ``logp`` [c] and ``topk_logp`` [c, K] (or None) with gradients to ``hidden`` and the
         head's parameters; ``entropy`` [c] detached.
     """
-    ids, sampler_logp, valid = (None, None, None) if topk is None else (
-        topk.ids, topk.logp, topk.valid)  # fmt: skip
+    ids, sampler_logp, valid = (
+        (None, None, None) if topk is None else (topk.ids, topk.logp, topk.valid)
+    )
     logp, entropy, topk_logp = LMHeadLogProbs.apply(
-        hidden, lm_head.weight, lm_head.bias, target_ids, temperature, candidate_mask,
-        sampler_logp, ids, valid, keep_logits,
-    )  # fmt: skip
+        hidden,
+        lm_head.weight,
+        lm_head.bias,
+        target_ids,
+        temperature,
+        candidate_mask,
+        sampler_logp,
+        ids,
+        valid,
+        keep_logits,
+    )
     return TokenLogProbs(logp=logp, entropy=entropy, topk_logp=None if topk is None else topk_logp)
 
 
@@ -88,8 +97,16 @@ class LMHeadLogProbs(torch.autograd.Function):
         topk = None if topk_ids is None else SamplerTopK(topk_ids, topk_logp, topk_valid)
         out = token_log_probs(logits, target_ids, temperature, candidate_mask, topk)
         ctx.temperature = temperature
-        ctx.save_for_backward(hidden, weight, bias, target_ids, candidate_mask, topk_ids,
-                              topk_valid, logits if keep_logits else None)  # fmt: skip
+        ctx.save_for_backward(
+            hidden,
+            weight,
+            bias,
+            target_ids,
+            candidate_mask,
+            topk_ids,
+            topk_valid,
+            logits if keep_logits else None,
+        )
         ctx.mark_non_differentiable(out.entropy)
         chosen = out.topk_logp if out.topk_logp is not None else out.logp.new_empty(len(logits), 0)
         return out.logp, out.entropy, chosen
@@ -103,8 +120,16 @@ class LMHeadLogProbs(torch.autograd.Function):
         )
         if logits is None:
             logits = F.linear(hidden, weight, bias)
-        grad_logits = _grad_of_logits(logits, ctx.temperature, candidate_mask, target_ids,
-                                      grad_logp, topk_ids, topk_valid, grad_topk)  # fmt: skip
+        grad_logits = _grad_of_logits(
+            logits,
+            ctx.temperature,
+            candidate_mask,
+            target_ids,
+            grad_logp,
+            topk_ids,
+            topk_valid,
+            grad_topk,
+        )
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         return (
             grad_logits @ weight if need_hidden else None,

@@ -182,8 +182,9 @@ def _chunk_log_probs(
 
     if not torch.is_grad_enabled():
         return token_log_probs(lm_head(hidden), target_ids, temperature, candidate_mask, topk)
-    return lm_head_log_probs(lm_head, hidden, target_ids, temperature, candidate_mask, topk,
-                             keep_logits=last)  # fmt: skip
+    return lm_head_log_probs(
+        lm_head, hidden, target_ids, temperature, candidate_mask, topk, keep_logits=last
+    )
 
 
 def _slice_topk(topk: SamplerTopK, start: int, stop: int) -> SamplerTopK:

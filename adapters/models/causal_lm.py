@@ -182,8 +182,9 @@ def build_tiny_model(
     :func:`~asyncgrpo.adapters.models.hybrid.servable_qwen3_next_config` (serve it in bf16)."""
     tokens = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if architecture == "qwen3_next":
-        config = servable_qwen3_next_config(len(tokenizer), bos_token_id=None, **tokens,
-                                            **config_kwargs)  # fmt: skip
+        config = servable_qwen3_next_config(
+            len(tokenizer), bos_token_id=None, **tokens, **config_kwargs
+        )
     else:
         config = tiny_config(architecture, vocab_size=len(tokenizer), **tokens, **config_kwargs)
     with torch.random.fork_rng():

@@ -92,8 +92,9 @@ def precision_for(bf16: bool | None, device: torch.device, model: nn.Module) -> 
     return choose_precision(bf16, device.type == "cuda", parameters, speedup)
 
 
-def matmul_seconds(hidden: int, inner: int, dtype: torch.dtype, rows: int = 256,
-                   repeats: int = 5) -> float:  # fmt: skip
+def matmul_seconds(
+    hidden: int, inner: int, dtype: torch.dtype, rows: int = 256, repeats: int = 5
+) -> float:
     """The fastest of ``repeats`` products ``[rows, hidden] @ [hidden, inner]`` in ``dtype``
     with this process's threads, after one warm-up."""
     a = torch.randn(rows, hidden, dtype=dtype)
@@ -133,8 +134,9 @@ def clip_gradients(model: nn.Module, max_grad_norm: float) -> float:
 def weights_finite(model: nn.Module) -> bool:
     """Whether every trainable weight is finite on every process (collective: each process
     checks its own shards, one all-reduce of the verdict)."""
-    local = [p.to_local() if isinstance(p, DTensor) else p
-             for p in model.parameters() if p.requires_grad]  # fmt: skip
+    local = [
+        p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad
+    ]
     device = local[0].device if local else torch.device("cpu")
     bad = torch.zeros((), dtype=torch.int32, device=device)
     # the extremes are NaN or infinite exactly when an entry is (min and max propagate NaN):

@@ -176,9 +176,14 @@ def resolve_model(model: str, cache_dir: str | Path | None = None) -> str:
     anything else (a checkpoint directory, a hub id) is returned unchanged."""
     if model in PACKAGED:
         packaged = PACKAGED[model]
-        return str(gguf_checkpoint(packaged_file(packaged), cache_dir,
-                                   expected_sha256=packaged.sha256,
-                                   description=packaged.description))  # fmt: skip
+        return str(
+            gguf_checkpoint(
+                packaged_file(packaged),
+                cache_dir,
+                expected_sha256=packaged.sha256,
+                description=packaged.description,
+            )
+        )
     if model.endswith(".gguf") and Path(model).is_file():
         return str(gguf_checkpoint(model, cache_dir))
     return model

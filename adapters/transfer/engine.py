@@ -100,8 +100,9 @@ class WeightStream(WeightSource):
         self._round = stream_ordered(self._weights(), self._ready)
         return self._round
 
-    def replay(self, weights: list[tuple[str, torch.Tensor]],
-               ready: torch.cuda.Event | None = None) -> None:  # fmt: skip
+    def replay(
+        self, weights: list[tuple[str, torch.Tensor]], ready: torch.cuda.Event | None = None
+    ) -> None:
         """The next round yields ``weights`` (a snapshot taken earlier) instead of gathering,
         and the metadata comes from them: only the sender iterates it, no other rank takes
         part, and the model is not read (the trainer may be training it meanwhile). ``ready``
@@ -142,8 +143,9 @@ class WeightSendTimeout(TimeoutError):
     answers, the group opened anew)."""
 
 
-def send_within(send: Callable[[], None], timeout_s: float, abort: Callable[[], None],
-                server: str) -> None:  # fmt: skip
+def send_within(
+    send: Callable[[], None], timeout_s: float, abort: Callable[[], None], server: str
+) -> None:
     """Run ``send`` on a thread of its own and wait at most ``timeout_s`` seconds for it.
 
     vLLM's NCCL engine blocks in a CUDA stream ``synchronize()`` with no timeout: a server
@@ -202,8 +204,9 @@ class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):
     def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
         import requests
 
-        response = requests.post(f"{self.base_url}/{path}", json=json, timeout=self.timeout,
-                                 headers=self._headers)  # fmt: skip
+        response = requests.post(
+            f"{self.base_url}/{path}", json=json, timeout=self.timeout, headers=self._headers
+        )
         response.raise_for_status()
 
     def start_weight_update(self) -> None:
@@ -278,8 +281,7 @@ class EngineSync:
         with); ``rank`` is this trainer process's rank (rank 0 sends, the others only gather);
         ``timeout_s`` bounds the handshake and each send."""
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
-        wire = ResumingWeightSyncClient(base_url, timeout=timeout_s + WIRE_LEAD_S,
-                                        api_key=api_key)  # fmt: skip
+        wire = ResumingWeightSyncClient(base_url, timeout=timeout_s + WIRE_LEAD_S, api_key=api_key)
         engine = WeightTransferTrainerFactory.trainer_init(info, client=wire, source=source)
         return cls(base_url, client, engine, timeout_s=timeout_s, device=device)
 
@@ -302,8 +304,9 @@ class EngineSync:
             self.source.finish_round()
             raise
 
-    def send_snapshot(self, weights: list[tuple[str, torch.Tensor]],
-                      ready: torch.cuda.Event | None = None) -> SyncTimings:  # fmt: skip
+    def send_snapshot(
+        self, weights: list[tuple[str, torch.Tensor]], ready: torch.cuda.Event | None = None
+    ) -> SyncTimings:
         """Rank 0: push a snapshot of the weights taken earlier (the other ranks took part in
         its gathers then); may run on another thread than the trainer's. ``ready`` completes
         when the snapshot's copies have (:func:`record_ready` after them)."""
@@ -317,15 +320,17 @@ class EngineSync:
         self._portal.call(self._client.admin.pause)
         paused = time.monotonic()
         try:
-            send_within(self.engine.send_weights, self.timeout_s, self.engine.shutdown,
-                        self.base_url)  # fmt: skip
+            send_within(
+                self.engine.send_weights, self.timeout_s, self.engine.shutdown, self.base_url
+            )
             self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause
             try:
                 self._portal.call(self._resume_within, LEAVE_TIMEOUT_S)
             except TimeoutError:
-                failed.add_note(f"resuming the server got no answer within {LEAVE_TIMEOUT_S:g} s "
-                                "either")  # fmt: skip
+                failed.add_note(
+                    f"resuming the server got no answer within {LEAVE_TIMEOUT_S:g} s either"
+                )
             except Exception as also:
                 failed.add_note(f"resuming the server failed too: {type(also).__name__}: {also}")
             raise

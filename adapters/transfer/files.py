@@ -108,8 +108,9 @@ class DiskReload:
         finally:
             await self.client.admin.resume()
         done = time.monotonic()
-        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused,
-                           write_s=write_s)  # fmt: skip
+        return SyncTimings(
+            pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused, write_s=write_s
+        )
 
 
 class AdapterSync:
@@ -122,8 +123,9 @@ class AdapterSync:
     of them: :meth:`restore` loads the kept versions again from their directories.
     """
 
-    def __init__(self, directory: str | Path, prefix: str, keep: int,
-                 remove_files: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, directory: str | Path, prefix: str, keep: int, remove_files: bool = True
+    ) -> None:
         if keep < 1:
             raise ValueError("AdapterSync.keep must be >= 1")
         self.directory = Path(directory)

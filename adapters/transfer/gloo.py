@@ -90,10 +90,12 @@ def open_group(
     The group is private (not the default process group), so a trainer that already runs one
     (FSDP) keeps it untouched."""
     timeout = timedelta(seconds=timeout_s)
-    store = TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout,
-                     wait_for_workers=False)  # fmt: skip
-    return init_gloo_process_group(PrefixStore("asyncgrpo-weights", store), rank, world_size,
-                                   timeout)  # fmt: skip
+    store = TCPStore(
+        address, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+    )
+    return init_gloo_process_group(
+        PrefixStore("asyncgrpo-weights", store), rank, world_size, timeout
+    )
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpdateInfo]):
@@ -115,9 +117,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         self.chunk_bytes = init_info.chunk_bytes
         parallel = self.parallel_config
         worker = parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self.group = open_group(init_info.master_address, init_info.master_port,
-                                worker + init_info.rank_offset, init_info.world_size,
-                                init_info.timeout_s)  # fmt: skip
+        self.group = open_group(
+            init_info.master_address,
+            init_info.master_port,
+            worker + init_info.rank_offset,
+            init_info.world_size,
+            init_info.timeout_s,
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -204,8 +210,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     ) -> Self:
         if source is None:
             raise ValueError("asyncgrpo_gloo needs a WeightSource")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
-                     timeout_s=init_info.timeout_s, chunk_bytes=init_info.chunk_bytes)  # fmt: skip
+        engine = cls(
+            client=client,
+            source=source,
+            is_sender=init_info.is_sender,
+            timeout_s=init_info.timeout_s,
+            chunk_bytes=init_info.chunk_bytes,
+        )
         if not engine.is_sender:
             return engine
         worker = GlooWorkerInitInfo(

@@ -142,10 +142,16 @@ class VLLMClient:
         self.max_retries = max_retries
         self.gate = gate
         self.transport = ServerTransport(
-            self.base_url, timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-            max_connections=max_connections, gated=gate is not None, stall_s=stall_s,
-            headers=headers, stall_outage=stall_outage,
-        )  # fmt: skip
+            self.base_url,
+            timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_connections=max_connections,
+            gated=gate is not None,
+            stall_s=stall_s,
+            headers=headers,
+            stall_outage=stall_outage,
+        )
         self.admin = ServerAdmin(self.transport, self._raise_for_client_error)
         self.regenerated_count = 0
         self.identity_offered = True  # False once a reading found no identity: stop reading
@@ -216,9 +222,10 @@ class VLLMClient:
                 list(prompt_ids), params, seed, model or self.model, candidate_sets_logprobs
             )
             return await self._generate_until_not_aborted(
-                vllm_tokens.TOKEN_ENDPOINT, body,
+                vllm_tokens.TOKEN_ENDPOINT,
+                body,
                 lambda reply: vllm_tokens.parse_token_reply(reply, params.num_sampler_logprobs),
-            )  # fmt: skip
+            )
         body = {
             "model": model or self.model,
             "prompt": list(prompt_ids),

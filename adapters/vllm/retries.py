@@ -70,10 +70,14 @@ class RetryCounter:
             return
         self._logged_at = now
         error = state.outcome.exception() if state.outcome is not None else None
-        log.warning(self.message, **self.fields, attempt=state.attempt_number,
-                    waited_s=round(state.seconds_since_start or 0.0, 1),
-                    gives_up_after_s=self.policy.deadline_s,
-                    cause=f"{type(error).__name__}: {error}"[:300])  # fmt: skip
+        log.warning(
+            self.message,
+            **self.fields,
+            attempt=state.attempt_number,
+            waited_s=round(state.seconds_since_start or 0.0, 1),
+            gives_up_after_s=self.policy.deadline_s,
+            cause=f"{type(error).__name__}: {error}"[:300],
+        )
 
 
 def retrying(
@@ -108,8 +112,9 @@ def retrying_blocking(
     return tenacity.Retrying(**_arguments(policy, retry_on, counter))
 
 
-def _arguments(policy: RetryPolicy, retry_on: Callable[[BaseException], bool],
-               counter: RetryCounter | None) -> dict[str, Any]:  # fmt: skip
+def _arguments(
+    policy: RetryPolicy, retry_on: Callable[[BaseException], bool], counter: RetryCounter | None
+) -> dict[str, Any]:
     stop: Any = tenacity.stop_before_delay(policy.deadline_s)
     if policy.max_attempts is not None:
         stop = stop | tenacity.stop_after_attempt(policy.max_attempts)

@@ -123,24 +123,40 @@ class ServerSpec:
     def command(self, port: int) -> list[str]:
         """The server's command line."""
         args = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model,
-            "--served-model-name", self.name,
-            "--host", self.host,
-            "--port", str(port),
-            "--max-model-len", str(self.max_model_len),
-            "--logprobs-mode", "processed_logprobs",
-            "--dtype", self.dtype,
-            "--generation-config", "vllm",
-            "--max-logprobs", str(self.max_logprobs),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.name,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--dtype",
+            self.dtype,
+            "--generation-config",
+            "vllm",
+            "--max-logprobs",
+            str(self.max_logprobs),
+        ]
         if self.kv_cache_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         if self.max_num_batched_tokens is not None:
             args += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.enable_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
-                     "--max-loras", str(self.max_loras)]  # fmt: skip
+            args += [
+                "--enable-lora",
+                "--max-lora-rank",
+                str(self.max_lora_rank),
+                "--max-loras",
+                str(self.max_loras),
+            ]
         if self.weight_transfer_backend is not None:
             config = json.dumps({"backend": self.weight_transfer_backend})
             args += ["--weight-transfer-config", config]
@@ -295,8 +311,12 @@ class VLLMServer:
         body = {"model": self.spec.name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}
         timeout = max(deadline - time.monotonic(), 1.0)
         try:
-            response = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout,
-                                  headers=bearer(self.spec.api_key))  # fmt: skip
+            response = httpx.post(
+                f"{self.base_url}/v1/completions",
+                json=body,
+                timeout=timeout,
+                headers=bearer(self.spec.api_key),
+            )
         except httpx.HTTPError as error:
             response, failure = None, f"{type(error).__name__}: {error}"
         if response is not None and response.status_code == 200:

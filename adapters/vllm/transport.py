@@ -127,10 +127,12 @@ class ServerTransport:
         self.gated = gated
         self.stall_s = stall_s
         self.stall_outage = stall_outage
-        self.policy = RetryPolicy(deadline_s=timeout_s, max_attempts=max_retries + 1,
-                                  first_backoff_s=backoff_s)  # fmt: skip
-        self.retries = RetryCounter("retrying a request to the vLLM server", self.policy,
-                                    url=self.base_url)  # fmt: skip
+        self.policy = RetryPolicy(
+            deadline_s=timeout_s, max_attempts=max_retries + 1, first_backoff_s=backoff_s
+        )
+        self.retries = RetryCounter(
+            "retrying a request to the vLLM server", self.policy, url=self.base_url
+        )
         self.dropped_connection_count = 0
         self._timeout = httpx.Timeout(timeout_s + WATCHDOG_LEAD_S, connect=min(timeout_s, 30.0))
         self._headers = dict(headers or {})
@@ -167,8 +169,9 @@ class ServerTransport:
             where = f"{method} {self.base_url}{path}"
             cause = f"{type(error).__name__}: {error}"
             if isinstance(error, httpx.TimeoutException) and not str(error):
-                cause += (f"no reply in {self._timeout.read:.0f} s, though the server answers "
-                          "/health")  # fmt: skip
+                cause += (
+                    f"no reply in {self._timeout.read:.0f} s, though the server answers /health"
+                )
             elif isinstance(error, _DROPPED) and not str(error):  # httpx says nothing of a reset
                 cause += "the connection was reset or closed before the reply was whole"
             if self.gated and failure_of(error) is Failure.UNREACHABLE:
@@ -191,21 +194,22 @@ class ServerTransport:
         connection, before the drop counts as a failure."""
         what = f"{method} {path}"
         try:
-            response = await self._watched(lambda: self.http.request(method, path, **kwargs),
-                                           what)  # fmt: skip
+            response = await self._watched(lambda: self.http.request(method, path, **kwargs), what)
         except _DROPPED:
             self.dropped_connection_count += 1
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout,
-                                         headers=self._headers) as fresh:  # fmt: skip
-                response = await self._watched(lambda: fresh.request(method, path, **kwargs),
-                                               what)  # fmt: skip
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self._timeout, headers=self._headers
+            ) as fresh:
+                response = await self._watched(lambda: fresh.request(method, path, **kwargs), what)
         if response.status_code >= 500:
-            raise ServerFailed(f"{what}: HTTP {response.status_code}: {response.text[:500]}",
-                                response.status_code)  # fmt: skip
+            raise ServerFailed(
+                f"{what}: HTTP {response.status_code}: {response.text[:500]}", response.status_code
+            )
         return response
 
-    async def _watched(self, send: Callable[[], Awaitable[httpx.Response]],
-                       what: str) -> httpx.Response:  # fmt: skip
+    async def _watched(
+        self, send: Callable[[], Awaitable[httpx.Response]], what: str
+    ) -> httpx.Response:
         """``send()``, watched: while it has no answer the server is probed, its silence
         logged, and after ``timeout_s`` of silence the call raises :class:`ServerNotAnswering`."""
         started = time.monotonic()
@@ -222,17 +226,24 @@ class ServerTransport:
             async def watch() -> None:
                 silent = await self._until_silent_too_long(started, what)
                 if self.stall_outage:
-                    outcome.append(ServerUnreachable(
-                        f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
-                        f"({what}), not even /health"))  # fmt: skip
+                    outcome.append(
+                        ServerUnreachable(
+                            f"the vLLM server at {self.base_url} has not answered for "
+                            f"{silent:.0f} s ({what}), not even /health"
+                        )
+                    )
                     group.cancel_scope.cancel()
                     return
-                outcome.append(ServerNotAnswering(
-                    f"the vLLM server at {self.base_url} has not answered for {silent:.0f} s "
-                    f"({what}; vllm_server_timeout={self.timeout_s:.0f} s): it takes connections "
-                    "but answers nothing, not even /health (a frozen server, or a network path "
-                    "to it that delivers nothing). Restart it or mend the path, and resume the "
-                    "run (resume_from_checkpoint=True, or asyncgrpo train --resume)"))  # fmt: skip
+                outcome.append(
+                    ServerNotAnswering(
+                        f"the vLLM server at {self.base_url} has not answered for "
+                        f"{silent:.0f} s ({what}; vllm_server_timeout={self.timeout_s:.0f} s): it "
+                        "takes connections but answers nothing, not even /health (a frozen server, "
+                        "or a network path to it that delivers nothing). Restart it or mend the "
+                        "path, and resume the run (resume_from_checkpoint=True, or asyncgrpo "
+                        "train --resume)"
+                    )
+                )
                 group.cancel_scope.cancel()
 
             group.start_soon(run)
@@ -260,8 +271,9 @@ class ServerTransport:
         ``/health`` after ``stall_s`` of silence, then about every ``SILENCE_LOG_EVERY_S`` (and
         at the deadline), logging the silence each time."""
         while True:
-            await anyio.sleep(max(0.0, self._silent_from(started) + self.stall_s
-                                  - time.monotonic()))  # fmt: skip
+            await anyio.sleep(
+                max(0.0, self._silent_from(started) + self.stall_s - time.monotonic())
+            )
             silent_from = self._silent_from(started)
             if time.monotonic() - silent_from < self.stall_s:
                 continue  # something answered meanwhile
@@ -272,17 +284,24 @@ class ServerTransport:
             silent = time.monotonic() - silent_from
             if silent >= self.timeout_s or self.stall_outage:
                 return silent
-            step = after_silent_probe(time.monotonic(), self._silence_logged_at,
-                                      SILENCE_LOG_EVERY_S, PROBE_TIMEOUT_S,
-                                      silent_from + self.timeout_s)  # fmt: skip
+            step = after_silent_probe(
+                time.monotonic(),
+                self._silence_logged_at,
+                SILENCE_LOG_EVERY_S,
+                PROBE_TIMEOUT_S,
+                silent_from + self.timeout_s,
+            )
             if step.log_at is not None:
                 await anyio.sleep(max(0.0, step.log_at - time.monotonic()))
                 logged_since = time.monotonic() - self._silence_logged_at  # by another call
                 if self._silent_since is not None and logged_since >= SILENCE_LOG_EVERY_S - 1.0:
                     self._silence_logged_at = time.monotonic()
-                    log.warning(f"the vLLM server at {self.base_url} has not answered for "
-                                f"{time.monotonic() - silent_from:.0f} s", call=what,
-                                fails_after_s=round(self.timeout_s))  # fmt: skip
+                    log.warning(
+                        f"the vLLM server at {self.base_url} has not answered for "
+                        f"{time.monotonic() - silent_from:.0f} s",
+                        call=what,
+                        fails_after_s=round(self.timeout_s),
+                    )
             await anyio.sleep(max(0.0, step.probe_at - time.monotonic()))
 
     async def _answers(self) -> bool:
@@ -293,8 +312,9 @@ class ServerTransport:
                 return self._probe_answered
             timeout = min(PROBE_TIMEOUT_S, self.stall_s, self.timeout_s)
             try:
-                async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
-                                             headers=self._headers) as probe:  # fmt: skip
+                async with httpx.AsyncClient(
+                    base_url=self.base_url, timeout=timeout, headers=self._headers
+                ) as probe:
                     await probe.get("/health")
                 answered = True
             except (httpx.TimeoutException, httpx.TransportError):

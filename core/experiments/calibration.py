@@ -250,8 +250,7 @@ def fit_weight_sync(windows: Sequence[Window], weight_sync_steps: int = 1) -> Ra
     if not windows:
         return RateFit(None, math.nan, 0, "no windows")
     steps = np.array([float(w.steps) for w in windows])
-    per_sync = np.array([w.server_paused_s(weight_sync_steps) * weight_sync_steps
-                         for w in windows])  # fmt: skip
+    per_sync = np.array([w.server_paused_s(weight_sync_steps) * weight_sync_steps for w in windows])
     value = float(np.average(per_sync, weights=steps))
     if value <= 0:
         return RateFit(None, math.nan, len(windows), f"no {SYNC} in this run")
@@ -324,18 +323,23 @@ transfer and the resume (docs/metrics.md); the disk path's file is written befor
 WRITE = "perf/weight_sync_write_s"
 
 
-def _mean_of_sums(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
-                  skip_windows: int) -> RateFit:  # fmt: skip
+def _mean_of_sums(
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], skip_windows: int
+) -> RateFit:
     """The mean of ``keys`` summed, over the rows after the first ``skip_windows`` that log
     every one of them."""
-    sums = [sum(row[k] for k in keys) for row in rows[skip_windows:]
-            if all(row.get(k) is not None for k in keys)]  # fmt: skip
+    sums = [
+        sum(row[k] for k in keys)
+        for row in rows[skip_windows:]
+        if all(row.get(k) is not None for k in keys)
+    ]
     if not sums:
         return RateFit(None, math.nan, 0, f"no window logs {' and '.join(keys)}")
     values = np.array(sums)
     value = float(values.mean())
-    return RateFit(value, _spread(values, np.ones_like(values), value), len(sums),
-                   f"mean {' + '.join(keys)}")  # fmt: skip
+    return RateFit(
+        value, _spread(values, np.ones_like(values), value), len(sums), f"mean {' + '.join(keys)}"
+    )
 
 
 def fit_server_pause(rows: Sequence[Mapping[str, Any]], skip_windows: int = 1) -> RateFit:

@@ -385,8 +385,9 @@ class _Parser:
             self.skip()
             metric = self.match(_METRIC)
             if metric is None:
-                raise self.fail("expected a metric name in gain(...)",
-                                "write gain(eval/held_out/reward)")  # fmt: skip
+                raise self.fail(
+                    "expected a metric name in gain(...)", "write gain(eval/held_out/reward)"
+                )
             self.take(")", "expected ')' after gain's metric", "write gain(eval/held_out/reward)")
             return Statistic(name, metric.group())
         if self.peek("("):

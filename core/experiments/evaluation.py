@@ -148,8 +148,9 @@ def evaluation_metrics(
         if not finite:
             figures[prefix + name] = math.nan
             continue
-        interval = bootstrap_interval(finite, statistic="mean", confidence=confidence,
-                                      resamples=resamples, rng=rng)  # fmt: skip
+        interval = bootstrap_interval(
+            finite, statistic="mean", confidence=confidence, resamples=resamples, rng=rng
+        )
         figures[prefix + name] = interval.estimate
         figures[prefix + name + "/ci_low"] = interval.low
         figures[prefix + name + "/ci_high"] = interval.high

@@ -76,11 +76,17 @@ class Generator:
     source: str = "given"
 
     def __attrs_post_init__(self) -> None:
-        costs = (self.compute_s_per_request, self.weight_read_s, self.context_read_s_per_token,
-                 self.overhead_s)  # fmt: skip
+        costs = (
+            self.compute_s_per_request,
+            self.weight_read_s,
+            self.context_read_s_per_token,
+            self.overhead_s,
+        )
         if min(costs) < 0 or self.compute_s_per_request + self.weight_read_s <= 0:
-            raise ValueError(f"a generator's step costs are >= 0 and it takes time per step or "
-                             f"per request, got {costs}")  # fmt: skip
+            raise ValueError(
+                f"a generator's step costs are >= 0 and it takes time per step or "
+                f"per request, got {costs}"
+            )
         if not (self.kv_capacity_tokens > 0 and self.prefill_tokens_per_s > 0):
             raise ValueError("a generator's KV capacity and prefill speed must be > 0")
 
@@ -119,8 +125,9 @@ def constant(tokens_per_s: float, source: str = "one fitted throughput") -> Gene
     return Generator(compute_s_per_request=1.0 / tokens_per_s, source=source)
 
 
-def fit_concurrency(points: Sequence[tuple[float, float]],
-                    source: str = "fitted to concurrency") -> Generator:  # fmt: skip
+def fit_concurrency(
+    points: Sequence[tuple[float, float]], source: str = "fitted to concurrency"
+) -> Generator:
     """``step_s = a + b x requests`` fitted to ``(requests, tokens_per_s)`` points: each gives
     ``requests / tokens_per_s = a + b x requests``, a straight line fitted by least squares
     (``a`` kept >= 0; one concurrency alone gives :func:`constant`).
@@ -143,14 +150,20 @@ def fit_concurrency(points: Sequence[tuple[float, float]],
         if slope > 0:  # through the origin
             per_request = float(np.sum(step * requests) / np.sum(requests**2))
             return Generator(compute_s_per_request=per_request, source=source)
-        return Generator(compute_s_per_request=0.0, weight_read_s=float(np.mean(step)),
-                         source=source)  # fmt: skip
-    return Generator(compute_s_per_request=float(slope), weight_read_s=float(intercept),
-                     source=source)  # fmt: skip
+        return Generator(
+            compute_s_per_request=0.0, weight_read_s=float(np.mean(step)), source=source
+        )
+    return Generator(
+        compute_s_per_request=float(slope), weight_read_s=float(intercept), source=source
+    )
 
 
-def kv_capacity_tokens(gpu: GPU, model: ModelSpec, tensor_parallel: int,
-                       memory_utilization: float = GPU_MEMORY_UTILIZATION) -> float:  # fmt: skip
+def kv_capacity_tokens(
+    gpu: GPU,
+    model: ModelSpec,
+    tensor_parallel: int,
+    memory_utilization: float = GPU_MEMORY_UTILIZATION,
+) -> float:
     """KV-cache tokens of a server on ``tensor_parallel`` GPUs: what is left of each GPU's
     share after its slice of the weights and the activation reserve, over the KV bytes per
     token (0 when the weights do not fit; ``inf`` when the model's KV bytes are unknown)."""
@@ -179,9 +192,11 @@ def roofline(
         ValueError: the weights do not fit the servers' GPUs (naming what would).
     """
     if kv_capacity_tokens(gpu, model, tensor_parallel, memory_utilization) <= 0:
-        raise ValueError(f"{model.weight_bytes / 1e9:.0f} GB of bf16 weights do not fit "
-                         f"{tensor_parallel} {gpu.name} GPU(s) beside a KV cache: raise the "
-                         "tensor-parallel size")  # fmt: skip
+        raise ValueError(
+            f"{model.weight_bytes / 1e9:.0f} GB of bf16 weights do not fit "
+            f"{tensor_parallel} {gpu.name} GPU(s) beside a KV cache: raise the "
+            "tensor-parallel size"
+        )
     bandwidth = tensor_parallel * gpu.memory_bytes_per_s
     flops = tensor_parallel * gpu.bf16_flops
     return Generator(
@@ -191,14 +206,17 @@ def roofline(
         roofline=True,
         kv_capacity_tokens=kv_capacity_tokens(gpu, model, tensor_parallel, memory_utilization),
         prefill_tokens_per_s=prefill_mfu * flops / model.flops_per_token,
-        source=(f"ROOFLINE of {tensor_parallel} {gpu.name} (data sheet: "
-                f"{gpu.memory_bytes_per_s / 1e12:.2f} TB/s, {gpu.bf16_flops / 1e12:.0f} TFLOP/s "
-                f"bf16, decode at {decode_mfu:.0%} of peak): an upper bound, not measured"),
-    )  # fmt: skip
+        source=(
+            f"ROOFLINE of {tensor_parallel} {gpu.name} (data sheet: "
+            f"{gpu.memory_bytes_per_s / 1e12:.2f} TB/s, {gpu.bf16_flops / 1e12:.0f} TFLOP/s "
+            f"bf16, decode at {decode_mfu:.0%} of peak): an upper bound, not measured"
+        ),
+    )
 
 
-def scaled_to(generator: Generator, tokens_per_s: float, requests: float,
-              context_tokens: float, source: str) -> Generator:  # fmt: skip
+def scaled_to(
+    generator: Generator, tokens_per_s: float, requests: float, context_tokens: float, source: str
+) -> Generator:
     """``generator`` with every step cost scaled so that ``requests`` running requests
     holding ``context_tokens`` decode ``tokens_per_s`` (a published or measured figure);
     prefill scaled alike.
@@ -264,8 +282,13 @@ def running(generator: Generator, context_tokens: np.ndarray) -> np.ndarray:
     return np.logical_and.accumulate(fits) if len(fits) else fits
 
 
-def advance(generator: Generator, generated: np.ndarray, lengths: np.ndarray,
-            prompts: np.ndarray, seconds: float) -> np.ndarray:  # fmt: skip
+def advance(
+    generator: Generator,
+    generated: np.ndarray,
+    lengths: np.ndarray,
+    prompts: np.ndarray,
+    seconds: float,
+) -> np.ndarray:
     """Tokens generated by each request after ``seconds`` more of decoding (arrays in arrival
     order: tokens generated so far, response lengths, prompt tokens). The running requests
     (:func:`running`, finished ones left out) each advance ``seconds / step_s`` tokens, none

@@ -72,8 +72,10 @@ class Split:
         return self.servers * self.tensor_parallel
 
     def label(self) -> str:
-        return (f"trainer {self.trainer_gpus} GPU(s), {self.servers} server(s) x TP "
-                f"{self.tensor_parallel}")  # fmt: skip
+        return (
+            f"trainer {self.trainer_gpus} GPU(s), {self.servers} server(s) x TP "
+            f"{self.tensor_parallel}"
+        )
 
 
 @attrs.frozen
@@ -97,8 +99,10 @@ def layout(split: Split, gpus: int, gpus_per_node: int) -> Layout | None:
         return None
     if split.trainer_gpus > gpus_per_node and split.trainer_gpus % gpus_per_node:
         return None
-    free = [list(range(min(gpus_per_node, gpus - n * gpus_per_node)))
-            for n in range(math.ceil(gpus / gpus_per_node))]  # fmt: skip
+    free = [
+        list(range(min(gpus_per_node, gpus - n * gpus_per_node)))
+        for n in range(math.ceil(gpus / gpus_per_node))
+    ]
     trainer, left = [], split.trainer_gpus
     for node, devices in enumerate(free):
         take = min(left, len(devices))
@@ -124,11 +128,16 @@ def colocated_layout(split: Split, gpus_per_node: int) -> Layout:
         (1, (4, 5, 6, 7))
     """
     gpus = split.trainer_gpus
-    nodes = tuple((n, tuple(range(min(gpus_per_node, gpus - n * gpus_per_node))))
-                  for n in range(math.ceil(gpus / gpus_per_node)))  # fmt: skip
+    nodes = tuple(
+        (n, tuple(range(min(gpus_per_node, gpus - n * gpus_per_node))))
+        for n in range(math.ceil(gpus / gpus_per_node))
+    )
     tp = split.tensor_parallel
-    servers = tuple((n, devices[i : i + tp]) for n, devices in nodes
-                    for i in range(0, len(devices) - tp + 1, tp))  # fmt: skip
+    servers = tuple(
+        (n, devices[i : i + tp])
+        for n, devices in nodes
+        for i in range(0, len(devices) - tp + 1, tp)
+    )
     return Layout(nodes, servers)
 
 
@@ -168,8 +177,7 @@ def step_shape(workload: Workload, split: Split) -> StepShape:
     slots = server_concurrency(workload, split) / running_share(workload)
     per_server = min(MAX_REQUESTS_PER_SERVER, int(slots))
     groups = max(1, split.servers * per_server // workload.num_generations)
-    return StepShape(budget, accumulation, groups * workload.num_generations,
-                     step_tokens(workload))  # fmt: skip
+    return StepShape(budget, accumulation, groups * workload.num_generations, step_tokens(workload))
 
 
 def running_share(workload: Workload) -> float:
@@ -192,21 +200,26 @@ def server_generator(workload: Workload, tensor_parallel: int) -> generators.Gen
     roofline = generators.roofline(workload.gpu, workload.model, tensor_parallel)
     if workload.decode_step_overhead_s:
         roofline = attrs.evolve(
-            roofline, overhead_s=workload.decode_step_overhead_s,
+            roofline,
+            overhead_s=workload.decode_step_overhead_s,
             source=f"{roofline.source}; {workload.decode_step_overhead_s * 1e3:g} ms a decode "
             "step besides",
-        )  # fmt: skip
+        )
     figure = workload.decode_figure
     if figure is None:
         return roofline
-    context = figure.context_tokens if figure.context_tokens is not None else (
-        in_flight_tokens(workload))  # fmt: skip
+    context = (
+        figure.context_tokens if figure.context_tokens is not None else (in_flight_tokens(workload))
+    )
     requests = figure.concurrency * tensor_parallel
     return generators.scaled_to(
-        roofline, figure.tokens_per_s * tensor_parallel, requests, requests * context,
+        roofline,
+        figure.tokens_per_s * tensor_parallel,
+        requests,
+        requests * context,
         f"the roofline of {tensor_parallel} {workload.gpu.name} scaled to {figure.tokens_per_s:g} "
         f"tokens/s per GPU at {figure.concurrency:g} requests ({figure.source})",
-    )  # fmt: skip
+    )
 
 
 def server_concurrency(workload: Workload, split: Split) -> int:
@@ -226,11 +239,17 @@ def trainer_part(workload: Workload, split: Split, shape: StepShape) -> Trainer:
         s = model.shape
         attention = 2.0 * s.layers * s.heads * s.head_dim * sample
         model = attrs.evolve(model, flops_per_token=model.flops_per_token + attention)
-    return fsdp_trainer(model, workload.gpu, split.trainer_gpus, workload.intra_node,
-                        workload.inter_node, workload.gpus_per_node,
-                        micro_batch_tokens=PACKING * shape.token_budget,
-                        micro_batches=shape.gradient_accumulation_steps,
-                        mfu=workload.train_mfu)  # fmt: skip
+    return fsdp_trainer(
+        model,
+        workload.gpu,
+        split.trainer_gpus,
+        workload.intra_node,
+        workload.inter_node,
+        workload.gpus_per_node,
+        micro_batch_tokens=PACKING * shape.token_budget,
+        micro_batches=shape.gradient_accumulation_steps,
+        mfu=workload.train_mfu,
+    )
 
 
 def push_part(workload: Workload, split: Split, where: Layout, colocated: bool = False) -> Push:
@@ -240,14 +259,26 @@ def push_part(workload: Workload, split: Split, where: Layout, colocated: bool =
     NVLink (one transfer's time)."""
     if colocated:
         link = workload.intra_node
-        return weight_push(workload.model, workload.weight_path, 1, split.trainer_gpus, link,
-                           link, workload.lora_bytes)  # fmt: skip
+        return weight_push(
+            workload.model,
+            workload.weight_path,
+            1,
+            split.trainer_gpus,
+            link,
+            link,
+            workload.lora_bytes,
+        )
     first = where.trainer[0][0]
     local = all(node == first for node, _ in where.servers)
-    return weight_push(workload.model, workload.weight_path, split.servers,
-                       split.trainer_gpus, workload.intra_node,
-                       workload.intra_node if local else workload.inter_node,
-                       workload.lora_bytes)  # fmt: skip
+    return weight_push(
+        workload.model,
+        workload.weight_path,
+        split.servers,
+        split.trainer_gpus,
+        workload.intra_node,
+        workload.intra_node if local else workload.inter_node,
+        workload.lora_bytes,
+    )
 
 
 def fits(workload: Workload, split: Split) -> bool:
@@ -267,12 +298,16 @@ def splits(workload: Workload, gpus: int) -> tuple[Split, ...]:
             server's weights).
     """
     sizes = [tp for tp in (1, 2, 4, 8, 16) if tp <= workload.gpus_per_node]
-    smallest = next((tp for tp in sizes if generators.kv_capacity_tokens(
-        workload.gpu, workload.model, tp) > 0), None)  # fmt: skip
+    smallest = next(
+        (tp for tp in sizes if generators.kv_capacity_tokens(workload.gpu, workload.model, tp) > 0),
+        None,
+    )
     if smallest is None:
-        raise ValueError(f"the model's bf16 weights ({workload.model.weight_bytes / 1e9:.0f} GB) "
-                         f"do not fit one node's {workload.gpus_per_node} {workload.gpu.name} "
-                         "GPUs; this planner places a server within a node")  # fmt: skip
+        raise ValueError(
+            f"the model's bf16 weights ({workload.model.weight_bytes / 1e9:.0f} GB) "
+            f"do not fit one node's {workload.gpus_per_node} {workload.gpu.name} "
+            "GPUs; this planner places a server within a node"
+        )
     found = []
     for trainer in range(1, gpus):
         for tp in (smallest, 2 * smallest):
@@ -282,10 +317,12 @@ def splits(workload: Workload, gpus: int) -> tuple[Split, ...]:
             if layout(split, gpus, workload.gpus_per_node) and fits(workload, split):
                 found.append(split)
     if not found:
-        raise ValueError(f"no split of {gpus} {workload.gpu.name} GPUs fits: the trainer's "
-                         f"fp32 state needs {trainer_memory_bytes(workload.model, 1, 0) / 1e9:.0f}"
-                         " GB over its GPUs and each server its weights and a group's KV "
-                         "cache; plan for more GPUs")  # fmt: skip
+        raise ValueError(
+            f"no split of {gpus} {workload.gpu.name} GPUs fits: the trainer's "
+            f"fp32 state needs {trainer_memory_bytes(workload.model, 1, 0) / 1e9:.0f}"
+            " GB over its GPUs and each server its weights and a group's KV "
+            "cache; plan for more GPUs"
+        )
     return tuple(found)
 
 

@@ -135,12 +135,17 @@ def model_spec(config: Mapping[str, Any] | Any) -> ModelSpec:
         ValueError: a config without ``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads`` or ``vocab_size`` (naming the missing key).
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else (
-        _get(config, "text_config") or config)  # fmt: skip
+    text = (
+        config.get_text_config()
+        if hasattr(config, "get_text_config")
+        else (_get(config, "text_config") or config)
+    )
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if _get(text, key) is None:
-            raise ValueError(f"the model's config has no {key!r}: give the config.json of a "
-                             "decoder (or [model] parameters and kv_bytes_per_token)")  # fmt: skip
+            raise ValueError(
+                f"the model's config has no {key!r}: give the config.json of a "
+                "decoder (or [model] parameters and kv_bytes_per_token)"
+            )
     shape = model_shape(text)
     heads = int(_get(text, "num_attention_heads"))
     kv_heads = int(_get(text, "num_key_value_heads") or heads)

@@ -53,8 +53,12 @@ def _wrap(words: Sequence[str]) -> str:
     stays on the line of its value."""
     units: list[str] = []
     for word in words:
-        if units and units[-1].startswith("--") and " " not in units[-1] and (
-                "=" not in units[-1] and not word.startswith("-")):  # fmt: skip
+        if (
+            units
+            and units[-1].startswith("--")
+            and " " not in units[-1]
+            and ("=" not in units[-1] and not word.startswith("-"))
+        ):
             units[-1] += " " + word
         else:
             units.append(word)

@@ -105,8 +105,9 @@ class Lengths:
     @property
     def truncated_fraction(self) -> float:
         """The point mass at the maximum: the share of lengths that hit it exactly."""
-        return sum(b[0] - a[0] for a, b in itertools.pairwise(self.knots)
-                   if a[1] == b[1] == self.maximum)  # fmt: skip
+        return sum(
+            b[0] - a[0] for a, b in itertools.pairwise(self.knots) if a[1] == b[1] == self.maximum
+        )
 
     def quantile(self, probability: float) -> float:
         """The length at ``probability`` of the inverse CDF."""
@@ -187,8 +188,9 @@ def uniform_with_mean(low: float, high: float, mean: float | None = None) -> Len
     if mean is None or mean == middle:
         return uniform(low, high)
     if not low <= mean <= high:
-        raise LengthsError(f"the mean ({mean}) must lie between the shortest ({low}) and the "
-                           f"longest ({high})")  # fmt: skip
+        raise LengthsError(
+            f"the mean ({mean}) must lie between the shortest ({low}) and the longest ({high})"
+        )
     end = high if mean > middle else low
     share = (mean - middle) / (end - middle)
     if end == high:
@@ -200,8 +202,9 @@ def _tail(low: float, high: float, start: float, exponent: float) -> list[tuple[
     """Knots from ``(start, low)`` to ``(1, high)`` along ``low + (high - low) x t^exponent``
     (``t`` from 0 to 1 over the stretch): most lengths near ``low``, a tail to ``high``."""
     t = np.linspace(0.0, 1.0, TAIL_KNOTS)
-    return [(start + (1.0 - start) * float(x), low + (high - low) * float(x) ** exponent)
-            for x in t[1:]]  # fmt: skip
+    return [
+        (start + (1.0 - start) * float(x), low + (high - low) * float(x) ** exponent) for x in t[1:]
+    ]
 
 
 def from_quantiles(
@@ -222,15 +225,19 @@ def from_quantiles(
     """
     points = sorted((float(p), float(v)) for p, v in quantiles.items())
     if any(not 0.0 < p < 1.0 for p, _ in points):
-        raise LengthsError("quantile probabilities lie strictly between 0 and 1 (p50 = 0.5); "
-                           f"got {[p for p, _ in points]}")  # fmt: skip
+        raise LengthsError(
+            "quantile probabilities lie strictly between 0 and 1 (p50 = 0.5); "
+            f"got {[p for p, _ in points]}"
+        )
     if any(b[1] < a[1] for a, b in itertools.pairwise(points)):
         raise LengthsError(f"quantiles must not decrease with their probability, got {points}")
     if minimum > maximum:
         raise LengthsError(f"the maximum ({maximum}) is below the shortest ({minimum})")
     if points and not (minimum <= points[0][1] and points[-1][1] <= maximum):
-        raise LengthsError(f"quantiles must lie within [{minimum}, {maximum}] (the shortest "
-                           f"and the maximum), got {points}")  # fmt: skip
+        raise LengthsError(
+            f"quantiles must lie within [{minimum}, {maximum}] (the shortest "
+            f"and the maximum), got {points}"
+        )
     knots = [(0.0, float(minimum)), *points]
     top_p, top_v = knots[-1]
     linear = Lengths((*knots, (1.0, maximum)))
@@ -270,8 +277,10 @@ def from_histogram(edges: Sequence[float], counts: Sequence[float]) -> Lengths:
         (345.2, 0.1)
     """
     if len(edges) != len(counts) + 1 or not counts:
-        raise LengthsError(f"a histogram has one more edge than counts, got {len(edges)} edges "
-                           f"and {len(counts)} counts")  # fmt: skip
+        raise LengthsError(
+            f"a histogram has one more edge than counts, got {len(edges)} edges "
+            f"and {len(counts)} counts"
+        )
     if any(c < 0 for c in counts) or sum(counts) <= 0:
         raise LengthsError(f"histogram counts are >= 0 and not all 0, got {list(counts)}")
     cumulative = np.concatenate([[0.0], np.cumsum(counts) / float(sum(counts))])

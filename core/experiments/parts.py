@@ -69,11 +69,15 @@ class Trainer:
         return self.fixed_s + forwarded_tokens / self.tokens_per_s
 
 
-def collective_bytes_per_s(gpus: int, gpus_per_node: int, intra_node: Interconnect,
-                           inter_node: Interconnect) -> float:  # fmt: skip
+def collective_bytes_per_s(
+    gpus: int, gpus_per_node: int, intra_node: Interconnect, inter_node: Interconnect
+) -> float:
     """The bandwidth a ring over ``gpus`` ranks gets: the slowest link it crosses."""
-    return intra_node.bytes_per_s if gpus <= gpus_per_node else min(
-        intra_node.bytes_per_s, inter_node.bytes_per_s)  # fmt: skip
+    return (
+        intra_node.bytes_per_s
+        if gpus <= gpus_per_node
+        else min(intra_node.bytes_per_s, inter_node.bytes_per_s)
+    )
 
 
 def fsdp_trainer(
@@ -90,8 +94,10 @@ def fsdp_trainer(
     """The trainer on ``gpus`` GPUs, each micro-batch ``micro_batch_tokens`` forwarded tokens
     per GPU, ``micro_batches`` per step (the module's docstring)."""
     if gpus < 1 or micro_batches < 1 or not 0 < mfu <= 1:
-        raise ValueError(f"a trainer needs gpus >= 1, micro_batches >= 1 and 0 < mfu <= 1, got "
-                         f"{gpus}, {micro_batches}, {mfu}")  # fmt: skip
+        raise ValueError(
+            f"a trainer needs gpus >= 1, micro_batches >= 1 and 0 < mfu <= 1, got "
+            f"{gpus}, {micro_batches}, {mfu}"
+        )
     per_gpu = mfu * gpu.bf16_flops / (3.0 * model.flops_per_token)
     bandwidth = collective_bytes_per_s(gpus, gpus_per_node, intra_node, inter_node)
     gathers_s = FSDP_BYTES_PER_PARAMETER * model.parameters * (gpus - 1) / gpus / bandwidth
@@ -102,9 +108,11 @@ def fsdp_trainer(
         tokens_per_s=per_gpu * gpus,
         fixed_s=micro_batches * exposed_s + optimizer_s,
         gpus=gpus,
-        source=(f"PREDICTED: {gpus} {gpu.name} at {mfu:.0%} MFU of the data-sheet peak, FSDP2 "
-                f"collectives over {link}"),
-    )  # fmt: skip
+        source=(
+            f"PREDICTED: {gpus} {gpu.name} at {mfu:.0%} MFU of the data-sheet peak, FSDP2 "
+            f"collectives over {link}"
+        ),
+    )
 
 
 def trainer_memory_bytes(model: ModelSpec, gpus: int, token_budget: int) -> float:
@@ -146,9 +154,15 @@ class Push:
 WEIGHT_PATHS = ("nccl", "disk", "lora")
 
 
-def weight_push(model: ModelSpec, path: str, servers: int, trainer_gpus: int,
-                trainer_link: Interconnect, server_link: Interconnect,
-                lora_bytes: float | None = None) -> Push:  # fmt: skip
+def weight_push(
+    model: ModelSpec,
+    path: str,
+    servers: int,
+    trainer_gpus: int,
+    trainer_link: Interconnect,
+    server_link: Interconnect,
+    lora_bytes: float | None = None,
+) -> Push:
     """The push of ``path``: ``nccl`` sends the bf16 weights GPU to GPU over ``server_link``
     (the link between the trainer's rank 0 and the servers) after gathering them over
     ``trainer_link``; ``disk`` writes them once and each server reads them
@@ -160,8 +174,10 @@ def weight_push(model: ModelSpec, path: str, servers: int, trainer_gpus: int,
         return Push(2 * model.weight_bytes, DISK_BYTES_PER_S, gather_s=gather)
     if path == "lora":
         if not lora_bytes:
-            raise ValueError("the lora weight path needs the adapters' size: [settings] "
-                             "lora_bytes (2 x r x (d_in + d_out) x layers x modules)")  # fmt: skip
+            raise ValueError(
+                "the lora weight path needs the adapters' size: [settings] "
+                "lora_bytes (2 x r x (d_in + d_out) x layers x modules)"
+            )
         return Push(2 * lora_bytes, DISK_BYTES_PER_S)
     raise ValueError(f"weight_path is one of {', '.join(WEIGHT_PATHS)}, got {path!r}")
 

@@ -32,8 +32,17 @@ from asyncgrpo.core.experiments.generator import Generator
 from asyncgrpo.core.experiments.hardware import GPU, GPUS, INTERCONNECTS, parameters_only
 from asyncgrpo.core.experiments.parts import fsdp_trainer
 
-__all__ = ["GPU", "GPUS", "Candidate", "Prediction", "Throughputs", "candidates",
-           "gpu_throughputs", "recommend", "scaled_throughputs"]  # fmt: skip
+__all__ = [
+    "GPU",
+    "GPUS",
+    "Candidate",
+    "Prediction",
+    "Throughputs",
+    "candidates",
+    "gpu_throughputs",
+    "recommend",
+    "scaled_throughputs",
+]
 
 STALENESS_CHOICES = (0, 1, 2, 4)
 SYNC_STEP_CHOICES = (1, 2, 4)
@@ -63,8 +72,10 @@ class Candidate:
 
     def label(self) -> str:
         tp = f",tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
-        return (f"max_staleness={self.max_staleness},weight_sync_steps={self.weight_sync_steps},"
-                f"train_devices={self.train_devices},servers={self.servers}{tp}")  # fmt: skip
+        return (
+            f"max_staleness={self.max_staleness},weight_sync_steps={self.weight_sync_steps},"
+            f"train_devices={self.train_devices},servers={self.servers}{tp}"
+        )
 
 
 def candidates(
@@ -85,8 +96,9 @@ def candidates(
          'max_staleness=1,weight_sync_steps=2,train_devices=1,servers=1']
     """
     if devices < 2:
-        raise ValueError(f"a plan needs at least 2 devices (one to train, one to generate), "
-                         f"got {devices}")  # fmt: skip
+        raise ValueError(
+            f"a plan needs at least 2 devices (one to train, one to generate), got {devices}"
+        )
     out = []
     for train in range(1, devices):
         generation = devices - train
@@ -179,15 +191,17 @@ def gpu_throughputs(
         raise ValueError("parameters must be > 0 and concurrency >= 1")
     model = parameters_only(parameters)
     link = INTERCONNECTS["nvlink4"]  # one GPU: no collective crosses it
-    trainer = fsdp_trainer(model, gpu, 1, link, link, 1, micro_batch_tokens=0.0,
-                           micro_batches=1, mfu=train_mfu)  # fmt: skip
+    trainer = fsdp_trainer(
+        model, gpu, 1, link, link, 1, micro_batch_tokens=0.0, micro_batches=1, mfu=train_mfu
+    )
     decode = Generator(
         compute_s_per_request=model.flops_per_token / (decode_mfu * gpu.bf16_flops),
         weight_read_s=model.weight_bytes / gpu.memory_bytes_per_s,
         roofline=True,
     )
-    return Throughputs(trainer.tokens_per_s, 0.0, 0.0, decode.tokens_per_s(concurrency),
-                       weight_sync_s)  # fmt: skip
+    return Throughputs(
+        trainer.tokens_per_s, 0.0, 0.0, decode.tokens_per_s(concurrency), weight_sync_s
+    )
 
 
 @attrs.frozen
@@ -232,5 +246,12 @@ def recommend(predictions: Sequence[Prediction], tolerance: float = TOLERANCE) -
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     best = max(p.samples_per_s for p in predictions)
     close = [p for p in predictions if p.samples_per_s >= (1.0 - tolerance) * best]
-    return min(close, key=lambda p: (round(p.staleness, 2), p.candidate.weight_sync_steps,
-                                     p.candidate.servers, -p.samples_per_s))  # fmt: skip
+    return min(
+        close,
+        key=lambda p: (
+            round(p.staleness, 2),
+            p.candidate.weight_sync_steps,
+            p.candidate.servers,
+            -p.samples_per_s,
+        ),
+    )

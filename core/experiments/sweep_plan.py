@@ -72,9 +72,9 @@ class PlannedRun:
         return f"{_UNSAFE.sub('_', self.label)}/seed={self.seed}"
 
 
-def expand(grid: Mapping[str, Sequence[Any]], overrides: Sequence[Mapping[str, Any]]) -> list[
-    dict[str, Any]
-]:  # fmt: skip
+def expand(
+    grid: Mapping[str, Sequence[Any]], overrides: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """The settings of a sweep: every combination of ``grid``'s values (keys in order), times
     each of ``overrides`` (a list of setting sets; none means one empty set).
 
@@ -98,9 +98,10 @@ def expand(grid: Mapping[str, Sequence[Any]], overrides: Sequence[Mapping[str, A
 
 
 def plan_runs(
-    grid: Mapping[str, Sequence[Any]], overrides: Sequence[Mapping[str, Any]],
+    grid: Mapping[str, Sequence[Any]],
+    overrides: Sequence[Mapping[str, Any]],
     seeds: Sequence[int],
-) -> list[PlannedRun]:  # fmt: skip
+) -> list[PlannedRun]:
     """Every (settings, seed) run, settings interleaved: seed ``i`` runs the settings rotated
     by ``i``, so no setting always runs first or last."""
     if not seeds:

@@ -223,8 +223,11 @@ def baseline_label(groups: Sequence[tuple[str, Sequence[Run]]], baseline: str) -
     pairs = [part.split("=", 1) for part in baseline.split(",") if "=" in part]
     if pairs and len(pairs) == len(baseline.split(",")):
         selector = Selector(tuple((k.strip(), v.strip()) for k, v in pairs))
-        found = [label for label, runs in groups
-                 if runs and all(selector.matches(r.settings) for r in runs)]  # fmt: skip
+        found = [
+            label
+            for label, runs in groups
+            if runs and all(selector.matches(r.settings) for r in runs)
+        ]
         if len(found) == 1:
             return found[0]
     raise ValueError(

@@ -70,8 +70,14 @@ TABLES: Mapping[str, tuple[str, ...]] = {
     "contention": ("training_slowdown", "generation_slowdown"),
 }
 REQUIRED_TABLES = ("model", "cluster", "batch", "lengths")
-INTRA_NODE_OF = {"a100": "nvlink3", "h100": "nvlink4", "h200": "nvlink4", "h20": "nvlink4",
-                 "b200": "nvlink5", "l40s": "pcie4"}  # fmt: skip
+INTRA_NODE_OF = {
+    "a100": "nvlink3",
+    "h100": "nvlink4",
+    "h200": "nvlink4",
+    "h20": "nvlink4",
+    "b200": "nvlink5",
+    "l40s": "pcie4",
+}
 
 
 class WorkloadError(ValueError):
@@ -140,14 +146,22 @@ class Workload:
         return int(self.prompt_lengths.maximum + self.response_lengths.maximum)
 
 
-def _number(table: str, key: str, value: Any, *, integer: bool = False,
-            minimum: float | None = None, fix: str = "") -> Any:  # fmt: skip
+def _number(
+    table: str,
+    key: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    minimum: float | None = None,
+    fix: str = "",
+) -> Any:
     kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok or (minimum is not None and value < minimum):
         bound = "" if minimum is None else f" >= {minimum:g}"
-        raise WorkloadError(f"[{table}] {key}: must be {kind}{bound}, got {value!r}"
-                            + (f" ({fix})" if fix else ""))  # fmt: skip
+        raise WorkloadError(
+            f"[{table}] {key}: must be {kind}{bound}, got {value!r}" + (f" ({fix})" if fix else "")
+        )
     return value
 
 
@@ -157,9 +171,11 @@ def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         raise WorkloadError(f"[{name}]: must be a table of {spoken_list(TABLES[name])}")
     unknown = sorted(set(table) - set(TABLES[name]))
     if unknown:
-        raise WorkloadError(f"[{name}] {unknown[0]}: not a key of [{name}]"
-                            f"{did_you_mean(unknown[0], TABLES[name])}; its keys are "
-                            f"{spoken_list(TABLES[name])}")  # fmt: skip
+        raise WorkloadError(
+            f"[{name}] {unknown[0]}: not a key of [{name}]"
+            f"{did_you_mean(unknown[0], TABLES[name])}; its keys are "
+            f"{spoken_list(TABLES[name])}"
+        )
     return table
 
 
@@ -179,8 +195,10 @@ def lengths_from(where: str, spec: Any) -> length_models.Lengths:
         if isinstance(spec, int | float) and not isinstance(spec, bool):
             return length_models.constant(float(spec))
         if not isinstance(spec, Mapping):
-            raise length_models.LengthsError("must be a number, or a table of mean, quantiles "
-                                             "(p50, p90, ...) and max, or a histogram")  # fmt: skip
+            raise length_models.LengthsError(
+                "must be a number, or a table of mean, quantiles "
+                "(p50, p90, ...) and max, or a histogram"
+            )
         if "histogram" in spec:
             histogram = spec["histogram"]
             return length_models.from_histogram(histogram["edges"], histogram["counts"])
@@ -197,16 +215,19 @@ def lengths_from(where: str, spec: Any) -> length_models.Lengths:
         if "max" not in other or "mean" not in other:
             raise length_models.LengthsError("give mean and max (and quantiles or min)")
         if quantiles:
-            return length_models.from_quantiles(quantiles, other["max"], other["mean"],
-                                                other.get("min", 1.0))  # fmt: skip
+            return length_models.from_quantiles(
+                quantiles, other["max"], other["mean"], other.get("min", 1.0)
+            )
         if "min" not in other:
             raise length_models.LengthsError(
                 "mean and max alone do not give the shape; add quantiles (p50 = ..., p90 = "
-                "...), or min for a uniform spread")  # fmt: skip
+                "...), or min for a uniform spread"
+            )
         return length_models.uniform_with_mean(other["min"], other["max"], other["mean"])
     except (KeyError, TypeError) as error:
-        raise WorkloadError(f"{where}: a histogram is {{edges = [...], counts = [...]}} "
-                            f"({error})") from error  # fmt: skip
+        raise WorkloadError(
+            f"{where}: a histogram is {{edges = [...], counts = [...]}} ({error})"
+        ) from error
     except length_models.LengthsError as error:
         raise WorkloadError(f"{where}: {error}") from error
 
@@ -227,13 +248,17 @@ def _link(table: str, key: str, value: Any) -> Interconnect:
 def _model(table: Mapping[str, Any]) -> tuple[str, ModelSpec]:
     name = table.get("name")
     if not isinstance(name, str) or not name:
-        raise WorkloadError("[model] name: give the model vllm serve and the trainer load, "
-                            "e.g. name = \"Qwen/Qwen2.5-7B\"")  # fmt: skip
+        raise WorkloadError(
+            "[model] name: give the model vllm serve and the trainer load, "
+            'e.g. name = "Qwen/Qwen2.5-7B"'
+        )
     config = table.get("config")
     if config is not None:
         if not isinstance(config, Mapping):
-            raise WorkloadError("[model] config: the path of an HF config.json (the shell "
-                                f"reads it), got {config!r}")  # fmt: skip
+            raise WorkloadError(
+                "[model] config: the path of an HF config.json (the shell "
+                f"reads it), got {config!r}"
+            )
         try:
             spec = model_spec(config)
         except (ValueError, TypeError) as error:
@@ -243,28 +268,37 @@ def _model(table: Mapping[str, Any]) -> tuple[str, ModelSpec]:
             spec = attrs.evolve(spec, parameters=float(parameters))
         return name, spec
     if "parameters" not in table or "kv_bytes_per_token" not in table:
-        raise WorkloadError("[model]: give config (an HF config.json) or parameters with "
-                            "kv_bytes_per_token")  # fmt: skip
+        raise WorkloadError(
+            "[model]: give config (an HF config.json) or parameters with kv_bytes_per_token"
+        )
     parameters = _number("model", "parameters", table["parameters"], minimum=1)
-    kv = _number("model", "kv_bytes_per_token", table["kv_bytes_per_token"], minimum=1,
-                 fix="2 x layers x kv_heads x head_dim x 2 bytes in bf16")  # fmt: skip
+    kv = _number(
+        "model",
+        "kv_bytes_per_token",
+        table["kv_bytes_per_token"],
+        minimum=1,
+        fix="2 x layers x kv_heads x head_dim x 2 bytes in bf16",
+    )
     return name, parameters_only(float(parameters), float(kv))
 
 
 def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "max_staleness" in table:
-        out["max_staleness"] = _number("settings", "max_staleness", table["max_staleness"],
-                                       integer=True, minimum=0)  # fmt: skip
+        out["max_staleness"] = _number(
+            "settings", "max_staleness", table["max_staleness"], integer=True, minimum=0
+        )
     if "weight_sync_steps" in table:
         out["weight_sync_steps"] = _number(
             "settings", "weight_sync_steps", table["weight_sync_steps"], integer=True, minimum=1
         )
     staleness, sync = out.get("max_staleness"), out.get("weight_sync_steps")
     if staleness is not None and sync is not None and staleness < sync - 1:
-        raise WorkloadError(f"[settings] max_staleness: {staleness} is below weight_sync_steps "
-                            f"- 1 ({sync - 1}): samples between pushes would all be dropped; "
-                            "raise max_staleness or lower weight_sync_steps")  # fmt: skip
+        raise WorkloadError(
+            f"[settings] max_staleness: {staleness} is below weight_sync_steps "
+            f"- 1 ({sync - 1}): samples between pushes would all be dropped; "
+            "raise max_staleness or lower weight_sync_steps"
+        )
     path = table.get("weight_path", "nccl")
     if path not in WEIGHT_PATHS:
         raise WorkloadError(
@@ -273,11 +307,11 @@ def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
         )
     out["weight_path"] = path
     if "lora_bytes" in table:
-        out["lora_bytes"] = float(_number("settings", "lora_bytes", table["lora_bytes"],
-                                          minimum=1))  # fmt: skip
+        out["lora_bytes"] = float(_number("settings", "lora_bytes", table["lora_bytes"], minimum=1))
     if path == "lora" and "lora_bytes" not in out:
-        raise WorkloadError("[settings] lora_bytes: the lora weight path needs the adapters' "
-                            "size in bytes")  # fmt: skip
+        raise WorkloadError(
+            "[settings] lora_bytes: the lora weight path needs the adapters' size in bytes"
+        )
     return out
 
 
@@ -296,39 +330,56 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
     """
     unknown = sorted(set(data) - set(TABLES))
     if unknown:
-        raise WorkloadError(f"[{unknown[0]}]: not a table of a workload"
-                            f"{did_you_mean(unknown[0], TABLES)}; the tables are "
-                            f"{spoken_list(TABLES)}")  # fmt: skip
+        raise WorkloadError(
+            f"[{unknown[0]}]: not a table of a workload"
+            f"{did_you_mean(unknown[0], TABLES)}; the tables are "
+            f"{spoken_list(TABLES)}"
+        )
     for name in REQUIRED_TABLES:
         if name not in data:
-            raise WorkloadError(f"[{name}]: missing; a workload needs the tables "
-                                f"{', '.join(REQUIRED_TABLES)} (docs/experiments.md)")  # fmt: skip
+            raise WorkloadError(
+                f"[{name}]: missing; a workload needs the tables "
+                f"{', '.join(REQUIRED_TABLES)} (docs/experiments.md)"
+            )
     tables = {name: _table(data, name) for name in TABLES}
     model_name, model = _model(tables["model"])
     cluster = tables["cluster"]
     gpu_name = cluster.get("gpu")
     if gpu_name not in GPUS:
-        raise WorkloadError(f"[cluster] gpu: {gpu_name!r} is not one of {spoken_list(GPUS)}"
-                            f"{did_you_mean(str(gpu_name), GPUS)}")  # fmt: skip
+        raise WorkloadError(
+            f"[cluster] gpu: {gpu_name!r} is not one of {spoken_list(GPUS)}"
+            f"{did_you_mean(str(gpu_name), GPUS)}"
+        )
     gpus = cluster.get("gpus")
     if gpus is not None:
-        gpus = _number("cluster", "gpus", gpus, integer=True, minimum=2,
-                       fix="one to train and one to generate at least")  # fmt: skip
+        gpus = _number(
+            "cluster",
+            "gpus",
+            gpus,
+            integer=True,
+            minimum=2,
+            fix="one to train and one to generate at least",
+        )
     batch = tables["batch"]
     for key in TABLES["batch"]:
         if key not in batch:
-            raise WorkloadError(f"[batch] {key}: missing; a step trains prompts_per_step x "
-                                "num_generations samples")  # fmt: skip
+            raise WorkloadError(
+                f"[batch] {key}: missing; a step trains prompts_per_step x num_generations samples"
+            )
     lengths = tables["lengths"]
     for key in TABLES["lengths"]:
         if key not in lengths:
-            raise WorkloadError(f"[lengths] {key}: missing; give its tokens (a number, or mean, "
-                                "quantiles and max, or a histogram)")  # fmt: skip
+            raise WorkloadError(
+                f"[lengths] {key}: missing; give its tokens (a number, or mean, "
+                "quantiles and max, or a histogram)"
+            )
     figure, overhead = None, 0.0
     g = tables["generator"]
     if g and not isinstance(g.get("source"), str):
-        raise WorkloadError("[generator] source: say where the decode figures come from "
-                            "(a paper, a benchmark, a measured run)")  # fmt: skip
+        raise WorkloadError(
+            "[generator] source: say where the decode figures come from "
+            "(a paper, a benchmark, a measured run)"
+        )
     if "step_overhead_s" in g:
         overhead = float(_number("generator", "step_overhead_s", g["step_overhead_s"], minimum=0))
     if g and ("tokens_per_s" in g or "concurrency" in g or "step_overhead_s" not in g):
@@ -336,10 +387,11 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         figure = DecodeFigure(
             float(_number("generator", "tokens_per_s", g.get("tokens_per_s"), minimum=1e-9)),
             float(_number("generator", "concurrency", g.get("concurrency"), minimum=1)),
-            None if context is None else float(_number("generator", "context_tokens", context,
-                                                       minimum=0)),
+            None
+            if context is None
+            else float(_number("generator", "context_tokens", context, minimum=0)),
             g["source"],
-        )  # fmt: skip
+        )
     try:
         contention = Contention(**{k: float(v) for k, v in tables["contention"].items()})
     except ValueError as error:
@@ -349,16 +401,24 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         model=model,
         gpu=GPUS[gpu_name],
         gpus=gpus,
-        gpus_per_node=_number("cluster", "gpus_per_node", cluster.get("gpus_per_node", 8),
-                              integer=True, minimum=1),
-        intra_node=_link("cluster", "intra_node",
-                         cluster.get("intra_node", INTRA_NODE_OF[gpu_name])),
+        gpus_per_node=_number(
+            "cluster", "gpus_per_node", cluster.get("gpus_per_node", 8), integer=True, minimum=1
+        ),
+        intra_node=_link(
+            "cluster", "intra_node", cluster.get("intra_node", INTRA_NODE_OF[gpu_name])
+        ),
         inter_node=_link("cluster", "inter_node", cluster.get("inter_node", "ib-ndr")),
-        prompts_per_step=_number("batch", "prompts_per_step", batch["prompts_per_step"],
-                                 integer=True, minimum=1),
-        num_generations=_number("batch", "num_generations", batch["num_generations"],
-                                integer=True, minimum=2,
-                                fix="GRPO compares a prompt's responses"),
+        prompts_per_step=_number(
+            "batch", "prompts_per_step", batch["prompts_per_step"], integer=True, minimum=1
+        ),
+        num_generations=_number(
+            "batch",
+            "num_generations",
+            batch["num_generations"],
+            integer=True,
+            minimum=2,
+            fix="GRPO compares a prompt's responses",
+        ),
         prompt_lengths=lengths_from("[lengths] prompt", lengths["prompt"]),
         response_lengths=lengths_from("[lengths] response", lengths["response"]),
         decode_figure=figure,
@@ -366,4 +426,4 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         train_mfu=_mfu(tables["trainer"].get("mfu", TRAIN_MFU)),
         contention=contention,
         **_settings(tables["settings"]),
-    )  # fmt: skip
+    )

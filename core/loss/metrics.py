@@ -20,21 +20,23 @@ from asyncgrpo.core.metrics import Aggregation
 
 _MEAN, _MIN, _MAX = Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX
 _SAMPLER_MASS = "sampling/sampler_mass"
-LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap({
-    "sampling/importance_sampling_ratio/min": _MIN,
-    "sampling/importance_sampling_ratio/mean": _MEAN,
-    "sampling/importance_sampling_ratio/max": _MAX,
-    "sampling/sampling_logp_difference/mean": _MEAN,
-    "sampling/sampling_logp_difference/max": _MAX,
-    "sampling/masked_mean": _MEAN,
-    "entropy": _MEAN,
-    "clip_ratio/region_mean": _MEAN,
-    "clip_ratio/low_mean": _MEAN,
-    "clip_ratio/low_min": _MIN,
-    "clip_ratio/high_mean": _MEAN,
-    "clip_ratio/high_max": _MAX,
-    _SAMPLER_MASS: _MEAN,
-})  # fmt: skip
+LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap(
+    {
+        "sampling/importance_sampling_ratio/min": _MIN,
+        "sampling/importance_sampling_ratio/mean": _MEAN,
+        "sampling/importance_sampling_ratio/max": _MAX,
+        "sampling/sampling_logp_difference/mean": _MEAN,
+        "sampling/sampling_logp_difference/max": _MAX,
+        "sampling/masked_mean": _MEAN,
+        "entropy": _MEAN,
+        "clip_ratio/region_mean": _MEAN,
+        "clip_ratio/low_mean": _MEAN,
+        "clip_ratio/low_min": _MIN,
+        "clip_ratio/high_mean": _MEAN,
+        "clip_ratio/high_max": _MAX,
+        _SAMPLER_MASS: _MEAN,
+    }
+)
 """How each metric of :func:`loss_metrics` aggregates over a window's micro-batches (a mean
 weighted by the micro-batch's trained tokens, or the extreme)."""
 _BASE_METRICS = tuple(name for name in LOSS_METRICS if name != _SAMPLER_MASS)

@@ -53,15 +53,22 @@ def dense_cost(tokens: int, width: int, layers: int, costs: AttentionCosts = MEA
     return mask + layers * per_layer
 
 
-def segments_cost(segments: int, pairs: int, width: int, layers: int,
-                  costs: AttentionCosts = MEASURED) -> float:  # fmt: skip
+def segments_cost(
+    segments: int, pairs: int, width: int, layers: int, costs: AttentionCosts = MEASURED
+) -> float:
     """Seconds of the ``"segments"`` backend for one forward and backward over ``layers``."""
     per_layer = costs.segments_per_call * segments + costs.segments_per_pair_dim * pairs * width
     return layers * per_layer
 
 
-def cheaper_backend(tokens: int, segments: int, pairs: int, width: int, layers: int = 1,
-                    costs: AttentionCosts = MEASURED) -> str:  # fmt: skip
+def cheaper_backend(
+    tokens: int,
+    segments: int,
+    pairs: int,
+    width: int,
+    layers: int = 1,
+    costs: AttentionCosts = MEASURED,
+) -> str:
     """``"dense"`` or ``"segments"``, whichever the model says is cheaper (ties: segments, whose
     memory follows the pairs rather than ``T²``).
 

@@ -87,11 +87,20 @@ def model_shape(config: Any) -> ModelShape:
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     experts = int(get("num_experts_per_tok") or 0)
     moe_width = int(get("moe_intermediate_size") or 0)
-    mlp = 3 * hidden * (experts * moe_width if experts and moe_width
-                        else int(get("intermediate_size")))  # fmt: skip
+    mlp = (
+        3
+        * hidden
+        * (experts * moe_width if experts and moe_width else int(get("intermediate_size")))
+    )
     layers = int(get("num_hidden_layers"))
-    return ModelShape(linear_params=layers * (attention + mlp), layers=layers, heads=heads,
-                      head_dim=head_dim, hidden=hidden, vocab=int(get("vocab_size")))  # fmt: skip
+    return ModelShape(
+        linear_params=layers * (attention + mlp),
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        vocab=int(get("vocab_size")),
+    )
 
 
 def query_key_pairs(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]) -> int:
@@ -111,8 +120,9 @@ def query_key_pairs(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]) ->
     return int(np.sum(q * (k - q) + q * (q + 1) // 2))
 
 
-def forward_flops(shape: ModelShape, forwarded_tokens: int, trained_tokens: int,
-                  pairs: int) -> float:  # fmt: skip
+def forward_flops(
+    shape: ModelShape, forwarded_tokens: int, trained_tokens: int, pairs: int
+) -> float:
     """FLOPs of one forward over rows with these totals.
 
     Example:
@@ -127,8 +137,7 @@ def forward_flops(shape: ModelShape, forwarded_tokens: int, trained_tokens: int,
     return linear + head + attention
 
 
-def train_flops(shape: ModelShape, forwarded_tokens: int, trained_tokens: int,
-                pairs: int) -> float:  # fmt: skip
+def train_flops(shape: ModelShape, forwarded_tokens: int, trained_tokens: int, pairs: int) -> float:
     """FLOPs of a forward and backward: three forwards."""
     return 3.0 * forward_flops(shape, forwarded_tokens, trained_tokens, pairs)
 

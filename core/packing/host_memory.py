@@ -31,8 +31,13 @@ from __future__ import annotations
 
 import attrs
 
-MALLOC_ENVIRONMENT = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                      "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")  # fmt: skip
+MALLOC_ENVIRONMENT = (
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "GLIBC_TUNABLES",
+)
 """glibc's own allocator settings in the environment: given, they are the user's choice."""
 
 

@@ -154,8 +154,11 @@ def choose_checkpointing(
     if requested is not None:
         return CheckpointingChoice(requested, f"gradient_checkpointing={requested} (config)")
     if row.tokens is None:
-        return CheckpointingChoice(True, "on: the row's length is unknown (no token_budget, "
-                                         "server max_model_len or model context)")  # fmt: skip
+        return CheckpointingChoice(
+            True,
+            "on: the row's length is unknown (no token_budget, "
+            "server max_model_len or model context)",
+        )
     kept = activation_bytes(row, shape)
     gib = kept / 2**30
     what = (
@@ -215,16 +218,23 @@ def out_of_memory_message(
     )
     fixes = []
     if not checkpointing:
-        fixes.append("turn gradient_checkpointing on (each decoder layer then keeps only its "
-                     "input for the backward)")  # fmt: skip
+        fixes.append(
+            "turn gradient_checkpointing on (each decoder layer then keeps only its "
+            "input for the backward)"
+        )
     lower = "set token_budget lower" if token_budget is None else "lower token_budget"
-    fixes.append(f"{lower}, e.g. {max(1, row.tokens // 2):,} (a row holds at most that many "
-                 "tokens)")  # fmt: skip
+    fixes.append(
+        f"{lower}, e.g. {max(1, row.tokens // 2):,} (a row holds at most that many tokens)"
+    )
     if row.longest > row.tokens // 2:
-        fixes.append(f"lower max_completion_length (one sample of {row.longest:,} tokens is "
-                     "more than half the row)")  # fmt: skip
-    fixes.append("or give the trainer more memory, or more processes (FSDP2 shards the "
-                 "weights and the optimizer states over them)")  # fmt: skip
+        fixes.append(
+            f"lower max_completion_length (one sample of {row.longest:,} tokens is "
+            "more than half the row)"
+        )
+    fixes.append(
+        "or give the trainer more memory, or more processes (FSDP2 shards the "
+        "weights and the optimizer states over them)"
+    )
     remedy = "; ".join(fixes)
     samples = f"{row.samples} sample{'s' if row.samples != 1 else ''}"
     return (

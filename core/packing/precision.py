@@ -61,10 +61,12 @@ def choose_precision(
     if matmul_speedup is None or matmul_speedup < BF16_MIN_SPEEDUP:
         measured = "not measured" if matmul_speedup is None else f"{matmul_speedup:.2f}x"
         return PrecisionChoice(
-            False, f"fp32: bf16 matrix products are {measured} fp32's speed on this CPU "
-            f"(bf16 needs {BF16_MIN_SPEEDUP}x)"
-        )  # fmt: skip
+            False,
+            f"fp32: bf16 matrix products are {measured} fp32's speed on this CPU "
+            f"(bf16 needs {BF16_MIN_SPEEDUP}x)",
+        )
     return PrecisionChoice(
-        True, f"bf16 (fp32 master weights): bf16 matrix products run {matmul_speedup:.2f}x "
-        f"faster than fp32 at the model's shapes on this CPU"
-    )  # fmt: skip
+        True,
+        f"bf16 (fp32 master weights): bf16 matrix products run {matmul_speedup:.2f}x "
+        f"faster than fp32 at the model's shapes on this CPU",
+    )

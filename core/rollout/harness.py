@@ -51,8 +51,9 @@ def harness_max_turns(max_tool_calling_iterations: int | None) -> int:
     if max_tool_calling_iterations is None:
         return DEFAULT_MAX_TURNS
     if max_tool_calling_iterations < 0:
-        raise ValueError(f"max_tool_calling_iterations must be >= 0, got "
-                         f"{max_tool_calling_iterations}")  # fmt: skip
+        raise ValueError(
+            f"max_tool_calling_iterations must be >= 0, got {max_tool_calling_iterations}"
+        )
     return max_tool_calling_iterations + 1
 
 
@@ -94,8 +95,10 @@ def verified_reward(value: object, source: str) -> tuple[float | None, bool]:
     if value is None:
         return None, False
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{source} returned env_reward={value!r} ({type(value).__name__}); "
-                        "it must be a number, or None for an unscored rollout")  # fmt: skip
+        raise TypeError(
+            f"{source} returned env_reward={value!r} ({type(value).__name__}); "
+            "it must be a number, or None for an unscored rollout"
+        )
     reward = float(value)
     if not math.isfinite(reward):
         return None, True

@@ -60,8 +60,11 @@ def _terminated(rollout: Rollout, eos: Collection[int]) -> bool:
 
 def _length_observations(facts: GroupFacts) -> list[Observation]:
     lengths = [len(r.completion_ids) for r in facts.rollouts]
-    terminated = [n for r, n in zip(facts.rollouts, lengths, strict=True)
-                  if _terminated(r, facts.eos_token_ids)]  # fmt: skip
+    terminated = [
+        n
+        for r, n in zip(facts.rollouts, lengths, strict=True)
+        if _terminated(r, facts.eos_token_ids)
+    ]
     obs = [
         mean("completions/mean_length", float(np.mean(lengths)), weight=len(lengths)),
         minimum("completions/min_length", float(min(lengths))),
@@ -200,10 +203,14 @@ def sample_observations(
     return [
         mean("sample/forwarded_tokens_mean", float(np.mean(forwarded)), weight=n),
         maximum("sample/forwarded_tokens_max", float(max(forwarded))),
-        mean("sample/trained_tokens_mean",
-              float(np.mean([s.sequence.num_trained for s in samples])), weight=n),
-        mean("sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])),
-              weight=n),
+        mean(
+            "sample/trained_tokens_mean",
+            float(np.mean([s.sequence.num_trained for s in samples])),
+            weight=n,
+        ),
+        mean(
+            "sample/time_in_queue_s", float(np.mean([now - s.queued_at for s in samples])), weight=n
+        ),
         mean("sample/staleness_mean", float(np.mean(staleness)), weight=n),
         maximum("sample/staleness_max", float(max(staleness))),
-    ]  # fmt: skip
+    ]

@@ -82,8 +82,9 @@ def outcome_arrived(tally: WaitTally, samples: int, dropped: str = "") -> WaitTa
     if samples:
         return attrs.evolve(tally, groups=tally.groups + 1)
     reason = dropped or ZERO_SPREAD
-    return attrs.evolve(tally, groups=tally.groups + 1,
-                        groups_dropped=_add(tally.groups_dropped, reason, 1))  # fmt: skip
+    return attrs.evolve(
+        tally, groups=tally.groups + 1, groups_dropped=_add(tally.groups_dropped, reason, 1)
+    )
 
 
 def samples_dropped(tally: WaitTally, reason: str, count: int) -> WaitTally:
@@ -98,8 +99,9 @@ def describe_drops(tally: WaitTally) -> str:
     parts = []
     if tally.groups:
         word = "group" if tally.groups == 1 else "groups"
-        reasons = ", ".join(f"{n} {GROUP_REASONS.get(r, r)}"
-                            for r, n in sorted(tally.groups_dropped.items()))  # fmt: skip
+        reasons = ", ".join(
+            f"{n} {GROUP_REASONS.get(r, r)}" for r, n in sorted(tally.groups_dropped.items())
+        )
         parts.append(f"{tally.groups} {word} arrived, none with a sample to train: {reasons}")
     else:
         parts.append("no group arrived")

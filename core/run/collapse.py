@@ -94,8 +94,9 @@ class SpreadWatch:
 
 def group_seen(watch: SpreadWatch, zero_spread: bool) -> SpreadWatch:
     """Count one scored group."""
-    return attrs.evolve(watch, groups=watch.groups + 1,
-                        zero_spread=watch.zero_spread + int(zero_spread))  # fmt: skip
+    return attrs.evolve(
+        watch, groups=watch.groups + 1, zero_spread=watch.zero_spread + int(zero_spread)
+    )
 
 
 def step_due(watch: SpreadWatch, groups_per_step: int) -> bool:
@@ -120,8 +121,12 @@ def close_step(watch: SpreadWatch, settings: SpreadSettings) -> tuple[SpreadWatc
     if share < settings.share:
         return SpreadWatch(last_share=share, **kept), Verdict.NONE
     in_a_row, total = watch.spreadless_in_a_row + 1, watch.spreadless_total + 1
-    closed = SpreadWatch(spreadless_in_a_row=in_a_row, spreadless_total=total,
-                         warnings=watch.warnings, last_share=share)  # fmt: skip
+    closed = SpreadWatch(
+        spreadless_in_a_row=in_a_row,
+        spreadless_total=total,
+        warnings=watch.warnings,
+        last_share=share,
+    )
     if settings.stop_after is not None and in_a_row >= settings.stop_after:
         return closed, Verdict.STOP
     if in_a_row >= settings.warn_after and total >= warning_due_at(watch.warnings, settings):

@@ -193,12 +193,20 @@ def _placed_in(state: PlanState, sample: TrainingSample) -> PlanState | None:
     index = state.placed
     return attrs.evolve(
         state,
-        rows=_replace(state.rows, r, RowPlan((*row.samples, index), row.tokens + new_tokens,
-                                             cost_after, row.loss_terms + loss_terms)),
+        rows=_replace(
+            state.rows,
+            r,
+            RowPlan(
+                (*row.samples, index),
+                row.tokens + new_tokens,
+                cost_after,
+                row.loss_terms + loss_terms,
+            ),
+        ),
         row_groups=_replace(state.row_groups, r, state.row_groups[r] | {sample.group_id}),
         row_tokens=_replace(state.row_tokens, r, (*state.row_tokens[r], tokens)),
         placed=index + 1,
-    )  # fmt: skip
+    )
 
 
 def _replace(items: tuple, index: int, item: object) -> tuple:
@@ -228,8 +236,7 @@ def add_sample(state: PlanState, sample: TrainingSample) -> PlanState:
     if len(closed) == state.gradient_accumulation_steps:
         return attrs.evolve(state, full=True)
     rows, groups, row_tokens = _empty_micro_batch(state.num_processes)
-    opened = attrs.evolve(state, closed=closed, rows=rows, row_groups=groups,
-                          row_tokens=row_tokens)  # fmt: skip
+    opened = attrs.evolve(state, closed=closed, rows=rows, row_groups=groups, row_tokens=row_tokens)
     placed = _placed_in(opened, sample)
     assert placed is not None  # a sample within the budget fits an empty row
     return placed
@@ -277,16 +284,29 @@ def plan_step(
     return StepPlan(micro_batches, tuple(dropped), tuple(fitting[state.placed :]))
 
 
-BATCH_METRICS: Mapping[str, Aggregation] = FrozenMap({
-    **dict.fromkeys(("batch/forwarded_tokens_per_step", "batch/trained_tokens_per_step",
-                     "batch/samples_per_step", "batch/groups_per_step",
-                     "batch/microbatches_per_step", "batch/masked_token_frac",
-                     "batch/samples_per_row", "batch/row_tokens_mean", "batch/row_fill_frac",
-                     "batch/row_imbalance", "batch/packing_ratio", "batch/pad_frac"),
-                    Aggregation.MEAN),
-    "batch/row_tokens_max": Aggregation.MAX,
-    "batch/dropped_oversize_count": Aggregation.SUM,
-})  # fmt: skip
+BATCH_METRICS: Mapping[str, Aggregation] = FrozenMap(
+    {
+        **dict.fromkeys(
+            (
+                "batch/forwarded_tokens_per_step",
+                "batch/trained_tokens_per_step",
+                "batch/samples_per_step",
+                "batch/groups_per_step",
+                "batch/microbatches_per_step",
+                "batch/masked_token_frac",
+                "batch/samples_per_row",
+                "batch/row_tokens_mean",
+                "batch/row_fill_frac",
+                "batch/row_imbalance",
+                "batch/packing_ratio",
+                "batch/pad_frac",
+            ),
+            Aggregation.MEAN,
+        ),
+        "batch/row_tokens_max": Aggregation.MAX,
+        "batch/dropped_oversize_count": Aggregation.SUM,
+    }
+)
 """How each metric of :func:`batch_metrics` aggregates over a window's steps."""
 
 
@@ -374,10 +394,12 @@ class PackedStep:
 def pack_step(micro_batches: Sequence[Sequence[Sequence[TrainingSample]]]) -> PackedStep:
     """Pack each row of a step (per micro-batch, one tuple of samples per process) with
     :func:`~asyncgrpo.core.packing.tree.pack_row`; an empty row becomes ``None``."""
-    return PackedStep(tuple(
-        tuple(pack_row(list(row)).without_sample_tables() if row else None for row in mb)
-        for mb in micro_batches
-    ))  # fmt: skip
+    return PackedStep(
+        tuple(
+            tuple(pack_row(list(row)).without_sample_tables() if row else None for row in mb)
+            for mb in micro_batches
+        )
+    )
 
 
 def step_observations(
@@ -396,7 +418,9 @@ def step_observations(
     samples = [sample for row in step.rows for sample in row.samples]
     return [
         *sample_observations(samples, version, now),
-        *(declared(name, value, 1.0, BATCH_METRICS)
-          for name, value in batch_metrics(step.micro_batches, token_budget).items()
-          if name != "batch/dropped_oversize_count"),
-    ]  # fmt: skip
+        *(
+            declared(name, value, 1.0, BATCH_METRICS)
+            for name, value in batch_metrics(step.micro_batches, token_budget).items()
+            if name != "batch/dropped_oversize_count"
+        ),
+    ]

@@ -184,8 +184,9 @@ def _offer(queue: StepQueue) -> StepQueue:
 
 def _replanned(queue: StepQueue, buffer: tuple[TrainingSample, ...], tokens: int) -> StepQueue:
     """``queue`` with ``buffer`` (holding ``tokens``) planned afresh."""
-    fresh = attrs.evolve(queue, buffer=buffer, plan=queue.settings.empty_plan(), offered=0,
-                         buffered_tokens=tokens)  # fmt: skip
+    fresh = attrs.evolve(
+        queue, buffer=buffer, plan=queue.settings.empty_plan(), offered=0, buffered_tokens=tokens
+    )
     return _offer(fresh)
 
 

@@ -102,20 +102,33 @@ def plan_cpus(
     if mode == OFF:
         return CpuPlan((), (), (0,) * local_ranks, False, "cpu_sharing='off': torch defaults")
     if not server_on_host:
-        return CpuPlan((), _slices(cores, local_ranks), _threads(cores, local_ranks),
-                       len(cores) >= local_ranks,
-                       f"no server on this host: {len(cores)} cores for "
-                       f"{local_ranks} rank(s)")  # fmt: skip
+        return CpuPlan(
+            (),
+            _slices(cores, local_ranks),
+            _threads(cores, local_ranks),
+            len(cores) >= local_ranks,
+            f"no server on this host: {len(cores)} cores for {local_ranks} rank(s)",
+        )
     if len(cores) <= local_ranks:
-        return CpuPlan((), (), (1,) * local_ranks, False,
-                       f"{len(cores)} core(s) cannot give the server and {local_ranks} rank(s) "
-                       "a core each: one torch thread per rank, affinity left alone")  # fmt: skip
+        return CpuPlan(
+            (),
+            (),
+            (1,) * local_ranks,
+            False,
+            f"{len(cores)} core(s) cannot give the server and {local_ranks} rank(s) "
+            "a core each: one torch thread per rank, affinity left alone",
+        )
     wanted = server_cpus if server_cpus is not None else max(1, len(cores) // 2)
     count = min(wanted, len(cores) - local_ranks)
     server, rest = cores[:count], cores[count:]
-    return CpuPlan(server, _slices(rest, local_ranks), _threads(rest, local_ranks), True,
-                   f"server on {format_cpu_list(server)}, trainer ranks on "
-                   f"{format_cpu_list(rest)} ({len(cores)} cores)")  # fmt: skip
+    return CpuPlan(
+        server,
+        _slices(rest, local_ranks),
+        _threads(rest, local_ranks),
+        True,
+        f"server on {format_cpu_list(server)}, trainer ranks on "
+        f"{format_cpu_list(rest)} ({len(cores)} cores)",
+    )
 
 
 def _slices(cores: tuple[int, ...], ranks: int) -> tuple[tuple[int, ...], ...]:

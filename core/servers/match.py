@@ -126,8 +126,9 @@ started with the same model and flags
         if not differ:
             continue
         first = differ[0]
-        also = "".join(f"; also {m.flag}: {m.found!r} ({urls[0]}: {m.expected!r})"
-                       for m in differ[1:])  # fmt: skip
+        also = "".join(
+            f"; also {m.flag}: {m.found!r} ({urls[0]}: {m.expected!r})" for m in differ[1:]
+        )
         raise ServerMismatch(
             f"the vLLM server at {url} differs from the one at {urls[0]} in {first.flag}: "
             f"{first.found!r} ({urls[0]}: {first.expected!r}){also}; every server of a run "

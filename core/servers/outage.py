@@ -142,8 +142,9 @@ def next_wait(
     log = clock.logged_at is None or now - clock.logged_at >= log_every_s
     backoff = min(first_backoff_s * 2.0 ** min(clock.probes, 32), max_backoff_s)
     sleep_s = max(0.0, min(backoff, timeout_s - waited))
-    updated = attrs.evolve(clock, probes=clock.probes + 1,
-                           logged_at=now if log else clock.logged_at)  # fmt: skip
+    updated = attrs.evolve(
+        clock, probes=clock.probes + 1, logged_at=now if log else clock.logged_at
+    )
     return WaitDecision(False, log, sleep_s, waited, updated)
 
 
@@ -165,8 +166,9 @@ class SilenceStep:
     probe_at: float
 
 
-def after_silent_probe(now: float, logged_at: float, every_s: float, probe_s: float,
-                       deadline: float) -> SilenceStep:  # fmt: skip
+def after_silent_probe(
+    now: float, logged_at: float, every_s: float, probe_s: float, deadline: float
+) -> SilenceStep:
     """The silence watchdog's next step after a probe that ended at ``now`` unanswered.
 
     The silence is logged every ``every_s`` (the last log at ``logged_at``); a probe takes up

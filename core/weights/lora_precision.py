@@ -181,8 +181,10 @@ def check_merged_sync(
     server, export = dtype_name(server_dtype), dtype_name(export_dtype)
     held = coarsest([server, export])
     where = []
-    fixes = ["Start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 to sync the "
-             "adapter itself"]  # fmt: skip
+    fixes = [
+        "Start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 to sync the "
+        "adapter itself"
+    ]
     if server == held:
         where.append(f"the vLLM server's dtype is {server}")
         fixes.append("serve float32 weights (vLLM --dtype float32)")

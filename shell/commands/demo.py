@@ -28,9 +28,16 @@ from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
 from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
 
-QUESTIONS = ("Write a number.", "Give me some digits.", "Count something.", "Say a number.",
-             "What is your favourite number?", "Pick a number.", "Reply with digits.",
-             "How many?")  # fmt: skip
+QUESTIONS = (
+    "Write a number.",
+    "Give me some digits.",
+    "Count something.",
+    "Say a number.",
+    "What is your favourite number?",
+    "Pick a number.",
+    "Reply with digits.",
+    "How many?",
+)
 
 
 def digit_fraction_reward(completions: Sequence[Sequence[dict[str, Any]]], **kwargs: Any):
@@ -47,8 +54,14 @@ def digit_fraction_reward(completions: Sequence[Sequence[dict[str, Any]]], **kwa
     return rewards
 
 
-HELD_OUT = ("Name a number.", "Write some digits.", "Tell me a number.", "Any digits?",
-            "Which number?", "Digits, please.")  # fmt: skip
+HELD_OUT = (
+    "Name a number.",
+    "Write some digits.",
+    "Tell me a number.",
+    "Any digits?",
+    "Which number?",
+    "Digits, please.",
+)
 """Prompts the demo evaluates on and never trains on."""
 
 
@@ -68,8 +81,9 @@ LEARNER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
 SERVER_DTYPE = {"qwen3": "float32", "qwen3-next": "bfloat16"}
 
 
-def demo_config(output_dir: str | Path, max_steps: int, base_url: str,
-                eval_steps: int = 5) -> AsyncGRPOConfig:  # fmt: skip
+def demo_config(
+    output_dir: str | Path, max_steps: int, base_url: str, eval_steps: int = 5
+) -> AsyncGRPOConfig:
     """The demo's settings: a high learning rate for a tiny model, short completions, and an
     evaluation of the held-out prompts at the start and every ``eval_steps`` steps (0: none)."""
     return AsyncGRPOConfig(
@@ -124,8 +138,14 @@ def run_demo(
     )
     key = new_api_key()  # the server's routes, dev and weight-transfer ones too, need it
     served = dataclasses.replace(config, dtype=SERVER_DTYPE[model_family])
-    spec = local_server_spec(str(model_dir), served, max_model_len=1024, max_logprobs=8,
-                             enforce_eager=enforce_eager, api_key=key)  # fmt: skip
+    spec = local_server_spec(
+        str(model_dir),
+        served,
+        max_model_len=1024,
+        max_logprobs=8,
+        enforce_eager=enforce_eager,
+        api_key=key,
+    )
     with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls

@@ -27,30 +27,61 @@ from asyncgrpo.shell.run import eval_datasets_of
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "eval", help="score held-out prompts for a model, a saved run or a checkpoint",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    parser.add_argument("--model", required=True,
-                        help="a model directory or id, smollm2-135m, a .gguf file, a LoRA "
-                        "adapter directory, or a run's checkpoint-<step> directory")  # fmt: skip
-    parser.add_argument("--dataset", action="append", required=True, metavar="[NAME=]PATH",
-                        help="held-out prompts (repeat for several)")  # fmt: skip
-    parser.add_argument("--reward", action="append", required=True, metavar="MODULE:FUNCTION",
-                        help="reward function (repeat)")  # fmt: skip
-    parser.add_argument("--num-generations", type=int, default=1,
-                        help="completions per prompt, the k of pass@k (default: 1)")  # fmt: skip
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature (default: 0, greedy)")  # fmt: skip
-    parser.add_argument("--max-completion-length", type=int, default=256,
-                        help="tokens per completion (default: 256)")  # fmt: skip
+        "eval",
+        help="score held-out prompts for a model, a saved run or a checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a model directory or id, smollm2-135m, a .gguf file, a LoRA "
+        "adapter directory, or a run's checkpoint-<step> directory",
+    )
+    parser.add_argument(
+        "--dataset",
+        action="append",
+        required=True,
+        metavar="[NAME=]PATH",
+        help="held-out prompts (repeat for several)",
+    )
+    parser.add_argument(
+        "--reward",
+        action="append",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="reward function (repeat)",
+    )
+    parser.add_argument(
+        "--num-generations",
+        type=int,
+        default=1,
+        help="completions per prompt, the k of pass@k (default: 1)",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)"
+    )
+    parser.add_argument(
+        "--max-completion-length",
+        type=int,
+        default=256,
+        help="tokens per completion (default: 256)",
+    )
     parser.add_argument("--vllm-url", help="use this server instead of starting one")
-    parser.add_argument("--max-model-len", type=int, default=4096,
-                        help="--max-model-len of the server it starts (at most the "
-                        "model's)")  # fmt: skip
-    parser.add_argument("--vllm-enforce-eager", action="store_true",
-                        help="start the server without torch.compile (sooner, slower)")  # fmt: skip
-    parser.add_argument("--output-dir", default="runs/eval",
-                        help="where the server logs go (default: runs/eval)")  # fmt: skip
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="--max-model-len of the server it starts (at most the model's)",
+    )
+    parser.add_argument(
+        "--vllm-enforce-eager",
+        action="store_true",
+        help="start the server without torch.compile (sooner, slower)",
+    )
+    parser.add_argument(
+        "--output-dir", default="runs/eval", help="where the server logs go (default: runs/eval)"
+    )
     parser.add_argument("--json", help="where the metrics go (default: OUTPUT_DIR/evaluation.json)")
 
 
@@ -63,15 +94,23 @@ def named_datasets(specs: list[str]) -> dict[str, object]:
 def run_eval(args: argparse.Namespace) -> dict[str, float]:
     """Evaluate as the flags say; print the table and write the JSON; the metrics."""
     config = AsyncGRPOConfig(
-        output_dir=args.output_dir, eval_num_generations=args.num_generations,
-        eval_temperature=args.temperature, max_completion_length=args.max_completion_length,
+        output_dir=args.output_dir,
+        eval_num_generations=args.num_generations,
+        eval_temperature=args.temperature,
+        max_completion_length=args.max_completion_length,
         max_concurrent_rollouts=64,
-    )  # fmt: skip
+    )
     datasets = eval_datasets_of(named_datasets(args.dataset), None, config)
     rewards = [import_named(spec, "reward function") for spec in args.reward]
-    figures = evaluate_model(args.model, datasets, rewards, config, vllm_url=args.vllm_url,
-                             max_model_len=args.max_model_len,
-                             enforce_eager=args.vllm_enforce_eager)  # fmt: skip
+    figures = evaluate_model(
+        args.model,
+        datasets,
+        rewards,
+        config,
+        vllm_url=args.vllm_url,
+        max_model_len=args.max_model_len,
+        enforce_eager=args.vllm_enforce_eager,
+    )
     print(evaluation_table(figures))
     out = Path(args.json or Path(args.output_dir) / "evaluation.json")
     out.parent.mkdir(parents=True, exist_ok=True)

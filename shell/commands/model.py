@@ -17,12 +17,17 @@ from asyncgrpo.adapters.models.packaged import PACKAGED, describe_model, resolve
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "model", help="make a packaged or .gguf model a checkpoint, once, and say what it is",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        "model",
+        help="make a packaged or .gguf model a checkpoint, once, and say what it is",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("name", help=f"{', '.join(PACKAGED)} or a .gguf file")
-    parser.add_argument("--cache-dir", help="where checkpoints are kept (default: "
-                        "$ASYNCGRPO_CACHE/models or ~/.cache/asyncgrpo/models)")  # fmt: skip
+    parser.add_argument(
+        "--cache-dir",
+        help="where checkpoints are kept (default: "
+        "$ASYNCGRPO_CACHE/models or ~/.cache/asyncgrpo/models)",
+    )
 
 
 def run_model(args: argparse.Namespace) -> str:

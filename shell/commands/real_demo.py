@@ -56,8 +56,9 @@ def held_out_problems() -> Any:
     return arithmetic(None, split="test", **TASK)
 
 
-def real_demo_config(output_dir: str | Path, max_steps: int, base_url: str,
-                     seed: int = 0) -> AsyncGRPOConfig:  # fmt: skip
+def real_demo_config(
+    output_dir: str | Path, max_steps: int, base_url: str, seed: int = 0
+) -> AsyncGRPOConfig:
     """The real demo's settings: a learning rate for a pretrained model, short answers, a CPU
     step's token budget, and an evaluation every :data:`EVAL_EVERY` steps."""
     return AsyncGRPOConfig(
@@ -82,31 +83,43 @@ def real_demo_config(output_dir: str | Path, max_steps: int, base_url: str,
     )
 
 
-def real_demo_server(model_dir: str | Path, config: AsyncGRPOConfig,
-                     api_key: str | None = None) -> ServerSpec:  # fmt: skip
+def real_demo_server(
+    model_dir: str | Path, config: AsyncGRPOConfig, api_key: str | None = None
+) -> ServerSpec:
     """The real demo's local server of ``model_dir`` (:data:`SERVER`), serving the dtype the
     trainer of ``config`` computes in."""
     served = dataclasses.replace(config, dtype=dtype_as_trainer(str(model_dir), config))
-    return local_server_spec(str(model_dir), served, max_model_len=SERVER["max_model_len"],
-                             max_logprobs=SERVER["max_logprobs"],
-                             enforce_eager=SERVER["enforce_eager"], api_key=api_key)  # fmt: skip
+    return local_server_spec(
+        str(model_dir),
+        served,
+        max_model_len=SERVER["max_model_len"],
+        max_logprobs=SERVER["max_logprobs"],
+        enforce_eager=SERVER["enforce_eager"],
+        api_key=api_key,
+    )
 
 
-def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps: int = 20,
-                  overrides: dict[str, Any] | None = None) -> TrainOutput:  # fmt: skip
+def run_real_demo(
+    output_dir: str | Path,
+    model: str = "smollm2-135m",
+    max_steps: int = 20,
+    overrides: dict[str, Any] | None = None,
+) -> TrainOutput:
     """Make the checkpoint (once), start the server, train; then print the held-out accuracy
     before and after (:func:`accuracy_report`). ``overrides`` replaces
     :func:`real_demo_config` fields (``seed``, ``max_staleness``, ...)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(model)
-    config = dataclasses.replace(real_demo_config(output_dir, max_steps, "http://127.0.0.1"),
-                                 **(overrides or {}))  # fmt: skip
+    config = dataclasses.replace(
+        real_demo_config(output_dir, max_steps, "http://127.0.0.1"), **(overrides or {})
+    )
     key = new_api_key()
     spec = real_demo_server(model_dir, config, api_key=key)
     with local_servers(spec, servers_cpus_for(config, 1), output_dir) as started:
-        args = dataclasses.replace(config, vllm_server_base_url=started[0].base_url,
-                                   vllm_server_api_key=key)  # fmt: skip
+        args = dataclasses.replace(
+            config, vllm_server_base_url=started[0].base_url, vllm_server_api_key=key
+        )
         record_run_settings(args)  # the run can calibrate a plan (asyncgrpo plan --calibrate)
         trainer = AsyncGRPOTrainer(
             model=model_dir,
@@ -114,7 +127,7 @@ def run_real_demo(output_dir: str | Path, model: str = "smollm2-135m", max_steps
             args=args,
             train_dataset=train_problems(),
             eval_dataset={"held_out": held_out_problems()},
-        )  # fmt: skip
+        )
         return trainer.train()
 
 
@@ -134,6 +147,8 @@ def accuracy_report(output_dir: str | Path) -> str:
     prompts = int(first["eval/held_out/prompts"])
     measured = f"held-out accuracy ({prompts} problems, greedy; 90% interval)"
     if len(rows) == 1:
-        return (f"{measured}: {at(first)}, evaluated every {EVAL_EVERY} steps: no evaluation "
-                "after training began")  # fmt: skip
+        return (
+            f"{measured}: {at(first)}, evaluated every {EVAL_EVERY} steps: no evaluation "
+            "after training began"
+        )
     return f"{measured}: before {at(first)}, after {at(last)}"

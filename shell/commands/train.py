@@ -62,64 +62,85 @@ class TrainScriptArguments:
 
     config: str | None = field(
         default=None,
-        metadata={"help": "TOML, YAML or JSON file: model, dataset, reward_funcs and "
-                          "AsyncGRPOConfig fields (top level or an 'asyncgrpo' table)"},
-    )  # fmt: skip
+        metadata={
+            "help": "TOML, YAML or JSON file: model, dataset, reward_funcs and "
+            "AsyncGRPOConfig fields (top level or an 'asyncgrpo' table)"
+        },
+    )
     model: str | None = field(default=None, metadata={"help": "model id or directory"})
     dataset: str | None = field(
         default=None, metadata={"help": "a .json/.jsonl file or a datasets.save_to_disk folder"}
     )
     reward: list[str] | None = field(
         default=None,
-        metadata={"help": "module:function of each reward function (repeatable)",
-                  "action": "extend", "metavar": "MODULE:FUNCTION"},
-    )  # fmt: skip
+        metadata={
+            "help": "module:function of each reward function (repeatable)",
+            "action": "extend",
+            "metavar": "MODULE:FUNCTION",
+        },
+    )
     eval_dataset: list[str] | None = field(
         default=None,
-        metadata={"help": "held-out prompts evaluated during training, as asyncgrpo eval "
-                          "--dataset takes them: a .json/.jsonl file, a save_to_disk folder or "
-                          "module:function, named NAME= (metrics eval/NAME/...; a lone unnamed "
-                          "one is 'eval'); repeatable. When: --eval_strategy steps, --eval_steps, "
-                          "--eval_on_start",
-                  "action": "extend", "metavar": "[NAME=]PATH"},
-    )  # fmt: skip
+        metadata={
+            "help": "held-out prompts evaluated during training, as asyncgrpo eval "
+            "--dataset takes them: a .json/.jsonl file, a save_to_disk folder or "
+            "module:function, named NAME= (metrics eval/NAME/...; a lone unnamed "
+            "one is 'eval'); repeatable. When: --eval_strategy steps, --eval_steps, "
+            "--eval_on_start",
+            "action": "extend",
+            "metavar": "[NAME=]PATH",
+        },
+    )
     eval_reward: list[str] | None = field(
         default=None,
-        metadata={"help": "module:function of each reward function that scores evaluations "
-                          "(repeatable); default: the training rewards",
-                  "action": "extend", "metavar": "MODULE:FUNCTION"},
-    )  # fmt: skip
+        metadata={
+            "help": "module:function of each reward function that scores evaluations "
+            "(repeatable); default: the training rewards",
+            "action": "extend",
+            "metavar": "MODULE:FUNCTION",
+        },
+    )
     vllm_url: str | None = field(
         default=None,
-        metadata={"help": "use this vLLM server instead of starting one (several: URLs "
-                          "separated by commas)"},
-    )  # fmt: skip
+        metadata={
+            "help": "use this vLLM server instead of starting one (several: URLs "
+            "separated by commas)"
+        },
+    )
     vllm_servers: int = field(
         default=1,
-        metadata={"help": "local vLLM servers to start (each on its share of the server "
-                          "cores; docs/scaling.md); unused with --vllm_url"},
-    )  # fmt: skip
+        metadata={
+            "help": "local vLLM servers to start (each on its share of the server "
+            "cores; docs/scaling.md); unused with --vllm_url"
+        },
+    )
     max_model_len: int = field(
         default=4096, metadata={"help": "--max-model-len of the server it starts"}
     )
     vllm_enforce_eager: bool = field(
         default=False,
-        metadata={"help": "start the local servers without torch.compile (vLLM's "
-                          "--enforce-eager): ready 10-40 s sooner, 10-20%% fewer tokens/s"},
-    )  # fmt: skip
+        metadata={
+            "help": "start the local servers without torch.compile (vLLM's "
+            "--enforce-eager): ready 10-40 s sooner, 10-20%% fewer tokens/s"
+        },
+    )
     resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint"})
     use_peft: bool = field(
-        default=False, metadata={"help": "train LoRA adapters instead of the whole model "
-                                         "(TRL's ModelConfig flags)"}
-    )  # fmt: skip
+        default=False,
+        metadata={
+            "help": "train LoRA adapters instead of the whole model (TRL's ModelConfig flags)"
+        },
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank (with --use_peft)"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (with --use_peft)"})
     lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout (with --use_peft)"})
     lora_target_modules: list[str] | None = field(
         default=None,
-        metadata={"help": "modules that get adapters (with --use_peft); default: peft's choice "
-                          "for the architecture"},
-    )  # fmt: skip
+        metadata={
+            "help": "modules that get adapters (with --use_peft); default: peft's choice "
+            "for the architecture"
+        },
+    )
 
 
 @dataclass
@@ -208,14 +229,17 @@ def parse_train_args(argv: Sequence[str]) -> TrainSettings:
     dataset = script.dataset or extra.get("dataset")
     rewards = script.reward or extra.get("reward_funcs") or []
     if not model or not dataset or not rewards:
-        raise TrainCommandError("model, dataset and at least one reward are required "
-                                "(--model/--dataset/--reward or the --config file)")  # fmt: skip
+        raise TrainCommandError(
+            "model, dataset and at least one reward are required "
+            "(--model/--dataset/--reward or the --config file)"
+        )
     evaluation = eval_settings(script, extra)
     return TrainSettings(script, values, str(model), str(dataset), list(rewards), *evaluation)
 
 
-def eval_settings(script: TrainScriptArguments,
-                  extra: dict[str, Any]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+def eval_settings(
+    script: TrainScriptArguments, extra: dict[str, Any]
+) -> tuple[dict[str, str], list[str]]:
     """The evaluation datasets (name -> PATH) and evaluation rewards of the flags, else of
     the config file's ``eval_dataset`` and ``eval_reward_funcs``.
 
@@ -232,8 +256,10 @@ def eval_settings(script: TrainScriptArguments,
     rewards = script.eval_reward or extra.get("eval_reward_funcs") or []
     rewards = [rewards] if isinstance(rewards, str) else list(rewards)
     if rewards and not datasets:
-        raise TrainCommandError("--eval_reward (eval_reward_funcs) scores evaluations: give "
-                                "the held-out prompts with --eval_dataset [NAME=]PATH")  # fmt: skip
+        raise TrainCommandError(
+            "--eval_reward (eval_reward_funcs) scores evaluations: give "
+            "the held-out prompts with --eval_dataset [NAME=]PATH"
+        )
     return datasets, rewards
 
 
@@ -252,13 +278,16 @@ def check_evaluation(settings: TrainSettings, config: AsyncGRPOConfig) -> None:
             "steps; default: logging_steps) or --eval_on_start; give one of them"
         )
     if scheduled and not settings.eval_datasets:
-        raise TrainCommandError("--eval_strategy steps and --eval_on_start evaluate held-out "
-                                "prompts: give them with --eval_dataset [NAME=]PATH (or "
-                                "eval_dataset in the --config file)")  # fmt: skip
+        raise TrainCommandError(
+            "--eval_strategy steps and --eval_on_start evaluate held-out "
+            "prompts: give them with --eval_dataset [NAME=]PATH (or "
+            "eval_dataset in the --config file)"
+        )
 
 
-def build_config(settings: TrainSettings, base_url: str | None = None,
-                 api_key: str | None = None) -> AsyncGRPOConfig:  # fmt: skip
+def build_config(
+    settings: TrainSettings, base_url: str | None = None, api_key: str | None = None
+) -> AsyncGRPOConfig:
     """The run's config; a bad value fails naming its field (a ``TrainCommandError``)."""
     values = dict(settings.config_values)
     if base_url is not None:
@@ -277,9 +306,13 @@ def lora_config(script: TrainScriptArguments) -> Any:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha,
-                      lora_dropout=script.lora_dropout, task_type="CAUSAL_LM",
-                      target_modules=script.lora_target_modules or None)  # fmt: skip
+    return LoraConfig(
+        r=script.lora_r,
+        lora_alpha=script.lora_alpha,
+        lora_dropout=script.lora_dropout,
+        task_type="CAUSAL_LM",
+        target_modules=script.lora_target_modules or None,
+    )
 
 
 def run_train(argv: Sequence[str]) -> Any:
@@ -295,8 +328,9 @@ def run_train(argv: Sequence[str]) -> Any:
     check_evaluation(settings, config)
     try:
         reward_funcs = [import_named(spec, "reward function") for spec in settings.rewards]
-        eval_reward_funcs = [import_named(spec, "--eval_reward function")
-                             for spec in settings.eval_rewards] or None  # fmt: skip
+        eval_reward_funcs = [
+            import_named(spec, "--eval_reward function") for spec in settings.eval_rewards
+        ] or None
         prompts = load_named_dataset(settings.dataset)
         eval_datasets = load_eval_datasets(settings.eval_datasets) or None
     except NamedObjectError as error:
@@ -308,10 +342,15 @@ def run_train(argv: Sequence[str]) -> Any:
     def train(base_url: str, api_key: str | None = None) -> Any:  # URLs separated by commas
         args = build_config(settings, base_url, api_key)
         record_run_settings(args)  # any run can calibrate a plan (asyncgrpo plan --calibrate)
-        trainer = AsyncGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
-                                   train_dataset=prompts, peft_config=peft_config,
-                                   eval_dataset=eval_datasets,
-                                   eval_reward_funcs=eval_reward_funcs)  # fmt: skip
+        trainer = AsyncGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=prompts,
+            peft_config=peft_config,
+            eval_dataset=eval_datasets,
+            eval_reward_funcs=eval_reward_funcs,
+        )
         return trainer.train(resume_from_checkpoint=True if settings.script.resume else None)
 
     if settings.script.vllm_url:

@@ -18,8 +18,13 @@ from asyncgrpo.core.weights.sync import check_backend
 def check_values(config: Any) -> None:
     """The fields' values, each and across fields (``config`` an ``AsyncGRPOConfig``, whose
     ``__post_init__`` calls this); a bad value raises naming the field and the fix."""
-    _check_positive(config, "num_generations", "gradient_accumulation_steps",
-                    "max_concurrent_rollouts", "weight_sync_steps")  # fmt: skip
+    _check_positive(
+        config,
+        "num_generations",
+        "gradient_accumulation_steps",
+        "max_concurrent_rollouts",
+        "weight_sync_steps",
+    )
     if config.num_generations < 2:
         raise ValueError(
             "AsyncGRPOConfig.num_generations must be >= 2: advantages are computed within a group"

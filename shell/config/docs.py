@@ -99,16 +99,20 @@ def render() -> str:
         and _default(f) != _default(TrainingArguments.__dataclass_fields__[f.name])
     }
     lines = [INTRO, "## AsyncGRPOConfig fields", ""]
-    lines.append("Fields of TRL's AsyncGRPOConfig, and `TrainingArguments` fields whose default "
-                 "differs from transformers'.")  # fmt: skip
+    lines.append(
+        "Fields of TRL's AsyncGRPOConfig, and `TrainingArguments` fields whose default "
+        "differs from transformers'."
+    )
     lines += ["", "| field | default | meaning |", "|---|---|---|"]
     for f in own:
         if f.name in inherited and f.name not in overridden:
             continue
         lines.append(f"| `{f.name}` | {_default(f)} | {_cell(f.metadata.get('help', ''))} |")
     lines += ["", "## TrainingArguments fields", ""]
-    lines.append("What AsyncGRPOTrainer does with each field inherited from "
-                 "`transformers.TrainingArguments`.")  # fmt: skip
+    lines.append(
+        "What AsyncGRPOTrainer does with each field inherited from "
+        "`transformers.TrainingArguments`."
+    )
     lines += ["", "| field | default | AsyncGRPOTrainer |", "|---|---|---|"]
     for f in own:
         if f.name not in inherited:

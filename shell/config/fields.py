@@ -71,8 +71,7 @@ def _with_objective_settings(cls: type) -> type:
             if setting.name in own:
                 raise TypeError(f"{setting.name} is declared by its objective, not here")
             annotations[setting.name] = "float | None" if setting.optional else "float"
-            setattr(cls, setting.name,
-                    field(default=setting.default, metadata=_help(setting.help)))  # fmt: skip
+            setattr(cls, setting.name, field(default=setting.default, metadata=_help(setting.help)))
     cls.__annotations__ = annotations
     return cls
 
@@ -96,36 +95,43 @@ class AsyncGRPOConfig(TrainingArguments):
     learning_rate: float = field(default=1e-6, metadata=_help("The initial learning rate."))
     lr_scheduler_type: SchedulerType | str = field(
         default="constant",
-        metadata=_help("The learning-rate schedule; decaying ones need max_steps > 0, since the "
-                       "number of optimizer steps of an epoch is not known in advance."),
-    )  # fmt: skip
+        metadata=_help(
+            "The learning-rate schedule; decaying ones need max_steps > 0, since the "
+            "number of optimizer steps of an epoch is not known in advance."
+        ),
+    )
     logging_steps: float = field(
         default=1,
         metadata=_help("Log a window every N optimizer steps (< 1: fraction of max_steps)."),
     )
     gradient_checkpointing: bool | None = field(
         default=None,
-        metadata=_help("Activation checkpointing of the decoder layers. None: on only when a row "
-                       "of token_budget tokens (unset: the server's max_model_len) would keep "
-                       "more than a quarter of the free memory without it, with what the "
-                       "attention backend keeps (logged at start); TRL's default is True."),
-    )  # fmt: skip
+        metadata=_help(
+            "Activation checkpointing of the decoder layers. None: on only when a row "
+            "of token_budget tokens (unset: the server's max_model_len) would keep "
+            "more than a quarter of the free memory without it, with what the "
+            "attention backend keeps (logged at start); TRL's default is True."
+        ),
+    )
     bf16: bool | None = field(
         default=None,
-        metadata=_help("bf16 mixed precision (fp32 master weights); None: on with CUDA, and on "
-                       "a CPU for models of 50M parameters or more when it multiplies bf16 "
-                       "matrices at least 2x faster than fp32 (measured at start, logged)."),
-    )  # fmt: skip
+        metadata=_help(
+            "bf16 mixed precision (fp32 master weights); None: on with CUDA, and on "
+            "a CPU for models of 50M parameters or more when it multiplies bf16 "
+            "matrices at least 2x faster than fp32 (measured at start, logged)."
+        ),
+    )
     ignore_data_skip: bool = field(
         default=True,
-        metadata=_help("Must stay True: a resume restores the first untrained prompt from "
-                       "rollout_state.json instead of skipping batches."),
-    )  # fmt: skip
+        metadata=_help(
+            "Must stay True: a resume restores the first untrained prompt from "
+            "rollout_state.json instead of skipping batches."
+        ),
+    )
     remove_unused_columns: bool = field(
         default=False,
-        metadata=_help("Must stay False: every dataset column is passed to the reward "
-                       "functions."),
-    )  # fmt: skip
+        metadata=_help("Must stay False: every dataset column is passed to the reward functions."),
+    )
 
     # model
     model_init_kwargs: dict | str | None = field(
@@ -137,9 +143,11 @@ class AsyncGRPOConfig(TrainingArguments):
     )
     dtype: str = field(
         default="float32",
-        metadata=_help("dtype the model is loaded in: auto, float32, bfloat16 or float16; "
-                       "serve the same dtype (vllm serve --dtype) for log-prob parity."),
-    )  # fmt: skip
+        metadata=_help(
+            "dtype the model is loaded in: auto, float32, bfloat16 or float16; "
+            "serve the same dtype (vllm serve --dtype) for log-prob parity."
+        ),
+    )
     trust_remote_code: bool = field(
         default=False, metadata=_help("Allow models and tokenizers with custom code.")
     )
@@ -177,53 +185,63 @@ class AsyncGRPOConfig(TrainingArguments):
     # server
     vllm_server_base_url: str | list[str] = field(
         default="http://localhost:8000",
-        metadata=_help("Base URL of the vLLM server. Not in TRL: several servers as a list (or "
-                       "one string of URLs separated by commas); each group goes to the least "
-                       "loaded one and every weight sync reaches all of them "
-                       "(docs/scaling.md)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Base URL of the vLLM server. Not in TRL: several servers as a list (or "
+            "one string of URLs separated by commas); each group goes to the least "
+            "loaded one and every weight sync reaches all of them "
+            "(docs/scaling.md)."
+        ),
+    )
     vllm_server_timeout: float = field(
         default=1800.0,
-        metadata=_help("Seconds to wait for the server to be ready, for a call to it (all "
-                       "its tries together) or a silent server, and for a server that went "
-                       "away mid-run to come back (docs/reliability.md); with several servers, "
-                       "for one of them to come back when none is left."),
-    )  # fmt: skip
+        metadata=_help(
+            "Seconds to wait for the server to be ready, for a call to it (all "
+            "its tries together) or a silent server, and for a server that went "
+            "away mid-run to come back (docs/reliability.md); with several servers, "
+            "for one of them to come back when none is left."
+        ),
+    )
     vllm_server_stall_timeout: float = field(
         default=10.0,
-        metadata=_help("Not in TRL. Seconds a call to the vLLM server may go unanswered before "
-                       "the server's /health is probed; while it does not answer either, a "
-                       "warning names the server every 10 s, and after vllm_server_timeout "
-                       "seconds of silence the run fails. With several servers, one that does "
-                       "not answer the probe goes out of routing at once."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Seconds a call to the vLLM server may go unanswered before "
+            "the server's /health is probed; while it does not answer either, a "
+            "warning names the server every 10 s, and after vllm_server_timeout "
+            "seconds of silence the run fails. With several servers, one that does "
+            "not answer the probe goes out of routing at once."
+        ),
+    )
     vllm_server_api_key: str | None = field(
         default=None,
-        metadata=_help("Not in TRL. The vLLM server's API key, sent as 'Authorization: Bearer' "
-                       "with every request; None: VLLM_API_KEY from the environment, if set. "
-                       "Masked in logs and to_dict. See docs/security.md."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. The vLLM server's API key, sent as 'Authorization: Bearer' "
+            "with every request; None: VLLM_API_KEY from the environment, if set. "
+            "Masked in logs and to_dict. See docs/security.md."
+        ),
+    )
 
     # loss
     score_centering: bool = field(
         default=True,
-        metadata=_help("Score centering over the sampler's top tokens instead of the clipped "
-                       "surrogate."),
-    )  # fmt: skip
+        metadata=_help(
+            "Score centering over the sampler's top tokens instead of the clipped surrogate."
+        ),
+    )
     loss_type: str | None = field(
         default=None,
-        metadata=_help("Not in TRL's AsyncGRPOConfig. The policy objective (docs/objectives.md): "
-                       f"{spoken_list(OBJECTIVES)}. None: score_centering decides (True: "
-                       "score_centering, False: clipped_surrogate)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL's AsyncGRPOConfig. The policy objective (docs/objectives.md): "
+            f"{spoken_list(OBJECTIVES)}. None: score_centering decides (True: "
+            "score_centering, False: clipped_surrogate)."
+        ),
+    )
     num_sampler_logprobs: int = field(
         default=8, metadata=_help("Top log-probs requested per token for score centering.")
     )
     token_budget: int | None = field(
         default=None,
-        metadata=_help("Most distinct tokens in one packed row; None: the server's "
-                       "max_model_len."),
-    )  # fmt: skip
+        metadata=_help("Most distinct tokens in one packed row; None: the server's max_model_len."),
+    )
 
     # pipeline
     max_concurrent_rollouts: int = field(
@@ -237,103 +255,131 @@ class AsyncGRPOConfig(TrainingArguments):
     )
     weight_push_overlap: bool = field(
         default=True,
-        metadata=_help("Not in TRL. Push the weights from a snapshot while the next step trains "
-                       "(the version counts once the push has landed); False: each step waits "
-                       "for its push. A snapshot that does not fit twice into free memory waits "
-                       "either way (logged at start)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Push the weights from a snapshot while the next step trains "
+            "(the version counts once the push has landed); False: each step waits "
+            "for its push. A snapshot that does not fit twice into free memory waits "
+            "either way (logged at start)."
+        ),
+    )
     weight_transfer_backend: str = field(
         default="auto",
-        metadata=_help("How weights reach the server: " + ", ".join(WEIGHT_TRANSFER_BACKENDS)
-                       + " (auto: the server's engine when the trainer can drive it, else "
-                       "disk)."),
-    )  # fmt: skip
+        metadata=_help(
+            "How weights reach the server: "
+            + ", ".join(WEIGHT_TRANSFER_BACKENDS)
+            + " (auto: the server's engine when the trainer can drive it, else "
+            "disk)."
+        ),
+    )
     rollout_worker_timeout: float = field(
         default=300.0,
-        metadata=_help("Seconds without a heartbeat of the rollout process, or while the "
-                       "trainer waits for samples and the rollout process sends nothing at all "
-                       "(no group, kept or dropped), before the run fails."),
-    )  # fmt: skip
+        metadata=_help(
+            "Seconds without a heartbeat of the rollout process, or while the "
+            "trainer waits for samples and the rollout process sends nothing at all "
+            "(no group, kept or dropped), before the run fails."
+        ),
+    )
     harness_timeout_s: float = field(
         default=600.0,
-        metadata=_help("Not in TRL. HarnessAsyncGRPOTrainer: seconds one harness rollout (its "
-                       "session's creation, the harness's run and verify()) may take; past it "
-                       "the rollout is unscored, counted in harness/timed_out_count, and its "
-                       "session closed (docs/harness.md). OpenEnv's HarnessRunLimits has no "
-                       "time limit."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. HarnessAsyncGRPOTrainer: seconds one harness rollout (its "
+            "session's creation, the harness's run and verify()) may take; past it "
+            "the rollout is unscored, counted in harness/timed_out_count, and its "
+            "session closed (docs/harness.md). OpenEnv's HarnessRunLimits has no "
+            "time limit."
+        ),
+    )
     rollout_worker_restarts: int = field(
         default=3,
-        metadata=_help("Not in TRL. Times a rollout process that dies without a traceback (a "
-                       "signal, an out-of-memory kill) is started again from the trainer's "
-                       "prompt cursor (what was in flight is generated again); one more death "
-                       "fails the run. 0: the first death fails it."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Times a rollout process that dies without a traceback (a "
+            "signal, an out-of-memory kill) is started again from the trainer's "
+            "prompt cursor (what was in flight is generated again); one more death "
+            "fails the run. 0: the first death fails it."
+        ),
+    )
     stop_after_spreadless_steps: int | None = field(
         default=None,
-        metadata=_help("Not in TRL. End the run, with a checkpoint, after this many steps in a "
-                       "row where at least 9 in 10 groups had no reward spread (all rewards "
-                       "equal: nothing to learn; the policy collapsed or the task is solved). "
-                       "None: never (TRL's behaviour); a warning shows after 3 such steps "
-                       "either way, and again at 6, 12, 24... such steps in all (asyncgrpo "
-                       "demo --stop-after-spreadless-steps)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. End the run, with a checkpoint, after this many steps in a "
+            "row where at least 9 in 10 groups had no reward spread (all rewards "
+            "equal: nothing to learn; the policy collapsed or the task is solved). "
+            "None: never (TRL's behaviour); a warning shows after 3 such steps "
+            "either way, and again at 6, 12, 24... such steps in all (asyncgrpo "
+            "demo --stop-after-spreadless-steps)."
+        ),
+    )
     stop_after_nonfinite_steps: int = field(
         default=3,
-        metadata=_help("Not in TRL. A step whose loss or gradient norm is not finite is "
-                       "skipped (the optimizer does not step; counted in "
-                       "train/nonfinite_step_count); this many such steps in a row end the run "
-                       "with a checkpoint of the last finite weights and an error suggesting a "
-                       "lower learning_rate (the weights diverged). At least 1."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. A step whose loss or gradient norm is not finite is "
+            "skipped (the optimizer does not step; counted in "
+            "train/nonfinite_step_count); this many such steps in a row end the run "
+            "with a checkpoint of the last finite weights and an error suggesting a "
+            "lower learning_rate (the weights diverged). At least 1."
+        ),
+    )
     foreign_weights_steps: int = field(
         default=3,
-        metadata=_help("Not in TRL. The run fails once this many of the last "
-                       "foreign_weights_window checked steps had a staleness-0 sampler/trainer "
-                       "log-prob gap larger than the dtypes explain (the server serves other "
-                       "weights: another trainer, another model); each such step warns, and a "
-                       "run that finishes with any such step fails once its model is saved. 0: "
-                       "only warn."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. The run fails once this many of the last "
+            "foreign_weights_window checked steps had a staleness-0 sampler/trainer "
+            "log-prob gap larger than the dtypes explain (the server serves other "
+            "weights: another trainer, another model); each such step warns, and a "
+            "run that finishes with any such step fails once its model is saved. 0: "
+            "only warn."
+        ),
+    )
     foreign_weights_window: int | None = field(
         default=None,
-        metadata=_help("Not in TRL. The checked steps (those with staleness-0 samples) "
-                       "foreign_weights_steps counts over; None: max(6, foreign_weights_steps). "
-                       "foreign_weights_window = foreign_weights_steps is the older 'in a row' "
-                       "rule. At least foreign_weights_steps."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. The checked steps (those with staleness-0 samples) "
+            "foreign_weights_steps counts over; None: max(6, foreign_weights_steps). "
+            "foreign_weights_window = foreign_weights_steps is the older 'in a row' "
+            "rule. At least foreign_weights_steps."
+        ),
+    )
 
     # CPU sharing (not in TRL; see docs/configuration.md)
     cpu_sharing: str = field(
         default="auto",
-        metadata=_help("Not in TRL. auto: when training on CPU with the vLLM server on this "
-                       "host (vllm_server_base_url is loopback or this machine's name), the "
-                       "server and each local trainer rank get disjoint cores and torch runs "
-                       "one thread per core of the rank; off: threads and affinity are left to "
-                       "torch. See CPU sharing below."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. auto: when training on CPU with the vLLM server on this "
+            "host (vllm_server_base_url is loopback or this machine's name), the "
+            "server and each local trainer rank get disjoint cores and torch runs "
+            "one thread per core of the rank; off: threads and affinity are left to "
+            "torch. See CPU sharing below."
+        ),
+    )
     server_cpus: int | None = field(
         default=None,
-        metadata=_help("Not in TRL. Cores for a vLLM server on this host under cpu_sharing "
-                       "(None: half, at least one; every trainer rank keeps a core)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Cores for a vLLM server on this host under cpu_sharing "
+            "(None: half, at least one; every trainer rank keeps a core)."
+        ),
+    )
 
     # evaluation (not in TRL; docs/evaluation.md)
     eval_num_generations: int = field(
         default=1,
-        metadata=_help("Not in TRL. Completions per held-out prompt in an evaluation: the k of "
-                       "eval/<name>/pass@k."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Completions per held-out prompt in an evaluation: the k of "
+            "eval/<name>/pass@k."
+        ),
+    )
     eval_temperature: float = field(
         default=0.0,
-        metadata=_help("Not in TRL. Sampling temperature of evaluations; 0: greedy (the same "
-                       "result every time at one weight version)."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Sampling temperature of evaluations; 0: greedy (the same "
+            "result every time at one weight version)."
+        ),
+    )
     eval_max_completion_length: int | None = field(
         default=None,
-        metadata=_help("Not in TRL. Tokens per request (per turn) in evaluations; None: "
-                       "max_completion_length."),
-    )  # fmt: skip
+        metadata=_help(
+            "Not in TRL. Tokens per request (per turn) in evaluations; None: max_completion_length."
+        ),
+    )
 
     # logging
     log_completions: bool = field(

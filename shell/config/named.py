@@ -78,17 +78,22 @@ def eval_dataset_specs(value: str | list[str] | Mapping[str, str], what: str) ->
     elif isinstance(specs, list) and all(isinstance(spec, str) for spec in specs):
         pairs = [_name_and_path(spec, len(specs)) for spec in specs]
     else:
-        raise NamedObjectError(f"{what}: give a '[NAME=]PATH' string, a list of them or a table "
-                               f"of NAME = PATH, not {value!r}")  # fmt: skip
+        raise NamedObjectError(
+            f"{what}: give a '[NAME=]PATH' string, a list of them or a table "
+            f"of NAME = PATH, not {value!r}"
+        )
     named: dict[str, str] = {}
     for name, path in pairs:
         if not name or "/" in name:
-            raise NamedObjectError(f"{what}: the name {name!r} of {path!r} must be non-empty "
-                                   "and without '/' (it names the metrics "
-                                   "eval/<name>/...)")  # fmt: skip
+            raise NamedObjectError(
+                f"{what}: the name {name!r} of {path!r} must be non-empty "
+                "and without '/' (it names the metrics "
+                "eval/<name>/...)"
+            )
         if name in named:
-            raise NamedObjectError(f"{what}: the name {name!r} is given twice; name each "
-                                   "dataset with NAME=PATH")  # fmt: skip
+            raise NamedObjectError(
+                f"{what}: the name {name!r} is given twice; name each dataset with NAME=PATH"
+            )
         named[name] = path
     if not named:
         raise NamedObjectError(f"{what}: no dataset given")

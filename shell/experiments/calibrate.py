@@ -54,10 +54,20 @@ class Prediction:
 RUN_SETTINGS = "run_settings.json"
 """Written by ``asyncgrpo train`` and ``asyncgrpo demo`` into the run's directory: the settings
 a calibration reads (:data:`SETTINGS_READ`), so that any run can be planned from."""
-SETTINGS_READ = ("output_dir", "num_generations", "max_staleness", "weight_sync_steps",
-                 "weight_push_overlap", "max_concurrent_rollouts", "token_budget",
-                 "gradient_accumulation_steps", "logging_steps", "max_completion_length",
-                 "vllm_server_base_url", "seed")  # fmt: skip
+SETTINGS_READ = (
+    "output_dir",
+    "num_generations",
+    "max_staleness",
+    "weight_sync_steps",
+    "weight_push_overlap",
+    "max_concurrent_rollouts",
+    "token_budget",
+    "gradient_accumulation_steps",
+    "logging_steps",
+    "max_completion_length",
+    "vllm_server_base_url",
+    "seed",
+)
 
 
 def record_run_settings(config: AsyncGRPOConfig) -> Path:
@@ -84,8 +94,9 @@ def run_config(run_dir: Path) -> AsyncGRPOConfig:
     )
 
 
-def simulation_of(run_dir: Path, fitted: Mapping[str, Any], seed: int = 0,
-                  servers: int | None = None) -> SimulationConfig:  # fmt: skip
+def simulation_of(
+    run_dir: Path, fitted: Mapping[str, Any], seed: int = 0, servers: int | None = None
+) -> SimulationConfig:
     """The simulation of a run: its settings, its measured lengths, the fitted throughputs
     (the generator's per server), with the run's number of servers or ``servers``."""
     config = run_config(run_dir)
@@ -135,8 +146,11 @@ def simulation_of(run_dir: Path, fitted: Mapping[str, Any], seed: int = 0,
 
 def fit_run(run_dir: Path) -> Calibration:
     config = run_config(run_dir)
-    return calibrate(read_metrics(run_dir), max_staleness=config.max_staleness,
-                     weight_sync_steps=config.weight_sync_steps)  # fmt: skip
+    return calibrate(
+        read_metrics(run_dir),
+        max_staleness=config.max_staleness,
+        weight_sync_steps=config.weight_sync_steps,
+    )
 
 
 def fitted_per_server(run_dir: Path, fit: Calibration) -> dict[str, float]:
@@ -179,11 +193,14 @@ def calibrate_and_predict(
     for run in [Path(calibration_run), *map(Path, predict)]:
         simulation = simulation_of(run, fitted)
         # a sweep's runs are <settings>/seed=<n>: both name the simulation's directory
-        simulated = simulate(simulation, Path(output_dir) / run.parent.name / run.name,
-                             progress=False)  # fmt: skip
+        simulated = simulate(
+            simulation, Path(output_dir) / run.parent.name / run.name, progress=False
+        )
         errors = compare_figures(pipeline_figures(simulated), pipeline_figures(read_metrics(run)))
-        settings = {"max_staleness": simulation.max_staleness,
-                    "num_servers": simulation.num_servers}  # fmt: skip
+        settings = {
+            "max_staleness": simulation.max_staleness,
+            "num_servers": simulation.num_servers,
+        }
         predictions.append(Prediction(str(run), settings, tuple(errors)))
     return fit, predictions
 
@@ -199,29 +216,39 @@ class ServerPoint:
     trainer_idle_frac: float
 
 
-def predict_servers(calibration_run: str | Path, counts: Sequence[int],
-                    output_dir: str | Path) -> list[ServerPoint]:  # fmt: skip
+def predict_servers(
+    calibration_run: str | Path, counts: Sequence[int], output_dir: str | Path
+) -> list[ServerPoint]:
     """Simulate the calibration run's settings with each number of servers in ``counts``."""
     run = Path(calibration_run)
     fitted = with_probe(run, fitted_per_server(run, fit_run(run)))
     points = []
     for count in counts:
-        simulated = simulate(simulation_of(run, fitted, servers=count),
-                             Path(output_dir) / f"servers={count}", progress=False)  # fmt: skip
+        simulated = simulate(
+            simulation_of(run, fitted, servers=count),
+            Path(output_dir) / f"servers={count}",
+            progress=False,
+        )
         figures = pipeline_figures(simulated)
-        samples = statistics.median(w["batch/samples_per_step"] for w in simulated[1:]
-                                    if "batch/samples_per_step" in w)  # fmt: skip
-        points.append(ServerPoint(count, figures.step_s, samples / figures.step_s,
-                                  figures.trainer_idle_frac))  # fmt: skip
+        samples = statistics.median(
+            w["batch/samples_per_step"] for w in simulated[1:] if "batch/samples_per_step" in w
+        )
+        points.append(
+            ServerPoint(count, figures.step_s, samples / figures.step_s, figures.trainer_idle_frac)
+        )
     return points
 
 
 def servers_report(points: Sequence[ServerPoint]) -> str:
     """The predicted curve as a markdown table."""
-    lines = ["| servers | predicted step s | predicted samples/s | predicted trainer idle |",
-             "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {p.servers} | {p.step_s:.3f} | {p.samples_per_s:.1f} | "
-              f"{p.trainer_idle_frac:.0%} |" for p in points]  # fmt: skip
+    lines = [
+        "| servers | predicted step s | predicted samples/s | predicted trainer idle |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p.servers} | {p.step_s:.3f} | {p.samples_per_s:.1f} | {p.trainer_idle_frac:.0%} |"
+        for p in points
+    ]
     return "\n".join(lines)
 
 
@@ -232,16 +259,23 @@ def report(fit: Calibration, predictions: Sequence[Prediction], probe: Probe | N
     lines = ["fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items())]
     if probe is not None:
         points = ", ".join(f"{p.tokens_per_s:.0f} at {p.concurrency}" for p in probe.points)
-        lines.append(f"probed (used instead of generation_tokens_per_s): tokens/s {points}; "
-                     f"training_slowdown={probe.training_slowdown:.3g}, generation_slowdown="
-                     f"{probe.generation_slowdown:.3g} ({probe.note})")  # fmt: skip
-    lines += ["", "| run | figure | predicted | measured | relative error |",
-              "|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"probed (used instead of generation_tokens_per_s): tokens/s {points}; "
+            f"training_slowdown={probe.training_slowdown:.3g}, generation_slowdown="
+            f"{probe.generation_slowdown:.3g} ({probe.note})"
+        )
+    lines += [
+        "",
+        "| run | figure | predicted | measured | relative error |",
+        "|---|---|---|---|---|",
+    ]
     for prediction in predictions:
         for error in prediction.errors:
             relative = "-" if error.relative is None else f"{error.relative:+.1%}"
-            lines.append(f"| {prediction.run} | {error.name} | {_number(error.predicted)} | "
-                         f"{_number(error.measured)} | {relative} |")  # fmt: skip
+            lines.append(
+                f"| {prediction.run} | {error.name} | {_number(error.predicted)} | "
+                f"{_number(error.measured)} | {relative} |"
+            )
     return "\n".join(lines)
 
 

@@ -36,8 +36,13 @@ from asyncgrpo.core.experiments.verdicts import Verdict, evaluate_claims, exit_s
 from asyncgrpo.shell.experiments.sweep import SWEEP_COPY, SweepError, read_index
 from asyncgrpo.shell.run import read_metrics
 
-PERF_PARTS = ("perf/step_s", "perf/rollout_wait_s", "perf/fwd_bwd_s", "perf/weight_sync_s",
-              "perf/weight_push_s")  # fmt: skip
+PERF_PARTS = (
+    "perf/step_s",
+    "perf/rollout_wait_s",
+    "perf/fwd_bwd_s",
+    "perf/weight_sync_s",
+    "perf/weight_push_s",
+)
 DEFAULT_THRESHOLD = 0.9
 
 
@@ -63,8 +68,9 @@ def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str], dict[s
     settings: dict[str, Any] = {}
     for path in map(Path, paths):
         if (path / "index.json").exists():
-            sweep = json.loads((path / SWEEP_COPY).read_text()) if (path / SWEEP_COPY).exists() \
-                else {}  # fmt: skip
+            sweep = (
+                json.loads((path / SWEEP_COPY).read_text()) if (path / SWEEP_COPY).exists() else {}
+            )
             claims += [c for c in sweep.get("claims", []) if c not in claims]
             settings = {**sweep.get("compare", {}), **settings}
             threshold = (sweep.get("stop") or {}).get("reward_threshold")
@@ -78,8 +84,10 @@ def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str], dict[s
         elif (path / "metrics.jsonl").exists():
             runs.append(Run({"run": path.name}, 0, curve_from_rows(read_metrics(path))))
         else:
-            raise SweepError(f"{path}: neither a sweep directory (index.json) nor a run "
-                             "directory (metrics.jsonl)")  # fmt: skip
+            raise SweepError(
+                f"{path}: neither a sweep directory (index.json) nor a run "
+                "directory (metrics.jsonl)"
+            )
     return runs, claims, settings
 
 
@@ -96,8 +104,7 @@ def compare(
     runs, stated, settings = load_runs(paths)
     if not runs:
         raise SweepError(f"no finished run under {', '.join(map(str, paths))}")
-    threshold = threshold if threshold is not None else settings.get("threshold",
-                                                                     DEFAULT_THRESHOLD)  # fmt: skip
+    threshold = threshold if threshold is not None else settings.get("threshold", DEFAULT_THRESHOLD)
     groups = group_runs(runs)
     labels = [label for label, _ in groups]
     baseline = baseline if baseline is not None else settings.get("baseline")
@@ -117,8 +124,9 @@ def compare(
         *(Statistic(name) for name in PERF_PARTS if all(_logs(r, name) for r in runs)),
     ]
     ratio = Statistic("time_to", threshold) if baseline is not None else None
-    table = comparison_table(groups, statistics, baseline=baseline, ratio_of=ratio,
-                             confidence=confidence)  # fmt: skip
+    table = comparison_table(
+        groups, statistics, baseline=baseline, ratio_of=ratio, confidence=confidence
+    )
     try:
         parsed = [parse_claim(text) for text in [*stated, *claims]]
     except ClaimSyntaxError as error:
@@ -139,15 +147,20 @@ def _logs(run: Run, name: str) -> bool:
 
 
 def _report(table: Any, verdicts: Sequence[Verdict], threshold: float, runs: int) -> str:
-    lines = [f"{runs} runs; time is training time (summed perf/step_s); threshold {threshold:g}; "
-             "medians over seeds with bootstrap 90% intervals", "", markdown(table)]  # fmt: skip
+    lines = [
+        f"{runs} runs; time is training time (summed perf/step_s); threshold {threshold:g}; "
+        "medians over seeds with bootstrap 90% intervals",
+        "",
+        markdown(table),
+    ]
     if verdicts:
         lines += ["", markdown(verdict_table(verdicts))]
     return "\n".join(lines) + "\n"
 
 
-def plot_comparison(groups: Sequence[tuple[str, Sequence[Run]]], threshold: float,
-                    path: Path) -> Path | None:  # fmt: skip
+def plot_comparison(
+    groups: Sequence[tuple[str, Sequence[Run]]], threshold: float, path: Path
+) -> Path | None:
     """Reward against step and against training time, a line (median over seeds) and a band
     (lowest to highest seed) per setting; None without matplotlib."""
     try:

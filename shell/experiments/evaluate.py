@@ -93,17 +93,36 @@ def _exported_checkpoint(path: Path, dtype: str) -> ServedModel:
 
         partial = path / f"{EXPORTED}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        config = AsyncGRPOConfig(output_dir=str(partial), dtype=dtype, use_cpu=True,
-                                 gradient_checkpointing=False)  # fmt: skip
-        lora = LoraConfig(**{k: v for k, v in peft.items() if k in LoraConfig.__dataclass_fields__
-                             and k not in ("peft_type", "task_type", "base_model_name_or_path",
-                                           "revision", "auto_mapping")},
-                          task_type="CAUSAL_LM") if peft else None  # fmt: skip
-        with Learner(load_causal_lm(base, dtype), config, peft_config=lora,
-                     device=torch.device("cpu")) as learner:  # fmt: skip
+        config = AsyncGRPOConfig(
+            output_dir=str(partial), dtype=dtype, use_cpu=True, gradient_checkpointing=False
+        )
+        lora = (
+            LoraConfig(
+                **{
+                    k: v
+                    for k, v in peft.items()
+                    if k in LoraConfig.__dataclass_fields__
+                    and k
+                    not in (
+                        "peft_type",
+                        "task_type",
+                        "base_model_name_or_path",
+                        "revision",
+                        "auto_mapping",
+                    )
+                },
+                task_type="CAUSAL_LM",
+            )
+            if peft
+            else None
+        )
+        with Learner(
+            load_causal_lm(base, dtype), config, peft_config=lora, device=torch.device("cpu")
+        ) as learner:
             learner.load_checkpoint(path)
-            learner.export.save_pretrained(partial, AutoTokenizer.from_pretrained(base),
-                                           adapter_only=lora is not None)  # fmt: skip
+            learner.export.save_pretrained(
+                partial, AutoTokenizer.from_pretrained(base), adapter_only=lora is not None
+            )
         partial.rename(out)
     if (out / "adapter_config.json").is_file():
         return ServedModel(base, str(out))
@@ -138,20 +157,34 @@ def evaluation_servers(
         name = anyio.run(_served_name, ServerSettings.of(args))
         if served.adapter is None:
             weights = load_causal_lm(served.model, config.dtype)
-            anyio.run(_push, ServerSettings.of(args), name, weights,
-                      Path(config.output_dir) / ".vllm_weights")  # fmt: skip
+            anyio.run(
+                _push,
+                ServerSettings.of(args),
+                name,
+                weights,
+                Path(config.output_dir) / ".vllm_weights",
+            )
         yield args, name
         return
-    spec = local_server_spec(served.model, config, max_model_len=max_model_len,
-                             enforce_eager=enforce_eager, api_key=new_api_key())  # fmt: skip
+    spec = local_server_spec(
+        served.model,
+        config,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        api_key=new_api_key(),
+    )
     if served.adapter is not None:
         rank = json.loads((Path(served.adapter) / "adapter_config.json").read_text()).get("r", 8)
         spec = attrs.evolve(spec, enable_lora=True, max_lora_rank=max(spec.max_lora_rank, rank))
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with local_servers(spec, servers_cpus_for(config, 1), out) as started:
-        yield dataclasses.replace(config, vllm_server_base_url=started[0].base_url,
-                                  vllm_server_api_key=spec.api_key), spec.name  # fmt: skip
+        yield (
+            dataclasses.replace(
+                config, vllm_server_base_url=started[0].base_url, vllm_server_api_key=spec.api_key
+            ),
+            spec.name,
+        )
 
 
 async def _served_name(settings: ServerSettings) -> str:
@@ -198,12 +231,18 @@ def evaluate_model(
             _load_adapter(args, name, served.adapter, adapter_name(lora, 0))
         longest = ServerSettings.of(args).max_model_len(name)
         spec = LoopSpec(
-            loop_cls=AsyncRolloutLoop, config=args, model_name=name, dataset=None,
+            loop_cls=AsyncRolloutLoop,
+            config=args,
+            model_name=name,
+            dataset=None,
             reward_funcs=tuple(reward_funcs),
             processing_class=AutoTokenizer.from_pretrained(served.adapter or served.model),
-            max_model_len=longest, token_budget=longest, rows_per_step=1, lora_name=lora,
+            max_model_len=longest,
+            token_budget=longest,
+            rows_per_step=1,
+            lora_name=lora,
             eval_datasets=dict(datasets),
-        )  # fmt: skip
+        )
         outcome = evaluate_now(spec, version=0, step=0)
     if outcome.error:
         raise RuntimeError(f"the evaluation of {model} failed: {outcome.error}")

@@ -86,10 +86,15 @@ class ProbeSettings:
         given = dict(table)
         if "concurrency" in given:
             values = given["concurrency"]
-            if (not isinstance(values, list) or not values
-                    or not all(isinstance(v, int) and v >= 1 for v in values)):  # fmt: skip
-                raise ProbeError(f"{where}: [probe] concurrency must be a list of integers >= 1 "
-                                 f"(e.g. [1, 4, 16, 64]), got {values!r}")  # fmt: skip
+            if (
+                not isinstance(values, list)
+                or not values
+                or not all(isinstance(v, int) and v >= 1 for v in values)
+            ):
+                raise ProbeError(
+                    f"{where}: [probe] concurrency must be a list of integers >= 1 "
+                    f"(e.g. [1, 4, 16, 64]), got {values!r}"
+                )
             given["concurrency"] = tuple(sorted(set(values)))
         seconds = given.get("seconds", attrs.fields(cls).seconds.default)
         if not isinstance(seconds, int | float) or not seconds > 0:
@@ -116,8 +121,16 @@ class LoadSpec:
     server_url: str
 
     def argv(self, steps_file: Path) -> list[str]:
-        return [sys.executable, "-m", TRAINING_LOAD, self.model, str(self.tokens),
-                "1" if self.bf16 else "0", self.server_url, str(steps_file)]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            TRAINING_LOAD,
+            self.model,
+            str(self.tokens),
+            "1" if self.bf16 else "0",
+            self.server_url,
+            str(steps_file),
+        ]
 
 
 @attrs.frozen
@@ -172,13 +185,22 @@ def read_probe(run_dir: Path) -> Probe | None:
             try:
                 return Probe.from_json(json.loads((folder / PROBE_FILE).read_text()))
             except (ValueError, KeyError, TypeError) as error:
-                raise ProbeError(f"{folder / PROBE_FILE}: not a probe file ({error}); "
-                                 "delete it and run the sweep again") from error  # fmt: skip
+                raise ProbeError(
+                    f"{folder / PROBE_FILE}: not a probe file ({error}); "
+                    "delete it and run the sweep again"
+                ) from error
     return None
 
 
-async def _measure(client: VLLMClient, concurrency: int, seconds: float, prompt_tokens: int,
-                   params: SamplingParams, vocab_size: int, seed: int) -> ProbePoint:  # fmt: skip
+async def _measure(
+    client: VLLMClient,
+    concurrency: int,
+    seconds: float,
+    prompt_tokens: int,
+    params: SamplingParams,
+    vocab_size: int,
+    seed: int,
+) -> ProbePoint:
     """Keep ``concurrency`` requests in flight; tokens/s over the window after the warm-up."""
     rng = np.random.default_rng(seed)
     ended: list[tuple[float, int]] = []  # (monotonic end time, completion tokens)
@@ -206,8 +228,10 @@ async def _measure(client: VLLMClient, concurrency: int, seconds: float, prompt_
         group.cancel_scope.cancel()
     tokens = [n for t, n in ended if start < t <= end]
     if not tokens:
-        raise ProbeError(f"no request ended within the {seconds} s window at {concurrency} "
-                         "requests in flight: raise [probe] seconds")  # fmt: skip
+        raise ProbeError(
+            f"no request ended within the {seconds} s window at {concurrency} "
+            "requests in flight: raise [probe] seconds"
+        )
     return ProbePoint(concurrency, sum(tokens) / (end - start), len(tokens), end - start)
 
 
@@ -217,14 +241,22 @@ def _load_rate(lines: Sequence[str], start: float, end: float) -> float | None:
     return statistics.median(steps) if len(steps) >= 2 else None
 
 
-def probe_server(base_url: str, settings: ProbeSettings, *, prompt_tokens: int,
-                 max_completion_tokens: int, num_sampler_logprobs: int, vocab_size: int,
-                 headers: Mapping[str, str] | None = None,
-                 training: LoadSpec | None = None) -> Probe:  # fmt: skip
+def probe_server(
+    base_url: str,
+    settings: ProbeSettings,
+    *,
+    prompt_tokens: int,
+    max_completion_tokens: int,
+    num_sampler_logprobs: int,
+    vocab_size: int,
+    headers: Mapping[str, str] | None = None,
+    training: LoadSpec | None = None,
+) -> Probe:
     """Probe the server at ``base_url`` (see the module's docstring); ``training``: the load
     to measure contention with (None: not measured)."""
-    params = SamplingParams(max_tokens=max_completion_tokens,
-                            num_sampler_logprobs=num_sampler_logprobs)  # fmt: skip
+    params = SamplingParams(
+        max_tokens=max_completion_tokens, num_sampler_logprobs=num_sampler_logprobs
+    )
 
     async def served() -> str:
         async with VLLMClient(base_url, "", headers=headers) as client:
@@ -234,10 +266,21 @@ def probe_server(base_url: str, settings: ProbeSettings, *, prompt_tokens: int,
 
     async def measure(concurrency: int) -> ProbePoint:
         async with VLLMClient(base_url, model, headers=headers) as client:
-            point = await _measure(client, concurrency, settings.seconds, prompt_tokens, params,
-                                   vocab_size, seed=concurrency)  # fmt: skip
-        log.info("probe", concurrency=concurrency, tokens_per_s=round(point.tokens_per_s, 1),
-                 requests=point.requests)  # fmt: skip
+            point = await _measure(
+                client,
+                concurrency,
+                settings.seconds,
+                prompt_tokens,
+                params,
+                vocab_size,
+                seed=concurrency,
+            )
+        log.info(
+            "probe",
+            concurrency=concurrency,
+            tokens_per_s=round(point.tokens_per_s, 1),
+            requests=point.requests,
+        )
         return point
 
     points = tuple(anyio.run(measure, c) for c in settings.concurrency)
@@ -266,8 +309,7 @@ def probe_server(base_url: str, settings: ProbeSettings, *, prompt_tokens: int,
     beside_s = _load_rate(lines, beside_end - beside.seconds, beside_end)
     if alone_s is None or beside_s is None:
         why = f"the training load took fewer than 2 steps in {settings.seconds} s"
-        return Probe(points, note=f"contention not measured: {why}; raise [probe] seconds",
-                     **shape)  # fmt: skip
+        return Probe(points, note=f"contention not measured: {why}; raise [probe] seconds", **shape)
     alone = points[-1].tokens_per_s
     return Probe(
         points,
@@ -282,14 +324,17 @@ def probe_server(base_url: str, settings: ProbeSettings, *, prompt_tokens: int,
     )
 
 
-def _wait_for_steps(load: subprocess.Popen[bytes], steps_file: Path, steps: int,
-                    timeout_s: float = 600.0) -> None:  # fmt: skip
+def _wait_for_steps(
+    load: subprocess.Popen[bytes], steps_file: Path, steps: int, timeout_s: float = 600.0
+) -> None:
     """Wait until the training load has logged ``steps`` steps (raise if it ended)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if load.poll() is not None:
-            raise ProbeError(f"the training load ended with exit code {load.returncode} before "
-                             "its first steps; its output is above")  # fmt: skip
+            raise ProbeError(
+                f"the training load ended with exit code {load.returncode} before "
+                "its first steps; its output is above"
+            )
         if steps_file.exists() and len(steps_file.read_text().splitlines()) >= steps:
             return
         time.sleep(0.5)
@@ -303,19 +348,24 @@ def runs_prompt_tokens(run_dirs: Sequence[Path]) -> int:
         if not (run_dir / "metrics.jsonl").exists():
             continue
         for row in read_metrics(run_dir):
-            sample, completion = (row.get("sample/forwarded_tokens_mean"),
-                                  row.get("completions/mean_length"))  # fmt: skip
+            sample, completion = (
+                row.get("sample/forwarded_tokens_mean"),
+                row.get("completions/mean_length"),
+            )
             if sample is not None and completion is not None:
                 prompts.append(sample - completion)
     if not prompts:
-        raise ProbeError("no run of the sweep logged sample/forwarded_tokens_mean and "
-                         "completions/mean_length: the probe takes the prompt length from the "
-                         "runs, so run at least one step first")  # fmt: skip
+        raise ProbeError(
+            "no run of the sweep logged sample/forwarded_tokens_mean and "
+            "completions/mean_length: the probe takes the prompt length from the "
+            "runs, so run at least one step first"
+        )
     return max(1, round(statistics.median(prompts)))
 
 
-def probe_sweep(settings: ProbeSettings, config: AsyncGRPOConfig, model: str,
-                run_dirs: Sequence[Path]) -> Path:  # fmt: skip
+def probe_sweep(
+    settings: ProbeSettings, config: AsyncGRPOConfig, model: str, run_dirs: Sequence[Path]
+) -> Path:
     """Probe the server ``config.vllm_server_base_url`` after a sweep's runs (``run_dirs``:
     they give the requests' shape), into ``config.output_dir``; the training load runs where
     the server shares this host's cores."""
@@ -333,17 +383,25 @@ def probe_sweep(settings: ProbeSettings, config: AsyncGRPOConfig, model: str,
         tokens = config.token_budget or (prompt_tokens + longest)
         training = LoadSpec(model=model, tokens=tokens, bf16=bf16, server_url=url)
     probe = probe_server(
-        url, settings, prompt_tokens=prompt_tokens, max_completion_tokens=longest,
+        url,
+        settings,
+        prompt_tokens=prompt_tokens,
+        max_completion_tokens=longest,
         num_sampler_logprobs=max(config.num_sampler_logprobs, 0),
         vocab_size=shape.config.get_text_config().vocab_size,
-        headers=bearer(config.server_api_key), training=training,
-    )  # fmt: skip
+        headers=bearer(config.server_api_key),
+        training=training,
+    )
     return write_probe(Path(config.output_dir), probe)
 
 
 def write_probe(out: Path, probe: Probe) -> Path:
     path = out / PROBE_FILE
     path.write_text(json.dumps(probe.as_json(), indent=1))
-    log.info("probe written", path=str(path), training_slowdown=round(probe.training_slowdown, 3),
-             generation_slowdown=round(probe.generation_slowdown, 3))  # fmt: skip
+    log.info(
+        "probe written",
+        path=str(path),
+        training_slowdown=round(probe.training_slowdown, 3),
+        generation_slowdown=round(probe.generation_slowdown, 3),
+    )
     return path

@@ -87,8 +87,14 @@ def measured_throughputs(run: Path) -> Throughputs:
     return Throughputs(**fitted_per_server(run, fit))
 
 
-def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_dir: Path,
-             max_steps: int | None, probe_scale: float | None = None) -> Prediction:  # fmt: skip
+def _predict(
+    run: Path,
+    candidate: Candidate,
+    throughputs: Throughputs,
+    output_dir: Path,
+    max_steps: int | None,
+    probe_scale: float | None = None,
+) -> Prediction:
     """Simulate ``candidate`` on the calibration run's task (its steps and logging windows, or
     ``max_steps`` in 8 windows); ``probe_scale``: use the run's sweep's probe, its server's
     throughput times this, where there is one (None: not)."""
@@ -97,12 +103,14 @@ def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_d
         settings = with_probe(run, settings, probe_scale)
     simulation = attrs.evolve(
         simulation_of(run, settings, servers=candidate.servers),
-        max_staleness=candidate.max_staleness, weight_sync_steps=candidate.weight_sync_steps,
+        max_staleness=candidate.max_staleness,
+        weight_sync_steps=candidate.weight_sync_steps,
         weight_push_overlap=True,
-    )  # fmt: skip
+    )
     if max_steps is not None:
-        simulation = attrs.evolve(simulation, max_steps=max_steps,
-                                  logging_steps=max(1, max_steps // 8))  # fmt: skip
+        simulation = attrs.evolve(
+            simulation, max_steps=max_steps, logging_steps=max(1, max_steps // 8)
+        )
     # ticks short enough that a group's generation or training spans TICKS_PER_GROUP of them
     # (a GPU's throughputs make a step of this task milliseconds long)
     group_tokens = simulation.num_generations * (
@@ -113,8 +121,13 @@ def _predict(run: Path, candidate: Candidate, throughputs: Throughputs, output_d
     simulation = attrs.evolve(simulation, tick_s=tick_s)
     windows = simulate(simulation, output_dir / candidate.label(), progress=False)
     figures = pipeline_figures(windows)
-    return Prediction(candidate, samples_per_s(windows), figures.step_s,
-                      figures.staleness or 0.0, figures.trainer_idle_frac)  # fmt: skip
+    return Prediction(
+        candidate,
+        samples_per_s(windows),
+        figures.step_s,
+        figures.staleness or 0.0,
+        figures.trainer_idle_frac,
+    )
 
 
 def plan(
@@ -137,32 +150,44 @@ def plan(
     config = run_config(run)
     if gpu is not None:
         if gpu not in GPUS or parameters is None:
-            raise ValueError(f"--gpu takes one of {', '.join(GPUS)} with --parameters (the "
-                             f"model's parameter count), got {gpu!r}")  # fmt: skip
-        per_device = gpu_throughputs(GPUS[gpu], parameters, config.max_concurrent_rollouts,
-                                     weight_sync_s=2 * parameters / PUSH_BYTES_PER_S)  # fmt: skip
+            raise ValueError(
+                f"--gpu takes one of {', '.join(GPUS)} with --parameters (the "
+                f"model's parameter count), got {gpu!r}"
+            )
+        per_device = gpu_throughputs(
+            GPUS[gpu],
+            parameters,
+            config.max_concurrent_rollouts,
+            weight_sync_s=2 * parameters / PUSH_BYTES_PER_S,
+        )
         base, base_devices = per_device, (1, 1)
-        source = (f"PREDICTED from the {gpu}'s published peak figures for {parameters:.3g} "
-                  "parameters (not measured; upper bounds)")  # fmt: skip
+        source = (
+            f"PREDICTED from the {gpu}'s published peak figures for {parameters:.3g} "
+            "parameters (not measured; upper bounds)"
+        )
     else:
         base, base_devices = measured_throughputs(run), calibration_devices
-        source = (f"measured by {run} on {base_devices[0]} trainer and {base_devices[1]} server "
-                  "device(s), per-token throughputs scaled in proportion to devices "
-                  "(an upper bound on CPU cores)")  # fmt: skip
+        source = (
+            f"measured by {run} on {base_devices[0]} trainer and {base_devices[1]} server "
+            "device(s), per-token throughputs scaled in proportion to devices "
+            "(an upper bound on CPU cores)"
+        )
         if read_probe(run) is not None:
-            source += ("; each server's throughput against the requests in flight, and the "
-                       "contention, from its sweep's probe")  # fmt: skip
+            source += (
+                "; each server's throughput against the requests in flight, and the "
+                "contention, from its sweep's probe"
+            )
     chosen = candidates(devices, staleness_choices, sync_step_choices, max_servers)
     predictions = []
     measured = gpu is None
     for candidate in tqdm(chosen, desc="plan", unit="setting", disable=not progress):
         scaled = scaled_throughputs(base, *base_devices, candidate, devices)
         scale = scaled.generation_tokens_per_s / base.generation_tokens_per_s
-        predictions.append(_predict(run, candidate, scaled, out, max_steps,
-                                    scale if measured else None))  # fmt: skip
+        predictions.append(
+            _predict(run, candidate, scaled, out, max_steps, scale if measured else None)
+        )
     own = Candidate(base_devices[0], 1, config.max_staleness, config.weight_sync_steps)
-    calibrated = _predict(run, own, base, out / "calibrated", max_steps,
-                          1.0 if measured else None)  # fmt: skip
+    calibrated = _predict(run, own, base, out / "calibrated", max_steps, 1.0 if measured else None)
     predictions.sort(key=lambda p: -p.samples_per_s)
     return Plan(devices, source, base, tuple(predictions), recommend(predictions), calibrated)
 
@@ -187,7 +212,9 @@ def plan_report(result: Plan, rows: int = 10) -> str:
     ]
     for p in result.predictions[:rows]:
         c = p.candidate
-        lines.append(f"| {c.max_staleness} | {c.weight_sync_steps} | {c.train_devices} | "
-                     f"{c.servers} | {p.samples_per_s:.2f} | {p.step_s:.3f} | {p.staleness:.2f} "
-                     f"| {p.trainer_idle_frac:.0%} |")  # fmt: skip
+        lines.append(
+            f"| {c.max_staleness} | {c.weight_sync_steps} | {c.train_devices} | "
+            f"{c.servers} | {p.samples_per_s:.2f} | {p.step_s:.3f} | {p.staleness:.2f} "
+            f"| {p.trainer_idle_frac:.0%} |"
+        )
     return "\n".join(lines)

@@ -16,14 +16,22 @@ from asyncgrpo.shell.run import EVALUATIONS_FILE, read_metrics
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward", "reward_kept", "reward_dropped")),
-    ("collapse: groups with no reward spread, duplicate replies, entropy",
-     ("frac_reward_zero_std", "completions/duplicate_frac", "entropy")),
+    (
+        "collapse: groups with no reward spread, duplicate replies, entropy",
+        ("frac_reward_zero_std", "completions/duplicate_frac", "entropy"),
+    ),
     ("distinct completions per group", ("completions/distinct_per_group",)),
     ("staleness", ("sample/staleness_mean", "sample/staleness_max")),
     ("queue", ("rollout/queue_size", "perf/rollout_wait_s", "rollout/backpressure_s")),
-    ("throughput", ("rollout/generated_tokens_per_s", "perf/wall_clock_trained_tokens_per_s",
-                    "perf/fwd_bwd_forwarded_tokens_per_s")),
-)  # fmt: skip
+    (
+        "throughput",
+        (
+            "rollout/generated_tokens_per_s",
+            "perf/wall_clock_trained_tokens_per_s",
+            "perf/fwd_bwd_forwarded_tokens_per_s",
+        ),
+    ),
+)
 
 
 SERVER_PANELS: tuple[tuple[str, str], ...] = (
@@ -67,13 +75,20 @@ def evaluation_rewards(rows: Sequence[dict[str, float]]) -> list[str]:
 
 def _draw_evaluations(axes: Sequence[Any], rows: Sequence[dict[str, float]]) -> None:
     """Each dataset's evaluation reward with its interval, by step and by training time."""
-    for ax, x_name, label in zip(axes, ("step", "time_s"),
-                                 ("step (weight version)", "seconds of training"),
-                                 strict=True):  # fmt: skip
+    for ax, x_name, label in zip(
+        axes, ("step", "time_s"), ("step (weight version)", "seconds of training"), strict=True
+    ):
         for name in evaluation_rewards(rows):
-            points = [(r[x_name], r[name], r.get(name + "/ci_low", r[name]),
-                       r.get(name + "/ci_high", r[name]))
-                      for r in rows if r.get(name) is not None]  # fmt: skip
+            points = [
+                (
+                    r[x_name],
+                    r[name],
+                    r.get(name + "/ci_low", r[name]),
+                    r.get(name + "/ci_high", r[name]),
+                )
+                for r in rows
+                if r.get(name) is not None
+            ]
             x, y, low, high = zip(*points, strict=True)
             ax.plot(x, y, marker="o", label=name)
             ax.fill_between(x, low, high, alpha=0.2)

@@ -85,8 +85,9 @@ def _start_groups(state: Pipeline, training: bool) -> None:
         slots = c.max_concurrent_rollouts - len(state.in_flight) * c.num_generations
         if slots < c.num_generations:
             return
-        if not pacing.may_start_group(state.ledger, allowance, behind=behind,
-                                      max_staleness=c.max_staleness):  # fmt: skip
+        if not pacing.may_start_group(
+            state.ledger, allowance, behind=behind, max_staleness=c.max_staleness
+        ):
             if state.blocked_since is None and state.ledger.groups_completed > 0:
                 state.blocked_since = state.clock
             return
@@ -121,8 +122,7 @@ def _route(state: Pipeline, training: bool) -> int:
     reserved = [0] * c.num_servers
     for group in state.in_flight.values():
         reserved[group.server] += c.num_generations
-    views = [routing.ServerView(True, state.policy, r, c.max_concurrent_rollouts)
-             for r in reserved]  # fmt: skip
+    views = [routing.ServerView(True, state.policy, r, c.max_concurrent_rollouts) for r in reserved]
     server = routing.route_group(views, state.version + int(training), c.max_staleness)
     assert server is not None, "a group starts only while slots are free and it is not stale"
     return server
@@ -187,9 +187,12 @@ def _generate(state: Pipeline) -> bool:
         prefill = min(state.prefill_left_s[server], seconds)
         state.prefill_left_s[server] -= prefill
         generated[on] = generators.advance(
-            c.server_generator, before[on], requests.length[on], requests.prompt[on],
+            c.server_generator,
+            before[on],
+            requests.length[on],
+            requests.prompt[on],
             seconds - prefill,
-        )  # fmt: skip
+        )
     requests.generated = generated
     counters.tokens += float(np.sum(requests.generated - before))
     done = requests.generated >= requests.length
@@ -220,8 +223,7 @@ def _take_step(state: Pipeline) -> step_queue.TakenStep | None:
     whole_batch = state.config.groups_per_step is not None
     if whole_batch and (state.in_flight or not state.steps.buffer):
         return None
-    if not whole_batch and not step_queue.ready(state.steps, in_flight,
-                                                behind=state.behind(False)):  # fmt: skip
+    if not whole_batch and not step_queue.ready(state.steps, in_flight, behind=state.behind(False)):
         return None
     step = step_queue.take_step(state.steps)
     state.steps = step.queue
@@ -266,8 +268,12 @@ def _train(state: Pipeline, step: step_queue.TakenStep) -> float:
     )
     beside_push = c.weight_push_overlap and state.version % c.weight_sync_steps == 0
     push_work = c.push_trainer_s if beside_push and state.version > 0 else 0.0
-    return (c.training_fixed_s + c.training_per_sample_s * len(batch)
-            + step.forwarded_tokens / c.training_tokens_per_s + push_work)  # fmt: skip
+    return (
+        c.training_fixed_s
+        + c.training_per_sample_s * len(batch)
+        + step.forwarded_tokens / c.training_tokens_per_s
+        + push_work
+    )
 
 
 def _push_after(state: Pipeline, trained_at: float) -> float:

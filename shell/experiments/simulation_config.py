@@ -120,9 +120,16 @@ class SimulationConfig:
                 "SimulationConfig.max_concurrent_rollouts must be >= num_generations "
                 "(a group starts whole)"
             )
-        positive = ("max_steps", "dataset_size", "num_generations", "token_budget",
-                    "rows_per_step", "logging_steps", "num_servers",
-                    "weight_sync_steps")  # fmt: skip
+        positive = (
+            "max_steps",
+            "dataset_size",
+            "num_generations",
+            "token_budget",
+            "rows_per_step",
+            "logging_steps",
+            "num_servers",
+            "weight_sync_steps",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"SimulationConfig.{name} must be >= 1")
@@ -184,8 +191,9 @@ class SimulationConfig:
         the mean (:func:`~asyncgrpo.core.experiments.lengths.uniform_with_mean`)."""
         if self.completion_lengths is not None:
             return self.completion_lengths
-        return lengths.uniform_with_mean(self.min_completion_tokens, self.max_completion_tokens,
-                                         self.mean_completion_tokens)  # fmt: skip
+        return lengths.uniform_with_mean(
+            self.min_completion_tokens, self.max_completion_tokens, self.mean_completion_tokens
+        )
 
     @property
     def completion_tokens(self) -> float:

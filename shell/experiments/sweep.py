@@ -93,11 +93,23 @@ from asyncgrpo.shell.run import checkpoints, signals_interrupt
 
 log = structlog.get_logger("asyncgrpo.sweep")
 
-SWEEP_KEYS = ("model", "dataset", "eval_dataset", "reward_funcs", "eval_reward_funcs", "loop",
-              "seeds", "grid", "runs", "stop", "server", "probe", "claims",
-              "compare")  # fmt: skip
-STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s",
-             "spreadless_steps")  # fmt: skip
+SWEEP_KEYS = (
+    "model",
+    "dataset",
+    "eval_dataset",
+    "reward_funcs",
+    "eval_reward_funcs",
+    "loop",
+    "seeds",
+    "grid",
+    "runs",
+    "stop",
+    "server",
+    "probe",
+    "claims",
+    "compare",
+)
+STOP_KEYS = ("max_steps", "reward_threshold", "threshold_metric", "wall_time_s", "spreadless_steps")
 SERVER_KEYS = ("max_model_len", "max_logprobs", "dtype", "enforce_eager", "extra_args")
 INDEX = "index.json"
 RUN_SPEC = "run_spec.json"
@@ -154,11 +166,19 @@ class Sweep:
     probe: ProbeSettings | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "base": dict(self.base), "model": self.model,
-                "dataset": self.dataset, "reward_funcs": list(self.reward_funcs),
-                "loop": self.loop, "stop": attrs.asdict(self.stop), "server": dict(self.server),
-                "claims": list(self.claims), "compare": dict(self.compare),
-                "probe": None if self.probe is None else attrs.asdict(self.probe)}  # fmt: skip
+        return {
+            "path": str(self.path),
+            "base": dict(self.base),
+            "model": self.model,
+            "dataset": self.dataset,
+            "reward_funcs": list(self.reward_funcs),
+            "loop": self.loop,
+            "stop": attrs.asdict(self.stop),
+            "server": dict(self.server),
+            "claims": list(self.claims),
+            "compare": dict(self.compare),
+            "probe": None if self.probe is None else attrs.asdict(self.probe),
+        }
 
 
 def read_sweep(path: str | Path) -> Sweep:
@@ -168,42 +188,56 @@ def read_sweep(path: str | Path) -> Sweep:
     base, extra = read_config(path, AsyncGRPOConfig)
     unknown = sorted(set(extra) - set(SWEEP_KEYS))
     if unknown:
-        raise SweepError(f"{path}: {unknown[0]!r} is neither a sweep key nor an AsyncGRPOConfig "
-                         "field" + did_you_mean(unknown[0], [*SWEEP_KEYS]))  # fmt: skip
+        raise SweepError(
+            f"{path}: {unknown[0]!r} is neither a sweep key nor an AsyncGRPOConfig "
+            "field" + did_you_mean(unknown[0], [*SWEEP_KEYS])
+        )
     for key in ("model", "dataset", "reward_funcs"):
         if key not in extra:
             raise SweepError(f"{path}: {key} is required (as in asyncgrpo train --config)")
     stop = _table(extra, "stop", path, STOP_KEYS)
     if "max_steps" not in stop and base.get("max_steps", -1) <= 0:
         raise SweepError(f"{path}: give [stop] max_steps (or max_steps in the base config)")
-    rule = StopRule(max_steps=int(stop.get("max_steps", base.get("max_steps", 0))),
-                    reward_threshold=stop.get("reward_threshold"),
-                    threshold_metric=str(stop.get("threshold_metric", "reward")),
-                    wall_time_s=stop.get("wall_time_s"),
-                    spreadless_steps=stop.get("spreadless_steps"))  # fmt: skip
+    rule = StopRule(
+        max_steps=int(stop.get("max_steps", base.get("max_steps", 0))),
+        reward_threshold=stop.get("reward_threshold"),
+        threshold_metric=str(stop.get("threshold_metric", "reward")),
+        wall_time_s=stop.get("wall_time_s"),
+        spreadless_steps=stop.get("spreadless_steps"),
+    )
     grid = _table(extra, "grid", path, None)
     overrides = extra.get("runs") or []
     if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
         raise SweepError(f"{path}: runs must be a list of tables of settings ([[runs]])")
     for key in [*grid, *(k for o in overrides for k in o)]:
         if key in SET_BY_SWEEP:
-            raise SweepError(f"{path}: {key} is set by the sweep itself (seeds, output dir, "
-                             "server); remove it from grid/runs")  # fmt: skip
+            raise SweepError(
+                f"{path}: {key} is set by the sweep itself (seeds, output dir, "
+                "server); remove it from grid/runs"
+            )
     seeds = extra.get("seeds", [base.get("seed", 0)])
     try:
         planned = plan_runs(grid, overrides, [int(s) for s in seeds])
     except ValueError as error:
         raise SweepError(f"{path}: {error}") from error
-    sweep = Sweep(path=path, base=base, model=extra["model"], dataset=str(extra["dataset"]),
-                  reward_funcs=tuple(_strings(extra["reward_funcs"], "reward_funcs", path)),
-                  loop=extra.get("loop"), runs=tuple(planned), stop=rule,
-                  server=_table(extra, "server", path, SERVER_KEYS),
-                  claims=tuple(_strings(extra.get("claims", []), "claims", path)),
-                  compare=_table(extra, "compare", path, ("threshold", "baseline")),
-                  eval_dataset=_eval_datasets(extra.get("eval_dataset"), path),
-                  eval_reward_funcs=tuple(_strings(extra.get("eval_reward_funcs", []),
-                                                   "eval_reward_funcs", path)),
-                  probe=_probe_settings(extra, path))  # fmt: skip
+    sweep = Sweep(
+        path=path,
+        base=base,
+        model=extra["model"],
+        dataset=str(extra["dataset"]),
+        reward_funcs=tuple(_strings(extra["reward_funcs"], "reward_funcs", path)),
+        loop=extra.get("loop"),
+        runs=tuple(planned),
+        stop=rule,
+        server=_table(extra, "server", path, SERVER_KEYS),
+        claims=tuple(_strings(extra.get("claims", []), "claims", path)),
+        compare=_table(extra, "compare", path, ("threshold", "baseline")),
+        eval_dataset=_eval_datasets(extra.get("eval_dataset"), path),
+        eval_reward_funcs=tuple(
+            _strings(extra.get("eval_reward_funcs", []), "eval_reward_funcs", path)
+        ),
+        probe=_probe_settings(extra, path),
+    )
     for run in planned:
         try:
             run_config(sweep, run, Path("."), "http://127.0.0.1:1")
@@ -221,16 +255,19 @@ def _probe_settings(extra: Mapping[str, Any], path: Path) -> ProbeSettings | Non
         raise SweepError(str(error)) from error
 
 
-def _table(extra: Mapping[str, Any], key: str, path: Path,
-           known: Sequence[str] | None) -> dict[str, Any]:  # fmt: skip
+def _table(
+    extra: Mapping[str, Any], key: str, path: Path, known: Sequence[str] | None
+) -> dict[str, Any]:
     table = extra.get(key, {})
     if not isinstance(table, dict):
         raise SweepError(f"{path}: {key} must be a table ([{key}])")
     if known is not None:
         for name in table:
             if name not in known:
-                raise SweepError(f"{path}: [{key}] {name!r} is not one of {list(known)}"
-                                 + did_you_mean(name, list(known)))  # fmt: skip
+                raise SweepError(
+                    f"{path}: [{key}] {name!r} is not one of {list(known)}"
+                    + did_you_mean(name, list(known))
+                )
     return dict(table)
 
 
@@ -253,9 +290,17 @@ def _strings(value: Any, key: str, path: Path) -> list[str]:
 
 def run_config(sweep: Sweep, run: PlannedRun, run_dir: Path, base_url: str) -> AsyncGRPOConfig:
     """The config of one run: the base, the run's settings, its seed, the stop rule."""
-    values = {"save_steps": DEFAULT_SAVE_STEPS, "save_total_limit": 1, "disable_tqdm": True,
-              **sweep.base, **run.settings, "seed": run.seed, "output_dir": str(run_dir),
-              "vllm_server_base_url": base_url, "max_steps": sweep.stop.max_steps}  # fmt: skip
+    values = {
+        "save_steps": DEFAULT_SAVE_STEPS,
+        "save_total_limit": 1,
+        "disable_tqdm": True,
+        **sweep.base,
+        **run.settings,
+        "seed": run.seed,
+        "output_dir": str(run_dir),
+        "vllm_server_base_url": base_url,
+        "max_steps": sweep.stop.max_steps,
+    }
     if sweep.stop.spreadless_steps is not None:
         values["stop_after_spreadless_steps"] = sweep.stop.spreadless_steps
     return AsyncGRPOConfig(**values)
@@ -291,8 +336,9 @@ def run_sweep(
     todo = []
     for run in sweep.runs:
         run_dir = out / run.name
-        action = next_action(index.status(run.name), checkpoints.latest(run_dir) is not None,
-                             retry_failed)  # fmt: skip
+        action = next_action(
+            index.status(run.name), checkpoints.latest(run_dir) is not None, retry_failed
+        )
         if action is not Action.SKIP:
             todo.append((run, action))
     log.info("sweep", runs=len(sweep.runs), to_run=len(todo), output_dir=str(out))
@@ -303,14 +349,25 @@ def run_sweep(
             if todo:
                 _run_all(sweep, model, out, todo, urls, index)
             if sweep.probe is not None and probe and not index.stopping.is_set():
-                probe_sweep(sweep.probe, AsyncGRPOConfig(**{
-                    **sweep.base, "output_dir": str(out), "vllm_server_base_url": urls[0]}),
-                    model, [out / run.name for run in sweep.runs])  # fmt: skip
+                probe_sweep(
+                    sweep.probe,
+                    AsyncGRPOConfig(
+                        **{**sweep.base, "output_dir": str(out), "vllm_server_base_url": urls[0]}
+                    ),
+                    model,
+                    [out / run.name for run in sweep.runs],
+                )
     return SweepResult(out, index.statuses())
 
 
-def _run_all(sweep: Sweep, model: str, out: Path, todo: list[tuple[PlannedRun, Action]],
-             urls: list[str], index: _Index) -> None:  # fmt: skip
+def _run_all(
+    sweep: Sweep,
+    model: str,
+    out: Path,
+    todo: list[tuple[PlannedRun, Action]],
+    urls: list[str],
+    index: _Index,
+) -> None:
     """The runs, one per server at a time, in the planned order."""
     work: queue.SimpleQueue[tuple[PlannedRun, Action] | None] = queue.SimpleQueue()
     for item in todo:
@@ -346,19 +403,26 @@ def _run_all(sweep: Sweep, model: str, out: Path, todo: list[tuple[PlannedRun, A
         raise errors[0]
 
 
-def _run_one(sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Action, url: str,
-             index: _Index) -> None:  # fmt: skip
+def _run_one(
+    sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Action, url: str, index: _Index
+) -> None:
     run_dir = out / run.name
     if action is Action.START and run_dir.exists():
         shutil.rmtree(run_dir)  # a run started over is counted once
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_config(sweep, run, run_dir, url)
-    spec = {"config": {k: v for k, v in config.to_dict().items() if k in _given(sweep, run)},
-            "model": model, "dataset": sweep.dataset, "reward_funcs": list(sweep.reward_funcs),
-            "eval_dataset": sweep.eval_dataset, "eval_reward_funcs": list(sweep.eval_reward_funcs),
-            "loop": sweep.loop,
-            "stop": attrs.asdict(sweep.stop),
-            "resume": action is Action.RESUME, "import_path": _import_path(sweep)}  # fmt: skip
+    spec = {
+        "config": {k: v for k, v in config.to_dict().items() if k in _given(sweep, run)},
+        "model": model,
+        "dataset": sweep.dataset,
+        "reward_funcs": list(sweep.reward_funcs),
+        "eval_dataset": sweep.eval_dataset,
+        "eval_reward_funcs": list(sweep.eval_reward_funcs),
+        "loop": sweep.loop,
+        "stop": attrs.asdict(sweep.stop),
+        "resume": action is Action.RESUME,
+        "import_path": _import_path(sweep),
+    }
     (run_dir / RUN_SPEC).write_text(json.dumps(spec, indent=1))
     index.update(run, Status.RUNNING)
     log.info("run", run=run.name, action=action.value, server=url)
@@ -375,8 +439,11 @@ def _run_one(sweep: Sweep, model: str, out: Path, run: PlannedRun, action: Actio
                     code = process.wait()
                 index.update(run, Status.INTERRUPTED, exit_code=code)
                 return
-    status = Status.FINISHED if code == 0 else (Status.INTERRUPTED if code < 0 or code in
-                                                (130, 143) else Status.FAILED)  # fmt: skip
+    status = (
+        Status.FINISHED
+        if code == 0
+        else (Status.INTERRUPTED if code < 0 or code in (130, 143) else Status.FAILED)
+    )
     index.update(run, status, wall_s=time.monotonic() - started, exit_code=code)
     log.info("run ended", run=run.name, status=status.value, exit_code=code)
 
@@ -391,8 +458,16 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
 def _given(sweep: Sweep, run: PlannedRun) -> set[str]:
     """The config fields a run sets (the rest keep their defaults, whatever version of
     asyncgrpo reads the run's ``run_spec.json``)."""
-    return {*sweep.base, *run.settings, *SET_BY_SWEEP, "max_steps", "save_steps",
-            "save_total_limit", "disable_tqdm", "stop_after_spreadless_steps"}  # fmt: skip
+    return {
+        *sweep.base,
+        *run.settings,
+        *SET_BY_SWEEP,
+        "max_steps",
+        "save_steps",
+        "save_total_limit",
+        "disable_tqdm",
+        "stop_after_spreadless_steps",
+    }
 
 
 def _import_path(sweep: Sweep) -> list[str]:
@@ -409,8 +484,9 @@ def _model_dir(sweep: Sweep, out: Path) -> str:
     options = dict(sweep.model)
     architecture = options.pop("tiny", None)
     if architecture is None:
-        raise SweepError(f"{sweep.path}: model must be an id/path or a table with tiny = "
-                         "'<architecture>'")  # fmt: skip
+        raise SweepError(
+            f"{sweep.path}: model must be an id/path or a table with tiny = '<architecture>'"
+        )
     name = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
     path = out / "models" / f"tiny-{architecture}{',' + name if name else ''}"
     if not (path / "config.json").exists():
@@ -436,17 +512,22 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
         servers_cpus_for,
     )
 
-    config = AsyncGRPOConfig(**{**sweep.base, "output_dir": str(out),
-                                "vllm_server_base_url": "http://127.0.0.1"})  # fmt: skip
+    config = AsyncGRPOConfig(
+        **{**sweep.base, "output_dir": str(out), "vllm_server_base_url": "http://127.0.0.1"}
+    )
     options = dict(sweep.server)
     if "dtype" in options:  # the server's own, e.g. bf16 beside a trainer computing in bf16
         dtype = str(options["dtype"])
         dtype = dtype_as_trainer(model, config) if dtype == AS_TRAINER else dtype
         config = dataclasses.replace(config, dtype=dtype)
-    spec = local_server_spec(model, config, max_model_len=int(options.get("max_model_len", 1024)),
-                             max_logprobs=int(options.get("max_logprobs", 20)),
-                             enforce_eager=bool(options.get("enforce_eager", False)),
-                             extra_args=options.get("extra_args", ()))  # fmt: skip
+    spec = local_server_spec(
+        model,
+        config,
+        max_model_len=int(options.get("max_model_len", 1024)),
+        max_logprobs=int(options.get("max_logprobs", 20)),
+        enforce_eager=bool(options.get("enforce_eager", False)),
+        extra_args=options.get("extra_args", ()),
+    )
     with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
         yield [servers[0].base_url]
 
@@ -460,9 +541,16 @@ class _Index:
         self.stopping = threading.Event()  # the sweep was interrupted
         old = json.loads(self.path.read_text()) if self.path.exists() else {"runs": []}
         known = {r["name"]: r for r in old.get("runs", [])}
-        self.runs = {run.name: known.get(run.name) or {
-            "name": run.name, "settings": dict(run.settings), "seed": run.seed,
-            "status": Status.PLANNED.value} for run in sweep.runs}  # fmt: skip
+        self.runs = {
+            run.name: known.get(run.name)
+            or {
+                "name": run.name,
+                "settings": dict(run.settings),
+                "seed": run.seed,
+                "status": Status.PLANNED.value,
+            }
+            for run in sweep.runs
+        }
         self._write()
 
     def status(self, name: str) -> Status:

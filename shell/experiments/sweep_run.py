@@ -73,15 +73,21 @@ def train_one(run_dir: Path) -> int:
         callbacks.append(StopAfterWallTime(stop.wall_time_s))
     cls: type[AsyncGRPOTrainer] = AsyncGRPOTrainer
     if spec["loop"]:
-        cls = type("SweepTrainer", (AsyncGRPOTrainer,),
-                   {"loop_cls": import_named(spec["loop"], "loop")})  # fmt: skip
-    trainer = cls(model=spec["model"], args=AsyncGRPOConfig(**spec["config"]),
-                  reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
-                  train_dataset=load_named_dataset(spec["dataset"]),
-                  eval_dataset=load_eval_datasets(spec.get("eval_dataset") or {}) or None,
-                  eval_reward_funcs=[import_named(r, "eval reward function")
-                                     for r in spec.get("eval_reward_funcs", [])] or None,
-                  callbacks=callbacks)  # fmt: skip
+        cls = type(
+            "SweepTrainer", (AsyncGRPOTrainer,), {"loop_cls": import_named(spec["loop"], "loop")}
+        )
+    trainer = cls(
+        model=spec["model"],
+        args=AsyncGRPOConfig(**spec["config"]),
+        reward_funcs=[import_named(r, "reward function") for r in spec["reward_funcs"]],
+        train_dataset=load_named_dataset(spec["dataset"]),
+        eval_dataset=load_eval_datasets(spec.get("eval_dataset") or {}) or None,
+        eval_reward_funcs=[
+            import_named(r, "eval reward function") for r in spec.get("eval_reward_funcs", [])
+        ]
+        or None,
+        callbacks=callbacks,
+    )
     output = trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
     (run_dir / RUN_RESULT).write_text(
         json.dumps({"global_step": output.global_step, "training_loss": output.training_loss})

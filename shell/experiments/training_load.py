@@ -36,8 +36,7 @@ def run(model_dir: str, tokens: int, bf16: bool, server_url: str, steps_file: Pa
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
-    precision = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16
-                 else contextlib.nullcontext())  # fmt: skip
+    precision = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with cpus_shared_with_server(config, torch.device("cpu")), steps_file.open("a") as out:
         while True:
             ids = torch.randint(0, vocab, (1, tokens), generator=generator)

@@ -72,8 +72,9 @@ def read_workload(path: str | Path) -> Workload:
         try:
             data["model"]["config"] = json.loads(config_path.read_text())
         except (OSError, json.JSONDecodeError) as error:
-            raise WorkloadError(f"[model] config: cannot read {config_path} as an HF "
-                                f"config.json ({error})") from error  # fmt: skip
+            raise WorkloadError(
+                f"[model] config: cannot read {config_path} as an HF config.json ({error})"
+            ) from error
     try:
         return workload_from_mapping(data)
     except WorkloadError as error:
@@ -111,9 +112,14 @@ class WorkloadPlan:
     blocks: tuple[Block, ...]
 
 
-def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: int,
-                      weight_sync_steps: int, steps: int = STEPS,
-                      colocated: bool = False) -> SimulationConfig:  # fmt: skip
+def simulation_config(
+    workload: Workload,
+    split: gpu_plan.Split,
+    max_staleness: int,
+    weight_sync_steps: int,
+    steps: int = STEPS,
+    colocated: bool = False,
+) -> SimulationConfig:
     """The simulation of ``split`` at these settings: lengths, generator, trainer and push
     from the part models, counted in units of several tokens (the module's docstring).
     ``colocated``: the trainer and the servers on the same GPUs (:func:`colocated_config`)."""
@@ -128,8 +134,9 @@ def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: 
     push = gpu_plan.push_part(workload, split, where, colocated)
     sample = workload.prompt_lengths.mean + workload.response_lengths.mean
     unit = max(1.0, sample / UNIT_SAMPLE_TOKENS)
-    generator = generators.in_units(gpu_plan.server_generator(workload, split.tensor_parallel),
-                                    unit)  # fmt: skip
+    generator = generators.in_units(
+        gpu_plan.server_generator(workload, split.tensor_parallel), unit
+    )
     prompts = workload.prompt_lengths.in_units(unit)
     responses = workload.response_lengths.in_units(unit)
     # a response's time at the servers' full concurrency, and a step's training
@@ -162,41 +169,53 @@ def simulation_config(workload: Workload, split: gpu_plan.Split, max_staleness: 
     )
 
 
-def colocated_config(workload: Workload, gpus: int, tensor_parallel: int,
-                     steps: int = STEPS) -> SimulationConfig:  # fmt: skip
+def colocated_config(
+    workload: Workload, gpus: int, tensor_parallel: int, steps: int = STEPS
+) -> SimulationConfig:
     """The synchronous baseline most frameworks run (verl's and TRL's colocated modes): every
     one of ``gpus`` GPUs generates a step's whole batch at once, as ``gpus / tensor_parallel``
     servers, then trains, one after the other (the push waited for, within each server's
     GPUs).
     Offloading the trainer's state and waking the servers between the two is not modelled."""
     if gpus % tensor_parallel:
-        raise ValueError(f"{gpus} GPUs do not split into servers of tensor-parallel "
-                         f"{tensor_parallel}")  # fmt: skip
+        raise ValueError(
+            f"{gpus} GPUs do not split into servers of tensor-parallel {tensor_parallel}"
+        )
     split = gpu_plan.Split(gpus, gpus // tensor_parallel, tensor_parallel)
     config = simulation_config(workload, split, 0, 1, steps, colocated=True)
     # rows enough for the whole batch, however long its responses come out
-    return attrs.evolve(config, groups_per_step=workload.prompts_per_step,
-                        rows_per_step=2 * config.rows_per_step)  # fmt: skip
+    return attrs.evolve(
+        config, groups_per_step=workload.prompts_per_step, rows_per_step=2 * config.rows_per_step
+    )
 
 
-def predict(workload: Workload, candidate: Candidate, output_dir: Path,
-            steps: int = STEPS, colocated: bool = False) -> Prediction:  # fmt: skip
+def predict(
+    workload: Workload,
+    candidate: Candidate,
+    output_dir: Path,
+    steps: int = STEPS,
+    colocated: bool = False,
+) -> Prediction:
     """Simulate ``candidate`` and read its figures (after :data:`START_STEPS`); ``colocated``:
     its trainer's GPUs are its servers' (:func:`colocated_config`)."""
     if colocated:
-        config = colocated_config(workload, candidate.train_devices, candidate.tensor_parallel,
-                                  steps)  # fmt: skip
+        config = colocated_config(
+            workload, candidate.train_devices, candidate.tensor_parallel, steps
+        )
         output_dir = output_dir / "colocated"
     else:
-        split = gpu_plan.Split(candidate.train_devices, candidate.servers,
-                               candidate.tensor_parallel)  # fmt: skip
-        config = simulation_config(workload, split, candidate.max_staleness,
-                                   candidate.weight_sync_steps, steps)  # fmt: skip
+        split = gpu_plan.Split(
+            candidate.train_devices, candidate.servers, candidate.tensor_parallel
+        )
+        config = simulation_config(
+            workload, split, candidate.max_staleness, candidate.weight_sync_steps, steps
+        )
     return simulated_prediction(config, candidate, output_dir / candidate.label())
 
 
-def simulated_prediction(config: SimulationConfig, candidate: Candidate,
-                         output_dir: Path) -> Prediction:  # fmt: skip
+def simulated_prediction(
+    config: SimulationConfig, candidate: Candidate, output_dir: Path
+) -> Prediction:
     """Simulate ``config`` (``candidate``'s) and read its figures (after :data:`START_STEPS`)."""
     windows = simulate(config, output_dir, progress=False)
     # the first steps are the pipeline filling up (and, at max_staleness 0, the groups the
@@ -211,10 +230,16 @@ def simulated_prediction(config: SimulationConfig, candidate: Candidate,
         return sum(values) / len(values) if values else None
 
     dropped = sum(w.get("sample/dropped_stale_count", 0.0) for w in kept) / steps_counted
-    return Prediction(candidate, samples_per_s(windows, skip_windows=skip), figures.step_s,
-                      figures.staleness or 0.0, figures.trainer_idle_frac,
-                      mean("sim/generator_idle_frac"), dropped,
-                      mean("batch/samples_per_step"))  # fmt: skip
+    return Prediction(
+        candidate,
+        samples_per_s(windows, skip_windows=skip),
+        figures.step_s,
+        figures.staleness or 0.0,
+        figures.trainer_idle_frac,
+        mean("sim/generator_idle_frac"),
+        dropped,
+        mean("batch/samples_per_step"),
+    )
 
 
 def plan_workload(
@@ -230,22 +255,35 @@ def plan_workload(
     """Plan ``workload`` on ``gpus`` GPUs (the module's docstring); simulations land under
     ``output_dir``."""
     if steps < START_STEPS + 2:
-        raise ValueError(f"simulate at least {START_STEPS + 2} steps (--max-steps): the first "
-                         f"{START_STEPS} are left out of the predictions")  # fmt: skip
+        raise ValueError(
+            f"simulate at least {START_STEPS + 2} steps (--max-steps): the first "
+            f"{START_STEPS} are left out of the predictions"
+        )
     out = Path(output_dir)
-    estimates = sorted((gpu_plan.screen(workload, s) for s in gpu_plan.splits(workload, gpus)),
-                       key=lambda e: (-e.overlapped, e.split.trainer_gpus))  # fmt: skip
+    estimates = sorted(
+        (gpu_plan.screen(workload, s) for s in gpu_plan.splits(workload, gpus)),
+        key=lambda e: (-e.overlapped, e.split.trainer_gpus),
+    )
     chosen_splits = [e.split for e in estimates[:top_splits]]
-    staleness = ([workload.max_staleness] if workload.max_staleness is not None
-                 else list(staleness_choices))  # fmt: skip
-    sync = ([workload.weight_sync_steps] if workload.weight_sync_steps is not None
-            else list(sync_step_choices))  # fmt: skip
+    staleness = (
+        [workload.max_staleness] if workload.max_staleness is not None else list(staleness_choices)
+    )
+    sync = (
+        [workload.weight_sync_steps]
+        if workload.weight_sync_steps is not None
+        else list(sync_step_choices)
+    )
     settings = [(s, k) for s in staleness for k in sync if s >= k - 1]
     if not settings:
-        raise ValueError("no max_staleness and weight_sync_steps pair with max_staleness >= "
-                         "weight_sync_steps - 1 among the choices")  # fmt: skip
-    candidates = [Candidate(split.trainer_gpus, split.servers, s, k, split.tensor_parallel)
-                  for split in chosen_splits for s, k in settings]  # fmt: skip
+        raise ValueError(
+            "no max_staleness and weight_sync_steps pair with max_staleness >= "
+            "weight_sync_steps - 1 among the choices"
+        )
+    candidates = [
+        Candidate(split.trainer_gpus, split.servers, s, k, split.tensor_parallel)
+        for split in chosen_splits
+        for s, k in settings
+    ]
     bar = tqdm(candidates, desc="plan", unit="setting", disable=not progress)
     predictions = [predict(workload, c, out, steps) for c in bar]
     predictions.sort(key=lambda p: -p.samples_per_s)
@@ -253,10 +291,15 @@ def plan_workload(
     c = best.candidate
     sync_candidate = attrs.evolve(c, max_staleness=0, weight_sync_steps=1)
     synchronous = next((p for p in predictions if p.candidate == sync_candidate), None) or (
-        predict(workload, sync_candidate, out / "synchronous", steps))  # fmt: skip
-    colocated = predict(workload, attrs.evolve(sync_candidate, train_devices=gpus,
-                                               servers=gpus // c.tensor_parallel),
-                        out, steps, colocated=True)  # fmt: skip
+        predict(workload, sync_candidate, out / "synchronous", steps)
+    )
+    colocated = predict(
+        workload,
+        attrs.evolve(sync_candidate, train_devices=gpus, servers=gpus // c.tensor_parallel),
+        out,
+        steps,
+        colocated=True,
+    )
     split = gpu_plan.Split(c.train_devices, c.servers, c.tensor_parallel)
     shape = gpu_plan.step_shape(workload, split)
     where = gpu_plan.layout(split, gpus, workload.gpus_per_node)
@@ -269,12 +312,19 @@ def plan_workload(
         "token_budget": shape.token_budget,
         "gradient_accumulation_steps": shape.gradient_accumulation_steps,
         "max_concurrent_rollouts": shape.max_concurrent_rollouts,
-        "weight_transfer_backend": workload.weight_path if workload.weight_path != "lora"
+        "weight_transfer_backend": workload.weight_path
+        if workload.weight_path != "lora"
         else "auto",
-    }  # fmt: skip
-    blocks = launch_blocks(workload.model_name, where, workload.gpus_per_node,
-                           workload.max_model_len, workload.weight_path, flags,
-                           max_loras=c.max_staleness + 2)  # fmt: skip
+    }
+    blocks = launch_blocks(
+        workload.model_name,
+        where,
+        workload.gpus_per_node,
+        workload.max_model_len,
+        workload.weight_path,
+        flags,
+        max_loras=c.max_staleness + 2,
+    )
     trainer = gpu_plan.trainer_part(workload, split, shape)
     push = gpu_plan.push_part(workload, split, where)
     parts = (
@@ -283,9 +333,19 @@ def plan_workload(
         f"{trainer.fixed_s:.2f} s per step besides",
         f"push: {workload.weight_path}, {push.seconds:.2f} s a sync (an assumed pause of "
         f"{push.pause_s:g} s included)",
-    )  # fmt: skip
-    return WorkloadPlan(workload, gpus, best, synchronous, colocated, tuple(predictions), shape,
-                        where, parts, blocks)  # fmt: skip
+    )
+    return WorkloadPlan(
+        workload,
+        gpus,
+        best,
+        synchronous,
+        colocated,
+        tuple(predictions),
+        shape,
+        where,
+        parts,
+        blocks,
+    )
 
 
 def _gpus_of(devices: Sequence[tuple[int, tuple[int, ...]]]) -> str:
@@ -294,9 +354,11 @@ def _gpus_of(devices: Sequence[tuple[int, tuple[int, ...]]]) -> str:
 
 def _figures(p: Prediction) -> str:
     idle = "-" if p.generator_idle_frac is None else f"{p.generator_idle_frac:.0%}"
-    return (f"{p.step_s:.1f} s/step, {p.samples_per_s:.2f} samples/s, trainer idle "
-            f"{p.trainer_idle_frac:.0%}, generator idle {idle}, staleness {p.staleness:.2f}, "
-            f"{p.dropped_per_step:.1f} samples dropped per step")  # fmt: skip
+    return (
+        f"{p.step_s:.1f} s/step, {p.samples_per_s:.2f} samples/s, trainer idle "
+        f"{p.trainer_idle_frac:.0%}, generator idle {idle}, staleness {p.staleness:.2f}, "
+        f"{p.dropped_per_step:.1f} samples dropped per step"
+    )
 
 
 def workload_report(plan: WorkloadPlan, rows: int = 10) -> str:
@@ -328,16 +390,20 @@ def workload_report(plan: WorkloadPlan, rows: int = 10) -> str:
         "| trainer GPUs | servers x TP | max_staleness | weight_sync_steps | s/step | samples/s "
         "| trainer idle | generator idle | staleness | dropped/step |",
         "|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for p in plan.predictions[:rows]:
         k = p.candidate
         idle = "-" if p.generator_idle_frac is None else f"{p.generator_idle_frac:.0%}"
-        lines.append(f"| {k.train_devices} | {k.servers} x {k.tensor_parallel} | "
-                     f"{k.max_staleness} | {k.weight_sync_steps} | {p.step_s:.1f} | "
-                     f"{p.samples_per_s:.2f} | {p.trainer_idle_frac:.0%} | {idle} | "
-                     f"{p.staleness:.2f} | {p.dropped_per_step:.1f} |")  # fmt: skip
-    lines += ["", "launch commands (train.toml: your dataset and reward_funcs, "
-              "docs/configuration.md):"]  # fmt: skip
+        lines.append(
+            f"| {k.train_devices} | {k.servers} x {k.tensor_parallel} | "
+            f"{k.max_staleness} | {k.weight_sync_steps} | {p.step_s:.1f} | "
+            f"{p.samples_per_s:.2f} | {p.trainer_idle_frac:.0%} | {idle} | "
+            f"{p.staleness:.2f} | {p.dropped_per_step:.1f} |"
+        )
+    lines += [
+        "",
+        "launch commands (train.toml: your dataset and reward_funcs, docs/configuration.md):",
+    ]
     for block in plan.blocks:
         lines += ["", f"{block.title}:", "", "```bash", block.text, "```"]
     return "\n".join(lines)

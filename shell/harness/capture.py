@@ -67,9 +67,11 @@ def capture_url(episode_id: str) -> str:
         RuntimeError: no capture endpoint serves in this process.
     """
     if not _serving:
-        raise RuntimeError("capture_url answers inside the rollout process of a "
-                           "HarnessAsyncGRPOTrainer without a harness_adapter (loop-owning), "
-                           "from its session factory's create()")  # fmt: skip
+        raise RuntimeError(
+            "capture_url answers inside the rollout process of a "
+            "HarnessAsyncGRPOTrainer without a harness_adapter (loop-owning), "
+            "from its session factory's create()"
+        )
     return _serving[-1].base_url(episode_id)
 
 
@@ -93,9 +95,14 @@ class CaptureEndpoint:
         max_completion_length: a reply this long was cut (``finish_reason`` ``length``).
     """
 
-    def __init__(self, sample: Callable[[list[int]], Awaitable[TurnRecord]], tokenizer: Any,
-                 decode: Callable[[Any], str], chat_template_kwargs: Any,
-                 max_completion_length: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sample: Callable[[list[int]], Awaitable[TurnRecord]],
+        tokenizer: Any,
+        decode: Callable[[Any], str],
+        chat_template_kwargs: Any,
+        max_completion_length: int,
+    ) -> None:
         self._sample = sample
         self._tokenizer = tokenizer
         self._decode = decode
@@ -104,10 +111,12 @@ class CaptureEndpoint:
         self.rollouts: dict[str, CapturedRollout] = {}
         self.port: int | None = None
         self._call_ids = itertools.count()
-        self._app = Starlette(routes=[
-            Route("/rollouts/{episode}/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/rollouts/{episode}/v1/models", self._models, methods=["GET"]),
-        ])  # fmt: skip
+        self._app = Starlette(
+            routes=[
+                Route("/rollouts/{episode}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/rollouts/{episode}/v1/models", self._models, methods=["GET"]),
+            ]
+        )
 
     def base_url(self, episode_id: str) -> str:
         """The OpenAI base URL of rollout ``episode_id`` (while the endpoint serves)."""
@@ -134,8 +143,9 @@ class CaptureEndpoint:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((HOST, 0))
         self.port = listener.getsockname()[1]
-        server = _QuietServer(uvicorn.Config(self._app, log_level="warning", lifespan="off",
-                                             access_log=False))  # fmt: skip
+        server = _QuietServer(
+            uvicorn.Config(self._app, log_level="warning", lifespan="off", access_log=False)
+        )
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(server.serve, [listener])
@@ -160,15 +170,23 @@ class CaptureEndpoint:
         episode = request.path_params["episode"]
         captured = self.rollouts.get(episode)
         if captured is None:
-            return _error(404, f"no rollout {episode!r} is running: a rollout's URL serves only "
-                               "while its rollout runs")  # fmt: skip
+            return _error(
+                404,
+                f"no rollout {episode!r} is running: a rollout's URL serves only "
+                "while its rollout runs",
+            )
         try:
             asked = chat_request(await request.json())
         except ValueError as error:  # a body that is not JSON, or a bad field
-            return _error(400, str(error) if isinstance(error, BadChatRequest) else
-                          f"the body is not JSON: {error}")  # fmt: skip
-        prompt_ids = render_prompt(self._tokenizer, asked.messages, asked.tools,
-                                   self._template_kwargs)  # fmt: skip
+            return _error(
+                400,
+                str(error)
+                if isinstance(error, BadChatRequest)
+                else f"the body is not JSON: {error}",
+            )
+        prompt_ids = render_prompt(
+            self._tokenizer, asked.messages, asked.tools, self._template_kwargs
+        )
         context.adopt(captured.carried)  # the rollout's server, seeds and policy version
         turn = None
         with anyio.CancelScope() as scope:
@@ -186,12 +204,16 @@ class CaptureEndpoint:
         content, calls = parse_tool_calls(self._decode(turn.output_ids))
         calls = tuple(c for c in calls if c.error is None)
         reply = chat_completion(
-            content, calls, model=asked.model or "asyncgrpo",
+            content,
+            calls,
+            model=asked.model or "asyncgrpo",
             call_ids=[f"call_{next(self._call_ids)}" for _ in calls],
-            finish_reason="length" if len(turn.output_ids) >= self._max_completion_length
+            finish_reason="length"
+            if len(turn.output_ids) >= self._max_completion_length
             else "stop",
-            prompt_tokens=len(prompt_ids), completion_tokens=len(turn.output_ids),
-        )  # fmt: skip
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(turn.output_ids),
+        )
         captured.transcript = [*asked.messages, reply["choices"][0]["message"]]
         return JSONResponse(reply)
 

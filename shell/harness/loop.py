@@ -154,8 +154,14 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
             must be empty.
     """
 
-    def __init__(self, *args: Any, session_factory: Any, harness_adapter: Any = None,
-                 harness_limits: Any = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        session_factory: Any,
+        harness_adapter: Any = None,
+        harness_limits: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_rows = PromptRows(self.dataset, self.config.prompt_order_seed, True)
         self.session_factory = session_factory
@@ -167,9 +173,12 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         self._running = threading.Condition()  # guards the count of harness threads running
         self._harnesses = 0
         self.capture = CaptureEndpoint(
-            self.generate_one_turn, self.tokenizer, self.tool_loop.decode,
-            self.config.chat_template_kwargs, self.config.max_completion_length,
-        )  # fmt: skip
+            self.generate_one_turn,
+            self.tokenizer,
+            self.tool_loop.decode,
+            self.config.chat_template_kwargs,
+            self.config.max_completion_length,
+        )
 
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[None]:
@@ -181,8 +190,10 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                     yield
                     return
                 async with self.capture.serving():
-                    log.info("the capture endpoint serves the agents",
-                             url=self.capture.base_url("EPISODE"))  # fmt: skip
+                    log.info(
+                        "the capture endpoint serves the agents",
+                        url=self.capture.base_url("EPISODE"),
+                    )
                     yield
             finally:
                 with anyio.CancelScope(shield=True):
@@ -192,29 +203,40 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         """Wait (at most ``CLOSE_TIMEOUT_S``) for the harness threads of rollouts the loop
         stopped waiting for: each closes the session it created, which ends what it started."""
         if not await anyio.to_thread.run_sync(self._wait_for_harnesses, CLOSE_TIMEOUT_S):
-            log.warning("harness threads still running as the rollout loop ends",
-                        threads=self._harnesses, waited_s=CLOSE_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "harness threads still running as the rollout loop ends",
+                threads=self._harnesses,
+                waited_s=CLOSE_TIMEOUT_S,
+            )
 
     def _wait_for_harnesses(self, timeout_s: float) -> bool:
         with self._running:
             return self._running.wait_for(lambda: self._harnesses == 0, timeout=timeout_s)
 
-    async def generate_one(self, prompt: list[dict[str, Any]], tools: list[Callable[..., Any]],
-                           group_id: int = 0) -> Rollout:  # fmt: skip
+    async def generate_one(
+        self, prompt: list[dict[str, Any]], tools: list[Callable[..., Any]], group_id: int = 0
+    ) -> Rollout:
         """One rollout driven by the harness; an unscored rollout without turns when the
         harness faults (counted, logged with the cause)."""
         key = context.ROLLOUT.get()
         position = key.position if key is not None else group_id
         seed = cursor.request_seed(self.config.seed, position, 0, 0)  # one task per group
-        run = HarnessRun(Rollout(completion=(), completion_ids=(), turns=()).rollout_id,
-                         context.carried(), time.monotonic())  # fmt: skip
+        run = HarnessRun(
+            Rollout(completion=(), completion_ids=(), turns=()).rollout_id,
+            context.carried(),
+            time.monotonic(),
+        )
         outcome = decide.HarnessOutcome(decide.TIMED_OUT, cause="ran past harness_timeout_s")
         try:
             with anyio.move_on_after(self.config.harness_timeout_s):
                 outcome = await anyio.to_thread.run_sync(
-                    self._drive, dict(context.ROW.get() or {}), seed, run,
-                    abandon_on_cancel=True, limiter=self._threads,
-                )  # fmt: skip
+                    self._drive,
+                    dict(context.ROW.get() or {}),
+                    seed,
+                    run,
+                    abandon_on_cancel=True,
+                    limiter=self._threads,
+                )
         finally:
             run.stop.set()  # an abandoned harness's next model turn raises
             if run.sampling is not None:
@@ -227,23 +249,38 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         if run.run_error is not None:  # the server's fault or a wrong session, not the harness's
             raise run.run_error
         seconds = time.monotonic() - run.started
-        outcome = decide.HarnessOutcome(outcome.ending, seconds, outcome.reward,
-                                        outcome.nonfinite_reward, outcome.cause)  # fmt: skip
+        outcome = decide.HarnessOutcome(
+            outcome.ending, seconds, outcome.reward, outcome.nonfinite_reward, outcome.cause
+        )
         self._observe(*decide.outcome_observations(outcome))
         calls = run.measured.tool_calls if run.measured is not None else 0
         failures = run.measured.tool_failures if run.measured is not None else 0
         if outcome.faulted:
-            log.warning("a harness rollout ended unscored", ending=outcome.ending,
-                        cause=outcome.cause[:500], rollout=run.rollout_id,
-                        seconds=round(seconds, 1), position=position)  # fmt: skip
-            return Rollout(completion=(), completion_ids=(), turns=(), tool_call_count=calls,
-                           tool_failure_count=failures, rollout_id=run.rollout_id)  # fmt: skip
+            log.warning(
+                "a harness rollout ended unscored",
+                ending=outcome.ending,
+                cause=outcome.cause[:500],
+                rollout=run.rollout_id,
+                seconds=round(seconds, 1),
+                position=position,
+            )
+            return Rollout(
+                completion=(),
+                completion_ids=(),
+                turns=(),
+                tool_call_count=calls,
+                tool_failure_count=failures,
+                rollout_id=run.rollout_id,
+            )
         return Rollout(
             completion=run.completion,
             completion_ids=[t for turn in run.turns for t in turn.output_ids],
-            turns=run.turns, tool_call_count=calls, tool_failure_count=failures,
-            reward=outcome.reward, rollout_id=run.rollout_id,
-        )  # fmt: skip
+            turns=run.turns,
+            tool_call_count=calls,
+            tool_failure_count=failures,
+            reward=outcome.reward,
+            rollout_id=run.rollout_id,
+        )
 
     # --- the harness thread ---------------------------------------------------------------
 
@@ -258,8 +295,9 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 self._harnesses -= 1
                 self._running.notify_all()
 
-    def _run_session(self, row: dict[str, Any], seed: int,
-                     run: HarnessRun) -> decide.HarnessOutcome:  # fmt: skip
+    def _run_session(
+        self, row: dict[str, Any], seed: int, run: HarnessRun
+    ) -> decide.HarnessOutcome:
         """Create the session, run the harness, verify, close: how it ended."""
         model_step = self._model_step(run)
         if self.harness_adapter is None:  # its URL serves before the agent starts
@@ -267,8 +305,9 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         try:
             session = self.session_factory.create(task=row, seed=seed, episode_id=run.rollout_id)
         except Exception as error:
-            return decide.HarnessOutcome(decide.SESSION_FAILED,
-                                         cause=f"{type(error).__name__}: {error}")  # fmt: skip
+            return decide.HarnessOutcome(
+                decide.SESSION_FAILED, cause=f"{type(error).__name__}: {error}"
+            )
         run.session = session
         source = f"{type(session).__name__}.verify"
         try:
@@ -296,8 +335,9 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 self._close_now(session)
         return decide.HarnessOutcome(decide.FINISHED, reward=reward, nonfinite_reward=nonfinite)
 
-    def _adapter_ran(self, session: Any, model_step: Any,
-                     run: HarnessRun) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
+    def _adapter_ran(
+        self, session: Any, model_step: Any, run: HarnessRun
+    ) -> tuple[list[Any], dict[str, Any]]:
         """White-box: the adapter runs the rollout, sampling through ``model_step``; the
         transcript and the final state for ``verify()``."""
         run.measured = MeasuredSession(session, self._observe)
@@ -354,13 +394,16 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                     raise
             raise HarnessStopped("the rollout was abandoned while its turn was sampled")
 
-        def model_step(messages: Sequence[dict[str, Any]], tools: Sequence[Any],
-                       sampling: dict[str, Any]) -> Any:  # fmt: skip
+        def model_step(
+            messages: Sequence[dict[str, Any]], tools: Sequence[Any], sampling: dict[str, Any]
+        ) -> Any:
             if run.stop.is_set():
-                raise HarnessStopped("the rollout was abandoned (harness_timeout_s, or the run "
-                                     "stopped)")  # fmt: skip
-            prompt_ids = render_prompt(self.tokenizer, messages, tool_schemas(tools),
-                                       self.config.chat_template_kwargs)  # fmt: skip
+                raise HarnessStopped(
+                    "the rollout was abandoned (harness_timeout_s, or the run stopped)"
+                )
+            prompt_ids = render_prompt(
+                self.tokenizer, messages, tool_schemas(tools), self.config.chat_template_kwargs
+            )
             turn = anyio.from_thread.run(sample, prompt_ids)
             run.turns.append(turn)
             content, calls = parse_tool_calls(self.tool_loop.decode(turn.output_ids))
@@ -372,12 +415,18 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
         try:
             session.close()
         except Exception as error:
-            log.warning("a harness session's close() raised", session=type(session).__name__,
-                        error=f"{type(error).__name__}: {error}")  # fmt: skip
+            log.warning(
+                "a harness session's close() raised",
+                session=type(session).__name__,
+                error=f"{type(error).__name__}: {error}",
+            )
 
     async def _close(self, session: Any) -> None:
         with anyio.move_on_after(CLOSE_TIMEOUT_S) as scope:
             await anyio.to_thread.run_sync(self._close_now, session, abandon_on_cancel=True)
         if scope.cancelled_caught:
-            log.warning("a harness session's close() did not return", seconds=CLOSE_TIMEOUT_S,
-                        session=type(session).__name__)  # fmt: skip
+            log.warning(
+                "a harness session's close() did not return",
+                seconds=CLOSE_TIMEOUT_S,
+                session=type(session).__name__,
+            )

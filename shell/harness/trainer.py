@@ -53,8 +53,14 @@ class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     loop_cls = HarnessRolloutLoop
 
-    def __init__(self, *args: Any, harness_session_factory: Any, harness_adapter: Any = None,
-                 harness_limits: Any = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        harness_session_factory: Any,
+        harness_adapter: Any = None,
+        harness_limits: Any = None,
+        **kwargs: Any,
+    ) -> None:
         given = inspect.signature(AsyncGRPOTrainer).bind(*args, **kwargs).arguments
         if given.get("tools") or given.get("environment_factory") is not None:
             raise ValueError(
@@ -64,9 +70,11 @@ class HarnessAsyncGRPOTrainer(AsyncGRPOTrainer):
         check_harness(harness_session_factory, harness_adapter, harness_limits)
         self.harness_session_factory = harness_session_factory
         super().__init__(*args, **kwargs)
-        self.loop_options = {"session_factory": harness_session_factory,
-                             "harness_adapter": harness_adapter,
-                             "harness_limits": harness_limits}  # fmt: skip
+        self.loop_options = {
+            "session_factory": harness_session_factory,
+            "harness_adapter": harness_adapter,
+            "harness_limits": harness_limits,
+        }
 
     def _task_maker(self, environment_factory: Any) -> Any:
         """The session factory makes each rollout's prompt and reward."""
@@ -82,18 +90,25 @@ def check_harness(session_factory: Any, adapter: Any, limits: Any) -> None:
     """
     harness = harness_api()
     if not callable(getattr(session_factory, "create", None)):
-        raise TypeError(f"harness_session_factory: {type(session_factory).__name__} has no "
-                        "create(task, seed, episode_id); give an OpenEnv "
-                        "ResourceSessionFactory")  # fmt: skip
+        raise TypeError(
+            f"harness_session_factory: {type(session_factory).__name__} has no "
+            "create(task, seed, episode_id); give an OpenEnv "
+            "ResourceSessionFactory"
+        )
     if adapter is not None and not callable(getattr(adapter, "run_white_box", None)):
-        raise TypeError(f"harness_adapter: {type(adapter).__name__} has no run_white_box; give "
-                        "an OpenEnv HarnessAdapter such as MCPHarnessAdapter()")  # fmt: skip
+        raise TypeError(
+            f"harness_adapter: {type(adapter).__name__} has no run_white_box; give "
+            "an OpenEnv HarnessAdapter such as MCPHarnessAdapter()"
+        )
     if limits is not None:
         if not isinstance(limits, harness.HarnessRunLimits):
-            raise TypeError(f"harness_limits: expected OpenEnv's HarnessRunLimits, got "
-                            f"{type(limits).__name__}")  # fmt: skip
+            raise TypeError(
+                f"harness_limits: expected OpenEnv's HarnessRunLimits, got {type(limits).__name__}"
+            )
         if limits.sampling:
-            raise ValueError(f"harness_limits.sampling={limits.sampling!r}: the trainer samples "
-                             "with the config's settings (temperature, top_p, "
-                             "max_completion_length, ...); set them there and leave sampling "
-                             "empty")  # fmt: skip
+            raise ValueError(
+                f"harness_limits.sampling={limits.sampling!r}: the trainer samples "
+                "with the config's settings (temperature, top_p, "
+                "max_completion_length, ...); set them there and leave sampling "
+                "empty"
+            )

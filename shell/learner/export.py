@@ -126,8 +126,7 @@ class WeightExport:
         counts = UpdateCounts()
         if self.rank == 0:
             server = TORCH_DTYPES[dtype_name(self.server_dtype)]
-            merged, counts = merged_with_lost_update(self.model, full,
-                                                     (self.export_dtype, server))  # fmt: skip
+            merged, counts = merged_with_lost_update(self.model, full, (self.export_dtype, server))
         check = decided_on_rank0(
             lambda: check_merged_sync(counts, self.server_dtype, str(self.export_dtype))
         )

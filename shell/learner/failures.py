@@ -27,8 +27,10 @@ import torch
 from asyncgrpo.core.packing.memory import RowSize, out_of_memory_message
 from asyncgrpo.core.packing.tree import PackedRow
 
-CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory",
-                     "DefaultCPUAllocator: not enough memory")  # fmt: skip
+CPU_OUT_OF_MEMORY = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
 """What torch's CPU allocator says when ``malloc`` fails (``posix_memalign`` then
 ``alloc_cpu.cpp``'s check, or ``TORCH_CHECK_ALLOC``), as a ``RuntimeError``."""
 
@@ -94,6 +96,7 @@ def out_of_memory_named(
         release()
         said = next((line for line in str(error).splitlines() if line.strip()), "")
         cause = f"{type(error).__name__}: {said.strip()[:300]}"
-        message = out_of_memory_message(row_size(row), token_budget, checkpointing,
-                                        str(device), cause)  # fmt: skip
+        message = out_of_memory_message(
+            row_size(row), token_budget, checkpointing, str(device), cause
+        )
         raise RowOutOfMemoryError(message) from error

@@ -213,8 +213,7 @@ class Learner:
         self.aux = RouterAuxLoss.for_model(model, config.router_aux_loss_coef)
         self.attention = choose_backend(self.device, attention_backend)  # once: every row's
         if self.rank == 0:
-            log.info("attention backend", backend=self.attention.name,
-                     reason=self.attention.reason)  # fmt: skip
+            log.info("attention backend", backend=self.attention.name, reason=self.attention.reason)
         self.model = self._prepare(model, peft_config, max_model_len)
         names = parameter_names(self.model)
         self.policy = PackedPolicy(self.model, config.temperature, chunk_size, self.attention)
@@ -246,11 +245,13 @@ class Learner:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
         enable_tree_attention(model)
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
-        checkpointing = decided_on_rank0(lambda: self._checkpointing(model, max_model_len),
-                                         refusals=(RuntimeError,))  # fmt: skip
+        checkpointing = decided_on_rank0(
+            lambda: self._checkpointing(model, max_model_len), refusals=(RuntimeError,)
+        )
         if self.rank == 0:
-            log.info("gradient checkpointing", enabled=checkpointing.enabled,
-                     reason=checkpointing.reason)  # fmt: skip
+            log.info(
+                "gradient checkpointing", enabled=checkpointing.enabled, reason=checkpointing.reason
+            )
         self.gradient_checkpointing = checkpointing.enabled
         if checkpointing.enabled:
             model.gradient_checkpointing_enable(
@@ -278,9 +279,12 @@ class Learner:
         head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         shape = DecoderShape(
-            int(getattr(config, "num_hidden_layers", 1)), hidden, kv_heads * head_dim,
-            int(getattr(config, "intermediate_size", 4 * hidden)), heads,
-        )  # fmt: skip
+            int(getattr(config, "num_hidden_layers", 1)),
+            hidden,
+            kv_heads * head_dim,
+            int(getattr(config, "intermediate_size", 4 * hidden)),
+            heads,
+        )
         budget, context = self.config.token_budget, getattr(config, "max_position_embeddings", 0)
         served = max_model_len() if requested is None and not budget and max_model_len else None
         tokens, source = row_tokens(budget, served, context)
@@ -326,13 +330,16 @@ class Learner:
             ):
                 micro = self._micro_batch(row, tokens, rows, len(micro_batches))
                 forward_done = self._now()
-                micro.loss.backward()  # fmt: skip
+                micro.loss.backward()
             fwd_s += forward_done - start
             fwd_bwd_s += self._now() - start
             loss_sum += micro.loss.detach()
             observations.extend(micro.observations)
-        observations += [mean("perf/fwd_s", fwd_s), mean("perf/bwd_s", fwd_bwd_s - fwd_s),
-                         mean("perf/fwd_bwd_s", fwd_bwd_s)]  # fmt: skip
+        observations += [
+            mean("perf/fwd_s", fwd_s),
+            mean("perf/bwd_s", fwd_bwd_s - fwd_s),
+            mean("perf/fwd_bwd_s", fwd_bwd_s),
+        ]
         return self._finish_step(observations, loss_sum)
 
     def _global_counts(self, micro_batches: Sequence[PackedRow | None]) -> list[tuple[int, int]]:
@@ -360,15 +367,19 @@ class Learner:
         loss = normalize_loss(per_token, tokens, accumulation)
         sampler_logp = inputs.sampler_logp
         metrics = {
-            **loss_metrics(logp, sampler_logp, entropy, inputs.sample_index, self.loss_config,
-                           topk),
+            **loss_metrics(
+                logp, sampler_logp, entropy, inputs.sample_index, self.loss_config, topk
+            ),
             **self.objective.metrics(inputs, self.objective_settings),
-        }  # fmt: skip
+        }
         n = len(row.target_ids)
         observations = [declared(name, v, n, LEARNER_METRICS) for name, v in metrics.items()]
-        gap, fresh = staleness0_gap((logp.detach() - sampler_logp).abs().double().cpu().numpy(),
-                                    row.sample_index, [s.model_version for s in row.samples],
-                                    self.step)  # fmt: skip
+        gap, fresh = staleness0_gap(
+            (logp.detach() - sampler_logp).abs().double().cpu().numpy(),
+            row.sample_index,
+            [s.model_version for s in row.samples],
+            self.step,
+        )
         if fresh:
             observations.append(mean(STALENESS0_GAP, gap, weight=fresh))
         if self.aux is not None:
@@ -426,8 +437,9 @@ class Learner:
         the step's metrics."""
         start = self._now()
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
-        applied = optimizer_step(self.model, self.optimizer, self.scheduler, self.config,
-                                 loss_sum, self.step + 1)  # fmt: skip
+        applied = optimizer_step(
+            self.model, self.optimizer, self.scheduler, self.config, loss_sum, self.step + 1
+        )
         self.step += 1
         observations.append(mean("perf/optimizer_s", self._now() - start))
         if trim_due(self.host_memory, self.step):
@@ -435,11 +447,17 @@ class Learner:
         if applied.skipped:  # what the forward measured describes a step not taken
             observations = [o for o in observations if o.name.startswith("perf/")]
             if self.rank == 0:
-                log.warning("skipped a step: its loss or gradient norm is not finite",
-                            step=self.step, loss=applied.loss, grad_norm=applied.grad_norm,
-                            learning_rate=learning_rate)  # fmt: skip
-        window = record(self._gather_window(record(MetricWindow(), observations)),
-                        applied.observations(learning_rate))  # fmt: skip
+                log.warning(
+                    "skipped a step: its loss or gradient norm is not finite",
+                    step=self.step,
+                    loss=applied.loss,
+                    grad_norm=applied.grad_norm,
+                    learning_rate=learning_rate,
+                )
+        window = record(
+            self._gather_window(record(MetricWindow(), observations)),
+            applied.observations(learning_rate),
+        )
         skipped = {"loss": applied.loss, "grad_norm": applied.grad_norm} if applied.skipped else {}
         return StepOutput(summarize(window) | skipped, window, skipped=applied.skipped)
 

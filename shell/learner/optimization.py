@@ -127,8 +127,10 @@ class AppliedStep:
         """The step's figures for its metric window: ``loss`` and ``grad_norm`` of a step
         applied, the learning rate and :data:`~asyncgrpo.core.run.divergence.
         NONFINITE_STEP_COUNT` of every step."""
-        figures = [total(NONFINITE_STEP_COUNT, int(self.skipped)),
-                   mean("learning_rate", learning_rate)]  # fmt: skip
+        figures = [
+            total(NONFINITE_STEP_COUNT, int(self.skipped)),
+            mean("learning_rate", learning_rate),
+        ]
         if not self.skipped:
             figures += [mean("loss", self.loss), mean("grad_norm", self.grad_norm)]
         return figures
@@ -162,8 +164,9 @@ def optimizer_step(
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     if finite and not weights_finite(model):
-        message = weights_diverged_message(step, config.learning_rate, config.max_grad_norm,
-                                           config.output_dir)  # fmt: skip
+        message = weights_diverged_message(
+            step, config.learning_rate, config.max_grad_norm, config.output_dir
+        )
         raise DivergedError(message)
     return AppliedStep(loss, grad_norm, skipped=not finite)
 

@@ -96,11 +96,15 @@ class Admission:
         self._taken_seen = taken
         behind = self.channels.steps_taken() - self.version_of(server)
         allowance = pacing.token_allowance(
-            self.channels.tokens_per_step(), self.config.max_staleness,
-            self.token_budget, self.rows_per_step, behind,
-        )  # fmt: skip
-        return pacing.may_start_group(self.ledger, allowance, behind=behind,
-                                      max_staleness=self.config.max_staleness)  # fmt: skip
+            self.channels.tokens_per_step(),
+            self.config.max_staleness,
+            self.token_budget,
+            self.rows_per_step,
+            behind,
+        )
+        return pacing.may_start_group(
+            self.ledger, allowance, behind=behind, max_staleness=self.config.max_staleness
+        )
 
     async def admit(self, pool: ServerPool) -> tuple[int, int] | None:
         """Wait until a server can take a group and the staleness allowance admits it, then

@@ -33,8 +33,13 @@ from asyncgrpo.shell.servers import (
 )
 
 CONTEXT = mp.get_context("forkserver")
-PRELOADED = ("__main__", "asyncgrpo.shell.rollout.child", "asyncgrpo.shell.rollout.loop",
-             "transformers.models.auto.tokenization_auto", "datasets")  # fmt: skip
+PRELOADED = (
+    "__main__",
+    "asyncgrpo.shell.rollout.child",
+    "asyncgrpo.shell.rollout.loop",
+    "transformers.models.auto.tokenization_auto",
+    "datasets",
+)
 """What the fork server imports once, at the first rollout process a Python process starts
 (about 5 s here, mostly transformers and torch): each rollout process after it, a restart or
 the next ``train()`` in the same process, is forked ready in well under a second. Like spawn,
@@ -110,8 +115,12 @@ class SharedState:
     leaving it waiting for the rest.
     """
 
-    def __init__(self, trust: SharedTrust | None, servers: SharedServers | None = None,
-                 pin: VersionPin | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        trust: SharedTrust | None,
+        servers: SharedServers | None = None,
+        pin: VersionPin | None = None,
+    ) -> None:
         self.messages: mp.Queue = CONTEXT.Queue()
         self.errors: mp.Queue = CONTEXT.Queue()
         self.version = CONTEXT.Value("q", 0, lock=False)
@@ -211,8 +220,9 @@ def adopt_environment(environment: dict[str, str]) -> None:
     os.environ.update(environment)
 
 
-def child_main(pickled_spec: bytes, shared: SharedState, parent_pid: int,
-               environment: dict[str, str]) -> None:  # fmt: skip
+def child_main(
+    pickled_spec: bytes, shared: SharedState, parent_pid: int, environment: dict[str, str]
+) -> None:
     # Ctrl-C reaches the whole process group: the trainer stops this process itself. A trainer
     # killed outright takes this process with it (its fork server exits with the trainer).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -60,8 +60,10 @@ class EvalRollout:
     version: int
 
 
-RolloutFn = Callable[[EvalRollout, list[dict[str, Any]], Mapping[str, Any]],
-                     Awaitable[tuple[Rollout, tuple[type, float] | None]]]  # fmt: skip
+RolloutFn = Callable[
+    [EvalRollout, list[dict[str, Any]], Mapping[str, Any]],
+    Awaitable[tuple[Rollout, tuple[type, float] | None]],
+]
 
 
 class Evaluator:
@@ -110,8 +112,11 @@ class Evaluator:
             evaluations = []
             for name, rows in self.rows.items():
                 prompts = await self._dataset(name, rows, request.version, servers)
-                evaluations.append(Evaluation(name, request.version, prompts, request.step,
-                                              time.monotonic() - started))  # fmt: skip
+                evaluations.append(
+                    Evaluation(
+                        name, request.version, prompts, request.step, time.monotonic() - started
+                    )
+                )
         except Exception as error:
             return EvalOutcome(request, (), f"{type(error).__name__}: {error}")
         return EvalOutcome(request, tuple(evaluations))
@@ -139,8 +144,9 @@ class Evaluator:
                 "(a resync after an outage); its completions are not all of one version"
             )
 
-    async def _dataset(self, name: str, rows: PromptRows, version: int,
-                       servers: list[int]) -> tuple[PromptScore, ...]:  # fmt: skip
+    async def _dataset(
+        self, name: str, rows: PromptRows, version: int, servers: list[int]
+    ) -> tuple[PromptScore, ...]:
         size = rows.size or 0
         scores: list[PromptScore | None] = [None] * size
         async with anyio.create_task_group() as tg:
@@ -148,8 +154,15 @@ class Evaluator:
                 tg.start_soon(self._prompt, name, rows, row_index, version, servers, scores)
         return tuple(s for s in scores if s is not None)
 
-    async def _prompt(self, name: str, rows: PromptRows, row_index: int, version: int,
-                      servers: list[int], scores: list[PromptScore | None]) -> None:  # fmt: skip
+    async def _prompt(
+        self,
+        name: str,
+        rows: PromptRows,
+        row_index: int,
+        version: int,
+        servers: list[int],
+        scores: list[PromptScore | None],
+    ) -> None:
         row = rows.row(row_index)
         prompt = rows.prompt_of(row, row_index)
         results: list[tuple[Rollout, tuple[type, float] | None] | None] = [None] * self.generations
@@ -166,10 +179,16 @@ class Evaluator:
             for index in range(self.generations):
                 tg.start_soon(one, index)
         done = [r for r in results if r is not None]
-        pending = PendingGroup(position=-1 - row_index, row_index=row_index, row=row,
-                               prompt=prompt, group_id=-1, model_version=version,
-                               rollouts=[r[0] for r in done],
-                               env_rewards=[r[1] for r in done])  # fmt: skip
+        pending = PendingGroup(
+            position=-1 - row_index,
+            row_index=row_index,
+            row=row,
+            prompt=prompt,
+            group_id=-1,
+            model_version=version,
+            rollouts=[r[0] for r in done],
+            env_rewards=[r[1] for r in done],
+        )
         columns = await reward_columns(pending, self.reward_funcs, self._doing)
         k = len(done)
         totals = sum_rewards([*columns.values(), [r.reward for r in pending.rollouts]], k)
@@ -227,12 +246,20 @@ def evaluate_now(spec: Any, version: int, step: int) -> EvalOutcome:
     :class:`~asyncgrpo.shell.rollout.spec.LoopSpec`), the servers holding weight ``version``
     (an evaluation outside training: ``trainer.evaluate()``, ``asyncgrpo eval``)."""
     loop = spec.loop_cls(
-        spec.config, spec.model_name, None, list(spec.reward_funcs), spec.processing_class,
-        _HeldVersion(version), max_model_len=spec.max_model_len, token_budget=spec.token_budget,
-        tools=list(spec.tools), environment_factory=spec.environment_factory,
-        lora_name=spec.lora_name, eval_datasets=spec.eval_datasets,
+        spec.config,
+        spec.model_name,
+        None,
+        list(spec.reward_funcs),
+        spec.processing_class,
+        _HeldVersion(version),
+        max_model_len=spec.max_model_len,
+        token_budget=spec.token_budget,
+        tools=list(spec.tools),
+        environment_factory=spec.environment_factory,
+        lora_name=spec.lora_name,
+        eval_datasets=spec.eval_datasets,
         eval_reward_funcs=spec.eval_reward_funcs,
-    )  # fmt: skip
+    )
 
     async def run() -> EvalOutcome:
         async with loop.opened():

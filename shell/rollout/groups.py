@@ -94,9 +94,15 @@ class GroupRunner:
             self.slots.notify_all()
 
     async def run(
-        self, send: Any, position: int, row_index: int, row: dict[str, Any], group_id: int,
-        server: int, version: int,
-    ) -> None:  # fmt: skip
+        self,
+        send: Any,
+        position: int,
+        row_index: int,
+        row: dict[str, Any],
+        group_id: int,
+        server: int,
+        version: int,
+    ) -> None:
         """Generate the group of prompt ``position`` on ``server``, under policy ``version``
         (the one it was admitted with), and send it to scoring."""
         pending = PendingGroup(
@@ -163,8 +169,12 @@ class GroupRunner:
         (:meth:`~asyncgrpo.shell.rollout.admission.Admission.reroute`)."""
         assert self.shared_servers is not None
         self.pool[pending.server].regenerated_groups += 1
-        log.info("a group is generated again on another server", position=pending.position,
-                 lost=lost.url, cause=str(lost)[:300])  # fmt: skip
+        log.info(
+            "a group is generated again on another server",
+            position=pending.position,
+            lost=lost.url,
+            cause=str(lost)[:300],
+        )
         pending.server, pending.model_version = await self.admission.reroute(
             self.pool, self.shared_servers, pending.model_version
         )
@@ -180,12 +190,23 @@ class GroupRunner:
                 f"the last {self._too_long_in_a_row} prompts were all rejected as too long; "
                 f"no batch can reach the trainer. {error}"
             ) from error
-        log.warning("skipped a prompt the server rejected as too long", row=pending.row_index,
-                    position=pending.position, error=str(error)[:400])  # fmt: skip
+        log.warning(
+            "skipped a prompt the server rejected as too long",
+            row=pending.row_index,
+            position=pending.position,
+            error=str(error)[:400],
+        )
         self.admission.finished(0, pending.model_version)
         counted: tuple[Observation, ...] = (total("rollout/prompt_too_long_count", 1),)
-        self.heartbeat.publish(GroupOutcome(pending.position, pending.row_index, (), counted,
-                                            dropped=sample_wait.PROMPT_TOO_LONG))  # fmt: skip
+        self.heartbeat.publish(
+            GroupOutcome(
+                pending.position,
+                pending.row_index,
+                (),
+                counted,
+                dropped=sample_wait.PROMPT_TOO_LONG,
+            )
+        )
         self.admission.report_in_flight()
 
     async def _one_rollout(

@@ -52,8 +52,9 @@ class Heartbeat:
 
     def publish(self, outcome: GroupOutcome) -> None:
         """Send a group's outcome to the trainer, counted for the report."""
-        self._published = sample_wait.outcome_arrived(self._published, len(outcome.samples),
-                                                      outcome.dropped)  # fmt: skip
+        self._published = sample_wait.outcome_arrived(
+            self._published, len(outcome.samples), outcome.dropped
+        )
         self.channels.publish(outcome)
 
     def describe(self) -> str:
@@ -61,8 +62,10 @@ class Heartbeat:
         the groups published (those dropped by reason)."""
         calls = describe_activities(self._activities.values(), time.monotonic())
         published = self._published
-        dropped = ", ".join(f"{n} {sample_wait.GROUP_REASONS.get(r, r)}"
-                            for r, n in sorted(published.groups_dropped.items()))  # fmt: skip
+        dropped = ", ".join(
+            f"{n} {sample_wait.GROUP_REASONS.get(r, r)}"
+            for r, n in sorted(published.groups_dropped.items())
+        )
         groups = f"; {published.groups} groups published" if published.groups else ""
         groups += f" ({dropped})" if dropped else ""
         return f"{self.in_flight()} rollouts in flight; {calls}{groups}"

@@ -151,8 +151,9 @@ class AsyncRolloutLoop:
         self._pending_obs: list[Observation] = []
         self.heartbeat = Heartbeat(channels, self._rollouts_in_flight)
         self.groups: GroupRunner | None = None  # runs each admitted group; set in opened()
-        self.admission = Admission(config, channels, self._version_of, token_budget,
-                                   rows_per_step, self._observe)  # fmt: skip
+        self.admission = Admission(
+            config, channels, self._version_of, token_budget, rows_per_step, self._observe
+        )
         self.tool_loop = ToolLoop(
             config, processing_class, environment_factory, self.heartbeat.doing, self._observe
         )
@@ -162,11 +163,15 @@ class AsyncRolloutLoop:
         self.eval_sampling = config.eval_sampling_params()
         self._priority_scheduling = False  # set at start: whether the servers schedule by it
         self.evaluator = Evaluator(
-            dict(eval_datasets or {}), list(eval_reward_funcs or self.reward_funcs),
+            dict(eval_datasets or {}),
+            list(eval_reward_funcs or self.reward_funcs),
             config.eval_num_generations,
-            config.max_concurrent_rollouts, self.evaluation_rollout, self._server_versions,
-            self._wait_for_version_change, self.heartbeat.doing,
-        )  # fmt: skip
+            config.max_concurrent_rollouts,
+            self.evaluation_rollout,
+            self._server_versions,
+            self._wait_for_version_change,
+            self.heartbeat.doing,
+        )
 
     @property
     def client(self) -> VLLMClient | None:
@@ -233,13 +238,17 @@ class AsyncRolloutLoop:
         evaluation = context.EVALUATING.get()
         if evaluation is not None:  # below training's priority, no candidate sets
             priority = EVAL_PRIORITY if self._priority_scheduling else 0
-            gen = await self.client.generate(prompt_ids, evaluation, seed, model=adapter,
-                                             priority=priority)  # fmt: skip
+            gen = await self.client.generate(
+                prompt_ids, evaluation, seed, model=adapter, priority=priority
+            )
         else:
             gen = await self.client.generate(
-                prompt_ids, self.sampling, seed, model=adapter,
+                prompt_ids,
+                self.sampling,
+                seed,
+                model=adapter,
                 candidate_sets_logprobs=self._candidate_logprobs,
-            )  # fmt: skip
+            )
             self._generated_tokens += len(gen.output_ids)
             assert self.pool is not None
             server = self.pool[context.SERVER.get()]
@@ -298,11 +307,15 @@ class AsyncRolloutLoop:
     def _scorer(self) -> GroupScorer:
         assert self.pool is not None
         return GroupScorer(
-            self.reward_funcs, self.compute_advantages, self.heartbeat, self.admission,
+            self.reward_funcs,
+            self.compute_advantages,
+            self.heartbeat,
+            self.admission,
             eos_token_ids=self.eos_token_ids,
             has_tools=bool(self.tools) or self.environment_factory is not None,
-            log_completions=self.config.log_completions, several_servers=len(self.pool) > 1,
-        )  # fmt: skip
+            log_completions=self.config.log_completions,
+            several_servers=len(self.pool) > 1,
+        )
 
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[None]:
@@ -313,17 +326,27 @@ class AsyncRolloutLoop:
         settings = ServerSettings.of(self.config)
         clients = [self._client_of(settings, index) for index in range(settings.count)]
         self.pool = ServerPool(
-            clients, self.config.max_concurrent_rollouts, self._version_of, self._routable,
+            clients,
+            self.config.max_concurrent_rollouts,
+            self._version_of,
+            self._routable,
             self._outages if self.rerouting else None,
-        )  # fmt: skip
+        )
         try:
             await self._start_load_cap()
             await self._plan_candidate_sets()
             self.groups = GroupRunner(
-                self.config, self.pool, self.generate_one, self.tool_loop, self.tools,
-                self.prompt_rows, self.admission, self.heartbeat, self.shared_servers,
+                self.config,
+                self.pool,
+                self.generate_one,
+                self.tool_loop,
+                self.tools,
+                self.prompt_rows,
+                self.admission,
+                self.heartbeat,
+                self.shared_servers,
                 self._observe,
-            )  # fmt: skip
+            )
             self._priority_scheduling = all(
                 [await c.scheduling_policy() == PRIORITY_POLICY for c in clients]
             )
@@ -336,10 +359,13 @@ class AsyncRolloutLoop:
                     await client.aclose()
 
     def _client_of(self, settings: ServerSettings, server: int) -> VLLMClient:
-        return settings.client(self.model_name, server,
-                               max_connections=self.config.max_concurrent_rollouts,
-                               gate=self._gate_of(server),
-                               stall_outage=self.rerouting)  # fmt: skip
+        return settings.client(
+            self.model_name,
+            server,
+            max_connections=self.config.max_concurrent_rollouts,
+            gate=self._gate_of(server),
+            stall_outage=self.rerouting,
+        )
 
     def _gate_of(self, server: int) -> ServerGate | None:
         """The gate of ``server``'s client: the given one with one server; with several and
@@ -348,8 +374,9 @@ class AsyncRolloutLoop:
         if not self.rerouting:
             return self.server_gate if server == 0 else None
         assert self.shared_servers is not None
-        return RolloutGate(self.shared_servers.trusts[server], self.config.vllm_server_timeout,
-                           reroute=True)  # fmt: skip
+        return RolloutGate(
+            self.shared_servers.trusts[server], self.config.vllm_server_timeout, reroute=True
+        )
 
     def _outages(self, server: int) -> int:
         assert self.shared_servers is not None
@@ -370,8 +397,9 @@ class AsyncRolloutLoop:
                         f"filter_prompt rejected all {size} prompts of an epoch; no batch can "
                         "reach the trainer"
                     )
-                self.heartbeat.publish(GroupOutcome(position, row_index, (), (),
-                                           dropped=sample_wait.FILTERED))  # fmt: skip
+                self.heartbeat.publish(
+                    GroupOutcome(position, row_index, (), (), dropped=sample_wait.FILTERED)
+                )
                 continue
             rejected_in_a_row = 0
             assert self.pool is not None
@@ -456,8 +484,9 @@ class AsyncRolloutLoop:
         (:func:`~asyncgrpo.core.rollout.candidate_sets.plan_candidate_sets`)."""
         assert self.client is not None
         support = await self.client.candidate_set_support()
-        plan = plan_candidate_sets(support, self.config.top_k, self.config.top_p,
-                                   self.sampling.num_sampler_logprobs)  # fmt: skip
+        plan = plan_candidate_sets(
+            support, self.config.top_k, self.config.top_p, self.sampling.num_sampler_logprobs
+        )
         if plan.warning is not None:
             warnings.warn(plan.warning, stacklevel=2)
         self._candidate_logprobs = plan.logprobs_to_request if plan.request_sets else None

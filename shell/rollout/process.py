@@ -145,11 +145,11 @@ class RolloutProcess:
     def start(self) -> RolloutProcess:
         with _cuda_hidden():
             self._process = CONTEXT.Process(
-                target=child_main, args=(pickle.dumps(self.spec), self._shared, os.getpid(),
-                                         dict(os.environ)),
+                target=child_main,
+                args=(pickle.dumps(self.spec), self._shared, os.getpid(), dict(os.environ)),
                 name="asyncgrpo-rollout",
                 daemon=True,
-            )  # fmt: skip
+            )
             self._process.start()
         self._shared.child_started()
         self._shared.heartbeat.value = time.time()
@@ -163,8 +163,10 @@ class RolloutProcess:
         figures (policy version, steps, step size) carried over. Returns the metrics."""
         assert self._resume_cursor is not None
         lost = self.in_flight().groups
-        old, self._shared = self._shared, SharedState(self._shared.trust, self._shared.servers,
-                                                  self._shared.pin)  # fmt: skip
+        old, self._shared = (
+            self._shared,
+            SharedState(self._shared.trust, self._shared.servers, self._shared.pin),
+        )
         for name in ("version", "step_tokens", "steps_taken"):
             getattr(self._shared, name).value = getattr(old, name).value
         old.close()
@@ -173,14 +175,23 @@ class RolloutProcess:
         self.restarted += 1
         start = restart_cursor(self._resume_cursor())
         self.spec = attrs.evolve(self.spec, start_cursor=start)
-        log.warning("the rollout process died; restarting it from the trainer's prompt cursor "
-                    "(the groups that were in flight are generated again)", how=how,
-                    restart=self.restarted, restarts=self.restarts, regenerated_groups=lost,
-                    from_position=start.next_untrained)  # fmt: skip
+        log.warning(
+            "the rollout process died; restarting it from the trainer's prompt cursor "
+            "(the groups that were in flight are generated again)",
+            how=how,
+            restart=self.restarted,
+            restarts=self.restarts,
+            regenerated_groups=lost,
+            from_position=start.next_untrained,
+        )
         self.start()
         self._new_wait()
-        return LoopReport((total("rollout/process_restart_count", 1),
-                           mean("rollout/process_restart_regenerated_groups", lost)))  # fmt: skip
+        return LoopReport(
+            (
+                total("rollout/process_restart_count", 1),
+                mean("rollout/process_restart_regenerated_groups", lost),
+            )
+        )
 
     @property
     def pid(self) -> int | None:
@@ -283,8 +294,11 @@ class RolloutProcess:
             how = _exit_description(self._process.exitcode)
             if self.restarted < self.restarts and self._resume_cursor is not None:
                 return self._restart(how)
-            again = (f" after {self.restarted} restart(s) (rollout_worker_restarts="
-                     f"{self.restarts})" if self.restarts else "")  # fmt: skip
+            again = (
+                f" after {self.restarted} restart(s) (rollout_worker_restarts={self.restarts})"
+                if self.restarts
+                else ""
+            )
             raise RolloutWorkerError(
                 f"the rollout process {how} and no traceback (killed by a signal or out of "
                 f"memory?){again}. The run stops; resume it from its last checkpoint with "
@@ -329,13 +343,20 @@ class RolloutProcess:
             return
         self._logged_wait_s = waited
         if producing:
-            log.warning("waiting for samples: the rollout process is producing groups, but "
-                        "every one is dropped (not a hang; the run goes on)",
-                        waited_s=round(waited), dropped=sample_wait.describe_drops(self._tally),
-                        rollout=self.activity())  # fmt: skip
+            log.warning(
+                "waiting for samples: the rollout process is producing groups, but "
+                "every one is dropped (not a hang; the run goes on)",
+                waited_s=round(waited),
+                dropped=sample_wait.describe_drops(self._tally),
+                rollout=self.activity(),
+            )
         else:
-            log.warning("waiting for samples", waited_s=round(waited),
-                        fails_after_s=self.timeout_s, rollout=self.activity())  # fmt: skip
+            log.warning(
+                "waiting for samples",
+                waited_s=round(waited),
+                fails_after_s=self.timeout_s,
+                rollout=self.activity(),
+            )
 
     def _child_error(self, wait_s: float = 0.0) -> str | None:
         try:

@@ -142,9 +142,11 @@ class NonfiniteRewardWarnings:
                 f"reward function {name!r} returned NaN or an infinite reward; it counts as "
                 "unscored (None), and rewards/<name>/nonfinite_count counts them; return None "
                 "for a completion the function cannot score (warned once per function)",
-                reward=name, completions=list(column.nonfinite), row=pending.row_index,
+                reward=name,
+                completions=list(column.nonfinite),
+                row=pending.row_index,
                 prompt=prompt[:200],
-            )  # fmt: skip
+            )
 
 
 def scored_outcome(
@@ -184,10 +186,15 @@ def scored_outcome(
     score = score_group(rewards, lambda _: compute_advantages(group))
     now = time.monotonic()
     samples = group_samples(
-        [r.sequences for r in reconciled], score, [r.rollout_id for r in pending.rollouts],
-        model_version=pending.model_version, group_id=pending.group_id,
-        row_index=pending.row_index, prompt_position=pending.position, queued_at=now,
-    )  # fmt: skip
+        [r.sequences for r in reconciled],
+        score,
+        [r.rollout_id for r in pending.rollouts],
+        model_version=pending.model_version,
+        group_id=pending.group_id,
+        row_index=pending.row_index,
+        prompt_position=pending.position,
+        queued_at=now,
+    )
     facts = GroupFacts(
         rollouts=pending.rollouts,
         reconciled=reconciled,
@@ -196,20 +203,25 @@ def scored_outcome(
         nonfinite_rewards={name: len(column.nonfinite) for name, column in values.items()},
         eos_token_ids=eos_token_ids,
         has_tools=has_tools,
-        loop_exhausted=[bool(r.completion and r.completion[-1].get("tool_calls"))
-                        for r in pending.rollouts],
-    )  # fmt: skip
+        loop_exhausted=[
+            bool(r.completion and r.completion[-1].get("tool_calls")) for r in pending.rollouts
+        ],
+    )
     texts = ()
     if log_completions:
         prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
         texts = tuple(
-            (prompt, "\n".join(str(m.get("content") or "") for m in r.completion),
-             float(reward))
+            (prompt, "\n".join(str(m.get("content") or "") for m in r.completion), float(reward))
             for r, reward in zip(pending.rollouts, rewards, strict=True)
-        )  # fmt: skip
-    return GroupOutcome(pending.position, pending.row_index, samples,
-                        tuple(group_observations(facts)), texts,
-                        dropped="" if samples else sample_wait.ZERO_SPREAD)  # fmt: skip
+        )
+    return GroupOutcome(
+        pending.position,
+        pending.row_index,
+        samples,
+        tuple(group_observations(facts)),
+        texts,
+        dropped="" if samples else sample_wait.ZERO_SPREAD,
+    )
 
 
 @attrs.frozen
@@ -248,18 +260,32 @@ class GroupScorer:
                 values = await reward_values(pending, self.reward_funcs, self.heartbeat.doing)
                 nonfinite.check(pending, values)
                 outcome = scored_outcome(
-                    pending, values, self.compute_advantages, eos_token_ids=self.eos_token_ids,
-                    has_tools=self.has_tools, log_completions=self.log_completions,
-                )  # fmt: skip
+                    pending,
+                    values,
+                    self.compute_advantages,
+                    eos_token_ids=self.eos_token_ids,
+                    has_tools=self.has_tools,
+                    log_completions=self.log_completions,
+                )
                 done = time.monotonic()
                 self.admission.finished(outcome.forwarded_tokens, pending.model_version)
-                where = ((total(f"rollout/server/{pending.server}/groups_count", 1),)
-                         if self.several_servers else ())  # fmt: skip
-                self.heartbeat.publish(attrs.evolve(outcome, observations=(
-                    *outcome.observations,
-                    mean("rollout/score_wait_s", started - pending.completed_at),
-                    mean("rollout/score_s", done - started),
-                    mean("rollout/score_queue_size", receive.statistics().current_buffer_used),
-                    *where,
-                )))  # fmt: skip
+                where = (
+                    (total(f"rollout/server/{pending.server}/groups_count", 1),)
+                    if self.several_servers
+                    else ()
+                )
+                self.heartbeat.publish(
+                    attrs.evolve(
+                        outcome,
+                        observations=(
+                            *outcome.observations,
+                            mean("rollout/score_wait_s", started - pending.completed_at),
+                            mean("rollout/score_s", done - started),
+                            mean(
+                                "rollout/score_queue_size", receive.statistics().current_buffer_used
+                            ),
+                            *where,
+                        ),
+                    )
+                )
                 self.admission.report_in_flight()

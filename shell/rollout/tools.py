@@ -122,8 +122,9 @@ class ToolLoop:
         calls_made = failures = rounds = 0
         limit = self.config.max_tool_calling_iterations
         while True:
-            prompt_ids = render_prompt(self.tokenizer, messages, schemas,
-                                       self.config.chat_template_kwargs)  # fmt: skip
+            prompt_ids = render_prompt(
+                self.tokenizer, messages, schemas, self.config.chat_template_kwargs
+            )
             with self._doing("generation"):
                 turn = await generate_turn(prompt_ids)
             turns.append(turn)

@@ -184,10 +184,13 @@ def find_for_resume(output_dir: str | Path) -> Path:
     """
     found = resumable(output_dir)
     if found.skipped:
-        log.warning("skipped checkpoints that are incomplete or do not load",
-                    skipped=[f"{p.name}: {why}" for p, why in zip(found.skipped, found.reasons,
-                                                                  strict=True)],
-                    resuming_from=str(found.checkpoint))  # fmt: skip
+        log.warning(
+            "skipped checkpoints that are incomplete or do not load",
+            skipped=[
+                f"{p.name}: {why}" for p, why in zip(found.skipped, found.reasons, strict=True)
+            ],
+            resuming_from=str(found.checkpoint),
+        )
     if found.checkpoint is None:
         incomplete = f" (skipped: {list(found.reasons)})" if found.skipped else ""
         raise FileNotFoundError(
@@ -198,15 +201,20 @@ def find_for_resume(output_dir: str | Path) -> Path:
     return found.checkpoint
 
 
-def write_rollout_state(path: Path, cursor: PromptCursor, version: int, step: int,
-                        last_evaluated: int | None = None) -> None:  # fmt: skip
+def write_rollout_state(
+    path: Path, cursor: PromptCursor, version: int, step: int, last_evaluated: int | None = None
+) -> None:
     """Write ``rollout_state.json`` into checkpoint directory ``path`` (rank 0, last, once
     every process wrote its files); with the version evaluated last (None: none), which a
     resumed run does not evaluate again, and the size of every other file under ``path``
     (``files``), which :func:`check_loads` compares with the files found."""
-    state = {"cursor": cursor.to_json(), "version": version, "step": step,
-             "last_evaluated": last_evaluated,
-             FILES_KEY: file_sizes(path, leave_out=(ROLLOUT_STATE,))}  # fmt: skip
+    state = {
+        "cursor": cursor.to_json(),
+        "version": version,
+        "step": step,
+        "last_evaluated": last_evaluated,
+        FILES_KEY: file_sizes(path, leave_out=(ROLLOUT_STATE,)),
+    }
     (path / ROLLOUT_STATE).write_text(json.dumps(state, indent=2))
 
 
@@ -250,8 +258,9 @@ def _parse_rollout_state(state: dict[str, Any], file: Path) -> RolloutState:
             split_groups=split_by_checkpoint(state["cursor"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise DamagedFile(file, f"does not hold a rollout state ({type(error).__name__}: "
-                                f"{error})") from error  # fmt: skip
+        raise DamagedFile(
+            file, f"does not hold a rollout state ({type(error).__name__}: {error})"
+        ) from error
 
 
 def load_rollout_state(path: Path) -> RolloutState:
@@ -340,8 +349,10 @@ def _cause(error: BaseException) -> str:
     """One line per distinct cause: for a ``CheckpointException``, each rank's error (its
     own message is a traceback dump)."""
     if isinstance(error, CheckpointException):
-        ranks = [f"rank {rank}: {type(failure[0]).__name__}: {failure[0]}"
-                 for rank, failure in sorted(error.failures.items())]  # fmt: skip
+        ranks = [
+            f"rank {rank}: {type(failure[0]).__name__}: {failure[0]}"
+            for rank, failure in sorted(error.failures.items())
+        ]
         return f"{type(error).__name__} ({'; '.join(ranks) or 'no rank named'})"
     return f"{type(error).__name__}: {error}"
 
@@ -406,9 +417,12 @@ def save(
         _publish(partial, final)
         written = survey(final)
         if written.problem is not None:
-            log.warning("a checkpoint was written but does not check; it does not count toward "
-                        "save_total_limit and the earlier ones are kept",
-                        checkpoint=str(final), problem=written.problem)  # fmt: skip
+            log.warning(
+                "a checkpoint was written but does not check; it does not count toward "
+                "save_total_limit and the earlier ones are kept",
+                checkpoint=str(final),
+                problem=written.problem,
+            )
         prune(output_dir, keep, checked={final: written})
     return final
 
@@ -480,8 +494,11 @@ def prune(
     doomed = to_rotate(list(paths), keep)
     for record in doomed:
         if record.problem is not None:
-            log.warning("deleting a damaged checkpoint older than the newest complete one "
-                        "(save_total_limit)", checkpoint=str(paths[record]),
-                        problem=record.problem)  # fmt: skip
+            log.warning(
+                "deleting a damaged checkpoint older than the newest complete one "
+                "(save_total_limit)",
+                checkpoint=str(paths[record]),
+                problem=record.problem,
+            )
         shutil.rmtree(paths[record])
     return [paths[record] for record in doomed]

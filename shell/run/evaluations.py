@@ -63,8 +63,13 @@ class Evaluations:
         completed: the last version whose evaluation arrived (saved in checkpoints).
     """
 
-    def __init__(self, every: int | None, on_start: bool, last: int | None,
-                 on_metrics: Callable[[int, dict[str, float]], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        every: int | None,
+        on_start: bool,
+        last: int | None,
+        on_metrics: Callable[[int, dict[str, float]], None],
+    ) -> None:
         self.every = every
         self.on_start = on_start
         self.last = last  # the last version asked for
@@ -82,8 +87,9 @@ class Evaluations:
         with self._lock:
             if self.process is None or self.process.pin.pinned() is not None:
                 return
-            if not schedule.evaluation_due(version, self.every, self.last,
-                                           at_start=at_start, on_start=self.on_start):  # fmt: skip
+            if not schedule.evaluation_due(
+                version, self.every, self.last, at_start=at_start, on_start=self.on_start
+            ):
                 return
             request = self.process.request_evaluation(version, step=version)
             self._asked_at[request.request_id] = time.monotonic()
@@ -96,8 +102,11 @@ class Evaluations:
         request = outcome.request
         took = time.monotonic() - self._asked_at.pop(request.request_id, time.monotonic())
         if outcome.error:
-            log.warning("evaluation failed; the run goes on", version=request.version,
-                        error=outcome.error[:500])  # fmt: skip
+            log.warning(
+                "evaluation failed; the run goes on",
+                version=request.version,
+                error=outcome.error[:500],
+            )
             return [metrics.total("eval/failed_count", 1)]
         figures: dict[str, float] = {}
         for evaluation in outcome.evaluations:
@@ -105,8 +114,7 @@ class Evaluations:
         figures["eval/duration_s"] = took
         self.completed = request.version
         if self.file is not None:
-            self.file.write(request.version, {"time_s": time.monotonic() - self.started,
-                                              **figures})  # fmt: skip
+            self.file.write(request.version, {"time_s": time.monotonic() - self.started, **figures})
         headline = {
             name: round(value, 4)
             for name, value in figures.items()
@@ -128,8 +136,9 @@ class Evaluations:
         while self.in_flight() and time.monotonic() < deadline:
             take(0.5)
         if self.in_flight():
-            log.warning("the last evaluation did not finish in time; not waited for",
-                        timeout_s=timeout_s)  # fmt: skip
+            log.warning(
+                "the last evaluation did not finish in time; not waited for", timeout_s=timeout_s
+            )
             self._asked_at.clear()
         self.release()
 
@@ -149,17 +158,24 @@ def evaluation_spec(inputs: RunInputs, args: AsyncGRPOConfig) -> LoopSpec:
 
     longest = anyio.run(max_model_len)
     return LoopSpec(
-        loop_cls=inputs.loop_cls, config=args, model_name=inputs.model_name, dataset=None,
-        reward_funcs=inputs.reward_funcs, processing_class=inputs.processing_class,
-        max_model_len=longest, token_budget=args.token_budget or longest, rows_per_step=1,
-        tools=inputs.tools, environment_factory=inputs.environment_factory,
-        eval_datasets=inputs.eval_datasets, eval_reward_funcs=inputs.eval_reward_funcs,
+        loop_cls=inputs.loop_cls,
+        config=args,
+        model_name=inputs.model_name,
+        dataset=None,
+        reward_funcs=inputs.reward_funcs,
+        processing_class=inputs.processing_class,
+        max_model_len=longest,
+        token_budget=args.token_budget or longest,
+        rows_per_step=1,
+        tools=inputs.tools,
+        environment_factory=inputs.environment_factory,
+        eval_datasets=inputs.eval_datasets,
+        eval_reward_funcs=inputs.eval_reward_funcs,
         loop_options=inputs.loop_options,
-    )  # fmt: skip
+    )
 
 
-def push_to_servers(model: Any, args: AsyncGRPOConfig, model_name: str,
-                    output_dir: Path) -> int:  # fmt: skip
+def push_to_servers(model: Any, args: AsyncGRPOConfig, model_name: str, output_dir: Path) -> int:
     """Put ``model``'s weights on every server by disk (an evaluation before training: the
     servers may hold other weights); the version they count as, 0."""
     weights = checkpoint_named(model, model.state_dict())

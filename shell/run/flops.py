@@ -55,8 +55,11 @@ class FlopsMeter:
 
     def __init__(self, config: Any, device: torch.device, bf16: bool) -> None:
         self.shape = model_shape(config)
-        listed = gpu_peak_flops(torch.cuda.get_device_name(device), bf16) if (
-            device.type == "cuda") else None  # fmt: skip
+        listed = (
+            gpu_peak_flops(torch.cuda.get_device_name(device), bf16)
+            if (device.type == "cuda")
+            else None
+        )
         self.peak_source = "datasheet" if listed else "matmul"
         dtype = torch.bfloat16 if bf16 else torch.float32
         self.peak_flops = listed or measured_peak_flops(device, dtype)

@@ -78,8 +78,11 @@ def write_model_card(folder: Path, base_model: str, **fields: Any) -> None:
     (``license``, ``tags``, ``dataset_name``, ``language``, ...) and the base model."""
     import yaml
 
-    header = {"base_model": base_model, "library_name": "transformers",
-              "tags": ["asyncgrpo", "grpo", *list(fields.pop("tags", None) or [])]}  # fmt: skip
+    header = {
+        "base_model": base_model,
+        "library_name": "transformers",
+        "tags": ["asyncgrpo", "grpo", *list(fields.pop("tags", None) or [])],
+    }
     if "dataset_name" in fields:
         fields["datasets"] = [fields.pop("dataset_name")]
     header.update({k: v for k, v in fields.items() if v is not None})

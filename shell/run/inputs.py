@@ -31,8 +31,9 @@ def reject_reward_models(reward_funcs: Sequence[Any]) -> None:
             )
 
 
-def eval_datasets_of(eval_dataset: Any, environment_factory: Any,
-                     config: AsyncGRPOConfig) -> dict[str, Any]:  # fmt: skip
+def eval_datasets_of(
+    eval_dataset: Any, environment_factory: Any, config: AsyncGRPOConfig
+) -> dict[str, Any]:
     """The evaluation datasets by name: one dataset is ``{"eval": dataset}``, a dict (as
     transformers' ``Trainer`` takes) keeps its names; every row checked as a training row is.
 
@@ -123,8 +124,9 @@ def _rows(dataset: Any, columns: list[str]) -> Iterator[dict[str, Any]]:
         yield {c: row[c] for c in columns if c in row} if isinstance(row, Mapping) else row
 
 
-def check_rows(dataset: Any, environment_factory: Any, columns: list[str],
-               label: str = "train_dataset") -> None:  # fmt: skip
+def check_rows(
+    dataset: Any, environment_factory: Any, columns: list[str], label: str = "train_dataset"
+) -> None:
     """Check every row (:func:`~asyncgrpo.shell.rollout.check_row`): its prompt and, with a
     dict of environment factories, its ``environment`` column; the message names the row, the
     column, the value's type and, for a ``datasets.Dataset``, the column's schema."""

@@ -78,8 +78,9 @@ class SampleIntake:
         while message is not None:
             if isinstance(message, GroupOutcome):
                 self._spread.group_seen(message.observations)
-                self.cursor = cursor.group_outcome(self.cursor, message.position,
-                                                   len(message.samples))  # fmt: skip
+                self.cursor = cursor.group_outcome(
+                    self.cursor, message.position, len(message.samples)
+                )
                 if not message.samples:
                     self._note(message.dropped or ZERO_SPREAD, [message.position])
                 self.completions.extend(message.completions)
@@ -113,9 +114,12 @@ class SampleIntake:
         if decided.oversize:
             self._observe(metrics.total("batch/dropped_oversize_count", len(decided.oversize)))
             budget = self.queue.settings.token_budget
-            log.warning("dropped samples longer than token_budget", count=len(decided.oversize),
-                        token_budget=budget,
-                        longest=max(len(s.sequence) for s in decided.oversize))  # fmt: skip
+            log.warning(
+                "dropped samples longer than token_budget",
+                count=len(decided.oversize),
+                token_budget=budget,
+                longest=max(len(s.sequence) for s in decided.oversize),
+            )
             if self.queue.budget_too_small:
                 raise ValueError(
                     f"token_budget={budget} is too small: the last "
@@ -158,9 +162,12 @@ class SampleIntake:
         dropped = [p for p, n in sorted(left.items()) for _ in range(n)]
         self._note(SPLIT_BY_RESUME, dropped)
         self._observe(metrics.total("sample/dropped_split_by_resume_count", len(dropped)))
-        log.info("resumed with groups the checkpoint split: their samples left are dropped, "
-                 "the part trained is not generated again", groups=len(left),
-                 samples=len(dropped))  # fmt: skip
+        log.info(
+            "resumed with groups the checkpoint split: their samples left are dropped, "
+            "the part trained is not generated again",
+            groups=len(left),
+            samples=len(dropped),
+        )
 
     def take_done(self) -> dict[str, list[int]]:
         """The prompt positions done with since the last call, by outcome (a row of

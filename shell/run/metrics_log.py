@@ -152,8 +152,13 @@ class WindowLog:
         total = max_steps if max_steps > 0 else None
         self.bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=disable)
 
-    def write(self, step: int, window: windows.MetricWindow, extra: Mapping[str, float],
-              completions: Sequence[tuple[str, str, float]]) -> dict[str, float]:  # fmt: skip
+    def write(
+        self,
+        step: int,
+        window: windows.MetricWindow,
+        extra: Mapping[str, float],
+        completions: Sequence[tuple[str, str, float]],
+    ) -> dict[str, float]:
         """Log ``step``'s window with ``extra`` figures (``epoch``, ``num_tokens``) and the
         rates they give; return its summary."""
         evaluated = self._held.pop(step, {})
@@ -173,11 +178,14 @@ class WindowLog:
         else:
             self._place_held(before=step)
             self.file.write(step, {**summary, **evaluated})
-        log.info("step", step=step, reward=_rounded(summary.get("reward")),
-                 loss=_rounded(summary.get("loss")),
-                 staleness_max=summary.get("sample/staleness_max"),
-                 logp_diff_max=_rounded(summary.get("sampling/sampling_logp_difference/max"),
-                                        6))  # fmt: skip
+        log.info(
+            "step",
+            step=step,
+            reward=_rounded(summary.get("reward")),
+            loss=_rounded(summary.get("loss")),
+            staleness_max=summary.get("sample/staleness_max"),
+            logp_diff_max=_rounded(summary.get("sampling/sampling_logp_difference/max"), 6),
+        )
         if self.bar is not None:
             self.bar.set_postfix(reward=_rounded(summary.get("reward")))
         if completions:
@@ -294,8 +302,12 @@ def write_completions(
     path = Path(output_dir) / "completions.jsonl"
     with path.open("a", encoding="utf-8") as f:
         for prompt, completion, reward in completions:
-            row = {"step": step, "prompt": prompt, "completion": completion,
-                   "reward": _json_number(reward)}  # fmt: skip
+            row = {
+                "step": step,
+                "prompt": prompt,
+                "completion": completion,
+                "reward": _json_number(reward),
+            }
             f.write(json.dumps(row) + "\n")
     shown = completions if num_to_print is None else completions[:num_to_print]
     if not shown:

@@ -45,8 +45,12 @@ class NonfiniteGuard:
         saved with the last finite weights."""
         checkpoint = output_dir / f"{CHECKPOINT_PREFIX}{step}"
         message = divergence.diverged_message(
-            self.steps, self.config.stop_after_nonfinite_steps, out.metrics["loss"],
-            out.metrics["grad_norm"], self.config.learning_rate, self.config.max_grad_norm,
+            self.steps,
+            self.config.stop_after_nonfinite_steps,
+            out.metrics["loss"],
+            out.metrics["grad_norm"],
+            self.config.learning_rate,
+            self.config.max_grad_norm,
             str(checkpoint),
-        )  # fmt: skip
+        )
         return DivergedError(message)

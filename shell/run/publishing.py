@@ -47,8 +47,9 @@ class Publisher:
         model_name: the model's name or path, for the model card.
     """
 
-    def __init__(self, args: AsyncGRPOConfig, model: Any, processing_class: Any,
-                 model_name: str) -> None:  # fmt: skip
+    def __init__(
+        self, args: AsyncGRPOConfig, model: Any, processing_class: Any, model_name: str
+    ) -> None:
         self.args = args
         self.model = model
         self.processing_class = processing_class
@@ -68,8 +69,9 @@ class Publisher:
         collective: every rank calls it."""
         path = Path(output_dir or self.args.output_dir)
         if self.learner is not None:
-            self.learner.export.save_pretrained(path, self.processing_class,
-                                                adapter_only=self.learner.is_peft)  # fmt: skip
+            self.learner.export.save_pretrained(
+                path, self.processing_class, adapter_only=self.learner.is_peft
+            )
             return
         final = self.final
         if final is not None and final.rank != 0:
@@ -107,8 +109,14 @@ class Publisher:
         if self.final is not None and self.final.rank != 0:
             return None
         hub.write_model_card(self.output_dir, self.model_name, **kwargs)
-        return hub.upload(self.args, self.output_dir, commit_message=commit_message or "",
-                          token=token, revision=revision, blocking=blocking)  # fmt: skip
+        return hub.upload(
+            self.args,
+            self.output_dir,
+            commit_message=commit_message or "",
+            token=token,
+            revision=revision,
+            blocking=blocking,
+        )
 
     def after_checkpoint(self, step: int, rank0: bool) -> None:
         """Push to the hub after a checkpoint as ``hub_strategy`` says (``push_to_hub``)."""

@@ -34,8 +34,12 @@ class PushLedger:
         process: the rollout process, told each version once it runs.
     """
 
-    def __init__(self, observe: Callable[..., None], servers: SharedServers | None,
-                 on_version: Callable[[int], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        observe: Callable[..., None],
+        servers: SharedServers | None,
+        on_version: Callable[[int], None],
+    ) -> None:
         self.version = 0
         self.process: RolloutProcess | None = None
         self.servers = servers

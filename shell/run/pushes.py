@@ -75,15 +75,17 @@ class RunPushes:
         self.push(at_start=True)
         self.plan = self._plan()
         if self.rank0 and self.servers is not None and len(self.servers) > 1:
-            self._watch = ServerWatch(ServerSettings.of(self.args), model_name,
-                                      self.servers).start()  # fmt: skip
+            self._watch = ServerWatch(
+                ServerSettings.of(self.args), model_name, self.servers
+            ).start()
 
     def _plan(self) -> weight_sync.PushPlan:
         """Whether the pushes after steps run beside training (rank 0 measures the memory a
         snapshot needs and has free; every process follows its choice)."""
         if not self.args.weight_push_overlap:
-            return weight_sync.PushPlan(False, 0, "weight_push_overlap=False: the step waits "
-                                        "for the push")  # fmt: skip
+            return weight_sync.PushPlan(
+                False, 0, "weight_push_overlap=False: the step waits for the push"
+            )
 
         def plan() -> weight_sync.PushPlan:
             size, where = self.weights.snapshot_size()

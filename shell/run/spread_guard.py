@@ -29,8 +29,7 @@ class SpreadGuard:
 
     def __init__(self, stop_after: int | None, num_generations: int) -> None:
         self.watch = collapse.SpreadWatch()
-        self.settings = collapse.SpreadSettings(SPREADLESS_SHARE, WARN_AFTER_SPREADLESS,
-                                                stop_after)  # fmt: skip
+        self.settings = collapse.SpreadSettings(SPREADLESS_SHARE, WARN_AFTER_SPREADLESS, stop_after)
         self.num_generations = num_generations
         self.groups_per_step = 0  # groups whose samples filled the last step
         self.rollouts_since_step = 0
@@ -61,10 +60,13 @@ class SpreadGuard:
         self.watch, verdict = collapse.close_step(self.watch, self.settings)
         if verdict is collapse.Verdict.NONE:
             return False
-        figures = dict(step=step, spreadless_steps=self.watch.spreadless_in_a_row,
-                       spreadless_steps_in_all=self.watch.spreadless_total,
-                       zero_spread_share=round(self.watch.last_share, 3),
-                       rollouts_for_the_step=rollouts)  # fmt: skip
+        figures = dict(
+            step=step,
+            spreadless_steps=self.watch.spreadless_in_a_row,
+            spreadless_steps_in_all=self.watch.spreadless_total,
+            zero_spread_share=round(self.watch.last_share, 3),
+            rollouts_for_the_step=rollouts,
+        )
         if math.isfinite(entropy):  # none before the first trained step
             figures["entropy"] = round(entropy, 4)
         if verdict is collapse.Verdict.WARN:
@@ -79,8 +81,11 @@ class SpreadGuard:
                 "(stop_after_spreadless_steps ends it with a checkpoint)",
                 next_warning_at=collapse.warning_due_at(self.watch.warnings, self.settings),
                 **figures,
-            )  # fmt: skip
+            )
             return False
-        log.warning("stopping: no reward spread for stop_after_spreadless_steps="
-                    f"{self.settings.stop_after} steps in a row", **figures)  # fmt: skip
+        log.warning(
+            "stopping: no reward spread for stop_after_spreadless_steps="
+            f"{self.settings.stop_after} steps in a row",
+            **figures,
+        )
         return True

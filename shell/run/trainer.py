@@ -128,9 +128,12 @@ class AsyncGRPOTrainer:
         self.eval_reward_funcs = (
             []
             if eval_reward_funcs is None
-            else (list(eval_reward_funcs) if isinstance(eval_reward_funcs, Sequence)
-                  else [eval_reward_funcs])
-        )  # fmt: skip
+            else (
+                list(eval_reward_funcs)
+                if isinstance(eval_reward_funcs, Sequence)
+                else [eval_reward_funcs]
+            )
+        )
         reject_reward_models(self.eval_reward_funcs)
         if self.eval_reward_funcs and not self.eval_datasets:
             raise ValueError("eval_reward_funcs score evaluations: give the eval_dataset too")
@@ -142,8 +145,9 @@ class AsyncGRPOTrainer:
         self.optimizers = optimizers
         if isinstance(model, str):
             self.model_name = resolve_model(model)  # a packaged model's name, a .gguf file
-            self.model = load_causal_lm(self.model_name, self.args.dtype,
-                                        self.args.model_init_kwargs)  # fmt: skip
+            self.model = load_causal_lm(
+                self.model_name, self.args.dtype, self.args.model_init_kwargs
+            )
         else:
             self.model_name = str(model.config._name_or_path)
             self.model = model
@@ -155,10 +159,10 @@ class AsyncGRPOTrainer:
             self.processing_class.pad_token = self.processing_class.eos_token
         self.output_dir = Path(self.args.output_dir)
         trackers = get_reporting_integration_callbacks(self.args.report_to)  # report_to
-        self._callbacks = Callbacks([*trackers, *(callbacks or [])], self.args, self.model,
-                                    self.processing_class)  # fmt: skip
-        self._publisher = Publisher(self.args, self.model, self.processing_class,
-                                    self.model_name)  # fmt: skip
+        self._callbacks = Callbacks(
+            [*trackers, *(callbacks or [])], self.args, self.model, self.processing_class
+        )
+        self._publisher = Publisher(self.args, self.model, self.processing_class, self.model_name)
         if self.args.push_to_hub:
             hub.resolve_token(self.args)  # fail at the door, not at the first save
         self._callbacks.init_end()
@@ -199,22 +203,28 @@ class AsyncGRPOTrainer:
             signals_interrupt(),
             failures_outrank_signals() as failing,
             cpus_shared_with_server(self.args, default_device()) as self.cpu_plan,
-            Learner(self.model, self.args, peft_config=self.peft_config,
-                    optimizers=self.optimizers,
-                    max_model_len=lambda: ServerSettings.of(self.args).max_model_len(
-                        self.model_name)) as learner,
-        ):  # fmt: skip
+            Learner(
+                self.model,
+                self.args,
+                peft_config=self.peft_config,
+                optimizers=self.optimizers,
+                max_model_len=lambda: ServerSettings.of(self.args).max_model_len(self.model_name),
+            ) as learner,
+        ):
             run = TrainingRun(self._run_inputs(), learner, checkpoint)
             self._publisher.learner = learner
             self._served = None
             try:
                 run.start()
                 self._callbacks.train_begin(
-                    optimizer=learner.optimizer, lr_scheduler=learner.scheduler,
-                    global_step=learner.step, logging_steps=run.logging_every,
-                    save_steps=run.save_every, rank=learner.rank,
+                    optimizer=learner.optimizer,
+                    lr_scheduler=learner.scheduler,
+                    global_step=learner.step,
+                    logging_steps=run.logging_every,
+                    save_steps=run.save_every,
+                    rank=learner.rank,
                     local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                )  # fmt: skip
+                )
                 output = run.loop()
                 self._publisher.final = FinalModel.of(learner, run.output_dir)
                 lora = run.weights.lora_name if run.weights is not None else None
@@ -271,11 +281,15 @@ class AsyncGRPOTrainer:
             RuntimeError: called during ``train()``; the evaluation failed (the cause).
         """
         if ignore_keys is not None:
-            raise ValueError("ignore_keys: evaluations score with the reward functions; there "
-                             "are no model outputs to ignore")  # fmt: skip
+            raise ValueError(
+                "ignore_keys: evaluations score with the reward functions; there "
+                "are no model outputs to ignore"
+            )
         if self._publisher.learner is not None:
-            raise RuntimeError("evaluate() inside train(): evaluations during training follow "
-                               "eval_strategy and eval_steps")  # fmt: skip
+            raise RuntimeError(
+                "evaluate() inside train(): evaluations during training follow "
+                "eval_strategy and eval_steps"
+            )
         datasets = (
             self.eval_datasets
             if eval_dataset is None
@@ -283,10 +297,13 @@ class AsyncGRPOTrainer:
         )
         if not datasets:
             raise ValueError("evaluate() needs an eval_dataset (here or in the constructor)")
-        version, lora = self._served or (push_to_servers(self.model, self.args, self.model_name,
-                                                         self.output_dir), None)  # fmt: skip
-        spec = attrs.evolve(evaluation_spec(self._run_inputs(), self.args), lora_name=lora,
-                            eval_datasets=datasets)  # fmt: skip
+        version, lora = self._served or (
+            push_to_servers(self.model, self.args, self.model_name, self.output_dir),
+            None,
+        )
+        spec = attrs.evolve(
+            evaluation_spec(self._run_inputs(), self.args), lora_name=lora, eval_datasets=datasets
+        )
         outcome = evaluate_now(spec, version, step=self.state.global_step)
         if outcome.error:
             raise RuntimeError(f"the evaluation at version {version} failed: {outcome.error}")
@@ -344,8 +361,10 @@ class AsyncGRPOTrainer:
         known = field_names(type(self.args))
         for name in params:
             if name not in known:
-                raise ValueError(f"trial sets {name!r}, which is not an AsyncGRPOConfig field"
-                                 + did_you_mean(name, known))  # fmt: skip
+                raise ValueError(
+                    f"trial sets {name!r}, which is not an AsyncGRPOConfig field"
+                    + did_you_mean(name, known)
+                )
             if name in _FIXED_AT_CONSTRUCTION:
                 raise ValueError(
                     f"trial sets {name!r}, which takes effect when the trainer is built (the "

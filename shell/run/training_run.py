@@ -123,7 +123,7 @@ class TrainingRun:
             bool(inputs.eval_datasets) and self.args.eval_on_start,
             None if saved is None else saved.last_evaluated,
             on_metrics=self._evaluated,
-        )  # fmt: skip
+        )
         self.pin = VersionPin() if self.rank0 else None
         self.process: RolloutProcess | None = None
         # rank 0: outages of each server and whom the weights were pushed to, from the first
@@ -141,8 +141,11 @@ class TrainingRun:
         self.nonfinite = NonfiniteGuard(self.args, learner.step)
         self.intake = SampleIntake(
             cursor.PromptCursor() if saved is None else saved.cursor,
-            lambda: self.learner.step, self._observe, self.spread, self.evaluations.outcome,
-        )  # fmt: skip
+            lambda: self.learner.step,
+            self._observe,
+            self.spread,
+            self.evaluations.outcome,
+        )
         if saved is not None:
             self.intake.drop_split_groups(saved.split_groups)
         self.last_entropy = math.nan
@@ -152,14 +155,22 @@ class TrainingRun:
         push the trainer's weights, start the rollout process; what this opens, :meth:`close`
         closes, also when it fails half way."""
         self._check_servers()
-        self.weights = open_weight_sync(self.learner, self.args, self.inputs.model_name,
-                                        self.output_dir)  # fmt: skip
+        self.weights = open_weight_sync(
+            self.learner, self.args, self.inputs.model_name, self.output_dir
+        )
         self.weights.start()
-        pusher = WeightPusher(self.weights, self.learner, self.servers, self._client,
-                              self.args.vllm_server_timeout, uninterruptible=interrupts_deferred,
-                              hold=None if self.pin is None else self.pin.hold)  # fmt: skip
-        self.pushes = RunPushes(pusher, self.weights, self.ledger, self.args, self.rank0,
-                                self.servers, self._observe)  # fmt: skip
+        pusher = WeightPusher(
+            self.weights,
+            self.learner,
+            self.servers,
+            self._client,
+            self.args.vllm_server_timeout,
+            uninterruptible=interrupts_deferred,
+            hold=None if self.pin is None else self.pin.hold,
+        )
+        self.pushes = RunPushes(
+            pusher, self.weights, self.ledger, self.args, self.rank0, self.servers, self._observe
+        )
         self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
         if self.rank0:
             self.max_model_len = ServerSettings.of(self.args).max_model_len(self.inputs.model_name)
@@ -174,18 +185,25 @@ class TrainingRun:
             self.evaluations.started = time.monotonic()
         self.pushes.start(self.inputs.model_name)
         if self.rank0:
-            self.flops = FlopsMeter(self.inputs.model_config, self.learner.device,
-                                    self.learner.bf16)  # fmt: skip
-            log.info("mfu peak", peak_tflops=round(self.flops.peak_flops / 1e12, 4),
-                     source=self.flops.peak_source)  # fmt: skip
+            self.flops = FlopsMeter(
+                self.inputs.model_config, self.learner.device, self.learner.bf16
+            )
+            log.info(
+                "mfu peak",
+                peak_tflops=round(self.flops.peak_flops / 1e12, 4),
+                source=self.flops.peak_source,
+            )
             cpu_plan = self.inputs.cpu_plan
             self.process = RolloutProcess(
-                self._loop_spec(), self.args.rollout_worker_timeout, self.trust, self.servers,
+                self._loop_spec(),
+                self.args.rollout_worker_timeout,
+                self.trust,
+                self.servers,
                 pin=self.pin,
                 restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
                 resume_cursor=lambda: self.intake.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
-            )  # fmt: skip
+            )
             self.ledger.process = self.intake.process = self.process
             self.process.start()
             for server in range(len(self.args.server_urls)):
@@ -194,13 +212,19 @@ class TrainingRun:
             self.process.set_steps_taken(self.learner.step)
             self.evaluations.process = self.process
             self.evaluations.landed(self.ledger.version, at_start=True)
-            self.window_log.open_bar(self.learner.step, self.args.max_steps,
-                                     bool(self.args.disable_tqdm))  # fmt: skip
+            self.window_log.open_bar(
+                self.learner.step, self.args.max_steps, bool(self.args.disable_tqdm)
+            )
 
     def _new_queue(self) -> step_queue.StepQueue:
-        return step_queue.StepQueue(step_queue.QueueSettings(
-            self.token_budget, self.learner.world_size, self.args.gradient_accumulation_steps,
-            self.args.max_staleness))  # fmt: skip
+        return step_queue.StepQueue(
+            step_queue.QueueSettings(
+                self.token_budget,
+                self.learner.world_size,
+                self.args.gradient_accumulation_steps,
+                self.args.max_staleness,
+            )
+        )
 
     def _check_servers(self) -> None:
         """Several servers: rank 0 checks that each can stand in for the first
@@ -208,10 +232,14 @@ class TrainingRun:
         mismatch, naming the server and the flag."""
         if len(self.args.server_urls) < 2:
             return
-        decided_on_rank0(lambda: check_servers_match(
-            ServerSettings.of(self.args), self.inputs.model_name,
-            self.args.top_k > 0 or self.args.top_p < 1.0,
-        ), refusals=(ValueError,))  # fmt: skip
+        decided_on_rank0(
+            lambda: check_servers_match(
+                ServerSettings.of(self.args),
+                self.inputs.model_name,
+                self.args.top_k > 0 or self.args.top_p < 1.0,
+            ),
+            refusals=(ValueError,),
+        )
 
     def _client(self, server: int = 0, **options: Any) -> VLLMClient:
         return ServerSettings.of(self.args).client(self.inputs.model_name, server, **options)
@@ -270,22 +298,37 @@ class TrainingRun:
             step_end = time.monotonic()
             self.ledger.record_landed()
             fwd_bwd_s = out.metrics.get("perf/fwd_bwd_s")
-            self._observe(metrics.mean("perf/weight_sync_s", step_end - sync_start),
-                          metrics.mean("perf/logging_s", after_step[0]),
-                          metrics.mean("perf/checkpoint_s", after_step[1]),
-                          metrics.mean("perf/step_s", step_end - step_start),
-                          *(self.flops.mfu(self.step_flops, fwd_bwd_s, self.learner.world_size)
-                            if self.flops is not None else ()))  # fmt: skip
+            self._observe(
+                metrics.mean("perf/weight_sync_s", step_end - sync_start),
+                metrics.mean("perf/logging_s", after_step[0]),
+                metrics.mean("perf/checkpoint_s", after_step[1]),
+                metrics.mean("perf/step_s", step_end - step_start),
+                *(
+                    self.flops.mfu(self.step_flops, fwd_bwd_s, self.learner.world_size)
+                    if self.flops is not None
+                    else ()
+                ),
+            )
             self.window_log.step_done()
             epochs_after = self._epochs()
-            save = schedule.due(self.args.save_strategy.value, self.learner.step,
-                                self.save_every, epochs_before, epochs_after)  # fmt: skip
+            save = schedule.due(
+                self.args.save_strategy.value,
+                self.learner.step,
+                self.save_every,
+                epochs_before,
+                epochs_after,
+            )
             if self._close_spread_step():  # no reward spread left for stop_after_spreadless_steps
                 self.callbacks.control.should_training_stop = True
                 save = True
-            control = self._agree(self.callbacks.step_end(
-                self.learner.step, epochs_after, self._log_due(epochs_before, epochs_after), save
-            ))  # fmt: skip
+            control = self._agree(
+                self.callbacks.step_end(
+                    self.learner.step,
+                    epochs_after,
+                    self._log_due(epochs_before, epochs_after),
+                    save,
+                )
+            )
             if control.should_training_stop or self._finished():
                 self._await_pushes()  # the last step's window holds the last push
             self._write_positions()
@@ -312,10 +355,9 @@ class TrainingRun:
 
     def _agree(self, control: TrainerControl) -> TrainerControl:
         """Rank 0's ``should_log``/``should_save``/``should_training_stop`` on every rank."""
-        control.should_log, control.should_save, control.should_training_stop = (
-            decided_on_rank0(lambda: (control.should_log, control.should_save,
-                                      control.should_training_stop))
-        )  # fmt: skip
+        control.should_log, control.should_save, control.should_training_stop = decided_on_rank0(
+            lambda: (control.should_log, control.should_save, control.should_training_stop)
+        )
         return control
 
     def _epochs(self) -> float:
@@ -327,8 +369,9 @@ class TrainingRun:
     def _log_due(self, epochs_before: float, epochs_after: float) -> bool:
         step = self.learner.step
         first = self.args.logging_first_step and step == 1
-        return first or schedule.due(self.args.logging_strategy.value, step, self.logging_every,
-                                     epochs_before, epochs_after)  # fmt: skip
+        return first or schedule.due(
+            self.args.logging_strategy.value, step, self.logging_every, epochs_before, epochs_after
+        )
 
     def _observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)
@@ -367,15 +410,18 @@ class TrainingRun:
         if control[0] is None:
             return None
         rows = self._scatter(step if isinstance(step, planner.PackedStep) else None)
-        self._observe(metrics.mean("perf/send_s", time.monotonic() - send_start),
-                      metrics.mean("perf/resync_s", plan_began - started))  # fmt: skip
+        self._observe(
+            metrics.mean("perf/send_s", time.monotonic() - send_start),
+            metrics.mean("perf/resync_s", plan_began - started),
+        )
         return rows
 
     def _scatter(self, step: planner.PackedStep | None) -> list[Any]:
         """Rank ``r``'s row of every micro-batch of ``step`` (given on rank 0 only)."""
         world = self.learner.world_size
-        per_rank = None if step is None else [[mb[r] for mb in step.micro_batches]
-                                              for r in range(world)]  # fmt: skip
+        per_rank = (
+            None if step is None else [[mb[r] for mb in step.micro_batches] for r in range(world)]
+        )
         return scattered_from_rank0(per_rank)
 
     def _plan_next_step(self) -> planner.PackedStep | str:
@@ -390,8 +436,11 @@ class TrainingRun:
         intake.drain(wait_s=0.0)
 
         def ready() -> bool:
-            return step_queue.ready(intake.queue, self.process.in_flight(),
-                                    behind=self.learner.step - self.ledger.version)  # fmt: skip
+            return step_queue.ready(
+                intake.queue,
+                self.process.in_flight(),
+                behind=self.learner.step - self.ledger.version,
+            )
 
         while True:
             while not ready():
@@ -410,15 +459,20 @@ class TrainingRun:
         step = intake.take_step()
         self.spread.groups_per_step = len({s.group_id for s in step.samples})
         pack_start = time.monotonic()
-        self._observe(metrics.mean("perf/rollout_wait_s", intake.waited_s),
-                      metrics.mean("perf/plan_s", pack_start - waited_from - intake.waited_s),
-                      metrics.mean("rollout/queue_size", len(step.queue.buffer)),
-                      metrics.total("sample/dropped_stale_count", 0))  # fmt: skip
+        self._observe(
+            metrics.mean("perf/rollout_wait_s", intake.waited_s),
+            metrics.mean("perf/plan_s", pack_start - waited_from - intake.waited_s),
+            metrics.mean("rollout/queue_size", len(step.queue.buffer)),
+            metrics.total("sample/dropped_stale_count", 0),
+        )
         packed = planner.pack_step(step.micro_batches)
         self.forwarded_total += packed.forwarded_tokens
         intake.trained(step.samples)
-        self._observe(*planner.step_observations(packed, self.learner.step, time.monotonic(),
-                                                 self.token_budget))  # fmt: skip
+        self._observe(
+            *planner.step_observations(
+                packed, self.learner.step, time.monotonic(), self.token_budget
+            )
+        )
         if self.flops is not None:
             self.step_flops = self.flops.of_rows(packed.rows)
         self._observe(metrics.mean("perf/pack_s", time.monotonic() - pack_start))
@@ -469,8 +523,9 @@ class TrainingRun:
         extra = {"num_tokens": float(self.forwarded_total)}
         if self.dataset_size:
             extra = {"epoch": self._epochs(), **extra}
-        summary = self.window_log.write(self.learner.step, self.window, extra,
-                                        self.intake.completions)  # fmt: skip
+        summary = self.window_log.write(
+            self.learner.step, self.window, extra, self.intake.completions
+        )
         self.window = metrics.MetricWindow()
         self.intake.completions = []
         self.callbacks.log(summary)
@@ -482,10 +537,16 @@ class TrainingRun:
         self.callbacks.evaluate(figures, step=version)
 
     def _save_checkpoint(self) -> None:
-        checkpoints.save_run(self.output_dir, self.learner, rank0=self.rank0,
-                             keep=self.args.save_total_limit, model_name=self.inputs.model_name,
-                             cursor=self.intake.cursor, version=self.ledger.version,
-                             last_evaluated=self.evaluations.completed)  # fmt: skip
+        checkpoints.save_run(
+            self.output_dir,
+            self.learner,
+            rank0=self.rank0,
+            keep=self.args.save_total_limit,
+            model_name=self.inputs.model_name,
+            cursor=self.intake.cursor,
+            version=self.ledger.version,
+            last_evaluated=self.evaluations.completed,
+        )
 
     def close(self) -> None:
         self.evaluations.release()  # a push held for an evaluation goes now

@@ -46,8 +46,13 @@ def server_on_host(base_url: str) -> bool:
 
 def plan_for(config: AsyncGRPOConfig, server_local: bool) -> CpuPlan:
     """The plan from this process's visible cores and the config's settings."""
-    return plan_cpus(sorted(os.sched_getaffinity(0)), local_ranks(), server_local,
-                     config.cpu_sharing, config.server_cpus)  # fmt: skip
+    return plan_cpus(
+        sorted(os.sched_getaffinity(0)),
+        local_ranks(),
+        server_local,
+        config.cpu_sharing,
+        config.server_cpus,
+    )
 
 
 def server_cpus_for(config: AsyncGRPOConfig) -> tuple[int, ...]:
@@ -87,14 +92,20 @@ def share_cpus_with_server(config: AsyncGRPOConfig, device: torch.device) -> Cpu
         os.sched_setaffinity(0, plan.rank_cpus[rank])
     if plan.rank_threads[rank] > 0:
         torch.set_num_threads(plan.rank_threads[rank])
-    log.info("cpu sharing", plan=plan.reason, local_rank=rank,
-             trainer_cpus=format_cpu_list(sorted(os.sched_getaffinity(0))),
-             torch_threads=torch.get_num_threads(),
-             vllm_cpu_omp_threads_bind=plan.vllm_bind())  # fmt: skip
+    log.info(
+        "cpu sharing",
+        plan=plan.reason,
+        local_rank=rank,
+        trainer_cpus=format_cpu_list(sorted(os.sched_getaffinity(0))),
+        torch_threads=torch.get_num_threads(),
+        vllm_cpu_omp_threads_bind=plan.vllm_bind(),
+    )
     if plan.server_cpus and rank == 0:
-        log.info("a vLLM CPU server on this host should stay off the trainer's cores: start it "
-                 f"with VLLM_CPU_OMP_THREADS_BIND={plan.vllm_bind()} (asyncgrpo demo and "
-                 "asyncgrpo train do this for the server they start)")  # fmt: skip
+        log.info(
+            "a vLLM CPU server on this host should stay off the trainer's cores: start it "
+            f"with VLLM_CPU_OMP_THREADS_BIND={plan.vllm_bind()} (asyncgrpo demo and "
+            "asyncgrpo train do this for the server they start)"
+        )
     return plan
 
 

@@ -35,8 +35,12 @@ class ServerSettings:
 
     @classmethod
     def of(cls, config: AsyncGRPOConfig) -> ServerSettings:
-        return cls(config.server_urls, config.vllm_server_timeout,
-                   config.vllm_server_stall_timeout, config.server_api_key)  # fmt: skip
+        return cls(
+            config.server_urls,
+            config.vllm_server_timeout,
+            config.vllm_server_stall_timeout,
+            config.server_api_key,
+        )
 
     @property
     def base_url(self) -> str:
@@ -50,9 +54,14 @@ class ServerSettings:
     def client(self, model: str, server: int = 0, **options: Any) -> VLLMClient:
         """A new client of server ``server`` for ``model`` (``options``: the client's, e.g. a
         gate or the connection pool's size), sending the API key when there is one."""
-        return VLLMClient(self.urls[server], model, timeout_s=self.timeout_s,
-                          stall_s=self.stall_s, headers=bearer(self.api_key),
-                          **options)  # fmt: skip
+        return VLLMClient(
+            self.urls[server],
+            model,
+            timeout_s=self.timeout_s,
+            stall_s=self.stall_s,
+            headers=bearer(self.api_key),
+            **options,
+        )
 
     def max_model_len(self, model: str) -> int:
         """The first server's ``max_model_len`` for ``model`` (every server of a run matches

@@ -73,8 +73,12 @@ def local_server_spec(
     """
     longest = context_length(model)
     if longest is not None and max_model_len > longest:
-        log.info("server context cut to the model's", max_model_len=longest, asked=max_model_len,
-                 model=model)  # fmt: skip
+        log.info(
+            "server context cut to the model's",
+            max_model_len=longest,
+            asked=max_model_len,
+            model=model,
+        )
         max_model_len = longest
     return ServerSpec(
         model=model,
@@ -91,8 +95,9 @@ def local_server_spec(
 
 
 @contextlib.contextmanager
-def local_servers(spec: ServerSpec, cpus: Sequence[tuple[int, ...]],
-                  log_dir: Path) -> Iterator[list[VLLMServer]]:  # fmt: skip
+def local_servers(
+    spec: ServerSpec, cpus: Sequence[tuple[int, ...]], log_dir: Path
+) -> Iterator[list[VLLMServer]]:
     """Start one server per entry of ``cpus`` (its cores); yields them running, stops them
     all on exit. One server logs to ``vllm-server.log``, several to ``vllm-server-<i>.log``.
 
@@ -101,10 +106,12 @@ def local_servers(spec: ServerSpec, cpus: Sequence[tuple[int, ...]],
     """
     single = len(cpus) == 1
     servers = [
-        VLLMServer(attrs.evolve(spec, cpus=share),
-                   log_path=log_dir / ("vllm-server.log" if single else f"vllm-server-{i}.log"))
+        VLLMServer(
+            attrs.evolve(spec, cpus=share),
+            log_path=log_dir / ("vllm-server.log" if single else f"vllm-server-{i}.log"),
+        )
         for i, share in enumerate(cpus)
-    ]  # fmt: skip
+    ]
     errors: list[BaseException | None] = [None] * len(servers)
 
     def start(index: int) -> None:
@@ -117,8 +124,9 @@ def local_servers(spec: ServerSpec, cpus: Sequence[tuple[int, ...]],
         if single:
             servers[0].start()
         else:
-            threads = [threading.Thread(target=start, args=(i,), daemon=True)
-                       for i in range(len(servers))]  # fmt: skip
+            threads = [
+                threading.Thread(target=start, args=(i,), daemon=True) for i in range(len(servers))
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:

@@ -76,8 +76,10 @@ class SharedTrust:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
-            log.warning("a process died holding the server-trust lock; taking it over",
-                        waited_s=LOCK_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "a process died holding the server-trust lock; taking it over",
+                waited_s=LOCK_TIMEOUT_S,
+            )
         try:
             yield
         finally:
@@ -89,8 +91,9 @@ class SharedTrust:
 
     def _read(self) -> ServerTrust:
         identity = float(self._identity.value)
-        return ServerTrust(int(self._counts[0]), int(self._counts[1]),
-                           None if math.isnan(identity) else identity)  # fmt: skip
+        return ServerTrust(
+            int(self._counts[0]), int(self._counts[1]), None if math.isnan(identity) else identity
+        )
 
     def _write(self, before: ServerTrust, after: ServerTrust, since: float | None = None) -> None:
         self._counts[0], self._counts[1] = after.outages, after.trusted
@@ -110,13 +113,20 @@ class SharedTrust:
             after = server_outage.outage_seen(before)
             self._write(before, after, since)
         if after != before and self.pooled:
-            log.warning("vLLM server out of routing: its groups are generated again on the "
-                        "other servers, and it gets the trainer's weights when it answers again",
-                        server=self.url, seen_by=where, cause=cause[:300])  # fmt: skip
+            log.warning(
+                "vLLM server out of routing: its groups are generated again on the "
+                "other servers, and it gets the trainer's weights when it answers again",
+                server=self.url,
+                seen_by=where,
+                cause=cause[:300],
+            )
         elif after != before:
-            log.warning("vLLM server unreachable; waiting for it, then the trainer pushes its "
-                        "weights and what was in flight is generated again", seen_by=where,
-                        cause=cause[:300])  # fmt: skip
+            log.warning(
+                "vLLM server unreachable; waiting for it, then the trainer pushes its "
+                "weights and what was in flight is generated again",
+                seen_by=where,
+                cause=cause[:300],
+            )
         return after
 
     def identity_seen(self, identity: float | None, where: str) -> ServerTrust:
@@ -126,10 +136,14 @@ class SharedTrust:
             after = server_outage.identity_seen(before, identity)
             self._write(before, after)
         if after != before:
-            log.warning("vLLM server restarted (its identity changed, no request failed); the "
-                        "trainer pushes its weights and what was in flight is generated again",
-                        seen_by=where, identity=identity, pushed_to=before.identity,
-                        **({"server": self.url} if self.pooled else {}))  # fmt: skip
+            log.warning(
+                "vLLM server restarted (its identity changed, no request failed); the "
+                "trainer pushes its weights and what was in flight is generated again",
+                seen_by=where,
+                identity=identity,
+                pushed_to=before.identity,
+                **({"server": self.url} if self.pooled else {}),
+            )
         return after
 
     def pushed(self, covering: int, identity: float | None = None) -> ServerTrust:
@@ -221,9 +235,9 @@ class RolloutGate:
             raise ServerOut(self.trust.url, "an outage is pending")
         clock = OutageClock(down_since=self.trust.down_since())
         while not server_outage.weights_known(trust := self.trust.read()):
-            decision = server_outage.next_wait(clock, time.time(), 2 * self.timeout_s,
-                                               first_backoff_s=POLL_S,
-                                               max_backoff_s=POLL_S)  # fmt: skip
+            decision = server_outage.next_wait(
+                clock, time.time(), 2 * self.timeout_s, first_backoff_s=POLL_S, max_backoff_s=POLL_S
+            )
             if decision.give_up:
                 raise ServerGone(
                     f"the trainer did not push its weights to the vLLM server within "
@@ -231,8 +245,10 @@ class RolloutGate:
                 )
             if decision.waited_s > 0 and time.time() - self._logged_at >= GATE_LOG_EVERY_S:
                 self._logged_at = time.time()
-                log.warning("rollouts wait for the vLLM server and the trainer's weights",
-                            down_s=round(decision.waited_s))  # fmt: skip
+                log.warning(
+                    "rollouts wait for the vLLM server and the trainer's weights",
+                    down_s=round(decision.waited_s),
+                )
             clock = decision.clock
             await anyio.sleep(decision.sleep_s)
         return trust.outages
@@ -261,8 +277,9 @@ class _NotBack(Exception):
     """The server does not answer ``/health`` or does not serve the model yet."""
 
 
-async def wait_for_server(client: VLLMClient, down_since: float, timeout_s: float,
-                          probe_timeout_s: float = 5.0) -> float:  # fmt: skip
+async def wait_for_server(
+    client: VLLMClient, down_since: float, timeout_s: float, probe_timeout_s: float = 5.0
+) -> float:
     """Probe ``/health`` and ``/v1/models`` under the retry policy until the server answers and
     serves the model, logging every 10 s; returns the seconds waited since ``down_since``
     (``time.time()``).

@@ -104,10 +104,13 @@ class ServerPool:
     def _view(self, index: int) -> routing.ServerView:
         server = self.servers[index]
         return routing.ServerView(
-            self.routable(index), self.version_of(index), server.reserved,
+            self.routable(index),
+            self.version_of(index),
+            server.reserved,
             max(1, min(server.cap.cap, self.max_concurrent_rollouts)),
-            server.snapshot.load if server.snapshot is not None else None, server.routed,
-        )  # fmt: skip
+            server.snapshot.load if server.snapshot is not None else None,
+            server.routed,
+        )
 
     def route(self, steps_taken: int, max_staleness: int) -> int | None:
         """The server the next group goes to, or ``None`` (no room under
@@ -136,9 +139,10 @@ class ServerPool:
             except ServerOut:
                 snapshot = None
             server.cap = pacing.initial_load_cap(
-                snapshot.kv_cache_tokens if snapshot else None, max_model_len,
+                snapshot.kv_cache_tokens if snapshot else None,
+                max_model_len,
                 self.max_concurrent_rollouts,
-            )  # fmt: skip
+            )
 
         await self._each(start)
 
@@ -156,7 +160,7 @@ class ServerPool:
                 pacing.rollouts_completed(server.cap, server.completed),
                 server.snapshot.load if server.snapshot else None,
                 self.max_concurrent_rollouts,
-            )  # fmt: skip
+            )
             server.completed = 0
 
         await self._each(scrape)
@@ -188,22 +192,22 @@ class ServerPool:
             total("rollout/vllm_dropped_connection_count", dropped_now - dropped),
             total("rollout/vllm_regenerated_count", regenerated_now - regenerated),
         ]
-        snapshots = [(i, s.snapshot) for i, s in enumerate(self.servers)
-                     if s.snapshot is not None]  # fmt: skip
+        snapshots = [(i, s.snapshot) for i, s in enumerate(self.servers) if s.snapshot is not None]
         if snapshots:
             preempted = 0
             for index, snapshot in snapshots:
                 preempted += max(0, snapshot.preemptions - preemptions[index])
                 preemptions[index] = snapshot.preemptions
             found += [
-                mean("rollout/vllm_kv_cache_usage_frac",
-                     max(s.load.kv_cache_usage for _, s in snapshots)),
+                mean(
+                    "rollout/vllm_kv_cache_usage_frac",
+                    max(s.load.kv_cache_usage for _, s in snapshots),
+                ),
                 mean("rollout/vllm_running_requests", sum(s.load.running for _, s in snapshots)),
                 mean("rollout/vllm_queued_requests", sum(s.load.waiting for _, s in snapshots)),
                 total("rollout/vllm_preemption_count", preempted),
-            ]  # fmt: skip
-        self._reported = (generated_tokens, retries_now, dropped_now, regenerated_now,
-                          preemptions)  # fmt: skip
+            ]
+        self._reported = (generated_tokens, retries_now, dropped_now, regenerated_now, preemptions)
         return found + self.observations(elapsed_s)
 
     def observations(self, elapsed_s: float) -> list[Observation]:
@@ -226,7 +230,8 @@ class ServerPool:
                 found.append(total(f"{prefix}/outage_count", outages - server.outages_reported))
                 server.outages_reported = outages
             if server.snapshot is not None:
-                found.append(mean(f"{prefix}/kv_cache_usage_frac",
-                                   server.snapshot.load.kv_cache_usage))  # fmt: skip
+                found.append(
+                    mean(f"{prefix}/kv_cache_usage_frac", server.snapshot.load.kv_cache_usage)
+                )
             server.requests = server.generated_tokens = server.regenerated_groups = 0
         return found

@@ -33,8 +33,9 @@ class ServerWatch:
         servers: the run's records of its servers (an outage pending: out of routing).
     """
 
-    def __init__(self, settings: ServerSettings, model: str, servers: SharedServers,
-                 poll_s: float = POLL_S) -> None:  # fmt: skip
+    def __init__(
+        self, settings: ServerSettings, model: str, servers: SharedServers, poll_s: float = POLL_S
+    ) -> None:
         self.settings = settings
         self.model = model
         self.servers = servers
@@ -46,8 +47,9 @@ class ServerWatch:
         self._thread: threading.Thread | None = None
 
     def start(self) -> ServerWatch:
-        self._thread = threading.Thread(target=lambda: anyio.run(self._watch),
-                                        name="asyncgrpo-server-watch", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=lambda: anyio.run(self._watch), name="asyncgrpo-server-watch", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -85,9 +87,11 @@ class ServerWatch:
                     outages = self.servers.trusts[index].read().outages
                     if self._announced.get(index) != outages:
                         self._announced[index] = outages
-                        log.info("vLLM server answers again; the trainer pushes its weights to "
-                                 "it before routing to it",
-                                 server=self.settings.urls[index])  # fmt: skip
+                        log.info(
+                            "vLLM server answers again; the trainer pushes its weights to "
+                            "it before routing to it",
+                            server=self.settings.urls[index],
+                        )
                     with self._lock:
                         self._back.add(index)
                 await anyio.sleep(self.poll_s)

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("asyncgrpo.weight_sync")
 
 
-def open_weight_sync(learner: Learner, args: Any, model_name: str,
-                     output_dir: Path) -> WeightSync:  # fmt: skip
+def open_weight_sync(learner: Learner, args: Any, model_name: str, output_dir: Path) -> WeightSync:
     """Choose the run's path (rank 0 asks the first server, whose flags every other server
     shares: :func:`~asyncgrpo.shell.servers.check_servers_match`; every rank gets the choice,
     or the error, e.g. a backend the server lacks) and build it, not yet started."""
@@ -40,9 +39,10 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
     def choose() -> tuple[weight_sync.TransferChoice, int]:
         server = anyio.run(_describe_server, client)
         choice = weight_sync.choose_weight_transfer(
-            args.weight_transfer_backend, server.backend if server else None,
+            args.weight_transfer_backend,
+            server.backend if server else None,
             trainer_on_cuda=learner.device.type == "cuda",
-        )  # fmt: skip
+        )
         log.info("weight sync", backend=choice.backend, reason=choice.reason)
         return choice, server.workers if server else 1
 
@@ -54,9 +54,14 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str,
         merged = EngineWeights(learner, args, client, choice.backend, server_workers)
     if not learner.is_peft:
         return merged
-    return AdapterWeights(learner, client, output_dir / ".vllm_lora",
-                          keep=args.max_staleness + 1, merged=merged,
-                          servers=settings.count)  # fmt: skip
+    return AdapterWeights(
+        learner,
+        client,
+        output_dir / ".vllm_lora",
+        keep=args.max_staleness + 1,
+        merged=merged,
+        servers=settings.count,
+    )
 
 
 async def _describe_server(client: Callable[[], VLLMClient]) -> ServerTransfer | None:

@@ -33,15 +33,24 @@ class AdapterWeights:
     each server; ``merged`` takes over if the servers refuse the first adapter (no
     ``--enable-lora``)."""
 
-    def __init__(self, learner: Learner, client: Client, directory: Path,
-                 keep: int, merged: WeightSync, servers: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        learner: Learner,
+        client: Client,
+        directory: Path,
+        keep: int,
+        merged: WeightSync,
+        servers: int = 1,
+    ) -> None:
         self.learner = learner
         self.client = client
         self.keep = keep
         # one record of loaded versions per server; with several, the directories go when no
         # server needs them any more (_prune), not when one server unloads them
-        self.loaded = [AdapterSync(directory, ADAPTER_PREFIX, keep=keep,
-                                   remove_files=servers == 1) for _ in range(servers)]  # fmt: skip
+        self.loaded = [
+            AdapterSync(directory, ADAPTER_PREFIX, keep=keep, remove_files=servers == 1)
+            for _ in range(servers)
+        ]
         self.merged = merged
         self.adapter_mode: bool | None = None  # None until the first sync decides
 
@@ -61,8 +70,9 @@ class AdapterWeights:
     def start(self) -> None:
         self.merged.start()
 
-    def sync(self, version: int, barrier_s: float = 0.0,
-             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+    def sync(
+        self, version: int, barrier_s: float = 0.0, servers: Sequence[int] = (0,)
+    ) -> Landing | None:
         if self.adapter_mode is None:
             return self._first_sync(version, barrier_s, servers)
         if self.adapter_mode:
@@ -87,8 +97,9 @@ class AdapterWeights:
             return self.merged.snapshot_size()
         return 0, HOST_MEMORY  # the adapter is written to disk, nothing stays in memory
 
-    def _adapter_sync(self, version: int, barrier_s: float,
-                      servers: Sequence[int]) -> Landing | None:  # fmt: skip
+    def _adapter_sync(
+        self, version: int, barrier_s: float, servers: Sequence[int]
+    ) -> Landing | None:
         self.learner.export.save_pretrained(self.adapters.path(version), adapter_only=True)
         if self.learner.rank != 0:
             return None
@@ -121,8 +132,7 @@ class AdapterWeights:
         held = sorted(set().union(*(set(a.loaded) for a in self.loaded)))
         return held[-self.keep :]
 
-    def _first_sync(self, version: int, barrier_s: float,
-                    servers: Sequence[int]) -> Landing | None:  # fmt: skip
+    def _first_sync(self, version: int, barrier_s: float, servers: Sequence[int]) -> Landing | None:
         outcome: list[Any] = [None, None]  # the landing (False: merged), the servers' dtype
         try:
             landing = self._adapter_sync(version, barrier_s, servers)
@@ -131,10 +141,12 @@ class AdapterWeights:
                 raise refused[0]
             outcome = [landing, None]
         except VLLMError as error:
-            log.warning("the server refused a LoRA adapter; syncing merged weights instead "
-                        "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
-                        f"for adapter sync, --max-loras >= {self.keep + 1})",
-                        error=str(error)[:300])  # fmt: skip
+            log.warning(
+                "the server refused a LoRA adapter; syncing merged weights instead "
+                "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                f"for adapter sync, --max-loras >= {self.keep + 1})",
+                error=str(error)[:300],
+            )
             outcome = [False, self._served_dtype(servers[0])]
         if self.learner.world_size > 1:
             dist.broadcast_object_list(outcome, src=0)

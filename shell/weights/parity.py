@@ -42,8 +42,14 @@ class ParityGuard:
         window: ``foreign_weights_window``.
     """
 
-    def __init__(self, limit: float, patience: int, server_url: str, rank0: bool,
-                 window: int = weight_parity.FOREIGN_WINDOW) -> None:  # fmt: skip
+    def __init__(
+        self,
+        limit: float,
+        patience: int,
+        server_url: str,
+        rank0: bool,
+        window: int = weight_parity.FOREIGN_WINDOW,
+    ) -> None:
         self.limit = limit
         self.patience = patience
         self.window = window
@@ -68,14 +74,19 @@ class ParityGuard:
             )
             return weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))
 
-        return cls(float(decided_on_rank0(limit)), args.foreign_weights_steps,
-                   ", ".join(args.server_urls),
-                   learner.rank == 0, args.foreign_weights_checked_steps)  # fmt: skip
+        return cls(
+            float(decided_on_rank0(limit)),
+            args.foreign_weights_steps,
+            ", ".join(args.server_urls),
+            learner.rank == 0,
+            args.foreign_weights_checked_steps,
+        )
 
     def check(self, gap: float | None, step: int) -> None:
         """Count one step's gap (``None``/NaN: the step had no staleness-0 tokens)."""
-        self.watch, verdict = weight_parity.check_parity(self.watch, gap, self.limit,
-                                                         self.patience, self.window)  # fmt: skip
+        self.watch, verdict = weight_parity.check_parity(
+            self.watch, gap, self.limit, self.patience, self.window
+        )
         if verdict is weight_parity.Verdict.OK:
             return
         self.foreign_steps.append(step)
@@ -94,8 +105,12 @@ class ParityGuard:
                 "checked steps stop the run"
             )
         if self.rank0:
-            log.warning("FOREIGN WEIGHTS ON THE vLLM SERVER", detail=what, step=step,
-                        fails_after_steps=self.patience or None)  # fmt: skip
+            log.warning(
+                "FOREIGN WEIGHTS ON THE vLLM SERVER",
+                detail=what,
+                step=step,
+                fails_after_steps=self.patience or None,
+            )
 
     def after_training(self, trained_steps: int, output_dir: str) -> None:
         """Fail a run that finished but trained a step on foreign weights: its samples came

@@ -66,8 +66,9 @@ def landed_timings(landing: Landing) -> SyncTimings | None:
     return slowest(timings) if timings else None
 
 
-def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings],
-                parallel: bool = True) -> Landing:  # fmt: skip
+def each_server(
+    servers: Sequence[int], call: Callable[[int], SyncTimings], parallel: bool = True
+) -> Landing:
     """``call(i)`` for every server ``i``, in parallel threads when there are several and
     ``parallel`` (else one after another, on this thread); each outcome or its exception. A
     failed call does not keep the others from theirs."""
@@ -83,8 +84,10 @@ def each_server(servers: Sequence[int], call: Callable[[int], SyncTimings],
         for index in servers:
             one(index)
         return results
-    threads = [threading.Thread(target=one, args=(i,), name=f"asyncgrpo-push-{i}", daemon=True)
-               for i in servers]  # fmt: skip
+    threads = [
+        threading.Thread(target=one, args=(i,), name=f"asyncgrpo-push-{i}", daemon=True)
+        for i in servers
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -107,8 +110,9 @@ class WeightSync(Protocol):
     def start(self) -> None:
         """Open what the path needs for the run (collective)."""
 
-    def sync(self, version: int, barrier_s: float = 0.0,
-             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+    def sync(
+        self, version: int, barrier_s: float = 0.0, servers: Sequence[int] = (0,)
+    ) -> Landing | None:
         """Push the current policy as ``version`` to ``servers`` (collective); rank 0 returns
         each server's outcome, ``barrier_s`` being the time already spent waiting for the other
         processes. A failure outside the servers (a write, a gather) raises."""
@@ -156,8 +160,9 @@ def _sent(timings: SyncTimings | None) -> SyncTimings:
 
 
 def _synced_bytes(learner: Learner) -> int:
-    return sum(dtype.itemsize * math.prod(shape)
-               for _, dtype, shape in learner.export.weight_metadata())  # fmt: skip
+    return sum(
+        dtype.itemsize * math.prod(shape) for _, dtype, shape in learner.export.weight_metadata()
+    )
 
 
 class DiskWeights:
@@ -175,8 +180,9 @@ class DiskWeights:
     def start(self) -> None:
         pass
 
-    def sync(self, version: int, barrier_s: float = 0.0,
-             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+    def sync(
+        self, version: int, barrier_s: float = 0.0, servers: Sequence[int] = (0,)
+    ) -> Landing | None:
         state = self.learner.export.synced_state_dict()  # a collective on every rank
         if self.learner.rank != 0:
             return None
@@ -193,8 +199,7 @@ class DiskWeights:
     def snapshot_size(self) -> tuple[int, str]:
         return _synced_bytes(self.learner), HOST_MEMORY
 
-    def _push(self, state: dict[str, Tensor], barrier_s: float,
-              servers: Sequence[int]) -> Landing:  # fmt: skip
+    def _push(self, state: dict[str, Tensor], barrier_s: float, servers: Sequence[int]) -> Landing:
         """One write, then every server reloads it in parallel (a failed write raises)."""
         written = time.monotonic()
         write_safetensors(state, self.directory)
@@ -220,8 +225,9 @@ class EngineWeights:
 
     lora_name = None
 
-    def __init__(self, learner: Learner, args: Any, client: Client,
-                 backend: str, server_workers: int) -> None:  # fmt: skip
+    def __init__(
+        self, learner: Learner, args: Any, client: Client, backend: str, server_workers: int
+    ) -> None:
         self.learner = learner
         self.args = args
         self.client = client
@@ -259,14 +265,20 @@ class EngineWeights:
 
         source = WeightStream(self.learner.export.weight_metadata, self.learner.export.iter_weights)
         self.engines[index] = EngineSync.join(
-            self.urls[index], functools.partial(self.client, index), self.backend, source,
-            workers=self.server_workers, rank=self.learner.rank,
-            timeout_s=self.args.vllm_server_timeout, api_key=self.args.server_api_key,
+            self.urls[index],
+            functools.partial(self.client, index),
+            self.backend,
+            source,
+            workers=self.server_workers,
+            rank=self.learner.rank,
+            timeout_s=self.args.vllm_server_timeout,
+            api_key=self.args.server_api_key,
             device=self.learner.device,
-        )  # fmt: skip
+        )
 
-    def sync(self, version: int, barrier_s: float = 0.0,
-             servers: Sequence[int] = (0,)) -> Landing | None:  # fmt: skip
+    def sync(
+        self, version: int, barrier_s: float = 0.0, servers: Sequence[int] = (0,)
+    ) -> Landing | None:
         if not self.engines:
             raise RuntimeError("EngineWeights.sync called before start()")
         if len(self.urls) > 1:  # gathered once, sent to each
@@ -292,8 +304,11 @@ class EngineWeights:
             raise RuntimeError("EngineWeights.send called before start()")
         assert snapshot.weights is not None
         weights = list(snapshot.weights.items())
-        return each_server(servers, lambda index: self.engines[index].send_snapshot(
-            weights, snapshot.ready), parallel=self._parallel_sends)  # fmt: skip
+        return each_server(
+            servers,
+            lambda index: self.engines[index].send_snapshot(weights, snapshot.ready),
+            parallel=self._parallel_sends,
+        )
 
     @property
     def _parallel_sends(self) -> bool:
@@ -322,5 +337,8 @@ class EngineWeights:
         try:
             engine.close()
         except Exception as error:  # the run's outcome stands; the server keeps serving
-            log.warning("could not leave the weight-transfer group", server=self.urls[index],
-                        error=str(error)[:300])  # fmt: skip
+            log.warning(
+                "could not leave the weight-transfer group",
+                server=self.urls[index],
+                error=str(error)[:300],
+            )

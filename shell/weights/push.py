@@ -179,8 +179,9 @@ class WeightPusher:
         error: Exception | None = None
         try:
             with self._uninterruptible():  # the server takes part in a transfer: never cut it
-                landing = self.weights.sync(self.learner.step, time.monotonic() - start,
-                                            tuple(targets))  # fmt: skip
+                landing = self.weights.sync(
+                    self.learner.step, time.monotonic() - start, tuple(targets)
+                )
             if self.rank0:
                 assert landing is not None
                 landing = self._check_landing(targets, landing, at_start)
@@ -190,8 +191,12 @@ class WeightPusher:
         failure = first_failure(error)
         if failure is None:
             landed = self._record_failures(landing, "trainer weight sync") if self.rank0 else ()
-            return Pushed(self.learner.step, landed_timings(landing) if landing else None,
-                          servers=landed, held_s=held_s)  # fmt: skip
+            return Pushed(
+                self.learner.step,
+                landed_timings(landing) if landing else None,
+                servers=landed,
+                held_s=held_s,
+            )
         # the only server silent for the whole timeout, or weights no server can hold: the
         # run ends (a resync would meet the same again)
         ends_run = failure.startswith((ServerNotAnswering.__name__, LoraPrecisionError.__name__))
@@ -230,9 +235,12 @@ class WeightPusher:
             replaced = self._waiting is not None
             self._waiting = snapshot
             if self._sender is None:
-                self._sender = threading.Thread(target=self._send_waiting, args=(on_landed,),
-                                                name="asyncgrpo-weight-push",
-                                                daemon=True)  # fmt: skip
+                self._sender = threading.Thread(
+                    target=self._send_waiting,
+                    args=(on_landed,),
+                    name="asyncgrpo-weight-push",
+                    daemon=True,
+                )
                 self._sender.start()
         return replaced
 
@@ -258,8 +266,9 @@ class WeightPusher:
                 return
             assert isinstance(targets, dict)
             try:
-                landing = self._check_landing(targets, self.weights.send(snapshot, tuple(targets)),
-                                              at_start=False)  # fmt: skip
+                landing = self._check_landing(
+                    targets, self.weights.send(snapshot, tuple(targets)), at_start=False
+                )
             except Exception as error:  # outside the servers (a write): it reached none
                 landing = dict.fromkeys(targets, error)
             silent = [outcome for outcome in landing.values() if self._ends_run(outcome)]
@@ -271,9 +280,15 @@ class WeightPusher:
             if not landed:
                 self._stop_sending()  # the resync pushes anew
                 return
-            on_landed(Pushed(snapshot.version, landed_timings(landing),
-                             push_s=time.monotonic() - started, servers=landed,
-                             held_s=held_s))  # fmt: skip
+            on_landed(
+                Pushed(
+                    snapshot.version,
+                    landed_timings(landing),
+                    push_s=time.monotonic() - started,
+                    servers=landed,
+                    held_s=held_s,
+                )
+            )
 
     def _stop_sending(self) -> None:
         with self._queue_lock:
@@ -336,8 +351,9 @@ class WeightPusher:
                 targets[index] = identity
         return targets or _RESTARTED
 
-    def _check_landing(self, targets: dict[int, float | None], landing: Landing,
-                       at_start: bool) -> Landing:  # fmt: skip
+    def _check_landing(
+        self, targets: dict[int, float | None], landing: Landing, at_start: bool
+    ) -> Landing:
         """Rank 0: a push landed on a server only if its identity after the push is the one
         read before it (else it restarted during the push); at start each server's record
         learns it."""
@@ -367,31 +383,39 @@ class WeightPusher:
         if self.count == 1:
             return error
         assert self.servers is not None
-        named = VLLMError(f"the weight push to the vLLM server at {self.servers.urls[index]} "
-                          f"failed: {type(error).__name__}: {error}")  # fmt: skip
+        named = VLLMError(
+            f"the weight push to the vLLM server at {self.servers.urls[index]} "
+            f"failed: {type(error).__name__}: {error}"
+        )
         named.__cause__ = error
         return named
 
-    def _record_failures(self, landing: Landing | None, where: str,
-                         since: float | None = None) -> tuple[int, ...]:  # fmt: skip
+    def _record_failures(
+        self, landing: Landing | None, where: str, since: float | None = None
+    ) -> tuple[int, ...]:
         """Rank 0: record an outage of each server the push failed on; the servers it landed
         on."""
         assert self.servers is not None and landing is not None
         for index, outcome in landing.items():
             if isinstance(outcome, Exception):
-                self.servers.trusts[index].outage(f"{type(outcome).__name__}: {outcome}", where,
-                                                  since=since)  # fmt: skip
+                self.servers.trusts[index].outage(
+                    f"{type(outcome).__name__}: {outcome}", where, since=since
+                )
         return tuple(i for i, outcome in landing.items() if not isinstance(outcome, Exception))
 
-    def _outage_on(self, targets: tuple[int, ...], landing: Landing | None, failure: str,
-                   where: str) -> None:  # fmt: skip
+    def _outage_on(
+        self, targets: tuple[int, ...], landing: Landing | None, failure: str, where: str
+    ) -> None:
         """Rank 0: a push that failed as a whole: an outage of each server it went to (its own
         failure when it has one)."""
         assert self.servers is not None
         for index in targets:
             outcome = (landing or {}).get(index)
-            cause = (f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, Exception)
-                     else failure)  # fmt: skip
+            cause = (
+                f"{type(outcome).__name__}: {outcome}"
+                if isinstance(outcome, Exception)
+                else failure
+            )
             self.servers.trusts[index].outage(cause, where)
 
     def _read_identity(self, server: int = 0) -> float | None:
@@ -469,8 +493,12 @@ class WeightPusher:
         landed = self._record_failures(landing, "resync") if self.rank0 else ()
         # the identity read before the push, found again after it (_check_landing)
         resynced = tuple(Resynced(i, covering[i], before.get(i)) for i in landed)
-        return Pushed(self.learner.step, landed_timings(landing) if landing else None,
-                      resynced=resynced, servers=landed)  # fmt: skip
+        return Pushed(
+            self.learner.step,
+            landed_timings(landing) if landing else None,
+            resynced=resynced,
+            servers=landed,
+        )
 
     def _wait_everywhere(
         self, servers: tuple[int, ...] | None
@@ -485,12 +513,15 @@ class WeightPusher:
             assert records is not None
             if servers is not None:
                 return servers, records.outages_of(servers)
-            back, covering, down_s = wait_for_servers_out(records, self._client,
-                                                          self.server_timeout_s)  # fmt: skip
-            log.info("vLLM server back; pushing the trainer's weights", down_s=round(down_s, 1),
-                     step=self.learner.step,
-                     **({"servers": [records.urls[i] for i in back]} if self.count > 1
-                        else {}))  # fmt: skip
+            back, covering, down_s = wait_for_servers_out(
+                records, self._client, self.server_timeout_s
+            )
+            log.info(
+                "vLLM server back; pushing the trainer's weights",
+                down_s=round(down_s, 1),
+                step=self.learner.step,
+                **({"servers": [records.urls[i] for i in back]} if self.count > 1 else {}),
+            )
             return back, covering
 
         return decided_on_rank0(wait, refusals=(ServerGone,))

@@ -57,9 +57,12 @@ def test_full_attention_and_gated_deltanet_are_supported(config) -> None:
 
 def test_attention_sinks_are_refused() -> None:
     config = tf.GptOssConfig(
-        **SMALL, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+        **SMALL,
+        head_dim=16,
+        num_local_experts=2,
+        num_experts_per_tok=1,
         layer_types=["full_attention"] * 2,
-    )  # fmt: skip
+    )
     refused(config, "'gpt_oss'", "GptOssAttention", "attention sinks")
 
 

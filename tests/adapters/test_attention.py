@@ -110,8 +110,10 @@ def test_every_backend_declares_what_its_attention_keeps() -> None:
     assert set(ATTENTION_MEMORY) == set(BACKENDS)
     assert {b for b, kind in ATTENTION_MEMORY.items() if kind == QUADRATIC} == {"dense", "segments"}
     assert {b for b, kind in ATTENTION_MEMORY.items() if kind == LINEAR} == {
-        "flash_varlen", "flex", "torch_varlen"
-    }  # fmt: skip
+        "flash_varlen",
+        "flex",
+        "torch_varlen",
+    }
     assert choose_backend("cpu").memory == QUADRATIC  # dense or segments, row by row
     assert choose_backend("cpu", "segments").memory == QUADRATIC
 

@@ -60,8 +60,15 @@ def test_a_trainer_that_vanished_without_goodbye_is_replaced(served) -> None:
     server, path = served
     wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
     port = free_port()
-    payload = asdict(GlooWorkerInitInfo(transport="gloo", master_address="127.0.0.1",
-                                        master_port=port, rank_offset=1, world_size=2))  # fmt: skip
+    payload = asdict(
+        GlooWorkerInitInfo(
+            transport="gloo",
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+        )
+    )
     group, _ = concurrently(
         lambda: open_group("127.0.0.1", port, 0, 2, 60),
         lambda: wire.init_weight_transfer_engine(payload),
@@ -79,8 +86,15 @@ def sync_rounds(server, model, rounds: int) -> list[float]:
     def client() -> VLLMClient:
         return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
 
-    sync = EngineSync.join(server.base_url, client, "asyncgrpo_gloo", stream_of(model),
-                      workers=1, rank=0, timeout_s=120)  # fmt: skip
+    sync = EngineSync.join(
+        server.base_url,
+        client,
+        "asyncgrpo_gloo",
+        stream_of(model),
+        workers=1,
+        rank=0,
+        timeout_s=120,
+    )
     gaps = []
     try:
         for _ in range(rounds):
@@ -125,10 +139,19 @@ def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> N
                 raise KeyboardInterrupt
             yield pair
 
-    source = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
-                          interrupted_after_three_tensors)  # fmt: skip
-    sync = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
-                      "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=60)  # fmt: skip
+    source = WeightStream(
+        lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+        interrupted_after_three_tensors,
+    )
+    sync = EngineSync.join(
+        server.base_url,
+        lambda: VLLMClient(server.base_url, server.spec.name),
+        "asyncgrpo_gloo",
+        source,
+        workers=1,
+        rank=0,
+        timeout_s=60,
+    )
     try:
         with pytest.raises(KeyboardInterrupt):
             sync.sync()
@@ -145,8 +168,15 @@ def test_an_update_session_left_open_is_closed_by_the_next_trainer(served) -> No
     server, path = served
     wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
     port = free_port()
-    payload = asdict(GlooWorkerInitInfo(transport="gloo", master_address="127.0.0.1",
-                                        master_port=port, rank_offset=1, world_size=2))  # fmt: skip
+    payload = asdict(
+        GlooWorkerInitInfo(
+            transport="gloo",
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+        )
+    )
     group, _ = concurrently(
         lambda: open_group("127.0.0.1", port, 0, 2, 60),
         lambda: wire.init_weight_transfer_engine(payload),
@@ -167,8 +197,12 @@ def test_a_backend_the_server_lacks_fails_at_the_handshake(served) -> None:
 
     wire = HTTPVLLMWeightSyncClient(server.base_url, timeout=60)
     port = free_port()
-    nccl_payload = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
-                    "world_size": 2}  # fmt: skip
+    nccl_payload = {
+        "master_address": "127.0.0.1",
+        "master_port": port,
+        "rank_offset": 1,
+        "world_size": 2,
+    }
     with pytest.raises(Exception, match="500"):
         concurrently(
             lambda: open_group("127.0.0.1", port, 0, 2, 600),
@@ -186,8 +220,11 @@ def test_the_nccl_handshake_is_built_for_vllms_trainer_engine() -> None:
     info = _init_info("nccl", "127.0.0.1", world_size=3, rank=1, timeout_s=60)
     assert isinstance(info, NCCLTrainerInitInfo) and info.backend == "nccl"
     assert (info.master_address, info.world_size, info.rank, info.is_sender) == (
-        "127.0.0.1", 3, 1, False
-    )  # fmt: skip
+        "127.0.0.1",
+        3,
+        1,
+        False,
+    )
     with pytest.raises(ValueError, match="no trainer-side weight transfer for backend 'ipc'"):
         _init_info("ipc", "127.0.0.1", world_size=2, rank=0, timeout_s=60)
 
@@ -220,17 +257,23 @@ def test_a_failed_push_finishes_the_round_it_began(taken: int, began: bool) -> N
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool]
 
 
-@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)),
-                max_size=8))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)), max_size=8
+    )
+)
 def test_packed_chunks_give_back_every_tensor_bit_for_bit(specs) -> None:
     """What the gloo engine broadcasts: tensors of mixed dtypes and odd sizes packed back to
     back into one byte buffer, viewed back out unchanged (each at an aligned offset)."""
     generator = torch.Generator().manual_seed(0)
     tensors = [
-        (torch.randint(0, 2, shape, generator=generator).bool() if dtype == torch.bool
-         else torch.randn(shape, generator=generator).mul(100).to(dtype))
+        (
+            torch.randint(0, 2, shape, generator=generator).bool()
+            if dtype == torch.bool
+            else torch.randn(shape, generator=generator).mul(100).to(dtype)
+        )
         for dtype, shape in specs
-    ]  # fmt: skip
+    ]
     metas = [(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
     sizes = [padded_nbytes(t.dtype, t.shape) for t in tensors]
     unpacked = unpack(pack(tensors, sizes), metas)

@@ -41,8 +41,13 @@ def test_the_plugin_leaves_a_cpu_server_to_fork_only_when_asked(tiny_qwen3) -> N
         k: v for k, v in os.environ.items() if k not in (FORK_ENV, "VLLM_WORKER_MULTIPROC_METHOD")
     }
     script = textwrap.dedent(METHODS).replace("{env}", FORK_ENV)
-    result = subprocess.run([sys.executable, "-c", script, str(tiny_qwen3)], env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_qwen3)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith(("without", "with"))]
     assert lines == ["without spawn", "with fork"], result.stdout[-2000:]

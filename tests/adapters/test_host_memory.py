@@ -56,8 +56,14 @@ print((resident() - before) / 2**20)
 def resident_after_free_mib(mode: str, script: str = FREE_AND_MEASURE) -> float:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
-    done = subprocess.run([sys.executable, "-c", script, mode], env=env,
-                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return float(done.stdout.strip())
 
 
@@ -109,8 +115,14 @@ print((resident() - before) / 2**20)
 
 
 def resident_after_freeing_under_a_live_block_mib(env: dict[str, str]) -> float:
-    done = subprocess.run([sys.executable, "-c", FREED_UNDER_A_LIVE_BLOCK], env=env,
-                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", FREED_UNDER_A_LIVE_BLOCK],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return float(done.stdout.strip())
 
 

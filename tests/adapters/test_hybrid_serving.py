@@ -41,8 +41,14 @@ def start_bf16_server(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
     """A bf16 server of a tiny Qwen3-Next of its own (saved beside its log; the same weights
     as :func:`tiny_qwen3_next`), with the gloo engine, starting."""
     model = save_tiny_model(logs / "tiny-qwen3-next", "qwen3_next")
-    spec = ServerSpec(model=str(model), max_model_len=256, dtype="bfloat16", max_logprobs=1,
-                      weight_transfer_backend="asyncgrpo_gloo", enforce_eager=True)  # fmt: skip
+    spec = ServerSpec(
+        model=str(model),
+        max_model_len=256,
+        dtype="bfloat16",
+        max_logprobs=1,
+        weight_transfer_backend="asyncgrpo_gloo",
+        enforce_eager=True,
+    )
     return BackgroundStart(VLLMServer(spec, log_path=logs / "server.log"))
 
 
@@ -111,8 +117,15 @@ def test_synced_weights_reach_the_bf16_server_by_disk_and_by_engine(bf16_server,
     perturb(seed=2)
     assert anyio.run(gap, server) > STALE_GAP
     source = WeightStream(learner.export.weight_metadata, learner.export.iter_weights)
-    engine = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, spec.name),
-                        "asyncgrpo_gloo", source, workers=1, rank=0, timeout_s=120)  # fmt: skip
+    engine = EngineSync.join(
+        server.base_url,
+        lambda: VLLMClient(server.base_url, spec.name),
+        "asyncgrpo_gloo",
+        source,
+        workers=1,
+        rank=0,
+        timeout_s=120,
+    )
     try:
         engine.sync()
     finally:

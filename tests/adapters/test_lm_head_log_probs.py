@@ -60,8 +60,9 @@ def traced(head, hidden, targets, temperature, mask, topk):
 
 def written_out(keep_logits):
     def compute(head, hidden, targets, temperature, mask, topk):
-        return lm_head_log_probs(head, hidden, targets, temperature, mask, topk,
-                                 keep_logits=keep_logits)  # fmt: skip
+        return lm_head_log_probs(
+            head, hidden, targets, temperature, mask, topk, keep_logits=keep_logits
+        )
 
     return compute
 
@@ -83,8 +84,9 @@ def test_written_out_gradient_equals_autograd(
     case = inputs(seed, n, masked, k, bias, dtype)
     head, hidden, targets, mask, topk, weights = case
     want, want_grads = run(traced, head, hidden, targets, temperature, mask, topk, weights)
-    got, got_grads = run(written_out(keep_logits), head, hidden, targets, temperature, mask,
-                         topk, weights)  # fmt: skip
+    got, got_grads = run(
+        written_out(keep_logits), head, hidden, targets, temperature, mask, topk, weights
+    )
     # fp32: rounding only; bf16: the gradient is rounded to bf16 once in both, from fp32 sums
     # taken in a different order
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2

@@ -29,8 +29,9 @@ def test_the_packaged_model_becomes_a_tied_checkpoint_once(tmp_path, monkeypatch
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     tokenizer = AutoTokenizer.from_pretrained(path)
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                         add_generation_prompt=True)  # fmt: skip
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert "<|im_start|>user\nHi<|im_end|>" in chat and chat.endswith("<|im_start|>assistant\n")
     recorded = json.loads((tmp_path / path.split("/")[-1] / SOURCE_FILE).read_text())
     assert recorded["sha256"] == PACKAGED["smollm2-135m"].sha256
@@ -46,6 +47,5 @@ def test_the_packaged_model_becomes_a_tied_checkpoint_once(tmp_path, monkeypatch
 
 def test_a_packaged_file_with_another_hash_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="is not the expected 0000.*reinstall its package"):
-        gguf_checkpoint(packaged_file(PACKAGED["smollm2-135m"]), tmp_path,
-                        expected_sha256="0" * 64)  # fmt: skip
+        gguf_checkpoint(packaged_file(PACKAGED["smollm2-135m"]), tmp_path, expected_sha256="0" * 64)
     assert not any(tmp_path.iterdir())

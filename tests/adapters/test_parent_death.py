@@ -53,8 +53,9 @@ def start_trainer(tmp_path: Path, grace_s: float):
     ready = tmp_path / "ready"
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, STUBBORN, str(ready), str(grace_s)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     supervisor = psutil.Process(int(trainer.stdout.readline()))
     wait_until(ready.exists, "the program did not start")
     wait_until(lambda: len(supervisor.children(recursive=True)) == 2, "no grandchild")

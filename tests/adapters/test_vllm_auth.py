@@ -21,12 +21,17 @@ from asyncgrpo.shell.run import read_metrics
 
 pytestmark = pytest.mark.server
 
-GUARDED = [("POST", "/pause", {"params": {"mode": "keep"}}), ("POST", "/resume", {}),
-           ("POST", "/collective_rpc", {"json": {"method": "reload_weights"}}),
-           ("POST", "/reset_prefix_cache", {}), ("GET", "/server_info", {}),
-           ("POST", "/init_weight_transfer_engine", {"json": {"init_info": {}}}),
-           ("POST", "/start_weight_update", {}), ("POST", "/tokenize", {"json": {}}),
-           ("GET", "/v1/models", {})]  # fmt: skip
+GUARDED = [
+    ("POST", "/pause", {"params": {"mode": "keep"}}),
+    ("POST", "/resume", {}),
+    ("POST", "/collective_rpc", {"json": {"method": "reload_weights"}}),
+    ("POST", "/reset_prefix_cache", {}),
+    ("GET", "/server_info", {}),
+    ("POST", "/init_weight_transfer_engine", {"json": {"init_info": {}}}),
+    ("POST", "/start_weight_update", {}),
+    ("POST", "/tokenize", {"json": {}}),
+    ("GET", "/v1/models", {}),
+]
 PUBLIC = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/version")]
 
 
@@ -44,9 +49,14 @@ def start_keyed_servers(tiny_qwen3: Path, logs: Path) -> list[BackgroundStart]:
     """Both kinds of keyed server, starting side by side (about the time of one)."""
     starts = []
     for kind, spec_type in (("middleware", ServerSpec), ("plugin", PluginOnlySpec)):
-        spec = spec_type(enforce_eager=True, model=str(tiny_qwen3), max_model_len=1024,
-                         dtype="float32", weight_transfer_backend="asyncgrpo_gloo",
-                         api_key=new_api_key())  # fmt: skip
+        spec = spec_type(
+            enforce_eager=True,
+            model=str(tiny_qwen3),
+            max_model_len=1024,
+            dtype="float32",
+            weight_transfer_backend="asyncgrpo_gloo",
+            api_key=new_api_key(),
+        )
         assert ("--middleware" in spec.command(8000)) == (kind == "middleware")
         starts.append(BackgroundStart(VLLMServer(spec, log_path=logs / f"vllm-{kind}.log")))
     return starts
@@ -62,8 +72,10 @@ def keyed_servers(request, servers_ahead, tiny_qwen3):
     starts = servers_ahead.take_or_start("keyed_servers", tiny_qwen3, request.module)
     try:
         servers = [start.result() for start in starts]
-        yield {kind: (server, server.spec.api_key)
-               for kind, server in zip(("middleware", "plugin"), servers, strict=True)}  # fmt: skip
+        yield {
+            kind: (server, server.spec.api_key)
+            for kind, server in zip(("middleware", "plugin"), servers, strict=True)
+        }
     finally:
         for start in starts:
             start.stop()
@@ -97,12 +109,22 @@ def test_a_run_with_the_key_trains(keyed_server, tiny_qwen3, tmp_path, backend) 
     server, key, kind = keyed_server
     if kind == "plugin" and backend == "disk":
         pytest.skip("one run per server kind is enough for the plugin's path")
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "run"), max_steps=2, learning_rate=1e-3,
-                           num_generations=4, max_completion_length=12, token_budget=256,
-                           gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=0,
-                           vllm_server_base_url=server.base_url, vllm_server_api_key=key,
-                           weight_transfer_backend=backend, save_steps=1000,
-                           disable_tqdm=True)  # fmt: skip
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        learning_rate=1e-3,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        max_staleness=0,
+        vllm_server_base_url=server.base_url,
+        vllm_server_api_key=key,
+        weight_transfer_backend=backend,
+        save_steps=1000,
+        disable_tqdm=True,
+    )
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
     trainer = AsyncGRPOTrainer(
         model=str(tiny_qwen3),

@@ -154,9 +154,13 @@ def test_parse_metrics_sums_engines_and_takes_max_usage() -> None:
 def test_the_workers_count_prefill_context_parallel_ranks() -> None:
     """A server with tensor 2 x prefill-context 2 parallel runs 4 workers, all of which join the
     trainer's transfer group; decode-context parallel reuses those ranks."""
-    parallel = {"tensor_parallel_size": 2, "pipeline_parallel_size": 1,
-                "prefill_context_parallel_size": 2, "decode_context_parallel_size": 4,
-                "data_parallel_size": 1}  # fmt: skip
+    parallel = {
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "prefill_context_parallel_size": 2,
+        "decode_context_parallel_size": 4,
+        "data_parallel_size": 1,
+    }
     reply = {"weight_transfer_config": {"backend": "nccl"}, "parallel_config": parallel}
     assert server_transfer(reply) == ServerTransfer(backend="nccl", workers=4)
 

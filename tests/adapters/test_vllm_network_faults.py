@@ -154,8 +154,7 @@ def test_a_call_whose_replies_are_always_cut_fails_naming_the_cut_and_the_settin
 
 
 @pytest.mark.slow(reason="2 s of latency, a 2 s black hole and a capped reply: about 8 s")
-def test_latency_a_short_black_hole_and_a_bandwidth_cap_are_waited_out(vllm_server,
-                                                                        proxy) -> None:  # fmt: skip
+def test_latency_a_short_black_hole_and_a_bandwidth_cap_are_waited_out(vllm_server, proxy) -> None:
     """Each slower than the stall timeout (so the server is probed, and the probe is as slow),
     none as long as ``vllm_server_timeout``: every call is answered, nothing is retried."""
 
@@ -222,16 +221,16 @@ def hole_after_pause(client: VLLMClient, proxy: FaultProxy) -> None:
 
 
 @pytest.mark.slow(reason="waits out vllm_server_timeout (4 s): about 6 s")
-def test_a_disk_push_into_a_black_hole_is_named_within_the_timeout(served, proxy,
-                                                                   tmp_path) -> None:  # fmt: skip
+def test_a_disk_push_into_a_black_hole_is_named_within_the_timeout(served, proxy, tmp_path) -> None:
     """The weights go by file; the reload call after the pause meets the hole. The next push,
     once the link is mended, lands."""
     server, path = served
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
     async def push(url: str, hole: bool) -> float:
-        async with VLLMClient(url, server.spec.name, timeout_s=TIMEOUT_S,
-                              stall_s=STALL_S) as client:  # fmt: skip
+        async with VLLMClient(
+            url, server.spec.name, timeout_s=TIMEOUT_S, stall_s=STALL_S
+        ) as client:
             if hole:
                 hole_after_pause(client, proxy)
             await DiskReload(client, tmp_path).sync(model.state_dict())
@@ -258,8 +257,10 @@ def test_a_disk_push_into_a_black_hole_is_named_within_the_timeout(served, proxy
 
 def stream_of(model) -> WeightStream:
     state = model.state_dict
-    return WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
-                        lambda: iter(state().items()))  # fmt: skip
+    return WeightStream(
+        lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+        lambda: iter(state().items()),
+    )
 
 
 @pytest.mark.slow(reason="waits out vllm_server_timeout (4 s), the send's abort and resume: 8-15 s")
@@ -275,8 +276,15 @@ def test_a_gloo_push_into_a_black_hole_is_named_within_the_timeout(served, proxy
         clients.append(through(proxy, server))
         return clients[-1]
 
-    sync = EngineSync.join(proxy.url, client, "asyncgrpo_gloo", stream_of(model), workers=1,
-                           rank=0, timeout_s=TIMEOUT_S)  # fmt: skip
+    sync = EngineSync.join(
+        proxy.url,
+        client,
+        "asyncgrpo_gloo",
+        stream_of(model),
+        workers=1,
+        rank=0,
+        timeout_s=TIMEOUT_S,
+    )
     hole_after_pause(clients[0], proxy)
     started = time.monotonic()
     try:
@@ -299,10 +307,15 @@ def test_a_gloo_push_into_a_black_hole_is_named_within_the_timeout(served, proxy
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    direct = EngineSync.join(server.base_url,
-                             lambda: VLLMClient(server.base_url, server.spec.name, timeout_s=60),
-                             "asyncgrpo_gloo", stream_of(model), workers=1, rank=0,
-                             timeout_s=60)  # fmt: skip
+    direct = EngineSync.join(
+        server.base_url,
+        lambda: VLLMClient(server.base_url, server.spec.name, timeout_s=60),
+        "asyncgrpo_gloo",
+        stream_of(model),
+        workers=1,
+        rank=0,
+        timeout_s=60,
+    )
     try:
         direct.sync()
     finally:
@@ -335,9 +348,15 @@ def test_a_push_through_a_capped_link_moves_only_its_control_calls_over_it(
 
         anyio.run(push)
     else:
-        sync = EngineSync.join(proxy.url, lambda: through(proxy, server, timeout_s=timeout_s),
-                               "asyncgrpo_gloo", stream_of(model), workers=1, rank=0,
-                               timeout_s=timeout_s)  # fmt: skip
+        sync = EngineSync.join(
+            proxy.url,
+            lambda: through(proxy, server, timeout_s=timeout_s),
+            "asyncgrpo_gloo",
+            stream_of(model),
+            workers=1,
+            rank=0,
+            timeout_s=timeout_s,
+        )
         try:
             sync.sync()
         finally:
@@ -347,5 +366,7 @@ def test_a_push_through_a_capped_link_moves_only_its_control_calls_over_it(
     assert proxy.struck["capped"] > 0
     assert crossed < weight_bytes / 50, (crossed, weight_bytes)
     assert took >= 0.8 * max(proxy.forwarded.values()) / 2000, took
-    print(f"{backend} push over a 2,000 B/s link: {took:.1f} s, {proxy.forwarded} bytes "
-          f"crossed, of {weight_bytes} bytes of weights")  # fmt: skip
+    print(
+        f"{backend} push over a 2,000 B/s link: {took:.1f} s, {proxy.forwarded} bytes "
+        f"crossed, of {weight_bytes} bytes of weights"
+    )

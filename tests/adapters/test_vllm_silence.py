@@ -36,8 +36,9 @@ def silent_seconds(error: BaseException) -> int:
 
 def test_a_frozen_server_is_named_as_silent_not_as_a_read_timeout(frozen_url) -> None:
     async def main() -> tuple[BaseException, int]:
-        async with VLLMClient(frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S,
-                              max_retries=5, backoff_s=0.01) as client:  # fmt: skip
+        async with VLLMClient(
+            frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S, max_retries=5, backoff_s=0.01
+        ) as client:
             with pytest.raises(VLLMError) as raised:
                 await client.admin.pause()
             return raised.value, client.retry_count
@@ -57,8 +58,9 @@ def test_the_silence_is_counted_in_total_across_the_calls_of_one_operation(froze
     timeout again: the server has been silent since the first call."""
 
     async def main() -> tuple[BaseException, BaseException]:
-        async with VLLMClient(frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S,
-                              max_retries=5, backoff_s=0.01) as client:  # fmt: skip
+        async with VLLMClient(
+            frozen_url, "m", timeout_s=TIMEOUT_S, stall_s=STALL_S, max_retries=5, backoff_s=0.01
+        ) as client:
             with pytest.raises(ServerNotAnswering) as first:
                 await client.admin.pause()
             with pytest.raises(ServerNotAnswering) as then:
@@ -74,8 +76,9 @@ def test_a_failure_without_retries_does_not_claim_any() -> None:
     """A refused connection with ``max_retries=0``: one try, and the message says none."""
 
     async def main() -> None:
-        async with VLLMClient(f"http://127.0.0.1:{free_port()}", "m", timeout_s=2,
-                              max_retries=0) as client:  # fmt: skip
+        async with VLLMClient(
+            f"http://127.0.0.1:{free_port()}", "m", timeout_s=2, max_retries=0
+        ) as client:
             await client.admin.pause()
 
     with pytest.raises(VLLMError) as raised:

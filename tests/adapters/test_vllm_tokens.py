@@ -95,8 +95,9 @@ def test_a_reply_yields_candidate_sets_sampled_log_probs_and_the_top_k(k) -> Non
         for table, (_, _, top) in zip(gen.top_logprobs, want, strict=True):
             # kept as float32, as the learner uses them (vLLM computes them in float32)
             np.testing.assert_allclose([table[t] for t in top], list(top.values()), rtol=1e-7)
-    turn = TurnRecord([1, 2], gen.output_ids, gen.output_log_probs,
-                      output_sampling_mask=gen.sampling_masks)  # fmt: skip
+    turn = TurnRecord(
+        [1, 2], gen.output_ids, gen.output_log_probs, output_sampling_mask=gen.sampling_masks
+    )
     assert turn.output_sampling_mask == gen.sampling_masks
 
 
@@ -114,8 +115,15 @@ def test_replies_without_masks_or_log_probs_name_what_is_missing() -> None:
 
 
 def test_the_request_is_a_valid_generate_request_with_every_sampling_setting() -> None:
-    params = SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, top_k=50, min_p=0.05,
-                            repetition_penalty=1.1, num_sampler_logprobs=4)  # fmt: skip
+    params = SamplingParams(
+        max_tokens=7,
+        temperature=0.8,
+        top_p=0.9,
+        top_k=50,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        num_sampler_logprobs=4,
+    )
     request = GenerateRequest.model_validate(token_request([5, 6, 7], params, 99, "m", 5))
     sp = request.sampling_params
     assert request.token_ids == [5, 6, 7] and request.model == "m"
@@ -131,8 +139,9 @@ def test_the_client_sends_candidate_set_requests_to_the_token_endpoint() -> None
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
         body = GenerateRequest.model_validate_json(request.content)
-        reply = fake_server_reply([1] * body.sampling_params.max_tokens,
-                                  body.sampling_params.logprobs)  # fmt: skip
+        reply = fake_server_reply(
+            [1] * body.sampling_params.max_tokens, body.sampling_params.logprobs
+        )
         return httpx.Response(200, json=reply)
 
     async def main():

@@ -127,9 +127,12 @@ def test_a_send_to_a_server_that_hangs_is_bounded_and_the_server_resumed(
     its timeout naming the server, the group is aborted, the server is resumed and serves."""
     gathered: list[str] = []
     engine = FakeStuckEngine(small_stream(gathered), abort_frees=True)
-    sync = EngineSync(vllm_server.base_url,
-                      lambda: VLLMClient(vllm_server.base_url, vllm_server.spec.name),
-                      engine, timeout_s=1.0)  # fmt: skip
+    sync = EngineSync(
+        vllm_server.base_url,
+        lambda: VLLMClient(vllm_server.base_url, vllm_server.spec.name),
+        engine,
+        timeout_s=1.0,
+    )
     try:
         started = time.monotonic()
         with pytest.raises(WeightSendTimeout, match=vllm_server.base_url):
@@ -148,9 +151,12 @@ def test_a_server_that_dies_mid_send_fails_the_sync_with_its_cause(vllm_server) 
     once (no watchdog wait), runs the rest of the round's gathers, and resumes the server."""
     gathered: list[str] = []
     engine = FakeDyingEngine(small_stream(gathered), abort_frees=True)
-    sync = EngineSync(vllm_server.base_url,
-                      lambda: VLLMClient(vllm_server.base_url, vllm_server.spec.name),
-                      engine, timeout_s=600.0)  # fmt: skip
+    sync = EngineSync(
+        vllm_server.base_url,
+        lambda: VLLMClient(vllm_server.base_url, vllm_server.spec.name),
+        engine,
+        timeout_s=600.0,
+    )
     try:
         with pytest.raises(ConnectionResetError, match="mid-update"):
             sync.sync()
@@ -179,13 +185,17 @@ class FakeServerSync:
 
 
 def push_to_two(backend: str, first_hangs: bool) -> tuple[dict, list[int]]:
-    weights = EngineWeights(learner=None, args=SimpleNamespace(server_urls=["a", "b"]),
-                            client=None, backend=backend, server_workers=1)  # fmt: skip
+    weights = EngineWeights(
+        learner=None,
+        args=SimpleNamespace(server_urls=["a", "b"]),
+        client=None,
+        backend=backend,
+        server_workers=1,
+    )
     # sends that run at once meet in well under 10 s; serial ones break the barrier after 2 s
     meeting = threading.Barrier(1 if first_hangs else 2, timeout=10 if backend == GLOO else 2)
     sent: list[int] = []
-    weights.engines = {i: FakeServerSync(meeting, first_hangs and i == 0, sent, i)
-                       for i in (0, 1)}  # fmt: skip
+    weights.engines = {i: FakeServerSync(meeting, first_hangs and i == 0, sent, i) for i in (0, 1)}
     landing = weights.send(Snapshot(1, {"w": torch.zeros(1)}), servers=(0, 1))
     return landing, sent
 

@@ -53,8 +53,9 @@ def test_reloaded_weights_are_served(vllm_server, tiny_qwen3, tmp_path) -> None:
     assert timings.transfer_s > 0 and timings.total_s >= timings.transfer_s
 
 
-def test_a_tied_lm_head_reaches_the_server_with_its_embedding(vllm_server, tiny_qwen3,
-                                                               tmp_path) -> None:  # fmt: skip
+def test_a_tied_lm_head_reaches_the_server_with_its_embedding(
+    vllm_server, tiny_qwen3, tmp_path
+) -> None:
     """The tiny model ties its LM head to its input embedding, as most small models do. vLLM's
     in-place reload does not tie them again, so the push writes the head under its own name:
     the served log-probs follow a changed embedding. The control leaves the head out: the
@@ -162,9 +163,17 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
         for param in new.parameters():
             param.add_(torch.randn_like(param) * 0.05)
     gate = tmp_path / "gate"
-    body = {"model": server.spec.name, "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True,
-            "logprobs": 0, "temperature": 1.0, "seed": 3, "return_token_ids": True,
-            "vllm_xargs": {"token_gate": str(gate)}}  # fmt: skip
+    body = {
+        "model": server.spec.name,
+        "prompt": PROMPT,
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "temperature": 1.0,
+        "seed": 3,
+        "return_token_ids": True,
+        "vllm_xargs": {"token_gate": str(gate)},
+    }
 
     async def main():
         async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:

@@ -93,20 +93,29 @@ noisy = settings(derandomize=True)
 def test_calibration_recovers_known_throughputs_at_max_staleness_0(
     seed, tokens_per_s, fixed_s, push_s, generation, logging_steps, weight_sync_steps
 ):
-    rows = synthetic_rows(seed, tokens_per_s, fixed_s, push_s, generation, 0,
-                          logging_steps=logging_steps,
-                          weight_sync_steps=weight_sync_steps)  # fmt: skip
+    rows = synthetic_rows(
+        seed,
+        tokens_per_s,
+        fixed_s,
+        push_s,
+        generation,
+        0,
+        logging_steps=logging_steps,
+        weight_sync_steps=weight_sync_steps,
+    )
     fit = calibrate(rows, max_staleness=0, weight_sync_steps=weight_sync_steps)
     # the steps' training times are predicted within the noise
     errors = []
     for row in rows[1:]:
-        predicted = fit.training.train_s(row["batch/forwarded_tokens_per_step"],
-                                         row["batch/samples_per_step"])  # fmt: skip
+        predicted = fit.training.train_s(
+            row["batch/forwarded_tokens_per_step"], row["batch/samples_per_step"]
+        )
         truth = fixed_s + row["batch/forwarded_tokens_per_step"] / tokens_per_s
         errors.append(predicted / truth - 1)
     assert np.sqrt(np.mean(np.square(errors))) < 0.03
-    mean_train = np.mean([fixed_s + r["batch/forwarded_tokens_per_step"] / tokens_per_s
-                          for r in rows])  # fmt: skip
+    mean_train = np.mean(
+        [fixed_s + r["batch/forwarded_tokens_per_step"] / tokens_per_s for r in rows]
+    )
     if fixed_s >= 0.1 * mean_train:  # a fixed cost large enough to be told from the noise
         assert fit.training_tokens_per_s == pytest.approx(tokens_per_s, rel=0.1)
         assert fit.training_fixed_s == pytest.approx(fixed_s, rel=0.2)
@@ -119,8 +128,9 @@ def test_calibration_recovers_known_throughputs_at_max_staleness_0(
 
 
 @noisy
-@given(st.integers(0, 2**32 - 1), throughputs, fixed_costs, st.floats(0.01, 2.0),
-       st.floats(0.05, 3.0))  # fmt: skip
+@given(
+    st.integers(0, 2**32 - 1), throughputs, fixed_costs, st.floats(0.01, 2.0), st.floats(0.05, 3.0)
+)
 def test_with_overlap_the_generator_is_fitted_where_the_trainer_waited(
     seed, tokens_per_s, fixed_s, push_s, pace
 ):
@@ -174,10 +184,16 @@ def test_a_slow_generator_is_fitted_and_a_fast_one_is_not():
 
 def test_steps_of_one_size_fit_no_fixed_cost_but_the_same_step_time():
     rows = [
-        {"step": s, "perf/step_s": 0.6, "perf/rollout_wait_s": 0.1, "perf/weight_sync_s": 0.1,
-         "batch/forwarded_tokens_per_step": 2000.0, "batch/samples_per_step": 16.0}
+        {
+            "step": s,
+            "perf/step_s": 0.6,
+            "perf/rollout_wait_s": 0.1,
+            "perf/weight_sync_s": 0.1,
+            "batch/forwarded_tokens_per_step": 2000.0,
+            "batch/samples_per_step": 16.0,
+        }
         for s in range(1, 11)
-    ]  # fmt: skip
+    ]
     fit = calibrate(rows, max_staleness=1)
     assert fit.training_fixed_s == 0.0 and fit.training.per_sample_s == 0.0
     assert fit.training_tokens_per_s == pytest.approx(2000.0 / 0.4)
@@ -194,9 +210,14 @@ def test_a_per_sample_cost_is_fitted_when_samples_vary_apart_from_tokens():
     for step in range(1, 41):
         samples, tokens = float(rng.integers(8, 200)), float(rng.uniform(2000, 20000))
         train = 0.05 + tokens / 8000 + 0.002 * samples
-        rows.append({"step": step, "perf/step_s": train,
-                     "batch/forwarded_tokens_per_step": tokens,
-                     "batch/samples_per_step": samples})  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "perf/step_s": train,
+                "batch/forwarded_tokens_per_step": tokens,
+                "batch/samples_per_step": samples,
+            }
+        )
     fit = calibrate(rows, max_staleness=1, skip_windows=0)
     assert fit.training.per_sample_s == pytest.approx(0.002, rel=1e-6)
     assert fit.training_tokens_per_s == pytest.approx(8000, rel=1e-6)
@@ -230,8 +251,13 @@ def test_figures_and_errors():
     assert measured.staleness == 0.0 and measured.generator_idle_frac == 0.4
     samples = np.array([r["batch/samples_per_step"] for r in rows[1:]])
     assert measured.seconds_per_sample == pytest.approx(steps.sum() / samples.sum())
-    predicted = PipelineFigures(measured.step_s * 1.08, 0.1, measured.trainer_idle_frac, 0.5,
-                                measured.seconds_per_sample * 0.95)  # fmt: skip
+    predicted = PipelineFigures(
+        measured.step_s * 1.08,
+        0.1,
+        measured.trainer_idle_frac,
+        0.5,
+        measured.seconds_per_sample * 0.95,
+    )
     errors = {e.name: e for e in compare_figures(predicted, measured)}
     assert errors["step_s"].relative == pytest.approx(0.08)
     assert errors["staleness"].relative is None and errors["staleness"].absolute == 0.1

@@ -14,9 +14,12 @@ from asyncgrpo.core.run.collapse import (
 )
 
 steps = st.lists(st.lists(st.booleans(), max_size=12), min_size=1, max_size=30)
-settings = st.builds(SpreadSettings, share=st.sampled_from([0.5, 0.9, 1.0]),
-                     warn_after=st.integers(1, 4),
-                     stop_after=st.none() | st.integers(1, 8))  # fmt: skip
+settings = st.builds(
+    SpreadSettings,
+    share=st.sampled_from([0.5, 0.9, 1.0]),
+    warn_after=st.integers(1, 4),
+    stop_after=st.none() | st.integers(1, 8),
+)
 
 
 def run(plan: list[list[bool]], config: SpreadSettings) -> list[Verdict]:
@@ -87,8 +90,14 @@ def test_a_collapse_is_warned_about_within_warn_after_steps_and_stopped_at_stop_
     collapsed = [[True] * 8] * 6
     verdicts = run(learning + collapsed, config)
     assert verdicts[:4] == [Verdict.NONE] * 4
-    assert verdicts[4:] == [Verdict.NONE, Verdict.NONE, Verdict.WARN, Verdict.NONE, Verdict.STOP,
-                            Verdict.STOP]  # fmt: skip
+    assert verdicts[4:] == [
+        Verdict.NONE,
+        Verdict.NONE,
+        Verdict.WARN,
+        Verdict.NONE,
+        Verdict.STOP,
+        Verdict.STOP,
+    ]
 
 
 @given(st.integers(0, 40), st.integers(1, 20))

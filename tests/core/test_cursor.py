@@ -59,8 +59,11 @@ def test_cursor_tracks_consumed_positions_whatever_the_order(history, stop_after
         assert resumed == set(range(len(sizes))) - consumed - set(split)
 
 
-@given(st.lists(st.sampled_from([0, 3]), min_size=1, max_size=25),
-       st.randoms(use_true_random=False), st.integers(0, 200))  # fmt: skip
+@given(
+    st.lists(st.sampled_from([0, 3]), min_size=1, max_size=25),
+    st.randoms(use_true_random=False),
+    st.integers(0, 200),
+)
 def test_the_audit_finds_each_position_once_and_names_a_repeat_or_a_loss(sizes, rng, takes) -> None:
     """A record written as the trainer writes it (each sample taken is trained, each empty
     group dropped) audits exact against the saved cursor, groups it split included; a sample
@@ -87,13 +90,16 @@ def test_the_audit_finds_each_position_once_and_names_a_repeat_or_a_loss(sizes, 
     split = split_by_checkpoint(saved)
     assert audit.consumed == len(consumed) and audit.split == len(split)
     assert audit.trained_samples == 3 * sum(sizes[p] > 0 for p in consumed) + sum(
-        3 - left for left in split.values())  # fmt: skip
+        3 - left for left in split.values()
+    )
     trained = [p for p in [*consumed, *split] if sizes[p] == 3]
     if trained:
         again = [*rows, {"step": len(rows), "trained": [trained[0]]}]
         assert audit_positions(again, saved, 3).repeated == (trained[0],)
-        lost = [{k: v if k == "step" else [p for p in v if p != trained[0]] for k, v in r.items()}
-                for r in rows]  # fmt: skip
+        lost = [
+            {k: v if k == "step" else [p for p in v if p != trained[0]] for k, v in r.items()}
+            for r in rows
+        ]
         assert audit_positions(lost, saved, 3).missing == (trained[0],)
     queued = [p for p in range(len(sizes)) if sizes[p] == 3 and p not in trained]
     if queued:  # a group whose samples all wait on the queue: not in the record
@@ -133,8 +139,10 @@ def test_request_seed_is_a_pure_function_in_range(seed, position, index, turn) -
     value = request_seed(seed, position, index, turn)
     assert value == request_seed(seed, position, index, turn)
     assert 0 <= value < 2**63
-    neighbours = {request_seed(seed, position + 1, index, turn),
-                  request_seed(seed, position, index + 1, turn),
-                  request_seed(seed, position, index, turn + 1),
-                  request_seed(seed + 1, position, index, turn)}  # fmt: skip
+    neighbours = {
+        request_seed(seed, position + 1, index, turn),
+        request_seed(seed, position, index + 1, turn),
+        request_seed(seed, position, index, turn + 1),
+        request_seed(seed + 1, position, index, turn),
+    }
     assert value not in neighbours and len(neighbours) == 4

@@ -31,8 +31,9 @@ def test_skipped_steps_are_counted_in_a_row_and_in_all(start, finites, stop_afte
         steps = after_step(steps, finite)
         if stopped_at is None and must_stop(steps, stop_after):
             stopped_at = index
-    trailing = len(finites) - (max(i for i, f in enumerate(finites) if f) + 1 if any(finites)
-                               else 0)  # fmt: skip
+    trailing = len(finites) - (
+        max(i for i, f in enumerate(finites) if f) + 1 if any(finites) else 0
+    )
     assert steps.in_a_row == trailing
     assert steps.total == finites.count(False)
     applied = [start + i + 1 for i, finite in enumerate(finites) if finite]
@@ -47,8 +48,9 @@ def test_skipped_steps_are_counted_in_a_row_and_in_all(start, finites, stop_afte
 @given(st.integers(1, 5), st.floats(1e-8, 1e40), st.floats(0, 10))
 def test_the_errors_name_the_settings_to_change(stop_after, learning_rate, max_grad_norm) -> None:
     steps = NonfiniteSteps(last_finite_step=7, in_a_row=stop_after, total=stop_after)
-    message = diverged_message(steps, stop_after, math.nan, math.inf, learning_rate,
-                               max_grad_norm, "out/checkpoint-9")  # fmt: skip
+    message = diverged_message(
+        steps, stop_after, math.nan, math.inf, learning_rate, max_grad_norm, "out/checkpoint-9"
+    )
     assert f"stop_after_nonfinite_steps={stop_after}" in message
     assert f"steps 8 to {7 + stop_after}" in message
     assert "last finite weights (step 7) are in out/checkpoint-9" in message

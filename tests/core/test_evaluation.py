@@ -64,15 +64,17 @@ def test_pass_at_k_needs_one_completion_with_full_marks_and_unscored_ones_are_le
     assert math.isnan(PromptScore(3, (None,), {}, (2,)).rewards[0])
 
 
-@given(st.lists(st.tuples(st.floats(-5, 5), st.integers(0, 20)), min_size=1, max_size=12),
-       st.randoms())  # fmt: skip
+@given(
+    st.lists(st.tuples(st.floats(-5, 5), st.integers(0, 20)), min_size=1, max_size=12), st.randoms()
+)
 def test_a_window_keeps_the_newest_evaluation_whatever_the_order(results, random) -> None:
     """Windows of evaluations merge in any order to the value of the highest version (the
     larger value on a tie: deterministic); a plain mean would blend versions."""
     shuffled = results[:]
     random.shuffle(shuffled)
-    windows = [record(MetricWindow(), [latest("eval/t/reward", v, order=o + 1)])
-               for v, o in shuffled]  # fmt: skip
+    windows = [
+        record(MetricWindow(), [latest("eval/t/reward", v, order=o + 1)]) for v, o in shuffled
+    ]
     merged = MetricWindow()
     for window in windows:
         merged = merge(merged, window) if random.random() < 0.5 else merge(window, merged)

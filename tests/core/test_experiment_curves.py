@@ -251,8 +251,12 @@ def test_rows_of_evaluations_alone_are_points_without_reward_or_step_time() -> N
         {"step": 2, "reward": 0.25, "perf/step_s": 0.5, "batch/samples_per_step": 4.0},
         {"step": 4, "reward": 0.75, "perf/step_s": 1.0, "batch/samples_per_step": 8.0},
     ]
-    rows = [{"step": 0, "eval/held/reward": 0.125}, windows[0],
-            {"step": 3, "eval/held/reward": 0.5}, windows[1]]  # fmt: skip
+    rows = [
+        {"step": 0, "eval/held/reward": 0.125},
+        windows[0],
+        {"step": 3, "eval/held/reward": 0.5},
+        windows[1],
+    ]
     curve = curve_from_rows(rows)
     assert [(p.step, p.wall_s) for p in curve.points] == [(0, 0.0), (2, 1.0), (3, 1.0), (4, 3.0)]
     assert final_reward(curve, last=2) == 0.5 and auc_steps(curve) == 0.5

@@ -15,8 +15,15 @@ from asyncgrpo.core.packing.flops import (
 from asyncgrpo.core.packing.tree import pack_row
 from asyncgrpo.core.run.step_time import STEP_PARTS, unaccounted_s, window_rates
 
-shapes = st.builds(ModelShape, st.integers(1, 10**9), st.integers(1, 64), st.integers(1, 64),
-                   st.integers(1, 256), st.integers(1, 8192), st.integers(1, 200_000))  # fmt: skip
+shapes = st.builds(
+    ModelShape,
+    st.integers(1, 10**9),
+    st.integers(1, 64),
+    st.integers(1, 64),
+    st.integers(1, 256),
+    st.integers(1, 8192),
+    st.integers(1, 200_000),
+)
 
 
 @given(sample_sets())
@@ -48,8 +55,9 @@ def test_listed_gpus_have_a_peak_per_dtype() -> None:
     assert gpu_peak_flops("cpu", True) is None
 
 
-@given(st.lists(st.floats(0, 10), min_size=len(STEP_PARTS), max_size=len(STEP_PARTS)),
-       st.floats(0, 10))  # fmt: skip
+@given(
+    st.lists(st.floats(0, 10), min_size=len(STEP_PARTS), max_size=len(STEP_PARTS)), st.floats(0, 10)
+)
 def test_unaccounted_is_the_step_minus_its_parts(parts, extra) -> None:
     summary = dict(zip(STEP_PARTS, parts, strict=True))
     summary["perf/step_s"] = sum(parts) + extra
@@ -65,9 +73,12 @@ optional_tokens = st.one_of(st.none(), st.floats(0, 1e6))
 def test_window_rates_are_tokens_over_seconds_present_only_with_their_inputs(
     step_s, fwd_bwd_s, trained, forwarded
 ) -> None:
-    given_values = {"perf/step_s": step_s, "perf/fwd_bwd_s": fwd_bwd_s,
-                    "batch/trained_tokens_per_step": trained,
-                    "batch/forwarded_tokens_per_step": forwarded}  # fmt: skip
+    given_values = {
+        "perf/step_s": step_s,
+        "perf/fwd_bwd_s": fwd_bwd_s,
+        "batch/trained_tokens_per_step": trained,
+        "batch/forwarded_tokens_per_step": forwarded,
+    }
     summary = {k: v for k, v in given_values.items() if v is not None}
     rates = window_rates(summary)
     if step_s is not None and trained is not None and forwarded is not None:

@@ -17,11 +17,16 @@ def server_generators(draw):
     if kind == "constant":
         return generators.constant(draw(st.floats(10.0, 1e5)))
     if kind == "fitted":
-        return generators.Generator(draw(st.floats(1e-5, 1e-2)),
-                                    weight_read_s=draw(st.floats(0.0, 0.05)),
-                                    kv_capacity_tokens=draw(st.floats(100.0, 1e6)))  # fmt: skip
-    return generators.roofline(GPUS[draw(st.sampled_from(["h100", "h200", "a100"]))], SEVEN_B,
-                               draw(st.sampled_from([1, 2, 4])))  # fmt: skip
+        return generators.Generator(
+            draw(st.floats(1e-5, 1e-2)),
+            weight_read_s=draw(st.floats(0.0, 0.05)),
+            kv_capacity_tokens=draw(st.floats(100.0, 1e6)),
+        )
+    return generators.roofline(
+        GPUS[draw(st.sampled_from(["h100", "h200", "a100"]))],
+        SEVEN_B,
+        draw(st.sampled_from([1, 2, 4])),
+    )
 
 
 @st.composite
@@ -82,14 +87,16 @@ def test_the_roofline_is_bound_by_reading_then_by_compute_and_by_kv() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.floats(1e-4, 0.05), st.floats(1e-6, 1e-3),
-       st.lists(st.integers(1, 512), min_size=2, max_size=6, unique=True))  # fmt: skip
+@given(
+    st.floats(1e-4, 0.05),
+    st.floats(1e-6, 1e-3),
+    st.lists(st.integers(1, 512), min_size=2, max_size=6, unique=True),
+)
 def test_a_fit_over_concurrencies_recovers_the_step_time(fixed_s, per_request_s, concurrency):
     points = [(c, c / (fixed_s + per_request_s * c)) for c in concurrency]
     fitted = generators.fit_concurrency(points)
     for c in concurrency:
-        assert fitted.tokens_per_s(c) == pytest.approx(c / (fixed_s + per_request_s * c),
-                                                       rel=1e-6)  # fmt: skip
+        assert fitted.tokens_per_s(c) == pytest.approx(c / (fixed_s + per_request_s * c), rel=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -100,7 +107,8 @@ def test_counting_in_units_keeps_the_seconds(generator, unit, running, context_e
     fine_s = generator.step_s(running, running * context_each)
     assert coarse.step_s(running, running * context_each / unit) == pytest.approx(unit * fine_s)
     assert math.isinf(coarse.kv_capacity_tokens) or coarse.kv_capacity_tokens == pytest.approx(
-        generator.kv_capacity_tokens / unit)  # fmt: skip
+        generator.kv_capacity_tokens / unit
+    )
 
 
 def test_a_published_figure_scales_the_roofline() -> None:

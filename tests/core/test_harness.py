@@ -59,8 +59,12 @@ def test_none_is_unscored_and_anything_else_is_refused_naming_the_source() -> No
             harness.verified_reward(bad, "S.verify")
 
 
-@given(st.sampled_from(harness.ENDINGS), st.floats(0, 1e4),
-       st.none() | st.floats(-10, 10), st.booleans())  # fmt: skip
+@given(
+    st.sampled_from(harness.ENDINGS),
+    st.floats(0, 1e4),
+    st.none() | st.floats(-10, 10),
+    st.booleans(),
+)
 def test_each_fault_is_counted_once_and_every_rollout_once_in_the_fractions(
     ending, seconds, reward, nonfinite
 ) -> None:

@@ -21,10 +21,20 @@ def quantile_workloads(draw):
     """A maximum, increasing quantiles below it and a mean the quantiles allow (a mean they do
     not allow must fail naming the range)."""
     maximum = draw(st.integers(64, 32768))
-    probabilities = sorted(set(draw(st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.75, 0.9, 0.99]),
-                                             min_size=1, max_size=4))))  # fmt: skip
-    values = sorted(draw(st.lists(st.integers(1, maximum), min_size=len(probabilities),
-                                  max_size=len(probabilities))))  # fmt: skip
+    probabilities = sorted(
+        set(
+            draw(
+                st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.75, 0.9, 0.99]), min_size=1, max_size=4)
+            )
+        )
+    )
+    values = sorted(
+        draw(
+            st.lists(
+                st.integers(1, maximum), min_size=len(probabilities), max_size=len(probabilities)
+            )
+        )
+    )
     quantiles = dict(zip(probabilities, map(float, values), strict=True))
     mean = draw(st.floats(1.0, float(maximum)))
     try:

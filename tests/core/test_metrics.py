@@ -25,8 +25,12 @@ from asyncgrpo.core.metrics import (
 from asyncgrpo.core.run.planner import BATCH_METRICS
 
 PACKAGE = Path(__file__).resolve().parents[2]
-MAKERS = {"mean": Aggregation.MEAN, "total": Aggregation.SUM, "maximum": Aggregation.MAX,
-          "minimum": Aggregation.MIN}  # fmt: skip
+MAKERS = {
+    "mean": Aggregation.MEAN,
+    "total": Aggregation.SUM,
+    "maximum": Aggregation.MAX,
+    "minimum": Aggregation.MIN,
+}
 
 
 def trl_convention(name: str) -> Aggregation:
@@ -34,8 +38,11 @@ def trl_convention(name: str) -> Aggregation:
     of its name (placeholders of an f-string left out): ``count`` sums, ``max``/``min`` keep the
     extreme, anything else is a mean."""
     words = set(re.findall(r"[a-z0-9]+", re.sub(r"\{[^}]*\}", "", name.rsplit("/", 1)[-1])))
-    for word, aggregation in (("count", Aggregation.SUM), ("max", Aggregation.MAX),
-                              ("min", Aggregation.MIN)):  # fmt: skip
+    for word, aggregation in (
+        ("count", Aggregation.SUM),
+        ("max", Aggregation.MAX),
+        ("min", Aggregation.MIN),
+    ):
         if word in words:
             return aggregation
     return Aggregation.MEAN
@@ -54,8 +61,11 @@ def made_in_the_package() -> list[tuple[str, str, Aggregation]]:
             first = node.args[0]
             if maker not in MAKERS or not isinstance(first, ast.Constant | ast.JoinedStr):
                 continue
-            name = first.value if isinstance(first, ast.Constant) else "".join(
-                v.value if isinstance(v, ast.Constant) else "{}" for v in first.values)  # fmt: skip
+            name = (
+                first.value
+                if isinstance(first, ast.Constant)
+                else "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in first.values)
+            )
             if (isinstance(name, str) and "/" in name) or name in ("reward", "loss", "grad_norm"):
                 found.append((f"{path.relative_to(PACKAGE)}:{node.lineno}", name, MAKERS[maker]))
     return found

@@ -150,8 +150,9 @@ def valid_settings(draw) -> ObjectiveSettings:
 @st.composite
 def cases(draw, proximal: bool | None = None) -> Case:
     lengths = draw(st.lists(st.integers(1, 5), min_size=1, max_size=4))
-    ids = draw(st.lists(st.integers(0, 1000), min_size=len(lengths), max_size=len(lengths),
-                        unique=True))  # fmt: skip
+    ids = draw(
+        st.lists(st.integers(0, 1000), min_size=len(lengths), max_size=len(lengths), unique=True)
+    )
     order = np.array(draw(st.permutations(range(sum(lengths)))), dtype=np.int64)
     sample_index = np.repeat(np.array(ids, dtype=np.int64), lengths)[order]
     n = sample_index.size
@@ -318,8 +319,10 @@ def wrong_clipped_surrogate(c: Case, logp: Tensor, _: Tensor | None, cmp: Compar
 def truncated(level: str, cap: Callable[[ObjectiveSettings], float]) -> Reference:
     def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
         limit = cap(c.settings)
-        weights = [min(rho, limit) if cmp.le(rho, limit) else limit
-                   for rho in behaviour_ratios(c, logp, level)]  # fmt: skip
+        weights = [
+            min(rho, limit) if cmp.le(rho, limit) else limit
+            for rho in behaviour_ratios(c, logp, level)
+        ]
         return decoupled(c, logp, weights, cmp)
 
     return reference
@@ -328,8 +331,9 @@ def truncated(level: str, cap: Callable[[ObjectiveSettings], float]) -> Referenc
 def masked(level: str, bounds: Callable[[ObjectiveSettings], tuple[float, float]]) -> Reference:
     def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
         low, high = bounds(c.settings)
-        weights = [rho if cmp.inside(rho, low, high) else 0.0
-                   for rho in behaviour_ratios(c, logp, level)]  # fmt: skip
+        weights = [
+            rho if cmp.inside(rho, low, high) else 0.0 for rho in behaviour_ratios(c, logp, level)
+        ]
         return decoupled(c, logp, weights, cmp)
 
     return reference
@@ -629,8 +633,10 @@ def test_in_this_trainer_icepop_and_decoupled_ppo_are_token_masked_is(case: Case
     logp, _ = case.leaves(topk=False)
     inputs = case.inputs(logp, None)
     mis = OBJECTIVES["mis_token"]
-    for name, low, high in (("icepop", s.icepop_alpha, s.icepop_beta),
-                            ("decoupled_ppo", 0.0, s.behav_imp_weight_cap)):  # fmt: skip
+    for name, low, high in (
+        ("icepop", s.icepop_alpha, s.icepop_beta),
+        ("decoupled_ppo", 0.0, s.behav_imp_weight_cap),
+    ):
         as_mis = s.replace(mis_token_clip_min=low, mis_token_clip_max=high)
         got = OBJECTIVES[name].per_token_loss(inputs, s)
         assert torch.equal(got, mis.per_token_loss(inputs, as_mis)), name
@@ -657,11 +663,21 @@ def test_splitting_a_call_does_not_change_the_per_token_losses(case: Case, cuts)
     order = np.argsort(case.sample_index, kind="stable")
     case = replace(
         case,
-        **{name: getattr(case, name)[order] for name in
-           ("logp", "sampler_logp", "advantages", "sample_index", "topk_ids",
-            "topk_sampler_logp", "topk_valid", "topk_logp")},
+        **{
+            name: getattr(case, name)[order]
+            for name in (
+                "logp",
+                "sampler_logp",
+                "advantages",
+                "sample_index",
+                "topk_ids",
+                "topk_sampler_logp",
+                "topk_valid",
+                "topk_logp",
+            )
+        },
         proximal_logp=None if case.proximal_logp is None else case.proximal_logp[order],
-    )  # fmt: skip
+    )
     anywhere = [0, *sorted(min(c, case.n) for c in cuts), case.n]
     boundaries = [0, *(np.flatnonzero(np.diff(case.sample_index)) + 1).tolist(), case.n]
     for name, objective in OBJECTIVES.items():
@@ -688,8 +704,16 @@ def test_splitting_a_call_does_not_change_the_per_token_losses(case: Case, cuts)
 
 
 def slice_case(case: Case, a: int, b: int) -> Case:
-    names = ("logp", "sampler_logp", "advantages", "sample_index", "topk_ids",
-             "topk_sampler_logp", "topk_valid", "topk_logp")  # fmt: skip
+    names = (
+        "logp",
+        "sampler_logp",
+        "advantages",
+        "sample_index",
+        "topk_ids",
+        "topk_sampler_logp",
+        "topk_valid",
+        "topk_logp",
+    )
     return replace(
         case,
         **{name: getattr(case, name)[a:b] for name in names},
@@ -777,9 +801,12 @@ def test_an_empty_call_gives_an_empty_loss_with_grad_and_no_metrics(name: str) -
 
 def test_score_centering_without_the_sampler_topk_says_what_is_missing() -> None:
     inputs = TokenInputs(
-        logp=torch.zeros(1), sampler_logp=torch.zeros(1), advantages=torch.ones(1),
-        sample_index=torch.zeros(1).long(), entropy=torch.zeros(1),
-    )  # fmt: skip
+        logp=torch.zeros(1),
+        sampler_logp=torch.zeros(1),
+        advantages=torch.ones(1),
+        sample_index=torch.zeros(1).long(),
+        entropy=torch.zeros(1),
+    )
     with pytest.raises(ValueError, match="top-K"):
         OBJECTIVES["score_centering"].per_token_loss(inputs, example_settings())
 

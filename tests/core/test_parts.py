@@ -20,13 +20,13 @@ def test_trainer_throughput_grows_with_gpus_and_collectives_cost_more_across_nod
 ):
     model = parameters_only(parameters)
     one = fsdp_trainer(model, GPUS["h100"], 1, NVLINK, IB, 8, micro_batch_tokens, micro_batches)
-    many = fsdp_trainer(model, GPUS["h100"], gpus, NVLINK, IB, 8, micro_batch_tokens,
-                        micro_batches)  # fmt: skip
+    many = fsdp_trainer(model, GPUS["h100"], gpus, NVLINK, IB, 8, micro_batch_tokens, micro_batches)
     assert many.tokens_per_s == pytest.approx(gpus * one.tokens_per_s)
     assert many.fixed_s >= 0
     # the same ranks over InfiniBand only: never cheaper than within a node
-    slow_link = fsdp_trainer(model, GPUS["h100"], gpus, IB, IB, 8, micro_batch_tokens,
-                             micro_batches)  # fmt: skip
+    slow_link = fsdp_trainer(
+        model, GPUS["h100"], gpus, IB, IB, 8, micro_batch_tokens, micro_batches
+    )
     assert slow_link.fixed_s >= many.fixed_s - 1e-12
 
 
@@ -62,12 +62,20 @@ def test_contention_slows_each_side_only_while_the_other_runs() -> None:
 
 
 def test_a_configs_shape_sets_the_trainers_memory() -> None:
-    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "intermediate_size": 14336,
-              "vocab_size": 128256}  # fmt: skip
+    config = {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+    }
     llama = model_spec(config)  # Llama-3-8B's shape
     assert llama.parameters == pytest.approx(8.03e9, rel=0.01)
     assert llama.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
     state_only = trainer_memory_bytes(parameters_only(llama.parameters), 4, 16384)
-    assert trainer_memory_bytes(llama, 4, 16384) > state_only == pytest.approx(
-        16 * llama.parameters / 4)  # fmt: skip
+    assert (
+        trainer_memory_bytes(llama, 4, 16384)
+        > state_only
+        == pytest.approx(16 * llama.parameters / 4)
+    )

@@ -25,8 +25,15 @@ def test_candidates_are_valid_splits_and_cover_every_one(devices, max_servers) -
         assert c.max_staleness >= c.weight_sync_steps - 1  # the config refuses the rest
     assert {c.train_devices for c in found} == set(range(1, devices))
     assert {(c.max_staleness, c.weight_sync_steps) for c in found} == {
-        (0, 1), (1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4)
-    }  # fmt: skip
+        (0, 1),
+        (1, 1),
+        (1, 2),
+        (2, 1),
+        (2, 2),
+        (4, 1),
+        (4, 2),
+        (4, 4),
+    }
 
 
 def test_one_device_cannot_be_split() -> None:
@@ -45,17 +52,25 @@ def test_scaling_keeps_total_generation_per_device(devices, data) -> None:
     assert total == pytest.approx(300.0 / 3 * chosen.generation_devices(devices))
     assert scaled.training_tokens_per_s == pytest.approx(500.0 * chosen.train_devices)
     assert (scaled.training_fixed_s, scaled.training_per_sample_s, scaled.weight_sync_s) == (
-        0.2, 0.01, 0.5
-    )  # fmt: skip
+        0.2,
+        0.01,
+        0.5,
+    )
 
 
 def _prediction(staleness_setting, samples_per_s, staleness, servers=1, sync_steps=1):
-    return Prediction(Candidate(1, servers, staleness_setting, sync_steps), samples_per_s, 1.0,
-                      staleness, 0.0)  # fmt: skip
+    return Prediction(
+        Candidate(1, servers, staleness_setting, sync_steps), samples_per_s, 1.0, staleness, 0.0
+    )
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 4]), st.floats(1.0, 100.0),
-                          st.floats(0.0, 4.0)), min_size=1, max_size=12))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 4]), st.floats(1.0, 100.0), st.floats(0.0, 4.0)),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_recommend_is_within_tolerance_of_the_best_and_freshest_there(rows) -> None:
     predictions = [_prediction(*row) for row in rows]
     chosen = recommend(predictions)

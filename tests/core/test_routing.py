@@ -63,16 +63,18 @@ def test_the_order_of_the_servers_only_breaks_exact_ties(pool, taken, ms, random
 
 
 @given(pools, steps, staleness, st.integers(0, 7), st.integers(1, 100))
-def test_more_load_on_another_server_does_not_change_the_choice(pool, taken, ms, other,
-                                                                extra) -> None:  # fmt: skip
+def test_more_load_on_another_server_does_not_change_the_choice(
+    pool, taken, ms, other, extra
+) -> None:
     chosen = route_group(pool, taken, ms)
     other %= len(pool)
     if chosen is None or other == chosen:
         return
     busier = list(pool)
     view = pool[other]
-    busier[other] = ServerView(view.routable, view.version, view.reserved + extra, view.cap,
-                               view.load)  # fmt: skip
+    busier[other] = ServerView(
+        view.routable, view.version, view.reserved + extra, view.cap, view.load
+    )
     assert route_group(busier, taken, ms) == chosen
 
 
@@ -137,8 +139,11 @@ def test_idle_servers_take_turns(servers: int, groups: int) -> None:
     turn, whatever its KV-cache use, so none is left without groups."""
     routed = [0] * servers
     for _ in range(groups):
-        views = [ServerView(True, version=0, reserved=0, cap=8, routed=r,
-                            load=ServerLoad(0.01 * i, 0, 0))
-                 for i, r in enumerate(routed)]  # fmt: skip
+        views = [
+            ServerView(
+                True, version=0, reserved=0, cap=8, routed=r, load=ServerLoad(0.01 * i, 0, 0)
+            )
+            for i, r in enumerate(routed)
+        ]
         routed[route_group(views, steps_taken=0, max_staleness=0)] += 1
     assert max(routed) - min(routed) <= 1

@@ -49,8 +49,7 @@ def test_a_fractional_interval_without_max_steps_is_refused(fraction, max_steps)
         interval_steps(fraction, max_steps)
 
 
-@given(st.integers(1, 6), st.lists(st.integers(1, 4), min_size=1, max_size=30),
-       st.booleans())  # fmt: skip
+@given(st.integers(1, 6), st.lists(st.integers(1, 4), min_size=1, max_size=30), st.booleans())
 def test_evaluations_cover_every_crossed_multiple_once(every, gaps, on_start) -> None:
     """Versions land at increasing steps (gaps: a push may cover several steps). Each
     evaluated version crosses a multiple of ``every`` the last evaluated one did not; no

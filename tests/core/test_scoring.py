@@ -85,8 +85,11 @@ def sequence(length: int) -> TrainingSequence:
 @st.composite
 def groups(draw):
     g = draw(st.integers(1, 6))
-    rewards = draw(st.lists(st.one_of(st.just(math.nan), st.sampled_from([0.0, 0.5, 1.0])),
-                            min_size=g, max_size=g))  # fmt: skip
+    rewards = draw(
+        st.lists(
+            st.one_of(st.just(math.nan), st.sampled_from([0.0, 0.5, 1.0])), min_size=g, max_size=g
+        )
+    )
     per_rollout = [
         [sequence(draw(st.integers(2, 5))) for _ in range(draw(st.integers(0, 3)))]
         for _ in range(g)
@@ -98,8 +101,16 @@ def groups(draw):
 def test_group_samples_are_every_sequence_with_its_rollouts_advantage(group, version, row, at):
     score, per_rollout = group
     ids = [f"r{i}" for i in range(len(per_rollout))]
-    samples = group_samples(per_rollout, score, ids, model_version=version, group_id=2,
-                            row_index=row, prompt_position=row + 100, queued_at=at)  # fmt: skip
+    samples = group_samples(
+        per_rollout,
+        score,
+        ids,
+        model_version=version,
+        group_id=2,
+        row_index=row,
+        prompt_position=row + 100,
+        queued_at=at,
+    )
     if not score.kept:
         assert samples == ()
         return
@@ -116,6 +127,13 @@ def test_group_samples_are_every_sequence_with_its_rollouts_advantage(group, ver
 def test_group_samples_refuses_mismatched_rollout_counts(group):
     score, per_rollout = group
     with pytest.raises(ValueError, match="one of each per rollout"):
-        group_samples([*per_rollout, []], score, [str(i) for i in range(len(per_rollout))],
-                      model_version=0, group_id=0, row_index=0, prompt_position=0,
-                      queued_at=0.0)  # fmt: skip
+        group_samples(
+            [*per_rollout, []],
+            score,
+            [str(i) for i in range(len(per_rollout))],
+            model_version=0,
+            group_id=0,
+            row_index=0,
+            prompt_position=0,
+            queued_at=0.0,
+        )

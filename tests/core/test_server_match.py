@@ -67,15 +67,15 @@ def test_the_first_differing_server_and_its_flag_are_named(flags, name, position
     with pytest.raises(ServerMismatch) as failed:
         check_servers(urls, pool, "m")
     message = str(failed.value)
-    assert message.startswith(f"the vLLM server at {urls[position]} differs from the one at "
-                              f"{urls[0]} in {FLAGS[name]}:")  # fmt: skip
+    assert message.startswith(
+        f"the vLLM server at {urls[position]} differs from the one at {urls[0]} in {FLAGS[name]}:"
+    )
     assert "also" not in message  # one flag changed: one named
 
 
 def test_a_server_without_the_model_is_named_and_adapters_served_are_no_mismatch() -> None:
     serving = ServerFlags(models=("policy",))
     with pytest.raises(ServerMismatch, match="http://b does not serve model 'policy'"):
-        check_servers(["http://a", "http://b"], [serving, ServerFlags(models=("other",))],
-                      "policy")  # fmt: skip
+        check_servers(["http://a", "http://b"], [serving, ServerFlags(models=("other",))], "policy")
     with_adapters = ServerFlags(models=("policy", "asyncgrpo-policy-v3"))
     check_servers(["http://a", "http://b"], [serving, with_adapters], "policy")

@@ -203,8 +203,9 @@ def test_a_pool_is_gone_only_when_every_server_is_and_since_the_last_went(down) 
         assert since == max(down)
 
 
-def simulated_silence_logs(durations: list[float], every_s: float, probe_s: float,
-                           deadline: float) -> list[float]:  # fmt: skip
+def simulated_silence_logs(
+    durations: list[float], every_s: float, probe_s: float, deadline: float
+) -> list[float]:
     """The times a silence watchdog logs when its probes take ``durations`` in turn (each in
     ``[0, probe_s]``: 0 is a probe reused from another call's) against a silent server."""
     logs: list[float] = []

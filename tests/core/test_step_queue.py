@@ -38,8 +38,12 @@ def groups(draw, group_id: int, version: int, max_size: int = 5, max_len: int = 
     for member in range(draw(st.integers(0, max_size))):
         completion = draw(st.lists(st.integers(0, 3), max_size=max_len - len(prompt)))
         tokens = prompt + completion
-        sample = make_sample(tokens, [0] * len(prompt) + [1] * len(completion), group_id,
-                             rollout=f"{group_id}-{member}")  # fmt: skip
+        sample = make_sample(
+            tokens,
+            [0] * len(prompt) + [1] * len(completion),
+            group_id,
+            rollout=f"{group_id}-{member}",
+        )
         members.append(attrs.evolve(sample, model_version=version, prompt_position=group_id))
     return members
 
@@ -95,8 +99,9 @@ def test_every_sample_is_trained_dropped_stale_or_oversize_or_waits_exactly_once
 def test_the_incremental_plan_equals_a_fresh_plan_of_the_buffer(run) -> None:
     config, script = run
     queue = _play(config, script)[0]
-    fresh = plan_step(queue.buffer, config.token_budget, config.num_processes,
-                      config.gradient_accumulation_steps)  # fmt: skip
+    fresh = plan_step(
+        queue.buffer, config.token_budget, config.num_processes, config.gradient_accumulation_steps
+    )
     assert queue.plan.micro_batches == fresh.micro_batches
     assert queue.plan.full == fresh.complete
     assert queue.plan.placed == len(fresh.placed)
@@ -110,8 +115,9 @@ def test_a_step_trains_what_a_fresh_plan_of_the_buffer_places(run) -> None:
         with pytest.raises(ValueError, match="no sample"):
             take_step(queue)
         return
-    fresh = plan_step(queue.buffer, config.token_budget, config.num_processes,
-                      config.gradient_accumulation_steps)  # fmt: skip
+    fresh = plan_step(
+        queue.buffer, config.token_budget, config.num_processes, config.gradient_accumulation_steps
+    )
     step = take_step(queue)
     expected = [
         [[queue.buffer[i] for i in row.samples] for row in mb] for mb in fresh.micro_batches
@@ -150,11 +156,16 @@ def test_a_step_that_did_not_fill_up_measures_the_full_step_of_its_samples(confi
     length = min(length, config.token_budget)
 
     def sample(n: int):
-        return make_sample([n + 1000 * k for k in range(length)], [0] + [1] * (length - 1), n,
-                           rollout=str(n))  # fmt: skip
+        return make_sample(
+            [n + 1000 * k for k in range(length)], [0] + [1] * (length - 1), n, rollout=str(n)
+        )
 
-    full = plan_step([sample(n) for n in range(1_000)], config.token_budget,
-                     config.num_processes, config.gradient_accumulation_steps)  # fmt: skip
+    full = plan_step(
+        [sample(n) for n in range(1_000)],
+        config.token_budget,
+        config.num_processes,
+        config.gradient_accumulation_steps,
+    )
     count = data.draw(st.integers(1, len(full.placed)))
     queue = arrive(StepQueue(config), [sample(n) for n in range(count)], 0).queue
     step = take_step(queue)
@@ -215,9 +226,12 @@ class _Sides:
         self.queue = StepQueue(self.config)
 
     def may_start(self) -> bool:
-        return pacing.may_start_group(self.ledger, self.queue.allowance_behind(self.behind),
-                                      behind=self.behind,
-                                      max_staleness=self.config.max_staleness)  # fmt: skip
+        return pacing.may_start_group(
+            self.ledger,
+            self.queue.allowance_behind(self.behind),
+            behind=self.behind,
+            max_staleness=self.config.max_staleness,
+        )
 
     def group(self) -> list:
         """The next group. Its samples share one prompt token; with ``distinct`` nothing else
@@ -226,11 +240,15 @@ class _Sides:
         length = self.lengths[n % len(self.lengths)]
         members = []
         for m in range(size):
-            completion = range(100 * (m + 1), 100 * (m + 1) + length - 1) if self.distinct \
-                else range(1, length)  # fmt: skip
+            completion = (
+                range(100 * (m + 1), 100 * (m + 1) + length - 1)
+                if self.distinct
+                else range(1, length)
+            )
             prompt = 1000 + n if self.distinct else n % 7
-            sample = make_sample([prompt, *completion], [0] + [1] * (length - 1), n,
-                                 rollout=f"{n}-{m}")  # fmt: skip
+            sample = make_sample(
+                [prompt, *completion], [0] + [1] * (length - 1), n, rollout=f"{n}-{m}"
+            )
             members.append(attrs.evolve(sample, model_version=self.version))
         return members
 
@@ -249,8 +267,9 @@ class _Sides:
             _, samples = self.in_flight.pop(0 if choice == "finish" else -1)
             self.ledger = pacing.group_finished(self.ledger, sum(len(s.sequence) for s in samples))
             self.apply(arrive(self.queue, samples, self.checked_at))
-        elif (choice == "train" and (self.late_pushes or self.steps == self.version)
-              and self.ready()):  # fmt: skip
+        elif (
+            choice == "train" and (self.late_pushes or self.steps == self.version) and self.ready()
+        ):
             self.apply(advance(self.queue, self.steps))
             if not self.ready():
                 return
@@ -333,28 +352,82 @@ def _choices(*runs: tuple[str, int]) -> list[str]:
 # while the oldest group in flight could only be trained in it; and one taken while the steps
 # left before the oldest groups go stale could not hold them all
 _BEHIND_A_NEWER_POLICY = (
-    (QueueSettings(28, 1, 3, 0), [7], [4],
-     _choices(("start", 19), ("finish", 1), ("start", 8), ("finish", 8), ("train", 2),
-              ("start", 2), ("publish", 1), ("start", 3), ("finish", 1),
-              ("finish_newest", 2), ("train", 1), ("finish", 1), ("train", 1))),
+    (
+        QueueSettings(28, 1, 3, 0),
+        [7],
+        [4],
+        _choices(
+            ("start", 19),
+            ("finish", 1),
+            ("start", 8),
+            ("finish", 8),
+            ("train", 2),
+            ("start", 2),
+            ("publish", 1),
+            ("start", 3),
+            ("finish", 1),
+            ("finish_newest", 2),
+            ("train", 1),
+            ("finish", 1),
+            ("train", 1),
+        ),
+    ),
     3,
-)  # fmt: skip
+)
 _LAST_CHANCE_IN_FLIGHT = (
-    (QueueSettings(12, 1, 1, 0), [1], [4],
-     _choices(("start", 19), ("finish", 1), ("start", 8), ("finish", 5), ("train", 1),
-              ("start", 2), ("finish", 2), ("train", 1), ("publish", 1), ("start", 3),
-              ("finish", 2), ("finish_newest", 3), ("train", 2))),
+    (
+        QueueSettings(12, 1, 1, 0),
+        [1],
+        [4],
+        _choices(
+            ("start", 19),
+            ("finish", 1),
+            ("start", 8),
+            ("finish", 5),
+            ("train", 1),
+            ("start", 2),
+            ("finish", 2),
+            ("train", 1),
+            ("publish", 1),
+            ("start", 3),
+            ("finish", 2),
+            ("finish_newest", 3),
+            ("train", 2),
+        ),
+    ),
     3,
-)  # fmt: skip
+)
 _OLDER_GROUPS_NEED_THE_ROOM = (
-    (QueueSettings(20, 1, 2, 0), [4], [4],
-     _choices(("start", 2), ("finish", 1), ("start", 6), ("finish", 5), ("train", 2),
-              ("start", 2), ("finish", 2), ("train", 1), ("publish", 2), ("start", 5),
-              ("finish", 3), ("train", 1), ("start", 2), ("finish", 2), ("train", 1),
-              ("publish", 1), ("start", 3), ("finish_newest", 3), ("train", 1),
-              ("finish", 3), ("train", 2))),
+    (
+        QueueSettings(20, 1, 2, 0),
+        [4],
+        [4],
+        _choices(
+            ("start", 2),
+            ("finish", 1),
+            ("start", 6),
+            ("finish", 5),
+            ("train", 2),
+            ("start", 2),
+            ("finish", 2),
+            ("train", 1),
+            ("publish", 2),
+            ("start", 5),
+            ("finish", 3),
+            ("train", 1),
+            ("start", 2),
+            ("finish", 2),
+            ("train", 1),
+            ("publish", 1),
+            ("start", 3),
+            ("finish_newest", 3),
+            ("train", 1),
+            ("finish", 3),
+            ("train", 2),
+        ),
+    ),
     3,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300)

@@ -16,11 +16,20 @@ from asyncgrpo.core.experiments.sweep_plan import (
     setting_label,
 )
 
-values = st.lists(st.one_of(st.integers(-3, 5), st.sampled_from(["a", "b/c", "x y"]),
-                            st.booleans(), st.floats(0.001, 1.0)),
-                  min_size=1, max_size=3, unique_by=str)  # fmt: skip
-grids = st.dictionaries(st.sampled_from(["max_staleness", "loss_type", "learning_rate"]), values,
-                        max_size=2)  # fmt: skip
+values = st.lists(
+    st.one_of(
+        st.integers(-3, 5),
+        st.sampled_from(["a", "b/c", "x y"]),
+        st.booleans(),
+        st.floats(0.001, 1.0),
+    ),
+    min_size=1,
+    max_size=3,
+    unique_by=str,
+)
+grids = st.dictionaries(
+    st.sampled_from(["max_staleness", "loss_type", "learning_rate"]), values, max_size=2
+)
 seeds = st.lists(st.integers(0, 50), min_size=1, max_size=5, unique=True)
 
 

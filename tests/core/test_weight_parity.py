@@ -16,8 +16,20 @@ from asyncgrpo.core.weights.parity import (
     staleness0_gap,
 )
 
-dtypes = st.sampled_from(["float32", "torch.float32", "fp32", "bfloat16", "bf16", "float16",
-                          "torch.float16", "auto", None, "int8"])  # fmt: skip
+dtypes = st.sampled_from(
+    [
+        "float32",
+        "torch.float32",
+        "fp32",
+        "bfloat16",
+        "bf16",
+        "float16",
+        "torch.float16",
+        "auto",
+        None,
+        "int8",
+    ]
+)
 gaps = st.one_of(st.none(), st.just(math.nan), st.floats(0, 10))
 
 

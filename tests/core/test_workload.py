@@ -12,9 +12,11 @@ WORKLOAD = {
     "model": {"name": "Qwen/Qwen2.5-7B", "parameters": 7.6e9, "kv_bytes_per_token": 57344},
     "cluster": {"gpu": "h100", "gpus_per_node": 8},
     "batch": {"prompts_per_step": 64, "num_generations": 8},
-    "lengths": {"prompt": {"mean": 200, "p50": 150, "max": 1024},
-                "response": {"mean": 2600, "p50": 1800, "p90": 5500, "max": 8192}},
-}  # fmt: skip
+    "lengths": {
+        "prompt": {"mean": 200, "p50": 150, "max": 1024},
+        "response": {"mean": 2600, "p50": 1800, "p90": 5500, "max": 8192},
+    },
+}
 
 
 def changed(table: str, key: str, value: object) -> dict:
@@ -35,19 +37,25 @@ def changed(table: str, key: str, value: object) -> dict:
         (changed("cluster", "intra_node", "nvlnk4"), ["[cluster] intra_node", "nvlink4"]),
         (changed("model", "kv_bytes_per_token", None), ["[model]", "kv_bytes_per_token"]),
         (changed("model", "parameter", 7e9), ["[model] parameter", "did you mean 'parameters'"]),
-        (changed("lengths", "response", {"mean": 900, "max": 4096}),
-         ["[lengths] response", "add quantiles"]),
-        (changed("lengths", "response", {"mean": 7900, "p50": 1000, "max": 8192}),
-         ["[lengths] response", "they allow"]),
+        (
+            changed("lengths", "response", {"mean": 900, "max": 4096}),
+            ["[lengths] response", "add quantiles"],
+        ),
+        (
+            changed("lengths", "response", {"mean": 7900, "p50": 1000, "max": 8192}),
+            ["[lengths] response", "they allow"],
+        ),
         (changed("settings", "weight_path", "nfs"), ["[settings] weight_path", "nccl"]),
-        (changed("settings", "max_staleness", 0) | {"settings": {"max_staleness": 0,
-                                                                 "weight_sync_steps": 3}},
-         ["[settings] max_staleness", "raise max_staleness"]),
+        (
+            changed("settings", "max_staleness", 0)
+            | {"settings": {"max_staleness": 0, "weight_sync_steps": 3}},
+            ["[settings] max_staleness", "raise max_staleness"],
+        ),
         (changed("generator", "tokens_per_s", 2500.0), ["[generator] source"]),
         (changed("trainer", "mfu", 40), ["[trainer] mfu", "at most 1"]),
         ({**WORKLOAD, "clusters": {}}, ["[clusters]", "did you mean 'cluster'"]),
     ],
-)  # fmt: skip
+)
 def test_a_bad_workload_names_the_table_the_key_and_the_fix(data, names) -> None:
     with pytest.raises(WorkloadError) as error:
         workload_from_mapping(data)
@@ -58,14 +66,23 @@ def test_a_bad_workload_names_the_table_the_key_and_the_fix(data, names) -> None
 def test_a_config_gives_the_model_and_defaults_fill_the_cluster() -> None:
     data = changed("model", "parameters", None)
     del data["model"]["kv_bytes_per_token"]
-    data["model"]["config"] = {"hidden_size": 3584, "num_hidden_layers": 28,
-                               "num_attention_heads": 28, "num_key_value_heads": 4,
-                               "intermediate_size": 18944, "vocab_size": 152064}  # fmt: skip
+    data["model"]["config"] = {
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+    }
     w = workload_from_mapping(data)
     assert w.model.parameters == pytest.approx(7.62e9, rel=0.01)
     assert w.model.kv_bytes_per_token == 57344
     assert (w.intra_node.name, w.inter_node.name, w.max_staleness, w.weight_path) == (
-        "nvlink4", "ib-ndr", None, "nccl")  # fmt: skip
+        "nvlink4",
+        "ib-ndr",
+        None,
+        "nccl",
+    )
     assert w.max_model_len == 1024 + 8192
 
 
@@ -90,8 +107,9 @@ def test_every_split_uses_each_gpu_once_and_its_commands_add_up(gpus, per_node, 
         shape = gpu_plan.step_shape(workload, split)
         rows = split.trainer_gpus * shape.gradient_accumulation_steps
         assert rows * shape.token_budget * gpu_plan.PACKING >= shape.forwarded_tokens
-        blocks = launch_blocks(workload.model_name, where, per_node, workload.max_model_len,
-                               "nccl", {})  # fmt: skip
+        blocks = launch_blocks(
+            workload.model_name, where, per_node, workload.max_model_len, "nccl", {}
+        )
         text = "\n".join(b.text for b in blocks)
         assert text.count("vllm serve") == split.servers
         assert text.count("torchrun") == 1
@@ -113,8 +131,10 @@ def test_a_decode_step_overhead_slows_the_roofline_most_where_few_requests_run()
     (the tail of a synchronous step) decodes much slower, a full server less so; it
     needs a source, and a figure is optional beside it."""
     plain = workload_from_mapping(WORKLOAD)
-    slowed = workload_from_mapping(changed("generator", "step_overhead_s", 0.0025) | {
-        "generator": {"step_overhead_s": 0.0025, "source": "a measured run"}})  # fmt: skip
+    slowed = workload_from_mapping(
+        changed("generator", "step_overhead_s", 0.0025)
+        | {"generator": {"step_overhead_s": 0.0025, "source": "a measured run"}}
+    )
     assert slowed.decode_figure is None and slowed.decode_step_overhead_s == 0.0025
     fast, slow = (gpu_plan.server_generator(w, 1) for w in (plain, slowed))
     alone = fast.tokens_per_s(1, 3000) / slow.tokens_per_s(1, 3000)
@@ -124,5 +144,7 @@ def test_a_decode_step_overhead_slows_the_roofline_most_where_few_requests_run()
     with pytest.raises(WorkloadError, match=r"\[generator\] source"):
         workload_from_mapping(changed("generator", "step_overhead_s", 0.0025))
     with pytest.raises(WorkloadError, match=r"\[generator\] step_overhead_s"):
-        workload_from_mapping(changed("generator", "step_overhead_s", -1.0) | {
-            "generator": {"step_overhead_s": -1.0, "source": "x"}})  # fmt: skip
+        workload_from_mapping(
+            changed("generator", "step_overhead_s", -1.0)
+            | {"generator": {"step_overhead_s": -1.0, "source": "x"}}
+        )

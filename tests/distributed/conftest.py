@@ -13,5 +13,6 @@ def one_node_run(vllm_server, tiny_qwen3, tmp_path_factory) -> TrainerRun:
     --standalone --nproc_per_node=2``, against the session server. Its tests use ``served``
     too, which puts the server's original weights back after each of them."""
     directory = tmp_path_factory.mktemp("one-node")
-    return run_trainer([["--standalone", "--nproc_per_node=2"]], tiny_qwen3,
-                       vllm_server.base_url, directory)  # fmt: skip
+    return run_trainer(
+        [["--standalone", "--nproc_per_node=2"]], tiny_qwen3, vllm_server.base_url, directory
+    )

@@ -30,8 +30,12 @@ def main() -> None:
     parser.add_argument("out")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = AsyncGRPOConfig(num_sampler_logprobs=TOP_K, gradient_accumulation_steps=2, seed=0,
-                             learning_rate=ABSURD_LEARNING_RATE)  # fmt: skip
+    config = AsyncGRPOConfig(
+        num_sampler_logprobs=TOP_K,
+        gradient_accumulation_steps=2,
+        seed=0,
+        learning_rate=ABSURD_LEARNING_RATE,
+    )
     with Learner(load_causal_lm(args.model), config) as learner:
         rows = my_rows(args.model, learner.rank, learner.world_size)
         steps = []
@@ -39,12 +43,21 @@ def main() -> None:
             out = learner.train_step(rows)
             skipped: list[bool | None] = [None] * learner.world_size
             dist.all_gather_object(skipped, out.skipped)
-            optimizer = [t.to_local().clone() if hasattr(t, "to_local") else t.clone()
-                         for state in learner.optimizer.state.values()
-                         for t in state.values() if isinstance(t, torch.Tensor)]  # fmt: skip
+            optimizer = [
+                t.to_local().clone() if hasattr(t, "to_local") else t.clone()
+                for state in learner.optimizer.state.values()
+                for t in state.values()
+                if isinstance(t, torch.Tensor)
+            ]
             weights = learner.export.full_state_dict()
-            steps.append({"skipped": skipped, "weights": weights, "optimizer": optimizer,
-                          "grad_norm": out.metrics["grad_norm"]})  # fmt: skip
+            steps.append(
+                {
+                    "skipped": skipped,
+                    "weights": weights,
+                    "optimizer": optimizer,
+                    "grad_norm": out.metrics["grad_norm"],
+                }
+            )
         if learner.rank == 0:
             torch.save(steps, args.out)
         dist.barrier()

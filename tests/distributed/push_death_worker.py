@@ -82,8 +82,9 @@ def main() -> None:
         raise ValueError(f"kill points {sorted(unknown)}: not among {KILL_POINTS}")
     if rank == 0:
         die_at(signals, points)
-    trainer = tiny_run(model, base_url, output_dir, save_steps=1000,
-                       vllm_server_timeout=float(server_timeout))  # fmt: skip
+    trainer = tiny_run(
+        model, base_url, output_dir, save_steps=1000, vllm_server_timeout=float(server_timeout)
+    )
     outcome = signals / f"outcome-{rank}"
     try:
         trainer.train()

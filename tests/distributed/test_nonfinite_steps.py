@@ -15,8 +15,16 @@ WORKER = Path(__file__).with_name("nonfinite_worker.py")
 
 def test_every_process_skips_a_nonfinite_step_and_keeps_its_shards(tiny_qwen3, tmp_path) -> None:
     out = tmp_path / "steps.pt"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(WORKER), str(tiny_qwen3), str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(WORKER),
+        str(tiny_qwen3),
+        str(out),
+    ]
     support = os.pathsep.join([str(Path(__file__).parents[1] / "support"), str(WORKER.parent)])
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": support}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -27,5 +35,6 @@ def test_every_process_skips_a_nonfinite_step_and_keeps_its_shards(tiny_qwen3, t
     assert all(torch.equal(second["weights"][k], t) for k, t in first["weights"].items())
     assert all(bool(t.isfinite().all()) for t in second["weights"].values())
     assert len(second["optimizer"]) == len(first["optimizer"]) > 0
-    assert all(torch.equal(a, b) for a, b in zip(first["optimizer"], second["optimizer"],
-                                                  strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b) for a, b in zip(first["optimizer"], second["optimizer"], strict=True)
+    )

@@ -38,8 +38,9 @@ class KillDuringPush:
     supervisor would. The restarted server outlives the thread (its supervisor watches this
     process): the fixture that gave it stops it, or hands it to the next test."""
 
-    def __init__(self, server: VLLMServer, signals: Path, run: subprocess.Popen, kills: int,
-                 restart: bool) -> None:  # fmt: skip
+    def __init__(
+        self, server: VLLMServer, signals: Path, run: subprocess.Popen, kills: int, restart: bool
+    ) -> None:
         self.server, self.signals, self.run = server, signals, run
         self.kills, self.restart = kills, restart
         self.run_processes: list[psutil.Process] = []
@@ -84,14 +85,28 @@ def run_two_ranks(
     signals = tmp_path / "signals"
     signals.mkdir()
     stderr = tmp_path / "torchrun.log"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(WORKER), str(model), server.base_url,
-               str(tmp_path / "run"), str(signals), str(server_timeout_s),
-               ",".join(kill_points)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(WORKER),
+        str(model),
+        server.base_url,
+        str(tmp_path / "run"),
+        str(signals),
+        str(server_timeout_s),
+        ",".join(kill_points),
+    ]
     with stderr.open("w") as log:
-        run = subprocess.Popen(command, env=os.environ | {"OMP_NUM_THREADS": "1"},
-                               stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+        run = subprocess.Popen(
+            command,
+            env=os.environ | {"OMP_NUM_THREADS": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     killer = KillDuringPush(server, signals, run, len(kill_points), restart)
     code, left = None, []
     try:
@@ -138,9 +153,14 @@ def test_a_server_that_dies_during_a_push_is_survived_by_every_rank(
 ) -> None:
     """The push after step 1 loses its server before streaming, the push after step 2 while
     streaming: each is made again on the restarted server."""
-    code, log, left = run_two_ranks(own_server, tiny_qwen3, tmp_path,
-                                    ["before-streaming", "while-streaming"], restart=True,
-                                    server_timeout_s=RESTART_TIMEOUT_S)  # fmt: skip
+    code, log, left = run_two_ranks(
+        own_server,
+        tiny_qwen3,
+        tmp_path,
+        ["before-streaming", "while-streaming"],
+        restart=True,
+        server_timeout_s=RESTART_TIMEOUT_S,
+    )
     assert code == 0, log
     assert left == []
     assert [outcome(tmp_path, 0), outcome(tmp_path, 1)] == ["ok", "ok"], log
@@ -156,8 +176,9 @@ def test_a_server_that_dies_during_a_push_is_survived_by_every_rank(
 def test_a_server_that_stays_away_after_dying_during_a_push_fails_every_rank(
     own_server, tiny_qwen3, tmp_path
 ) -> None:
-    code, log, left = run_two_ranks(own_server, tiny_qwen3, tmp_path, ["before-streaming"],
-                                    restart=False, server_timeout_s=15.0)  # fmt: skip
+    code, log, left = run_two_ranks(
+        own_server, tiny_qwen3, tmp_path, ["before-streaming"], restart=False, server_timeout_s=15.0
+    )
     assert code != 0, log
     for rank in (0, 1):
         assert outcome(tmp_path, rank).startswith("ServerGone"), (rank, outcome(tmp_path, rank))

@@ -12,10 +12,22 @@ WORKER = Path(__file__).with_name("rank0_decides_worker.py")
 
 
 def test_every_rank_gets_rank_0s_decision_and_its_refusal(tmp_path) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(WORKER), str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(WORKER),
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        command,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank-{rank}.json").read_text())

@@ -66,8 +66,10 @@ def check_same_training(one: TrainerRun, two: TrainerRun, initial: dict[str, tor
     assert set(trained_two) == set(trained_one) and set(initial) <= set(trained_one)
     update = max((trained_one[n] - initial[n]).abs().max().item() for n in initial)
     differences = {n: (trained_two[n] - t).abs().max().item() for n, t in trained_one.items()}
-    print(f"largest update {update:.3g}; largest difference, 2 nodes against 1: "
-          f"{max(differences.values()):.3g}")  # fmt: skip
+    print(
+        f"largest update {update:.3g}; largest difference, 2 nodes against 1: "
+        f"{max(differences.values()):.3g}"
+    )
     assert update > 100 * WEIGHT_TOLERANCE
     assert max(differences.values()) < WEIGHT_TOLERANCE, differences
 
@@ -78,8 +80,13 @@ def test_two_nodes_train_to_the_weights_of_one(served, one_node_run, tmp_path) -
     # Both "nodes" share this host: each would pin itself to the same core as a node alone
     # beside the server (cpu_sharing="auto" counts the ranks of its own node); both already
     # run one torch thread (OMP_NUM_THREADS=1), as the one-node run's plan gives its ranks.
-    two = run_trainer(two_node_options(free_port()), model, server.base_url, tmp_path,
-                      worker_options=("--cpu-sharing", "off"))  # fmt: skip
+    two = run_trainer(
+        two_node_options(free_port()),
+        model,
+        server.base_url,
+        tmp_path,
+        worker_options=("--cpu-sharing", "off"),
+    )
     print(f"2 nodes: {two.seconds:.1f} s; 1 node: {one_node_run.seconds:.1f} s")
     check_nodes(two, nodes=2, ranks_per_node=1)
     check_nodes(one_node_run, nodes=1, ranks_per_node=2)

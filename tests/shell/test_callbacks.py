@@ -14,8 +14,15 @@ from asyncgrpo.shell.run.callbacks import Callbacks
 def windows_to_tensorboard(tmp_path: Path, windows: list[dict[str, float]]) -> EventAccumulator:
     args = AsyncGRPOConfig(output_dir=str(tmp_path), report_to="tensorboard", max_steps=2)
     callbacks = Callbacks(get_reporting_integration_callbacks(args.report_to), args, None, None)
-    callbacks.train_begin(optimizer=None, lr_scheduler=None, global_step=0, logging_steps=1,
-                          save_steps=0, rank=0, local_rank=0)  # fmt: skip
+    callbacks.train_begin(
+        optimizer=None,
+        lr_scheduler=None,
+        global_step=0,
+        logging_steps=1,
+        save_steps=0,
+        rank=0,
+        local_rank=0,
+    )
     for step, window in enumerate(windows, start=1):
         callbacks.step_end(step, 0.0, should_log=True, should_save=False)
         callbacks.log(window)
@@ -27,8 +34,9 @@ def windows_to_tensorboard(tmp_path: Path, windows: list[dict[str, float]]) -> E
 
 
 def test_report_to_tensorboard_writes_each_window_under_transformers_names(tmp_path) -> None:
-    events = windows_to_tensorboard(tmp_path, [{"reward": 0.5, "perf/step_s": 1.5},
-                                               {"reward": 0.75, "perf/step_s": 1.25}])  # fmt: skip
+    events = windows_to_tensorboard(
+        tmp_path, [{"reward": 0.5, "perf/step_s": 1.5}, {"reward": 0.75, "perf/step_s": 1.25}]
+    )
     assert [(s.step, s.value) for s in events.Scalars("train/reward")] == [(1, 0.5), (2, 0.75)]
     assert [s.value for s in events.Scalars("train/perf/step_s")] == [1.5, 1.25]
 
@@ -51,26 +59,41 @@ def test_an_evaluation_arriving_steps_later_is_logged_at_its_version_in_tensorbo
     training curve keeps its steps, and ``on_evaluate`` sees the version's step."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path), report_to="tensorboard", max_steps=6)
     seen = StepsOfEvaluations()
-    callbacks = Callbacks([*get_reporting_integration_callbacks(args.report_to), seen], args,
-                          None, None)  # fmt: skip
-    callbacks.train_begin(optimizer=None, lr_scheduler=None, global_step=0, logging_steps=1,
-                          save_steps=0, rank=0, local_rank=0)  # fmt: skip
+    callbacks = Callbacks(
+        [*get_reporting_integration_callbacks(args.report_to), seen], args, None, None
+    )
+    callbacks.train_begin(
+        optimizer=None,
+        lr_scheduler=None,
+        global_step=0,
+        logging_steps=1,
+        save_steps=0,
+        rank=0,
+        local_rank=0,
+    )
     arrivals = {1: [0], 3: [], 5: [2], 6: [4]}  # after step s's row: the versions that arrive
     for step in range(1, 7):
         callbacks.step_end(step, 0.0, should_log=True, should_save=False)
         callbacks.log({"reward": step / 10})
         for version in arrivals.get(step, []):
-            callbacks.evaluate({"eval/held/reward": version / 8, "eval/held/version": version},
-                               step=version)  # fmt: skip
+            callbacks.evaluate(
+                {"eval/held/reward": version / 8, "eval/held/version": version}, step=version
+            )
         assert callbacks.state.global_step == step
     callbacks.train_end()
     (logdir,) = (tmp_path / "runs").iterdir()
     events = EventAccumulator(str(logdir))
     events.Reload()
     assert [(s.step, s.value) for s in events.Scalars("train/eval/held/reward")] == [
-        (0, 0.0), (2, 0.25), (4, 0.5)]  # fmt: skip
+        (0, 0.0),
+        (2, 0.25),
+        (4, 0.5),
+    ]
     assert [s.step for s in events.Scalars("train/reward")] == [1, 2, 3, 4, 5, 6]
     assert seen.seen == [(0, 0), (2, 2), (4, 4)]
-    history = [(h["step"], h["eval/held/version"]) for h in callbacks.state.log_history
-               if "eval/held/version" in h]  # fmt: skip
+    history = [
+        (h["step"], h["eval/held/version"])
+        for h in callbacks.state.log_history
+        if "eval/held/version" in h
+    ]
     assert history == [(0, 0), (2, 2), (4, 4)]

@@ -27,8 +27,14 @@ from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.checkpoints import CheckpointError
 
 SHARD = "dcp/__0_0.distcp"
-FILES = ["rollout_state.json", "model_source.json", "learner_state.pt", "rng_state_0.pth",
-         SHARD, "dcp/.metadata"]  # fmt: skip
+FILES = [
+    "rollout_state.json",
+    "model_source.json",
+    "learner_state.pt",
+    "rng_state_0.pth",
+    SHARD,
+    "dcp/.metadata",
+]
 """Every file a one-process checkpoint holds (with N processes: an RNG state and a shard each)."""
 
 
@@ -39,8 +45,9 @@ def saved(tiny_qwen3, tmp_path_factory) -> Path:
     state)."""
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("saved")
-    config = AsyncGRPOConfig(output_dir=str(out / "unused"), num_sampler_logprobs=4, seed=0,
-                             gradient_checkpointing=False)  # fmt: skip
+    config = AsyncGRPOConfig(
+        output_dir=str(out / "unused"), num_sampler_logprobs=4, seed=0, gradient_checkpointing=False
+    )
     with Learner(load_causal_lm(tiny_qwen3), config) as learner:
         learner.optimizer.zero_grad()
         sum(p.sum() for p in learner.model.parameters()).backward()
@@ -110,8 +117,9 @@ def two_checkpoints(saved: Path, run: Path, listed_sizes: bool) -> tuple[Path, P
         shutil.copytree(saved, run / f"checkpoint-{step}")
         if not listed_sizes:  # as written before the sizes were listed
             state = run / f"checkpoint-{step}" / "rollout_state.json"
-            state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items()
-                                         if k != "files"}))  # fmt: skip
+            state.write_text(
+                json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "files"})
+            )
     return run / "checkpoint-1", run / "checkpoint-2"
 
 
@@ -157,15 +165,22 @@ def test_without_listed_sizes_each_file_is_checked_by_what_it_says(
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ('{"cursor": {"next_untrained": 5, "consumed_after": []}, "version": 1}',
-         r"lacks the key\(s\) 'step'"),
+        (
+            '{"cursor": {"next_untrained": 5, "consumed_after": []}, "version": 1}',
+            r"lacks the key\(s\) 'step'",
+        ),
         ("[]", "holds a JSON list, not an object"),
-        ('{"cursor": {"next_untrained": 5}, "version": 1, "step": 1}',
-         r"does not hold a rollout state \(ValueError: .*'consumed_after'"),
-        ('{"cursor": {"next_untrained": 5, "consumed_after": []}, "version": 1, "step": 1, '
-         '"files": [1]}', "its 'files' is not an object of file sizes"),
+        (
+            '{"cursor": {"next_untrained": 5}, "version": 1, "step": 1}',
+            r"does not hold a rollout state \(ValueError: .*'consumed_after'",
+        ),
+        (
+            '{"cursor": {"next_untrained": 5, "consumed_after": []}, "version": 1, "step": 1, '
+            '"files": [1]}',
+            "its 'files' is not an object of file sizes",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_rollout_state_without_what_a_resume_needs_is_named(
     saved, tmp_path, content, problem
 ) -> None:
@@ -178,8 +193,11 @@ def test_with_no_complete_checkpoint_resume_fails_naming_each(saved, tmp_path) -
     older, newest = two_checkpoints(saved, tmp_path, listed_sizes=True)
     damage(older / "dcp/.metadata", "delete")
     damage(newest / SHARD, "truncate")
-    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint that loads.*"
-                       r"dcp/__0_0.distcp: cut short.*dcp/.metadata: missing"):  # fmt: skip
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no complete checkpoint that loads.*"
+        r"dcp/__0_0.distcp: cut short.*dcp/.metadata: missing",
+    ):
         checkpoints.find_for_resume(tmp_path)
 
 

@@ -178,14 +178,21 @@ def test_a_full_disk_is_named_through_the_real_save_path(tiny_qwen3, tmp_path) -
     pos ...``; the run's save path names the full disk, removes the partial checkpoint and
     leaves the first one loadable."""
     script = Path(__file__).parents[1] / "support" / "full_disk_save.py"
-    command = [*in_private_mount_namespace(), sys.executable, str(script), str(tiny_qwen3),
-               str(tmp_path / "small-disk"), str(10 * 1024**2)]  # fmt: skip
+    command = [
+        *in_private_mount_namespace(),
+        sys.executable,
+        str(script),
+        str(tiny_qwen3),
+        str(tmp_path / "small-disk"),
+        str(10 * 1024**2),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["first"].endswith("checkpoint-1")
-    assert re.search(r"checkpoint 2 could not be written: the disk holding .* is full",
-                     result["error"]), result  # fmt: skip
+    assert re.search(
+        r"checkpoint 2 could not be written: the disk holding .* is full", result["error"]
+    ), result
     assert "CheckpointException (rank 0: " in result["error"], result["error"]
     assert result["cause"] == "CheckpointException"
     assert result["left"] == ["checkpoint-1"] and result["first_loads"]

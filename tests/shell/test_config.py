@@ -53,11 +53,19 @@ def test_the_configuration_reference_is_generated_from_the_declarations() -> Non
 
 def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
     config = AsyncGRPOConfig(
-        per_device_train_batch_size=8, optim="sgd", lr_scheduler_kwargs={"min_lr": 0.0},
-        gradient_checkpointing_kwargs={"use_reentrant": True}, logging_first_step=True,
-        push_to_hub=True, hub_model_id="me/model", data_seed=3, full_determinism=True,
-        save_strategy="epoch", use_cpu=True, do_train=True,
-    )  # fmt: skip
+        per_device_train_batch_size=8,
+        optim="sgd",
+        lr_scheduler_kwargs={"min_lr": 0.0},
+        gradient_checkpointing_kwargs={"use_reentrant": True},
+        logging_first_step=True,
+        push_to_hub=True,
+        hub_model_id="me/model",
+        data_seed=3,
+        full_determinism=True,
+        save_strategy="epoch",
+        use_cpu=True,
+        do_train=True,
+    )
     assert config.output_dir == "trainer_output"
     assert config.learning_rate == 1e-6 and config.logging_steps == 1
     assert config.gradient_checkpointing is None and config.bf16 is None  # decided at start
@@ -117,11 +125,13 @@ def test_config_files_read_top_level_fields_and_the_table(tmp_path, suffix) -> N
     data = {"max_steps": 3, "asyncgrpo": {"learning_rate": 0.01, "report_to": ["tensorboard"]}}
     path = tmp_path / f"run{suffix}"
     if suffix == ".toml":
-        path.write_text('max_steps = 3\n[asyncgrpo]\nlearning_rate = 0.01\n'
-                        'report_to = ["tensorboard"]\n')  # fmt: skip
+        path.write_text(
+            'max_steps = 3\n[asyncgrpo]\nlearning_rate = 0.01\nreport_to = ["tensorboard"]\n'
+        )
     elif suffix == ".yaml":
-        path.write_text("max_steps: 3\nasyncgrpo:\n  learning_rate: 0.01\n"
-                        "  report_to: [tensorboard]\n")  # fmt: skip
+        path.write_text(
+            "max_steps: 3\nasyncgrpo:\n  learning_rate: 0.01\n  report_to: [tensorboard]\n"
+        )
     else:
         path.write_text(json.dumps(data))
     config = AsyncGRPOConfig.from_file(path, seed=1)
@@ -147,10 +157,21 @@ def test_config_files_fail_on_unknown_duplicate_and_mistyped_keys(tmp_path) -> N
 
 def test_train_flags_override_the_config_file(tmp_path) -> None:
     path = tmp_path / "run.toml"
-    path.write_text('model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
-                    "learning_rate = 0.5\n[asyncgrpo]\nmax_steps = 9\n")  # fmt: skip
-    settings = parse_train_args(["--config", str(path), "--max-steps", "2", "--no_score_centering",
-                                 "--lr_scheduler_kwargs", '{"num_cycles": 2}'])  # fmt: skip
+    path.write_text(
+        'model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
+        "learning_rate = 0.5\n[asyncgrpo]\nmax_steps = 9\n"
+    )
+    settings = parse_train_args(
+        [
+            "--config",
+            str(path),
+            "--max-steps",
+            "2",
+            "--no_score_centering",
+            "--lr_scheduler_kwargs",
+            '{"num_cycles": 2}',
+        ]
+    )
     config = build_config(settings)
     assert (settings.model, settings.dataset, settings.rewards) == ("m", "d.jsonl", ["a:b"])
     assert (config.max_steps, config.learning_rate, config.score_centering) == (2, 0.5, False)
@@ -160,16 +181,36 @@ def test_train_flags_override_the_config_file(tmp_path) -> None:
 def test_train_takes_trl_lora_flags_and_starts_a_server_that_fits_the_run(
     tiny_qwen3, tmp_path
 ) -> None:
-    base = ["--model", str(tiny_qwen3), "--dataset", "d.jsonl", "--reward", "a:b",
-            "--output_dir", str(tmp_path)]  # fmt: skip
+    base = [
+        "--model",
+        str(tiny_qwen3),
+        "--dataset",
+        "d.jsonl",
+        "--reward",
+        "a:b",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert lora_config(parse_train_args(base).script) is None
-    settings = parse_train_args([*base, "--use_peft", "--lora_r", "24", "--lora_alpha", "48",
-                                 "--lora_target_modules", "q_proj", "v_proj"])  # fmt: skip
+    settings = parse_train_args(
+        [
+            *base,
+            "--use_peft",
+            "--lora_r",
+            "24",
+            "--lora_alpha",
+            "48",
+            "--lora_target_modules",
+            "q_proj",
+            "v_proj",
+        ]
+    )
     lora = lora_config(settings.script)
     assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (24, 48, 0.05)
     assert set(lora.target_modules) == {"q_proj", "v_proj"}
-    spec = local_server_spec(str(tiny_qwen3), build_config(settings), max_model_len=128,
-                             lora_rank=lora.r)  # fmt: skip
+    spec = local_server_spec(
+        str(tiny_qwen3), build_config(settings), max_model_len=128, lora_rank=lora.r
+    )
     assert spec.enable_lora and spec.max_lora_rank == 32  # vLLM takes powers of 2
     assert spec.max_model_len == 128 and spec.weight_transfer_backend is None  # auto: by disk
     gloo = dataclasses.replace(build_config(settings), weight_transfer_backend="asyncgrpo_gloo")
@@ -210,18 +251,34 @@ def test_train_takes_evaluation_datasets_and_rewards_by_flag_and_config_key(tmp_
     ``asyncgrpo eval --dataset``; a lone unnamed one is ``eval``; ``--eval_reward`` likewise;
     the config file's ``eval_dataset`` and ``eval_reward_funcs`` say the same; flags win."""
     base = ["--model", "m", "--dataset", "d.jsonl", "--reward", "a:b", "--reward", "c:d"]
-    settings = parse_train_args([*base, "--eval_dataset", "held=h.jsonl", "--eval_dataset",
-                                 "data/other.jsonl", "mod:fn", "--eval_reward", "e:f"])  # fmt: skip
+    settings = parse_train_args(
+        [
+            *base,
+            "--eval_dataset",
+            "held=h.jsonl",
+            "--eval_dataset",
+            "data/other.jsonl",
+            "mod:fn",
+            "--eval_reward",
+            "e:f",
+        ]
+    )
     assert settings.rewards == ["a:b", "c:d"]
-    assert settings.eval_datasets == {"held": "h.jsonl", "other": "data/other.jsonl",
-                                      "mod:fn": "mod:fn"}  # fmt: skip
+    assert settings.eval_datasets == {
+        "held": "h.jsonl",
+        "other": "data/other.jsonl",
+        "mod:fn": "mod:fn",
+    }
     assert settings.eval_rewards == ["e:f"]
     assert parse_train_args([*base, "--eval_dataset", "h.jsonl"]).eval_datasets == {
-        "eval": "h.jsonl"}  # fmt: skip
+        "eval": "h.jsonl"
+    }
     assert parse_train_args(base).eval_datasets == {}
     path = tmp_path / "run.toml"
-    path.write_text('model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
-                    'eval_reward_funcs = "e:f"\n[eval_dataset]\nheld = "h.jsonl"\n')  # fmt: skip
+    path.write_text(
+        'model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\n'
+        'eval_reward_funcs = "e:f"\n[eval_dataset]\nheld = "h.jsonl"\n'
+    )
     from_file = parse_train_args(["--config", str(path)])
     assert (from_file.eval_datasets, from_file.eval_rewards) == ({"held": "h.jsonl"}, ["e:f"])
     flagged = parse_train_args(["--config", str(path), "--eval_dataset", "x=y.jsonl"])
@@ -231,27 +288,41 @@ def test_train_takes_evaluation_datasets_and_rewards_by_flag_and_config_key(tmp_
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--eval_dataset", "a.jsonl", "--eval_dataset", "a.jsonl"],
-         "--eval_dataset: the name 'a' is given twice; name each dataset with NAME=PATH"),
+        (
+            ["--eval_dataset", "a.jsonl", "--eval_dataset", "a.jsonl"],
+            "--eval_dataset: the name 'a' is given twice; name each dataset with NAME=PATH",
+        ),
         (["--eval_reward", "e:f"], "give the held-out prompts with --eval_dataset"),
         (["--eval_dataset", "held=h.jsonl"], "only with --eval_strategy steps"),
         (["--eval_strategy", "steps"], "give them with --eval_dataset"),
         (["--eval_on_start"], "give them with --eval_dataset"),
-        (["--eval_dataset", "h=missing.txt", "--eval_on_start"],
-         "dataset 'missing.txt': give a .json/.jsonl file"),
-        (["--eval_dataset", "h.jsonl", "--eval_on_start", "--eval_reward", "nomodule"],
-         "--eval_reward function 'nomodule' must look like 'package.module:name'"),
+        (
+            ["--eval_dataset", "h=missing.txt", "--eval_on_start"],
+            "dataset 'missing.txt': give a .json/.jsonl file",
+        ),
+        (
+            ["--eval_dataset", "h.jsonl", "--eval_on_start", "--eval_reward", "nomodule"],
+            "--eval_reward function 'nomodule' must look like 'package.module:name'",
+        ),
     ],
-)  # fmt: skip
-def test_train_evaluation_flags_fail_naming_the_flag_and_the_fix(tmp_path, capsys, flags,
-                                                                  message) -> None:  # fmt: skip
+)
+def test_train_evaluation_flags_fail_naming_the_flag_and_the_fix(
+    tmp_path, capsys, flags, message
+) -> None:
     """Each refusal comes before a model loads or a server starts (the model 'm' does not
     exist), from ``asyncgrpo train`` with exit status 2."""
     prompts = tmp_path / "d.jsonl"
     prompts.write_text('{"prompt": [{"role": "user", "content": "1+1?"}]}\n')
-    base = ["--model", "m", "--dataset", str(prompts), "--reward",
-            "asyncgrpo.shell.commands.demo:digit_fraction_reward", "--output_dir",
-            str(tmp_path)]  # fmt: skip
+    base = [
+        "--model",
+        "m",
+        "--dataset",
+        str(prompts),
+        "--reward",
+        "asyncgrpo.shell.commands.demo:digit_fraction_reward",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert main(["train", *base, *flags]) == 2
     assert message in capsys.readouterr().err
 
@@ -292,8 +363,12 @@ def test_optim_builds_transformers_optimizers(optim, kind, extra) -> None:
 
 def test_lr_scheduler_kwargs_reach_the_schedule() -> None:
     model = torch.nn.Linear(2, 2)
-    config = AsyncGRPOConfig(lr_scheduler_type="cosine_with_min_lr", max_steps=10,
-                             learning_rate=1.0, lr_scheduler_kwargs={"min_lr": 0.25})  # fmt: skip
+    config = AsyncGRPOConfig(
+        lr_scheduler_type="cosine_with_min_lr",
+        max_steps=10,
+        learning_rate=1.0,
+        lr_scheduler_kwargs={"min_lr": 0.25},
+    )
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)
     for _ in range(10):

@@ -28,8 +28,14 @@ print(json.dumps({"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_
 def run_child(url: str, mode: str) -> dict:
     env = {**os.environ, "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     env.pop("OMP_NUM_THREADS", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, url, mode], env=env, timeout=120,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, url, mode],
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

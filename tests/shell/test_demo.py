@@ -20,8 +20,10 @@ pytestmark = [
 
 def test_demo_reward_rises_and_writes_metrics_and_plots(tmp_path) -> None:
     plan = plan_cpus(sorted(os.sched_getaffinity(0)), 1, server_on_host=True)
-    assert main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20",
-                 "--vllm-enforce-eager"]) == 0  # fmt: skip
+    assert (
+        main(["demo", "--output-dir", str(tmp_path), "--max-steps", "20", "--vllm-enforce-eager"])
+        == 0
+    )
     logged = read_metrics(tmp_path)  # the held-out evaluation of version 0 is a row of its own
     assert [r["step"] for r in logged] == list(range(21)) and evaluation_only(logged[0])
     rows = logged[1:]

@@ -72,16 +72,30 @@ def test_an_absurd_learning_rate_skips_steps_then_stops_with_the_last_finite_wei
     run = tmp_path / "run"
     pushed = PushedWeights(run / ".vllm_weights")
     args = AsyncGRPOConfig(
-        output_dir=str(run), max_steps=10, learning_rate=ABSURD_LEARNING_RATE, num_generations=4,
-        max_completion_length=12, token_budget=256, gradient_checkpointing=False,
-        num_sampler_logprobs=4, vllm_server_base_url=server.base_url, save_steps=1000,
-        disable_tqdm=True, weight_transfer_backend="disk", weight_push_overlap=False,
-        weight_sync_steps=4, max_staleness=4,
-    )  # fmt: skip
+        output_dir=str(run),
+        max_steps=10,
+        learning_rate=ABSURD_LEARNING_RATE,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        vllm_server_base_url=server.base_url,
+        save_steps=1000,
+        disable_tqdm=True,
+        weight_transfer_backend="disk",
+        weight_push_overlap=False,
+        weight_sync_steps=4,
+        max_staleness=4,
+    )
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(16)]
-    trainer = AsyncGRPOTrainer(model=str(path), reward_funcs=digit_fraction_reward, args=args,
-                               train_dataset=Dataset.from_dict({"prompt": prompts}),
-                               callbacks=[pushed])  # fmt: skip
+    trainer = AsyncGRPOTrainer(
+        model=str(path),
+        reward_funcs=digit_fraction_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=[pushed],
+    )
     with pytest.raises(DivergedError) as raised:
         trainer.train()
     stopped = time.monotonic()
@@ -117,8 +131,12 @@ def test_diverged_weights_on_the_server_are_named_when_it_generates(served, tmp_
     overflows with them: vLLM cannot send NaN log-probs (HTTP 400 "Out of range float values
     are not JSON compliant"); the client names the cause and the learning rate."""
     server, path = served
-    config = AsyncGRPOConfig(output_dir=str(tmp_path), learning_rate=ABSURD_LEARNING_RATE,
-                             loss_type="clipped_surrogate", seed=0)  # fmt: skip
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path),
+        learning_rate=ABSURD_LEARNING_RATE,
+        loss_type="clipped_surrogate",
+        seed=0,
+    )
     stock = load_causal_lm(path)
     sample = make_sample([11, 12, 13, 14, 15, 21, 22, 23], [0] * 5 + [1] * 3)
     with Learner(load_causal_lm(path), config) as learner:

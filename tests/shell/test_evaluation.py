@@ -80,21 +80,36 @@ class EvaluationsSeen(TrainerCallback):
             os.replace(written, self.steps_file)
 
 
-def trainer(server, model_path, tmp_path, callbacks=(), eval_dataset=None,
-            steps_file=None, **overrides) -> AsyncGRPOTrainer:  # fmt: skip
-    options = dict(output_dir=str(tmp_path / "run"), max_steps=6, learning_rate=1e-2,
-                   num_generations=4, max_completion_length=12, token_budget=256,
-                   gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=4,
-                   vllm_server_base_url=server.base_url, save_steps=1000, disable_tqdm=True,
-                   eval_strategy="steps", eval_steps=2, eval_on_start=True)  # fmt: skip
+def trainer(
+    server, model_path, tmp_path, callbacks=(), eval_dataset=None, steps_file=None, **overrides
+) -> AsyncGRPOTrainer:
+    options = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=6,
+        learning_rate=1e-2,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        max_staleness=4,
+        vllm_server_base_url=server.base_url,
+        save_steps=1000,
+        disable_tqdm=True,
+        eval_strategy="steps",
+        eval_steps=2,
+        eval_on_start=True,
+    )
     options.update(overrides)
     return AsyncGRPOTrainer(
-        model=str(model_path), reward_funcs=slow_when_held_out,
-        args=AsyncGRPOConfig(**options), train_dataset=prompts(8, "Number", held_out=False),
+        model=str(model_path),
+        reward_funcs=slow_when_held_out,
+        args=AsyncGRPOConfig(**options),
+        train_dataset=prompts(8, "Number", held_out=False),
         eval_dataset=eval_dataset
         or {"held": prompts(4, "Held", held_out=True, steps_file=str(steps_file or ""))},
         callbacks=list(callbacks),
-    )  # fmt: skip
+    )
 
 
 def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_path) -> None:
@@ -108,8 +123,15 @@ def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_
     (report_to, read back) and in ``on_evaluate``'s ``state.global_step``."""
     server, path = served
     seen = EvaluationsSeen(steps_file=tmp_path / "steps_ended")
-    trainer(server, path, tmp_path, [seen], steps_file=seen.steps_file, eval_steps=1,
-            report_to=["tensorboard"]).train()  # fmt: skip
+    trainer(
+        server,
+        path,
+        tmp_path,
+        [seen],
+        steps_file=seen.steps_file,
+        eval_steps=1,
+        report_to=["tensorboard"],
+    ).train()
     evaluations = read_metrics(tmp_path / "run", EVALUATIONS_FILE)
     versions = [e["step"] for e in evaluations]
     assert versions[0] == 0 and versions[-1] == 6, versions
@@ -118,8 +140,12 @@ def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_
     assert all(e["eval/held/prompts"] == 4 for e in evaluations)
     assert all(e["eval/duration_s"] >= EVAL_REWARD_S for e in evaluations)
     for e in evaluations:
-        for name in ("reward", "pass@1", "completions/mean_length",
-                     "rewards/slow_when_held_out/mean"):  # fmt: skip
+        for name in (
+            "reward",
+            "pass@1",
+            "completions/mean_length",
+            "rewards/slow_when_held_out/mean",
+        ):
             low, high = e[f"eval/held/{name}/ci_low"], e[f"eval/held/{name}/ci_high"]
             assert low <= e[f"eval/held/{name}"] <= high, (name, e)
     assert [m["eval/held/version"] for m in seen.metrics] == versions
@@ -140,8 +166,11 @@ def test_evaluations_run_at_the_due_versions_while_training_goes_on(served, tmp_
     (first, arrived), *_ = zip(seen.metrics, seen.arrived, strict=True)
     during = [t for t in seen.step_ends if arrived - first["eval/duration_s"] < t < arrived]
     assert first["eval/held/version"] == 0 and during, (first, seen.step_ends, arrived)
-    late = [v for v, t in zip(versions, seen.arrived, strict=True)
-            if sum(end < t for end in seen.step_ends) > v + 1]  # fmt: skip
+    late = [
+        v
+        for v, t in zip(versions, seen.arrived, strict=True)
+        if sum(end < t for end in seen.step_ends) > v + 1
+    ]
     assert late, "no evaluation arrived after a later step's row: nothing was tested"
 
 
@@ -149,8 +178,15 @@ def test_a_greedy_evaluation_gives_the_same_result_twice(served, tmp_path) -> No
     """trainer.evaluate() before training pushes the model's weights, then scores greedily:
     twice the same numbers at the same weights, under transformers' metric_key_prefix."""
     server, path = served
-    run = trainer(server, path, tmp_path, eval_dataset={"held": prompts(4, "Held")},
-                  eval_strategy="no", eval_on_start=False, eval_num_generations=2)  # fmt: skip
+    run = trainer(
+        server,
+        path,
+        tmp_path,
+        eval_dataset={"held": prompts(4, "Held")},
+        eval_strategy="no",
+        eval_on_start=False,
+        eval_num_generations=2,
+    )
     first = run.evaluate()
     second = run.evaluate()
     assert first == second
@@ -178,14 +214,32 @@ def test_a_resumed_run_does_not_evaluate_a_version_again_and_eval_scores_a_check
     assert [e["step"] for e in evaluations] == [0, 2, 4, 6]
 
     held = tmp_path / "held.jsonl"
-    held.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Held {i}?"}]})
-                            + "\n" for i in range(4)))  # fmt: skip
+    held.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Held {i}?"}]}) + "\n"
+            for i in range(4)
+        )
+    )
     out = tmp_path / "eval.json"
-    code = main(["eval", "--model", str(tmp_path / "run" / "checkpoint-4"), "--dataset",
-                 f"held={held}", "--reward", "asyncgrpo.shell.commands.demo:digit_fraction_reward",
-                 "--max-completion-length", "12",
-                 "--vllm-url", server.base_url, "--output-dir", str(tmp_path / "eval"),
-                 "--json", str(out)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "run" / "checkpoint-4"),
+            "--dataset",
+            f"held={held}",
+            "--reward",
+            "asyncgrpo.shell.commands.demo:digit_fraction_reward",
+            "--max-completion-length",
+            "12",
+            "--vllm-url",
+            server.base_url,
+            "--output-dir",
+            str(tmp_path / "eval"),
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     figures = json.loads(out.read_text())["metrics"]
     in_training = evaluations[2]
@@ -197,18 +251,25 @@ def test_a_resumed_run_does_not_evaluate_a_version_again_and_eval_scores_a_check
 @pytest.mark.parametrize(
     ("eval_dataset", "message"),
     [
-        ({"held": [{"prompt": [{"role": "user", "content": "ok"}]}, {"prompt": "a string"}]},
-         r"eval_dataset\['held'\]: dataset row 1, column 'prompt': must be conversational"),
+        (
+            {"held": [{"prompt": [{"role": "user", "content": "ok"}]}, {"prompt": "a string"}]},
+            r"eval_dataset\['held'\]: dataset row 1, column 'prompt': must be conversational",
+        ),
         ([{"question": "no prompt"}], "eval_dataset has no 'prompt' column"),
         ({"a/b": [{"prompt": [{"role": "user", "content": "ok"}]}]}, "without '/'"),
         ({"held": []}, r"eval_dataset\['held'\] is empty"),
         (None, "eval_strategy='steps' and eval_on_start need an eval_dataset"),
     ],
-)  # fmt: skip
+)
 def test_bad_eval_rows_are_refused_when_the_trainer_is_built(
     tiny_qwen3, tmp_path, eval_dataset, message
 ) -> None:
     args = AsyncGRPOConfig(output_dir=str(tmp_path), eval_strategy="steps", eval_steps=2)
     with pytest.raises(ValueError, match=message):
-        AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward, args=args,
-                         train_dataset=prompts(2, "Number"), eval_dataset=eval_dataset)  # fmt: skip
+        AsyncGRPOTrainer(
+            model=str(tiny_qwen3),
+            reward_funcs=digit_fraction_reward,
+            args=args,
+            train_dataset=prompts(2, "Number"),
+            eval_dataset=eval_dataset,
+        )

@@ -47,10 +47,15 @@ time.sleep(600)
 def test_a_forked_rollout_process_sees_the_trainer_as_it_is_now_and_dies_with_it(tmp_path):
     (tmp_path / "marked_module.py").write_text("")
     support = str(Path(__file__).parents[1] / "support")
-    environment = os.environ | {"PYTHONPATH": os.pathsep.join(
-        filter(None, (support, os.environ.get("PYTHONPATH"))))}  # fmt: skip
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path)], env=environment,
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    environment = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, (support, os.environ.get("PYTHONPATH"))))
+    }
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(tmp_path)],
+        env=environment,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     run = [psutil.Process(trainer.pid)]
     try:
         line = trainer.stdout.readline()
@@ -65,8 +70,12 @@ def test_a_forked_rollout_process_sees_the_trainer_as_it_is_now_and_dies_with_it
         assert seen["not_passed"]["mark"] is None and seen["not_passed"]["imported"]
         assert seen["not_passed"]["cwd"] == str(tmp_path)
         # the rollout process adopts the trainer's environment as it is now
-        assert seen["passed"] == {"mark": "set after the fork server started", "imported": True,
-                                  "cwd": str(tmp_path), "parent": fork_server.pid}  # fmt: skip
+        assert seen["passed"] == {
+            "mark": "set after the fork server started",
+            "imported": True,
+            "cwd": str(tmp_path),
+            "parent": fork_server.pid,
+        }
 
         trainer.kill()
         trainer.wait(WAIT_S)

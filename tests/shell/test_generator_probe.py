@@ -25,29 +25,38 @@ from asyncgrpo.shell.experiments.sweep import SweepError, read_sweep
 def test_a_probe_table_is_checked_where_it_is_read(tmp_path):
     good = ProbeSettings.from_table({"concurrency": [16, 1, 4, 4], "seconds": 2}, "f.toml")
     assert good.concurrency == (1, 4, 16) and good.seconds == 2 and good.beside_training
-    for table, named in (({"concurrency": [0, 4]}, "concurrency"),
-                         ({"concurrency": []}, "concurrency"),
-                         ({"seconds": 0}, "seconds"),
-                         ({"beside_training": "yes"}, "beside_training")):  # fmt: skip
+    for table, named in (
+        ({"concurrency": [0, 4]}, "concurrency"),
+        ({"concurrency": []}, "concurrency"),
+        ({"seconds": 0}, "seconds"),
+        ({"beside_training": "yes"}, "beside_training"),
+    ):
         with pytest.raises(ProbeError, match=rf"f\.toml: \[probe\] {named}"):
             ProbeSettings.from_table(table, "f.toml")
     sweep = tmp_path / "sweep.toml"
-    sweep.write_text('model = "m"\ndataset = "d"\nreward_funcs = ["r:f"]\n[stop]\nmax_steps = 2\n'
-                     '[probe]\nconcurency = [1, 2]\n')  # fmt: skip
+    sweep.write_text(
+        'model = "m"\ndataset = "d"\nreward_funcs = ["r:f"]\n[stop]\nmax_steps = 2\n'
+        "[probe]\nconcurency = [1, 2]\n"
+    )
     with pytest.raises(SweepError, match=r"\[probe\] 'concurency' is not one of .*concurrency"):
         read_sweep(sweep)
 
 
 def test_a_run_finds_its_sweeps_probe_and_the_simulation_uses_it(tmp_path):
-    probe = Probe((ProbePoint(1, 100.0, 10, 1.0), ProbePoint(8, 500.0, 40, 1.0)),
-                  training_slowdown=1.4, generation_slowdown=1.2, note="measured")  # fmt: skip
+    probe = Probe(
+        (ProbePoint(1, 100.0, 10, 1.0), ProbePoint(8, 500.0, 40, 1.0)),
+        training_slowdown=1.4,
+        generation_slowdown=1.2,
+        note="measured",
+    )
     run = tmp_path / "max_staleness=0" / "seed=0"
     run.mkdir(parents=True)
     assert read_probe(run) is None
     (tmp_path / PROBE_FILE).write_text(json.dumps(probe.as_json()))
     assert read_probe(run) == probe
-    settings = calibrate_module.with_probe(run, {"generation_tokens_per_s": 300.0,
-                                                 "training_tokens_per_s": 1e4})  # fmt: skip
+    settings = calibrate_module.with_probe(
+        run, {"generation_tokens_per_s": 300.0, "training_tokens_per_s": 1e4}
+    )
     generator = settings["generator"]
     assert "generation_tokens_per_s" not in settings and settings["training_tokens_per_s"] == 1e4
     assert generator.tokens_per_s(1) == pytest.approx(100.0)
@@ -67,11 +76,16 @@ def test_a_probe_measures_the_server_at_each_concurrency_and_beside_training(
     vllm_server, tiny_qwen3
 ):
     vocab = AutoConfig.from_pretrained(tiny_qwen3).vocab_size
-    load = LoadSpec(model=str(tiny_qwen3), tokens=128, bf16=False,
-                    server_url=vllm_server.base_url)  # fmt: skip
-    probe = probe_server(vllm_server.base_url, ProbeSettings((1, 8), seconds=1.5),
-                         prompt_tokens=12, max_completion_tokens=8, num_sampler_logprobs=2,
-                         vocab_size=vocab, training=load)  # fmt: skip
+    load = LoadSpec(model=str(tiny_qwen3), tokens=128, bf16=False, server_url=vllm_server.base_url)
+    probe = probe_server(
+        vllm_server.base_url,
+        ProbeSettings((1, 8), seconds=1.5),
+        prompt_tokens=12,
+        max_completion_tokens=8,
+        num_sampler_logprobs=2,
+        vocab_size=vocab,
+        training=load,
+    )
     assert [p.concurrency for p in probe.points] == [1, 8]
     for point in probe.points:
         # requests ended within the window, and their tokens over it

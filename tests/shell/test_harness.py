@@ -65,21 +65,29 @@ def test_a_tool_that_raises_or_does_not_exist_is_the_models_feedback_and_counted
     for o in seen:
         if o.aggregation is Aggregation.SUM:
             totals[o.name] = totals.get(o.name, 0) + o.amount
-    assert totals == {"tools/multiply/call_count": 2, "tools/multiply/failure_count": 1,
-                      "tools/unknown_name_count": 1}  # fmt: skip
+    assert totals == {
+        "tools/multiply/call_count": 2,
+        "tools/multiply/failure_count": 1,
+        "tools/unknown_name_count": 1,
+    }
     assert (session.tool_calls, session.tool_failures) == (2, 2)
 
 
 def test_the_trainer_refuses_what_a_harness_run_cannot_use(tiny_qwen3, tmp_path) -> None:
     args = AsyncGRPOConfig(output_dir=str(tmp_path), max_steps=1)
-    given = dict(model=str(tiny_qwen3), args=args, train_dataset=[{"a": 2, "b": 3}],
-                 harness_session_factory=CalculatorSessions(),
-                 harness_adapter=MCPHarnessAdapter())  # fmt: skip
+    given = dict(
+        model=str(tiny_qwen3),
+        args=args,
+        train_dataset=[{"a": 2, "b": 3}],
+        harness_session_factory=CalculatorSessions(),
+        harness_adapter=MCPHarnessAdapter(),
+    )
     with pytest.raises(ValueError, match="pass neither tools nor environment_factory"):
         HarnessAsyncGRPOTrainer(**given, tools=[len])
     with pytest.raises(ValueError, match=r"harness_limits.sampling=\{'temperature': 0.5\}"):
-        HarnessAsyncGRPOTrainer(**given, harness_limits=HarnessRunLimits(
-            sampling={"temperature": 0.5}))  # fmt: skip
+        HarnessAsyncGRPOTrainer(
+            **given, harness_limits=HarnessRunLimits(sampling={"temperature": 0.5})
+        )
     with pytest.raises(TypeError, match="harness_session_factory: list has no create"):
         HarnessAsyncGRPOTrainer(**{**given, "harness_session_factory": []})
     with pytest.raises(TypeError, match="harness_adapter: object has no run_white_box"):
@@ -105,16 +113,28 @@ WHITE_BOX = CrashingAdapter()
 
 
 def harness_loop(server, path, dataset, *, adapter=WHITE_BOX, factory=None, **config):
-    options = dict(num_generations=4, max_completion_length=16, max_staleness=1, seed=3,
-                   max_concurrent_rollouts=16, vllm_server_base_url=server.base_url,
-                   max_tool_calling_iterations=1)  # fmt: skip
+    options = dict(
+        num_generations=4,
+        max_completion_length=16,
+        max_staleness=1,
+        seed=3,
+        max_concurrent_rollouts=16,
+        vllm_server_base_url=server.base_url,
+        max_tool_calling_iterations=1,
+    )
     options.update(config)
     return HarnessRolloutLoop(
-        AsyncGRPOConfig(**options), server.spec.name, dataset, [],
-        AutoTokenizer.from_pretrained(path), EveryRowChannels(len(dataset)),
-        max_model_len=1024, token_budget=1024,
-        session_factory=factory or CalculatorSessions(), harness_adapter=adapter,
-    )  # fmt: skip
+        AsyncGRPOConfig(**options),
+        server.spec.name,
+        dataset,
+        [],
+        AutoTokenizer.from_pretrained(path),
+        EveryRowChannels(len(dataset)),
+        max_model_len=1024,
+        token_budget=1024,
+        session_factory=factory or CalculatorSessions(),
+        harness_adapter=adapter,
+    )
 
 
 def observed(loop) -> dict[str, float]:
@@ -138,8 +158,13 @@ def test_each_harness_fault_ends_its_rollout_unscored_counted_and_closed(
     """One group per row: a healthy calculator, a factory that raises, a harness that dies
     after its first turn, one that hangs past harness_timeout_s, a verify() that forwards NaN.
     The random tiny model never calls the tool, so every healthy rollout is scored 0.0."""
-    dataset = [{"a": 2, "b": 2}, {"fault": "create"}, {"fault": "crash"}, {"fault": "hang"},
-               {"fault": "nan"}]  # fmt: skip
+    dataset = [
+        {"a": 2, "b": 2},
+        {"fault": "create"},
+        {"fault": "crash"},
+        {"fault": "hang"},
+        {"fault": "nan"},
+    ]
     created, closed = CalculatorSession.created_sessions, CalculatorSession.closed_sessions
     loop = harness_loop(vllm_server, tiny_qwen3, dataset, harness_timeout_s=10.0)
     captured = recorded_rollouts(loop)
@@ -215,8 +240,9 @@ def test_a_black_box_agent_that_crashes_or_hangs_ends_only_its_rollout_and_is_en
     server = types.SimpleNamespace(
         base_url="http://127.0.0.1:9", spec=types.SimpleNamespace(name=str(tiny_qwen3))
     )  # never called: the agents fail before their first call
-    loop = harness_loop(server, tiny_qwen3, [], adapter=None, factory=CalculatorAgents(),
-                        harness_timeout_s=5.0)  # fmt: skip
+    loop = harness_loop(
+        server, tiny_qwen3, [], adapter=None, factory=CalculatorAgents(), harness_timeout_s=5.0
+    )
     started = len(AgentSession.started)
 
     async def one(fault: str, index: int):
@@ -246,8 +272,14 @@ def test_black_box_agents_are_captured_as_the_rollouts_turns(vllm_server, tiny_q
     server's log-probs; no agent process outlives the loop, and the endpoint stops with it."""
     started = len(AgentSession.started)
     rows = [{"a": 3, "b": 5}, {"a": 2, "b": 7}]
-    loop = harness_loop(vllm_server, tiny_qwen3, rows, adapter=None, factory=CalculatorAgents(),
-                        max_concurrent_rollouts=4)  # fmt: skip
+    loop = harness_loop(
+        vllm_server,
+        tiny_qwen3,
+        rows,
+        adapter=None,
+        factory=CalculatorAgents(),
+        max_concurrent_rollouts=4,
+    )
     captured = recorded_rollouts(loop)
     with capture_logs() as logs:
         run_loop(loop, timeout_s=240)
@@ -280,14 +312,17 @@ def documented(name: str) -> str:
     return re.search(rf"```python\n(# {re.escape(name)}.*?)```", text, re.S).group(1)
 
 
-def documented_script(name: str, model, server_url: str, output_dir, *, steps: int = 2,
-                      generations: int = 4) -> str:  # fmt: skip
+def documented_script(
+    name: str, model, server_url: str, output_dir, *, steps: int = 2, generations: int = 4
+) -> str:
     """A training example of docs/harness.md with only its model, server, output and length
     replaced (each replacement must match exactly once)."""
     script = documented(name)
-    settings = (f"output_dir={str(output_dir)!r}, max_steps={steps}, vllm_server_base_url="
-                f"{server_url!r}, num_generations={generations}, max_completion_length=32, "
-                "report_to='none',")  # fmt: skip
+    settings = (
+        f"output_dir={str(output_dir)!r}, max_steps={steps}, vllm_server_base_url="
+        f"{server_url!r}, num_generations={generations}, max_completion_length=32, "
+        "report_to='none',"
+    )
     for old, new in (
         ('model="Qwen/Qwen3-0.6B"', f"model={str(model)!r}"),
         (re.search(r'output_dir="runs/[\w-]+", max_steps=20,', script).group(0), settings),
@@ -301,8 +336,9 @@ def documented_script(name: str, model, server_url: str, output_dir, *, steps: i
 def test_the_documented_example_trains_on_the_calculators_reward(replying_served, tmp_path) -> None:
     server, model = replying_served
     script = tmp_path / "train_calculator.py"
-    script.write_text(documented_script("train_calculator.py", model, server.base_url,
-                                        tmp_path / "run"))  # fmt: skip
+    script.write_text(
+        documented_script("train_calculator.py", model, server.base_url, tmp_path / "run")
+    )
     namespace = runpy.run_path(str(script), run_name="__main__")
     assert type(namespace["trainer"]).__name__ == "HarnessAsyncGRPOTrainer"
     rows = read_metrics(tmp_path / "run")
@@ -327,8 +363,16 @@ def test_the_documented_black_box_agent_trains_on_its_reward(replying_served, tm
     server, model = replying_served
     (tmp_path / "calculator_agent.py").write_text(documented("calculator_agent.py"))
     script = tmp_path / "train_calculator_agent.py"
-    script.write_text(documented_script("train_calculator_agent.py", model, server.base_url,
-                                        tmp_path / "run", steps=1, generations=8))  # fmt: skip
+    script.write_text(
+        documented_script(
+            "train_calculator_agent.py",
+            model,
+            server.base_url,
+            tmp_path / "run",
+            steps=1,
+            generations=8,
+        )
+    )
     namespace = runpy.run_path(str(script), run_name="__main__")
     assert type(namespace["trainer"]).__name__ == "HarnessAsyncGRPOTrainer"
     rows = read_metrics(tmp_path / "run")

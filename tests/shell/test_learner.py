@@ -300,8 +300,11 @@ def test_a_learner_that_keeps_freed_memory_gives_it_back_every_trim_period(
     assert learner.host_memory.retain, learner.host_memory.reason  # a CPU learner, glibc
     trimmed_after: list[int] = []
     give_back = learner_module.give_back_freed_memory
-    monkeypatch.setattr(learner_module, "give_back_freed_memory",
-                        lambda: (trimmed_after.append(learner.step), give_back()))  # fmt: skip
+    monkeypatch.setattr(
+        learner_module,
+        "give_back_freed_memory",
+        lambda: (trimmed_after.append(learner.step), give_back()),
+    )
     learner.step = TRIM_EVERY_STEPS - 2
     for _ in range(3):
         learner.train_step([None])

@@ -33,9 +33,10 @@ forward finite: its policy only flattens.)"""
 
 def a_row(path):
     stock = load_causal_lm(path)
-    samples = [on_policy(stock, make_sample(PROMPT + tokens, [0] * 5 + [1] * len(tokens), 0,
-                                            advantage), 4)
-               for tokens, advantage in (([21, 22, 23], 1.0), ([31, 32, 33], -1.0))]  # fmt: skip
+    samples = [
+        on_policy(stock, make_sample(PROMPT + tokens, [0] * 5 + [1] * len(tokens), 0, advantage), 4)
+        for tokens, advantage in (([21, 22, 23], 1.0), ([31, 32, 33], -1.0))
+    ]
     return pack_row(samples)
 
 
@@ -96,14 +97,23 @@ def test_a_row_too_large_for_the_memory_left_is_named_and_the_checkpoint_loads(
     environment = os.environ | {"PYTHONPATH": str(SUPPORT), "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(SUPPORT / "memory_limited_learner.py"), str(tiny_qwen3),
-         str(tmp_path)],
-        env=environment, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SUPPORT / "memory_limited_learner.py"),
+            str(tiny_qwen3),
+            str(tmp_path),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    print(f"limit {result['limit_mib']} MiB; detected in {result.get('detected_s')} s; "
-          f"process {time.monotonic() - started:.1f} s")  # fmt: skip
+    print(
+        f"limit {result['limit_mib']} MiB; detected in {result.get('detected_s')} s; "
+        f"process {time.monotonic() - started:.1f} s"
+    )
     assert result["small_row_fits"] and result["grads_released"]
     message = result["error"]
     assert result["cause"] == "RuntimeError" and "DefaultCPUAllocator" in message

@@ -103,8 +103,13 @@ def test_merged_sync_checks_its_pushes_against_the_servers_dtype(served, tmp_pat
     def client(index: int = 0) -> VLLMClient:
         return VLLMClient(server.base_url, str(path))
 
-    weights = AdapterWeights(learner, client, tmp_path / "lora", keep=1,
-                             merged=DiskWeights(learner, client, tmp_path / "weights"))  # fmt: skip
+    weights = AdapterWeights(
+        learner,
+        client,
+        tmp_path / "lora",
+        keep=1,
+        merged=DiskWeights(learner, client, tmp_path / "weights"),
+    )
     weights.start()
     try:
         weights.sync(1)

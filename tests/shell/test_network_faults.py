@@ -57,19 +57,37 @@ class AtStepEnd(TrainerCallback):
             self.action()
 
 
-def trainer_through(proxy: FaultProxy, model_path: Path, run_dir: Path,
-                    callbacks: list[TrainerCallback], **overrides) -> AsyncGRPOTrainer:  # fmt: skip
-    options = dict(output_dir=str(run_dir), max_steps=3, learning_rate=1e-3,
-                   num_generations=GENERATIONS, max_completion_length=12, token_budget=256,
-                   gradient_checkpointing=False, num_sampler_logprobs=4,
-                   vllm_server_base_url=proxy.url, vllm_server_timeout=TIMEOUT_S,
-                   vllm_server_stall_timeout=1.0, save_steps=1, disable_tqdm=True)  # fmt: skip
+def trainer_through(
+    proxy: FaultProxy,
+    model_path: Path,
+    run_dir: Path,
+    callbacks: list[TrainerCallback],
+    **overrides,
+) -> AsyncGRPOTrainer:
+    options = dict(
+        output_dir=str(run_dir),
+        max_steps=3,
+        learning_rate=1e-3,
+        num_generations=GENERATIONS,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        vllm_server_base_url=proxy.url,
+        vllm_server_timeout=TIMEOUT_S,
+        vllm_server_stall_timeout=1.0,
+        save_steps=1,
+        disable_tqdm=True,
+    )
     options.update(overrides)
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
-    return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
-                            args=AsyncGRPOConfig(**options),
-                            train_dataset=Dataset.from_dict({"prompt": prompts}),
-                            callbacks=callbacks)  # fmt: skip
+    return AsyncGRPOTrainer(
+        model=str(model_path),
+        reward_funcs=digit_fraction_reward,
+        args=AsyncGRPOConfig(**options),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=callbacks,
+    )
 
 
 def positions_audit(run_dir: Path) -> PositionAudit:
@@ -126,8 +144,9 @@ def test_a_faulty_link_is_retried_and_counted_one_that_cuts_every_reply_is_named
     cut = AtStepEnd(3, cut_every_reply)
     try:
         with pytest.raises(RolloutWorkerError) as raised:
-            trainer_through(proxy, model_path, run_dir, [AtStepEnd(1, slow_link), cut],
-                            max_steps=6).train()  # fmt: skip
+            trainer_through(
+                proxy, model_path, run_dir, [AtStepEnd(1, slow_link), cut], max_steps=6
+            ).train()
     finally:
         lifter.cancel()
     took = time.monotonic() - (cut.at or 0.0)

@@ -28,8 +28,11 @@ def test_the_sweep_file_trains_as_the_demo_does(tmp_path) -> None:
     assert all(other.settings == run.settings for other in others)
     from_sweep = run_config(sweep, run, tmp_path, "http://127.0.0.1")
     demo = real_demo.real_demo_config(tmp_path, sweep.stop.max_steps, "http://127.0.0.1")
-    pairs = {f.name: (getattr(from_sweep, f.name), getattr(demo, f.name))
-             for f in dataclasses.fields(demo) if f.name not in PER_RUN}  # fmt: skip
+    pairs = {
+        f.name: (getattr(from_sweep, f.name), getattr(demo, f.name))
+        for f in dataclasses.fields(demo)
+        if f.name not in PER_RUN
+    }
     assert {name: pair for name, pair in pairs.items() if pair[0] != pair[1]} == {}
 
 
@@ -40,9 +43,19 @@ def test_the_held_out_split_is_every_held_out_problem_and_apart_from_training() 
 
 
 def test_the_demo_flags_set_their_config_fields_for_both_demos() -> None:
-    args = build_parser().parse_args(["demo", "--output-dir", "x", "--seed", "3",
-                                      "--max-staleness", "2",
-                                      "--stop-after-spreadless-steps", "4"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "demo",
+            "--output-dir",
+            "x",
+            "--seed",
+            "3",
+            "--max-staleness",
+            "2",
+            "--stop-after-spreadless-steps",
+            "4",
+        ]
+    )
     overrides = demo_overrides(args)
     assert overrides == {"seed": 3, "max_staleness": 2, "stop_after_spreadless_steps": 4}
     config = real_demo.real_demo_config("x", 20, "http://127.0.0.1")
@@ -55,9 +68,13 @@ def test_the_accuracy_report_says_before_and_after_or_that_no_later_evaluation_r
     tmp_path,
 ) -> None:
     def evaluation(step: int, accuracy: float) -> str:
-        row = {"step": step, "eval/held_out/prompts": 58, "eval/held_out/reward": accuracy,
-               "eval/held_out/reward/ci_low": accuracy - 0.1,
-               "eval/held_out/reward/ci_high": accuracy + 0.1}  # fmt: skip
+        row = {
+            "step": step,
+            "eval/held_out/prompts": 58,
+            "eval/held_out/reward": accuracy,
+            "eval/held_out/reward/ci_low": accuracy - 0.1,
+            "eval/held_out/reward/ci_high": accuracy + 0.1,
+        }
         return json.dumps(row) + "\n"
 
     assert real_demo.accuracy_report(tmp_path) == "no evaluation was logged"

@@ -116,8 +116,9 @@ def test_the_loop_gives_its_free_heap_back_when_a_trim_is_due(
     give_back = loop_module.give_back_freed_memory
     monkeypatch.setattr(loop_module, "METRICS_POLL_S", 0.2)
     monkeypatch.setattr(loop_module, "rollout_trim_due", lambda seconds: seconds >= 0.3)
-    monkeypatch.setattr(loop_module, "give_back_freed_memory",
-                        lambda: (trims.append(time.monotonic()), give_back()))  # fmt: skip
+    monkeypatch.setattr(
+        loop_module, "give_back_freed_memory", lambda: (trims.append(time.monotonic()), give_back())
+    )
 
     class UntilTwoTrims(LocalChannels):  # the loop's length is not the test's clock
         def stop_requested(self) -> bool:
@@ -210,8 +211,12 @@ def test_a_nan_reward_is_unscored_counted_and_warned_once(vllm_server, tiny_qwen
     loop = make_loop(vllm_server, tiny_qwen3, channels=channels, reward_funcs=[reward])
     with capture_logs() as logs:
         run_loop(loop)
-    counted = sum(o.amount for outcome in channels.outcomes for o in outcome.observations
-                  if o.name == "rewards/every_tenth_nan/nonfinite_count")  # fmt: skip
+    counted = sum(
+        o.amount
+        for outcome in channels.outcomes
+        for o in outcome.observations
+        if o.name == "rewards/every_tenth_nan/nonfinite_count"
+    )
     assert 2 <= counted <= reward.nans  # 8 groups of 4: 32 scored, NaN at 9, 19 and 29
     assert all(math.isfinite(s.advantage) for o in channels.outcomes for s in o.samples)
     warned = [e for e in logs if e.get("reward") == "every_tenth_nan"]
@@ -226,8 +231,14 @@ def test_nonfinite_rewards_of_functions_and_environments_are_unscored_without_a_
     class Maze:
         pass
 
-    rollouts = [Rollout([{"role": "assistant", "content": str(i)}], [5, 6],
-                        [TurnRecord([1, 2], [5, 6], [-1.0, -1.0])]) for i in range(10)]  # fmt: skip
+    rollouts = [
+        Rollout(
+            [{"role": "assistant", "content": str(i)}],
+            [5, 6],
+            [TurnRecord([1, 2], [5, 6], [-1.0, -1.0])],
+        )
+        for i in range(10)
+    ]
     env = [(Maze, math.inf if i == 3 else 0.5) for i in range(10)]
     pending = PendingGroup(0, 0, {"prompt": PROMPTS[1]}, PROMPTS[1], 0, 0, rollouts, env)
 
@@ -243,9 +254,14 @@ def test_nonfinite_rewards_of_functions_and_environments_are_unscored_without_a_
         warnings_once.check(pending, values)
     assert sorted(e["reward"] for e in logs) == ["Maze", "tenth_nan"]
     assert all(e["prompt"] == PROMPTS[1][-1]["content"] for e in logs)
-    outcome = scored_outcome(pending, values, lambda g: np.zeros(len(g.completions)),
-                             eos_token_ids=frozenset({6}), has_tools=False,
-                             log_completions=False)  # fmt: skip
+    outcome = scored_outcome(
+        pending,
+        values,
+        lambda g: np.zeros(len(g.completions)),
+        eos_token_ids=frozenset({6}),
+        has_tools=False,
+        log_completions=False,
+    )
     counts = {o.name: o.amount for o in outcome.observations if o.name.endswith("nonfinite_count")}
     assert counts == {"rewards/Maze/nonfinite_count": 1, "rewards/tenth_nan/nonfinite_count": 1}
 
@@ -494,10 +510,17 @@ def test_request_seeds_are_a_function_of_position_rollout_and_turn(vllm_server, 
     dataset = [{"prompt": tool_prompt(call("multiply", a=i, b=2))} for i in range(3)]
     runs = []
     for start in (PromptCursor(), PromptCursor(next_untrained=1)):
-        loop = make_loop(vllm_server, tiny_qwen3, channels=LocalChannels(stop_after=2),
-                         cls=SeedRecordingLoop, dataset=dataset, tools=[multiply],
-                         reward_funcs=[digits_reward], start_cursor=start,
-                         config={"num_generations": 3})  # fmt: skip
+        loop = make_loop(
+            vllm_server,
+            tiny_qwen3,
+            channels=LocalChannels(stop_after=2),
+            cls=SeedRecordingLoop,
+            dataset=dataset,
+            tools=[multiply],
+            reward_funcs=[digits_reward],
+            start_cursor=start,
+            config={"num_generations": 3},
+        )
         loop.seeds = {}
         run_loop(loop)
         runs.append(loop.seeds)
@@ -521,8 +544,12 @@ def test_a_prompt_too_long_for_the_server_is_skipped_counted_and_logged(
     as consumed); the others train."""
     prompts = [*PROMPTS[:2], LONG_PROMPT, *PROMPTS[2:4]]
     channels = LocalChannels(stop_after=5)
-    loop = make_loop(vllm_server, tiny_qwen3, channels=channels,
-                     dataset=[{"prompt": p, "answer": "x"} for p in prompts])  # fmt: skip
+    loop = make_loop(
+        vllm_server,
+        tiny_qwen3,
+        channels=channels,
+        dataset=[{"prompt": p, "answer": "x"} for p in prompts],
+    )
     with capture_logs() as logs:
         run_loop(loop)
     counter = "rollout/prompt_too_long_count"
@@ -535,7 +562,11 @@ def test_a_prompt_too_long_for_the_server_is_skipped_counted_and_logged(
 
 def test_when_every_prompt_is_too_long_the_loop_fails(vllm_server, tiny_qwen3) -> None:
     channels = LocalChannels(stop_after=100)
-    loop = make_loop(vllm_server, tiny_qwen3, channels=channels,
-                     dataset=[{"prompt": LONG_PROMPT, "answer": "x"}] * 3)  # fmt: skip
+    loop = make_loop(
+        vllm_server,
+        tiny_qwen3,
+        channels=channels,
+        dataset=[{"prompt": LONG_PROMPT, "answer": "x"}] * 3,
+    )
     with pytest.raises(PromptTooLongError, match="the last 3 prompts were all rejected"):
         run_loop(loop)

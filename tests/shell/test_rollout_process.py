@@ -127,8 +127,11 @@ def test_a_killed_process_is_reported(vllm_server, tiny_qwen3) -> None:
     process = RolloutProcess(spec_for(vllm_server, tiny_qwen3)).start()
     try:
         os.kill(process.pid, signal.SIGKILL)
-        with pytest.raises(RolloutWorkerError, match=r"exited with code -9 \(killed by SIGKILL\)"
-                           r".*asyncgrpo train --resume"):  # fmt: skip
+        with pytest.raises(
+            RolloutWorkerError,
+            match=r"exited with code -9 \(killed by SIGKILL\)"
+            r".*asyncgrpo train --resume",
+        ):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 process.get(wait_s=0.5)
@@ -155,9 +158,12 @@ def test_a_killed_process_is_restarted_from_the_trainers_cursor_up_to_the_limit(
     held = PromptCursor()
     started: list[int] = []
     process = RolloutProcess(
-        spec_for(vllm_server, tiny_qwen3), timeout_s=120, restarts=1,
-        resume_cursor=lambda: held, on_start=started.append,
-    ).start()  # fmt: skip
+        spec_for(vllm_server, tiny_qwen3),
+        timeout_s=120,
+        restarts=1,
+        resume_cursor=lambda: held,
+        on_start=started.append,
+    ).start()
     try:
         first = next_outcome(process)
         held = cursor.group_outcome(held, first.position, len(first.samples))
@@ -235,8 +241,9 @@ def test_a_blocked_reward_function_is_named_when_no_sample_comes(vllm_server, ti
         message = str(raised.value)
         assert "no sample reached the trainer" in message, message
         assert "nothing at all for" in message, message
-        assert re.search(r"reward function 'blocking_reward' for \d+ s on group \d+ \(row \d\)",
-                         message), message  # fmt: skip
+        assert re.search(
+            r"reward function 'blocking_reward' for \d+ s on group \d+ \(row \d\)", message
+        ), message
         waits = [e for e in logs if e["event"] == "waiting for samples"]
         assert waits and "blocking_reward" in waits[0]["rollout"]
         stopping = time.monotonic()
@@ -274,12 +281,21 @@ def test_groups_that_are_all_dropped_are_not_a_hang_and_are_counted(
                 assert time.monotonic() < deadline, f"not told in time: {logs}"
                 message = process.get(wait_s=0.5)
                 assert not (isinstance(message, GroupOutcome) and message.samples)
-                told = [e for e in logs if e["event"].startswith(
-                    "waiting for samples: the rollout process is producing groups")]  # fmt: skip
-        assert re.search(r"\d+ groups? arrived, none with a sample to train: \d+ dropped for "
-                         r"zero reward spread", told[-1]["dropped"]), told[-1]  # fmt: skip
-        assert re.search(r"\d+ groups published \(\d+ dropped for zero reward spread\)",
-                         process.activity()), process.activity()  # fmt: skip
+                told = [
+                    e
+                    for e in logs
+                    if e["event"].startswith(
+                        "waiting for samples: the rollout process is producing groups"
+                    )
+                ]
+        assert re.search(
+            r"\d+ groups? arrived, none with a sample to train: \d+ dropped for "
+            r"zero reward spread",
+            told[-1]["dropped"],
+        ), told[-1]
+        assert re.search(
+            r"\d+ groups published \(\d+ dropped for zero reward spread\)", process.activity()
+        ), process.activity()
     finally:
         process.stop(grace_s=5)
 
@@ -319,7 +335,12 @@ def test_a_reward_function_defined_under_the_main_guard_is_named_with_the_fix(
 ) -> None:
     script = tmp_path / "train_script.py"
     script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tiny_qwen3)], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_qwen3)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert "could not load what the trainer sent it" in done.stdout, done.stdout + done.stderr
     assert "reward_in_main" in done.stdout and "Define them at module level" in done.stdout

@@ -152,17 +152,30 @@ class FreezeServerAfterFirstStep(TrainerCallback):
 
 
 def frozen_run(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPOTrainer:
-    options = dict(output_dir=str(tmp_path / "run"), max_steps=3, learning_rate=1e-2,
-                   num_generations=4, max_completion_length=12, token_budget=256,
-                   gradient_checkpointing=False, num_sampler_logprobs=4, max_staleness=0,
-                   vllm_server_base_url=server.base_url, vllm_server_stall_timeout=2.0,
-                   save_steps=1000, disable_tqdm=True)  # fmt: skip
+    options = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        learning_rate=1e-2,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        max_staleness=0,
+        vllm_server_base_url=server.base_url,
+        vllm_server_stall_timeout=2.0,
+        save_steps=1000,
+        disable_tqdm=True,
+    )
     options.update(overrides)
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
-    return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
-                            args=AsyncGRPOConfig(**options),
-                            train_dataset=Dataset.from_dict({"prompt": prompts}),
-                            callbacks=[callback])  # fmt: skip
+    return AsyncGRPOTrainer(
+        model=str(model_path),
+        reward_funcs=digit_fraction_reward,
+        args=AsyncGRPOConfig(**options),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=[callback],
+    )
 
 
 def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, capfd) -> None:
@@ -180,8 +193,7 @@ def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, cap
 
 
 @pytest.mark.slow(reason="waits out vllm_server_timeout (12 s) on a frozen server: about 30 s")
-def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_path,
-                                                                  capfd) -> None:  # fmt: skip
+def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_path, capfd) -> None:
     """The session's server, frozen until the run has failed, then thawed. Its silence ends
     the run (it is the run's only server): no outage is recorded and waited out for as long
     again, wherever the trainer meets it (here, in the thread that pushes beside the step)."""

@@ -100,8 +100,7 @@ def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> 
     servers = ServerPool(clients, 16, lambda i: 0, lambda i: True)  # type: ignore[arg-type]
     clients[0].retry_count, clients[1].dropped_connection_count = 3, 2
     servers[0].in_flight, servers[1].in_flight = 2, 5
-    servers[0].snapshot = ServerMetrics(ServerLoad(0.25, 2, 1), preemptions=4,
-                                        kv_cache_tokens=None)  # fmt: skip
+    servers[0].snapshot = ServerMetrics(ServerLoad(0.25, 2, 1), preemptions=4, kv_cache_tokens=None)
     first = {o.name: o for o in servers.report(2.0, generated_tokens=100)}
     assert first["rollout/generated_tokens_per_s"].amount == 100
     assert first["rollout/generated_tokens_per_s"].weight == 2.0
@@ -112,8 +111,7 @@ def test_a_report_gives_the_counts_since_the_last_one_and_the_servers_load() -> 
     assert first["rollout/vllm_kv_cache_usage_frac"].amount == 0.25
     assert "rollout/server/1/in_flight" in first  # several servers: each one's own
     clients[0].retry_count, clients[1].regenerated_count = 5, 1
-    servers[0].snapshot = ServerMetrics(ServerLoad(0.5, 1, 0), preemptions=6,
-                                        kv_cache_tokens=None)  # fmt: skip
+    servers[0].snapshot = ServerMetrics(ServerLoad(0.5, 1, 0), preemptions=6, kv_cache_tokens=None)
     second = {o.name: o for o in servers.report(1.0, generated_tokens=130)}
     assert second["rollout/generated_tokens_per_s"].amount == 30
     assert second["rollout/vllm_retry_count"].amount == 2
@@ -147,8 +145,13 @@ def test_a_server_gone_before_its_transfer_group_opens_is_named_with_the_fix(tin
     args = AsyncGRPOConfig(vllm_server_base_url=[gone, other], vllm_server_timeout=5)
     learner = Learner(load_causal_lm(tiny_qwen3), args)
     settings = ServerSettings.of(args)
-    weights = EngineWeights(learner, args, lambda server=0: settings.client("m", server),
-                            backend="asyncgrpo_gloo", server_workers=1)  # fmt: skip
+    weights = EngineWeights(
+        learner,
+        args,
+        lambda server=0: settings.client("m", server),
+        backend="asyncgrpo_gloo",
+        server_workers=1,
+    )
     with pytest.raises(VLLMError) as raised:
         weights.start()
     message = str(raised.value)

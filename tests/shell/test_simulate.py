@@ -33,8 +33,20 @@ def test_cli_runs_and_rejects_bad_config_with_the_field_name(tmp_path, capsys) -
     )
     assert "simulated 5 steps" in capsys.readouterr().out
     optional = ["--mean-completion-tokens", "30", "--longest-prompt-tokens", "80"]  # None defaults
-    assert main(["simulate", "--output-dir", str(tmp_path), "--max-steps", "2", "--no-progress",
-                 *optional]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--output-dir",
+                str(tmp_path),
+                "--max-steps",
+                "2",
+                "--no-progress",
+                *optional,
+            ]
+        )
+        == 0
+    )
     assert main(["simulate", "--output-dir", str(tmp_path), "--token-budget", "8"]) == 2
     assert "token_budget" in capsys.readouterr().err
 
@@ -57,12 +69,18 @@ def test_several_simulated_servers_share_the_groups_and_shorten_a_generation_bou
 
     steps = {}
     for servers in (1, 2):
-        config = SimulationConfig(max_steps=30, max_staleness=0, num_servers=servers,
-                                  generation_tokens_per_s=1500.0, logging_steps=10)  # fmt: skip
+        config = SimulationConfig(
+            max_steps=30,
+            max_staleness=0,
+            num_servers=servers,
+            generation_tokens_per_s=1500.0,
+            logging_steps=10,
+        )
         windows = simulate(config, tmp_path / str(servers), progress=False)
         steps[servers] = pipeline_figures(windows).step_s
-        groups = [sum(w.get(f"rollout/server/{i}/groups_count", 0) for w in windows)
-                  for i in range(2)]  # fmt: skip
+        groups = [
+            sum(w.get(f"rollout/server/{i}/groups_count", 0) for w in windows) for i in range(2)
+        ]
         assert (min(groups) > 0) == (servers == 2), groups
     assert steps[2] < 0.8 * steps[1], steps
 
@@ -70,16 +88,32 @@ def test_several_simulated_servers_share_the_groups_and_shorten_a_generation_bou
 def measured_run(run, max_steps=40, **throughputs):
     """A "measured" run: a simulation of known throughputs at max_staleness 0, written as a
     sweep's run (its run_spec.json, and the lengths a real run logs)."""
-    simulate(SimulationConfig(max_steps=max_steps, max_staleness=0, logging_steps=5,
-                              dataset_size=10_000, **throughputs), run,
-             progress=False)  # fmt: skip
+    simulate(
+        SimulationConfig(
+            max_steps=max_steps,
+            max_staleness=0,
+            logging_steps=5,
+            dataset_size=10_000,
+            **throughputs,
+        ),
+        run,
+        progress=False,
+    )
     # what a real run logs and the simulator does not: the simulated completion lengths
-    lengths = {"completions/mean_length": 68.0, "completions/min_length": 8.0,
-               "completions/max_length": 128.0}  # fmt: skip
+    lengths = {
+        "completions/mean_length": 68.0,
+        "completions/min_length": 8.0,
+        "completions/max_length": 128.0,
+    }
     rows = [dict(row, **lengths) for row in read_metrics(run)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = {"output_dir": str(run), "max_staleness": 0, "num_generations": 8,
-              "token_budget": 4096, "logging_steps": 5}  # fmt: skip
+    config = {
+        "output_dir": str(run),
+        "max_staleness": 0,
+        "num_generations": 8,
+        "token_budget": 4096,
+        "logging_steps": 5,
+    }
     (run / "run_spec.json").write_text(json.dumps({"config": config}))
     return run
 
@@ -100,8 +134,16 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
     assert abs(points[0].step_s / pipeline_figures(measured).step_s - 1) < 0.1
     assert points[0].step_s > points[1].step_s > points[2].step_s
     assert points[0].samples_per_s < points[1].samples_per_s < points[2].samples_per_s
-    argv = ["simulate", "--output-dir", str(tmp_path / "cli"), "--calibrate", str(run),
-            "--predict-servers", "1", "2"]  # fmt: skip
+    argv = [
+        "simulate",
+        "--output-dir",
+        str(tmp_path / "cli"),
+        "--calibrate",
+        str(run),
+        "--predict-servers",
+        "1",
+        "2",
+    ]
     assert main(argv) == 0
     assert "| servers | predicted step s |" in capsys.readouterr().out
 
@@ -109,11 +151,14 @@ def test_a_calibrated_run_predicts_a_throughput_curve_against_the_number_of_serv
 def test_plot_draws_a_panel_per_server_metric_of_a_run_with_several(tmp_path) -> None:
     from asyncgrpo.shell.experiments.plot import server_panels
 
-    simulate(SimulationConfig(max_steps=10, num_servers=3, logging_steps=5), tmp_path,
-             progress=False)  # fmt: skip
+    simulate(
+        SimulationConfig(max_steps=10, num_servers=3, logging_steps=5), tmp_path, progress=False
+    )
     panels = server_panels(read_metrics(tmp_path))
-    assert panels[0] == ("groups per window, by server",
-                         [f"rollout/server/{i}/groups_count" for i in range(3)])  # fmt: skip
+    assert panels[0] == (
+        "groups per window, by server",
+        [f"rollout/server/{i}/groups_count" for i in range(3)],
+    )
     assert main(["plot", str(tmp_path)]) == 0
 
 
@@ -128,9 +173,15 @@ def test_pushes_every_weight_sync_steps_and_beside_the_step_shortens_it(
 
     steps, sync_s = {}, 0.5
     for overlap in (False, True):
-        config = SimulationConfig(max_steps=24, logging_steps=6, max_staleness=max_staleness,
-                                  weight_sync_steps=sync_steps, weight_push_overlap=overlap,
-                                  weight_sync_s=sync_s, training_tokens_per_s=1500.0)  # fmt: skip
+        config = SimulationConfig(
+            max_steps=24,
+            logging_steps=6,
+            max_staleness=max_staleness,
+            weight_sync_steps=sync_steps,
+            weight_push_overlap=overlap,
+            weight_sync_s=sync_s,
+            training_tokens_per_s=1500.0,
+        )
         windows = simulate(config, tmp_path / str(overlap), progress=False)
         assert all(w["sample/staleness_max"] <= max_staleness for w in windows)
         waited = sum(6 * w["perf/weight_sync_s"] for w in windows)  # a mean over steps
@@ -162,12 +213,19 @@ def test_plan_gives_devices_to_the_side_that_bounds_the_step_and_runs_ahead(tmp_
     from asyncgrpo.shell.experiments import plan
 
     generation_bound = measured_run(tmp_path / "gen", 20, generation_tokens_per_s=1500.0)
-    training_bound = measured_run(tmp_path / "train", 20, generation_tokens_per_s=20_000.0,
-                                  training_tokens_per_s=1500.0)  # fmt: skip
+    training_bound = measured_run(
+        tmp_path / "train", 20, generation_tokens_per_s=20_000.0, training_tokens_per_s=1500.0
+    )
     chosen = {}
     for name, run in (("gen", generation_bound), ("train", training_bound)):
-        result = plan(run, 4, tmp_path / f"plan-{name}", staleness_choices=(0, 2),
-                      sync_step_choices=(1,), progress=False)  # fmt: skip
+        result = plan(
+            run,
+            4,
+            tmp_path / f"plan-{name}",
+            staleness_choices=(0, 2),
+            sync_step_choices=(1,),
+            progress=False,
+        )
         measured = pipeline_figures(read_metrics(run)).step_s
         assert result.calibrated.step_s == pytest.approx(measured, rel=0.1)
         assert result.recommended.candidate.max_staleness == 2
@@ -175,8 +233,16 @@ def test_plan_gives_devices_to_the_side_that_bounds_the_step_and_runs_ahead(tmp_
         chosen[name] = result.recommended.candidate.train_devices
     assert chosen["gen"] < chosen["train"], chosen
     capsys.readouterr()
-    argv = ["plan", "--calibrate", str(generation_bound), "--devices", "2", "--no-progress",
-            "--output-dir", str(tmp_path / "cli")]  # fmt: skip
+    argv = [
+        "plan",
+        "--calibrate",
+        str(generation_bound),
+        "--devices",
+        "2",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "cli"),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("recommended for 2 devices: max_staleness=") and "| samples/s |" in out
@@ -194,9 +260,14 @@ def test_a_push_stops_the_servers_only_for_its_pause_and_its_write_slows_the_nex
     from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
 
     def step_s(name: str, push_s: float = 1.5, **settings) -> float:
-        config = SimulationConfig(max_steps=30, max_staleness=2, logging_steps=10,
-                                  weight_push_overlap=True, weight_sync_s=push_s,
-                                  **settings)  # fmt: skip
+        config = SimulationConfig(
+            max_steps=30,
+            max_staleness=2,
+            logging_steps=10,
+            weight_push_overlap=True,
+            weight_sync_s=push_s,
+            **settings,
+        )
         return pipeline_figures(simulate(config, tmp_path / name, progress=False)).step_s
 
     slow_generator = {"generation_tokens_per_s": 1500.0}
@@ -204,8 +275,10 @@ def test_a_push_stops_the_servers_only_for_its_pause_and_its_write_slows_the_nex
         "paused-all", **slow_generator
     )
     slow_trainer = {"training_tokens_per_s": 1000.0, "push_s": 0.3, "server_pause_s": 0.05}
-    alone, writing = step_s("no-write", **slow_trainer), step_s("write", push_trainer_s=0.2,
-                                                                 **slow_trainer)  # fmt: skip
+    alone, writing = (
+        step_s("no-write", **slow_trainer),
+        step_s("write", push_trainer_s=0.2, **slow_trainer),
+    )
     assert writing - alone == pytest.approx(0.2, abs=0.05), (alone, writing)
     with pytest.raises(ValueError, match=r"server_pause_s \(0.5\) must lie between 0 and "):
         SimulationConfig(weight_sync_s=0.3, server_pause_s=0.5)
@@ -220,11 +293,17 @@ def test_a_colocated_baseline_starts_each_steps_whole_batch_together(tmp_path) -
 
     figures, concurrency = {}, {}
     for name, batch in (("paced", None), ("batch", 8)):
-        config = SimulationConfig(max_steps=12, logging_steps=3, max_staleness=0,
-                                  num_generations=8, max_concurrent_rollouts=16,
-                                  groups_per_step=batch, token_budget=4096, rows_per_step=2,
-                                  generator=Generator(compute_s_per_request=2e-4,
-                                                      weight_read_s=0.01))  # fmt: skip
+        config = SimulationConfig(
+            max_steps=12,
+            logging_steps=3,
+            max_staleness=0,
+            num_generations=8,
+            max_concurrent_rollouts=16,
+            groups_per_step=batch,
+            token_budget=4096,
+            rows_per_step=2,
+            generator=Generator(compute_s_per_request=2e-4, weight_read_s=0.01),
+        )
         windows = simulate(config, tmp_path / name, progress=False)
         figures[name] = pipeline_figures(windows)
         concurrency[name] = max(w["rollout/concurrency"] for w in windows)

@@ -26,5 +26,7 @@ def test_the_no_spread_warning_comes_once_per_trainer_step() -> None:
         close_spreadless_steps(guard, trainer_step=1, count=WARN_AFTER_SPREADLESS)
     warnings = [e for e in logs if e["event"].startswith("no reward spread left")]
     assert [(w["step"], w["spreadless_steps"]) for w in warnings] == [
-        (0, WARN_AFTER_SPREADLESS), (1, 4 * WARN_AFTER_SPREADLESS)]  # fmt: skip
+        (0, WARN_AFTER_SPREADLESS),
+        (1, 4 * WARN_AFTER_SPREADLESS),
+    ]
     assert not any(stops) and all("entropy" not in w for w in warnings)  # none before a step

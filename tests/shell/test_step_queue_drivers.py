@@ -69,8 +69,9 @@ def _group(position: int, version: int, lengths: list[int]) -> GroupOutcome:
     for member, length in enumerate(lengths):
         tokens = [position % 5, *range(10 + member, 10 + member + length - 1)]
         seq = TrainingSequence(tokens, [0] + [1] * (length - 1), [0.0] + [-0.5] * (length - 1))
-        samples.append(TrainingSample(seq, 1.0, version, position, position, position,
-                                      f"{position}-{member}"))  # fmt: skip
+        samples.append(
+            TrainingSample(seq, 1.0, version, position, position, position, f"{position}-{member}")
+        )
     return GroupOutcome(position, position, tuple(samples), ())
 
 
@@ -90,15 +91,28 @@ def streams(draw):
 
 
 def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> TrainingRun:
-    args = AsyncGRPOConfig(output_dir=str(tmp), max_staleness=max_staleness, token_budget=budget,
-                           gradient_accumulation_steps=rows, disable_tqdm=True)  # fmt: skip
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp),
+        max_staleness=max_staleness,
+        token_budget=budget,
+        gradient_accumulation_steps=rows,
+        disable_tqdm=True,
+    )
     model_config = tiny_config("qwen3", vocab_size=64)
-    inputs = RunInputs(args=args, model_name="tiny", model_config=model_config,
-                       processing_class=None, dataset=None, reward_funcs=(), tools=(),
-                       environment_factory=None, loop_cls=AsyncRolloutLoop, callbacks=None,
-                       after_checkpoint=lambda step, rank0: None)  # fmt: skip
-    learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"),
-                              bf16=False)  # fmt: skip
+    inputs = RunInputs(
+        args=args,
+        model_name="tiny",
+        model_config=model_config,
+        processing_class=None,
+        dataset=None,
+        reward_funcs=(),
+        tools=(),
+        environment_factory=None,
+        loop_cls=AsyncRolloutLoop,
+        callbacks=None,
+        after_checkpoint=lambda step, rank0: None,
+    )
+    learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"), bf16=False)
     run = TrainingRun(inputs, learner, None)
     run.token_budget = budget
     run.intake.queue = run._new_queue()
@@ -114,16 +128,22 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
         return [_group(p, max(0, version - lag), lengths) for p, lag, lengths in tick]
 
     # The simulator's side: one tick per call, its version advancing per step taken.
-    sim = SimulationConfig(token_budget=budget, rows_per_step=rows, max_staleness=ms,
-                           prompt_tokens=8, min_completion_tokens=1,
-                           max_completion_tokens=8)  # fmt: skip
+    sim = SimulationConfig(
+        token_budget=budget,
+        rows_per_step=rows,
+        max_staleness=ms,
+        prompt_tokens=8,
+        min_completion_tokens=1,
+        max_completion_tokens=8,
+    )
     state = Pipeline(sim, np.random.default_rng(0), np.zeros(sim.dataset_size))
     sim_steps, sim_sizes, versions, sim_stale = [], [], [], 0.0
     for tick in ticks:
         versions.append(state.version)
         for outcome in outcomes(state.version, tick):
-            state.prompt_cursor = cursor.group_outcome(state.prompt_cursor, outcome.position,
-                                                       len(outcome.samples))  # fmt: skip
+            state.prompt_cursor = cursor.group_outcome(
+                state.prompt_cursor, outcome.position, len(outcome.samples)
+            )
             state.queue.append(outcome.samples)
         step = _take_step(state)
         if step is not None:
@@ -158,8 +178,9 @@ def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) 
         run._plan_next_step()
 
 
-@pytest.mark.parametrize(("max_staleness", "weight_sync_s"), [(0, 0.0), (1, 0.0), (4, 0.0),
-                                                           (2, 0.3), (4, 0.3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("max_staleness", "weight_sync_s"), [(0, 0.0), (1, 0.0), (4, 0.0), (2, 0.3), (4, 0.3)]
+)
 def test_the_simulator_drops_no_stale_sample_when_generation_keeps_up(
     tmp_path, max_staleness, weight_sync_s
 ):
@@ -172,9 +193,13 @@ def test_the_simulator_drops_no_stale_sample_when_generation_keeps_up(
     three, 157 of 3,217 samples at max_staleness 2 with the 0.3 s push, in 60 steps)."""
     from asyncgrpo.shell.experiments.simulate import simulate
 
-    config = SimulationConfig(max_steps=30, max_staleness=max_staleness, logging_steps=5,
-                              generation_tokens_per_s=20_000.0,
-                              weight_sync_s=weight_sync_s)  # fmt: skip
+    config = SimulationConfig(
+        max_steps=30,
+        max_staleness=max_staleness,
+        logging_steps=5,
+        generation_tokens_per_s=20_000.0,
+        weight_sync_s=weight_sync_s,
+    )
     windows = simulate(config, tmp_path, progress=False)[1:]
     assert sum(w.get("sample/dropped_stale_count", 0.0) for w in windows) == 0
     assert all(w["sample/staleness_max"] <= max_staleness for w in windows)

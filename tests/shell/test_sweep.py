@@ -78,8 +78,9 @@ def first_checkpoint(out: Path) -> bool:
 
 def test_a_tiny_model_table_is_built_under_the_sweep_once(tmp_path):
     sweep_file = tmp_path / "sweep.toml"
-    sweep_file.write_text(SWEEP.replace('"{model}"', '{{tiny = "qwen3", seed = 1}}')
-                          .format(max_steps=4))  # fmt: skip
+    sweep_file.write_text(
+        SWEEP.replace('"{model}"', '{{tiny = "qwen3", seed = 1}}').format(max_steps=4)
+    )
     sweep = read_sweep(sweep_file)
     built = Path(_model_dir(sweep, tmp_path / "out"))
     assert built == tmp_path / "out" / "models" / "tiny-qwen3,seed=1"
@@ -100,8 +101,16 @@ def test_a_killed_sweep_finishes_when_run_again_and_compare_decides_its_claims(s
     sweep_file = tmp_path / "sweep.toml"
     sweep_file.write_text(SWEEP.format(model=model, max_steps=4))
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "asyncgrpo", "sweep", str(sweep_file), "--output-dir",
-               str(out), "--no-compare"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "asyncgrpo",
+        "sweep",
+        str(sweep_file),
+        "--output-dir",
+        str(out),
+        "--no-compare",
+    ]
     with (tmp_path / "first.log").open("wb") as log:
         first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:

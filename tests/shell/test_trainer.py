@@ -153,8 +153,11 @@ def test_resume_skips_a_checkpoint_that_does_not_load_and_names_it(served, tmp_p
     shard = run / "checkpoint-2" / "dcp" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])
     explicit = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
-    with pytest.raises(CheckpointError, match=r"checkpoint-2 does not load: .*checkpoint-2/dcp/"
-                       r"__0_0.distcp: cut short: 1000 bytes, \d+ when saved"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint-2 does not load: .*checkpoint-2/dcp/"
+        r"__0_0.distcp: cut short: 1000 bytes, \d+ when saved",
+    ):
         explicit.train(resume_from_checkpoint=str(run / "checkpoint-2"))
     resumed = trainer_for(server, path, tmp_path, max_steps=3, save_steps=1)
     with capture_logs() as logs:
@@ -271,8 +274,11 @@ def test_a_killed_rollout_process_is_restarted_then_the_run_fails_past_the_limit
     killer = KillRolloutProcess(at_steps=(1, 3))
     trainer = trainer_for(server, path, tmp_path, max_steps=6, rollout_worker_restarts=1)
     trainer.add_callback(killer)
-    with pytest.raises(RolloutWorkerError, match=r"exited with code -9 \(killed by SIGKILL\).*"
-                       r"after 1 restart\(s\).*asyncgrpo train --resume"):  # fmt: skip
+    with pytest.raises(
+        RolloutWorkerError,
+        match=r"exited with code -9 \(killed by SIGKILL\).*"
+        r"after 1 restart\(s\).*asyncgrpo train --resume",
+    ):
         trainer.train()
     assert len(killer.killed) == 2 and killer.killed[0] != killer.killed[1]
     rows = read_metrics(tmp_path / "run")
@@ -361,14 +367,14 @@ def test_lora_syncs_merged_weights_and_keeps_parity(served, tmp_path) -> None:
     trainer.save_model(str(tmp_path / "adapter"))  # the adapter, as PEFT saves it
     from peft import PeftModel
 
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path),
-                                        tmp_path / "adapter").merge_and_unload()  # fmt: skip
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(path), tmp_path / "adapter"
+    ).merge_and_unload()
     for name in changed:
         assert adapted.get_parameter(name).allclose(merged.get_parameter(name), atol=1e-6), name
 
 
-def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tiny_qwen3,
-                                                        tmp_path) -> None:  # fmt: skip
+def test_lora_adapters_sync_as_named_versions_at_parity(lora_server, tiny_qwen3, tmp_path) -> None:
     lora_trainer(lora_server, tiny_qwen3, tmp_path, max_staleness=1).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -385,16 +391,23 @@ def test_an_empty_or_plain_text_dataset_fails_at_construction(tiny_qwen3, tmp_pa
 
     def build(train_dataset):
         args = config(NoServer, tmp_path)
-        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                                args=args, train_dataset=train_dataset)  # fmt: skip
+        return AsyncGRPOTrainer(
+            model=str(tiny_qwen3),
+            reward_funcs=digit_fraction_reward,
+            args=args,
+            train_dataset=train_dataset,
+        )
 
     with pytest.raises(ValueError, match="train_dataset is empty"):
         build(Dataset.from_dict({"prompt": []}))
     with pytest.raises(ValueError, match="train_dataset is empty"):
         build([])
     plain = Dataset.from_dict({"prompt": ["What is 2 + 2?", "Name a colour."]})
-    with pytest.raises(ValueError, match=r"row 0, column 'prompt': must be conversational.*got "
-                       r"str: 'What is 2 \+ 2\?'.*schema: Value\('string'\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 0, column 'prompt': must be conversational.*got "
+        r"str: 'What is 2 \+ 2\?'.*schema: Value\('string'\)",
+    ):
         build(plain)
     with pytest.raises(ValueError, match="row 1, column 'prompt': must be conversational"):
         build([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": {"text": "hi"}}])
@@ -412,26 +425,42 @@ def test_every_row_is_checked_at_construction_naming_row_column_and_type(
     good = [{"role": "user", "content": "hi"}]
 
     def build(train_dataset, environment_factory=None):
-        return AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                                args=config(NoServer, tmp_path), train_dataset=train_dataset,
-                                environment_factory=environment_factory)  # fmt: skip
+        return AsyncGRPOTrainer(
+            model=str(tiny_qwen3),
+            reward_funcs=digit_fraction_reward,
+            args=config(NoServer, tmp_path),
+            train_dataset=train_dataset,
+            environment_factory=environment_factory,
+        )
 
     none_at_2000 = Dataset.from_dict({"prompt": [good] * 2000 + [None] + [good] * 10})
     with pytest.raises(ValueError, match=r"row 2000, column 'prompt': got None"):
         build(none_at_2000)
     int_content = [{"prompt": good}] * 20 + [{"prompt": [{"role": "user", "content": 7}]}]
-    with pytest.raises(ValueError, match=r"row 20, column 'prompt', message 0: 'content' must "
-                       r"be a string, got int: '7'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 20, column 'prompt', message 0: 'content' must "
+        r"be a string, got int: '7'",
+    ):
         build(int_content)
-    with pytest.raises(ValueError, match=r"row 1, column 'prompt', message 1: must be a "
-                       r"\{'role': \.\.\., 'content': \.\.\.\} dict, got str"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 1, column 'prompt', message 1: must be a "
+        r"\{'role': \.\.\., 'content': \.\.\.\} dict, got str",
+    ):
         build([{"prompt": good}, {"prompt": [*good, "and more"]}])
-    with pytest.raises(ValueError, match=r"row 0, column 'prompt', message 0: 'role' must be a "
-                       r"string, got no 'role' key"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 0, column 'prompt', message 0: 'role' must be a "
+        r"string, got no 'role' key",
+    ):
         build([{"prompt": [{"content": "hi"}]}])
     routed = Dataset.from_dict({"prompt": [good] * 3, "environment": ["game", "game", "chess"]})
-    with pytest.raises(ValueError, match=r"row 2, column 'environment': must name one of "
-                       r"\['game'\].*got str: 'chess'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 2, column 'environment': must name one of "
+        r"\['game'\].*got str: 'chess'",
+    ):
         build(routed, environment_factory={"game": dict})
     # an environment may make the prompt: no prompt is then fine; a tool-calling assistant
     # turn may have no content

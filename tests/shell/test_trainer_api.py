@@ -25,10 +25,18 @@ def dataset(n: int = 8) -> Dataset:
 
 
 def config(tmp_path, base_url="http://127.0.0.1:9", **overrides) -> AsyncGRPOConfig:
-    options = dict(output_dir=str(tmp_path / "run"), max_steps=6, learning_rate=1e-3,
-                   num_generations=4, max_completion_length=12, token_budget=256,
-                   gradient_checkpointing=False, num_sampler_logprobs=4, disable_tqdm=True,
-                   vllm_server_base_url=base_url)  # fmt: skip
+    options = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=6,
+        learning_rate=1e-3,
+        num_generations=4,
+        max_completion_length=12,
+        token_budget=256,
+        gradient_checkpointing=False,
+        num_sampler_logprobs=4,
+        disable_tqdm=True,
+        vllm_server_base_url=base_url,
+    )
     return AsyncGRPOConfig(**{**options, **overrides})
 
 
@@ -42,7 +50,7 @@ class Recorder(TrainerCallback):
     def __getattribute__(self, name: str):
         if name.startswith("on_"):
 
-            def record(args, state, control, **kwargs):  # fmt: skip
+            def record(args, state, control, **kwargs):
                 self.events.append((name, state.global_step))
                 if name == "on_log":
                     self.logs.append(kwargs["logs"])
@@ -79,10 +87,12 @@ def test_callbacks_fire_with_state_and_control_and_stop_early(served, tmp_path) 
     server, path = served
     recorder = Recorder()
     trainer = AsyncGRPOTrainer(
-        model=str(path), reward_funcs=digit_fraction_reward, train_dataset=dataset(),
+        model=str(path),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
         args=config(tmp_path, server.base_url, logging_steps=100, save_strategy="no"),
         callbacks=[recorder, EarlyStopping(threshold=2.0, patience=2)],
-    )  # fmt: skip
+    )
     out = trainer.train(trial={"learning_rate": 0.01})
     assert trainer.args.learning_rate == 0.01 and trainer.state.trial_params == {
         "learning_rate": 0.01
@@ -91,9 +101,14 @@ def test_callbacks_fire_with_state_and_control_and_stop_early(served, tmp_path) 
     names = [name for name, _ in recorder.events]
     assert names[:2] == ["on_init_end", "on_train_begin"]
     assert recorder.events[2:] == [
-        ("on_step_begin", 0), ("on_step_end", 1), ("on_save", 1),
-        ("on_step_begin", 1), ("on_step_end", 2), ("on_log", 2), ("on_train_end", 2),
-    ]  # fmt: skip
+        ("on_step_begin", 0),
+        ("on_step_end", 1),
+        ("on_save", 1),
+        ("on_step_begin", 1),
+        ("on_step_end", 2),
+        ("on_log", 2),
+        ("on_train_end", 2),
+    ]
     assert {"reward", "loss", "epoch", "num_tokens"} <= set(recorder.logs[0])
     assert trainer.state.log_history[-1]["step"] == 2
     assert [row["step"] for row in read_metrics(tmp_path / "run")] == [2]
@@ -111,8 +126,12 @@ def test_callbacks_fire_with_state_and_control_and_stop_early(served, tmp_path) 
 
 
 def test_trial_values_are_checked_like_config_values(tiny_qwen3, tmp_path) -> None:
-    trainer = AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                               train_dataset=dataset(), args=config(tmp_path))  # fmt: skip
+    trainer = AsyncGRPOTrainer(
+        model=str(tiny_qwen3),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=config(tmp_path),
+    )
     with pytest.raises(ValueError, match="did you mean 'learning_rate'"):
         trainer.train(trial={"lerning_rate": 0.1})
     with pytest.raises(ValueError, match="'dtype', which takes effect when the trainer is built"):
@@ -124,8 +143,12 @@ def test_trial_values_are_checked_like_config_values(tiny_qwen3, tmp_path) -> No
 
 
 def test_save_model_before_training_writes_the_given_model(tiny_qwen3, tmp_path) -> None:
-    trainer = AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                               train_dataset=dataset(), args=config(tmp_path))  # fmt: skip
+    trainer = AsyncGRPOTrainer(
+        model=str(tiny_qwen3),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=config(tmp_path),
+    )
     trainer.save_model(str(tmp_path / "given"))
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "given").state_dict()
     original = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
@@ -148,18 +171,27 @@ class RecordingHfApi:
         return "commit"
 
 
-def test_push_to_hub_saves_then_uploads_with_the_hub_settings(tiny_qwen3, tmp_path,
-                                                             monkeypatch) -> None:  # fmt: skip
+def test_push_to_hub_saves_then_uploads_with_the_hub_settings(
+    tiny_qwen3, tmp_path, monkeypatch
+) -> None:
     monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
     RecordingHfApi.calls = []
-    args = config(tmp_path, push_to_hub=True, hub_model_id="me/tiny", hub_token="hf_test",
-                  hub_private_repo=True)  # fmt: skip
-    trainer = AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                               train_dataset=dataset(), args=args)  # fmt: skip
+    args = config(
+        tmp_path,
+        push_to_hub=True,
+        hub_model_id="me/tiny",
+        hub_token="hf_test",
+        hub_private_repo=True,
+    )
+    trainer = AsyncGRPOTrainer(
+        model=str(tiny_qwen3),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=args,
+    )
     assert trainer.push_to_hub(dataset_name="digits", license="apache-2.0") == "commit"
     (_, create), (_, upload) = RecordingHfApi.calls
-    assert create == {"repo_id": "me/tiny", "token": "hf_test", "private": True,
-                      "exist_ok": True}  # fmt: skip
+    assert create == {"repo_id": "me/tiny", "token": "hf_test", "private": True, "exist_ok": True}
     assert upload["repo_id"] == "me/tiny" and upload["folder_path"] == str(tmp_path / "run")
     assert upload["commit_message"] == "End of training" and not upload["run_as_future"]
     assert "checkpoint-*/**" in upload["ignore_patterns"]
@@ -174,12 +206,19 @@ def test_push_to_hub_without_token_or_network_says_so(tiny_qwen3, tmp_path, monk
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
     with pytest.raises(hub.HubError, match="needs a Hugging Face token"):
-        AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                         train_dataset=dataset(),
-                         args=config(tmp_path, push_to_hub=True))  # fmt: skip
+        AsyncGRPOTrainer(
+            model=str(tiny_qwen3),
+            reward_funcs=digit_fraction_reward,
+            train_dataset=dataset(),
+            args=config(tmp_path, push_to_hub=True),
+        )
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    trainer = AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                               train_dataset=dataset(), args=config(tmp_path))  # fmt: skip
+    trainer = AsyncGRPOTrainer(
+        model=str(tiny_qwen3),
+        reward_funcs=digit_fraction_reward,
+        train_dataset=dataset(),
+        args=config(tmp_path),
+    )
     with pytest.raises(hub.HubError, match="could not upload .*no network"):
         trainer.push_to_hub(token="hf_test")
 
@@ -189,5 +228,9 @@ def test_a_tracker_that_is_not_installed_fails_at_construction(tiny_qwen3, tmp_p
     when the trainer is built, saying what to install (wandb is not installed here)."""
     args = config(tmp_path, report_to="wandb")
     with pytest.raises(RuntimeError, match="pip install wandb"):
-        AsyncGRPOTrainer(model=str(tiny_qwen3), reward_funcs=digit_fraction_reward,
-                         train_dataset=dataset(), args=args)  # fmt: skip
+        AsyncGRPOTrainer(
+            model=str(tiny_qwen3),
+            reward_funcs=digit_fraction_reward,
+            train_dataset=dataset(),
+            args=args,
+        )

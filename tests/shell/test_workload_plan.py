@@ -30,15 +30,26 @@ from asyncgrpo.shell.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "workload_math_7b.toml"
-QUICK = ["--top-splits", "1", "--max-staleness", "0", "2", "--weight-sync-steps", "1",
-         "--max-steps", "6", "--no-progress"]  # fmt: skip
+QUICK = [
+    "--top-splits",
+    "1",
+    "--max-staleness",
+    "0",
+    "2",
+    "--weight-sync-steps",
+    "1",
+    "--max-steps",
+    "6",
+    "--no-progress",
+]
 
 
 def launch_rules():
     """tests/test_launch_commands.py, the rules every launch command in the docs follows."""
     if "launch_rules" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("launch_rules", ROOT / "tests" /
-                                                      "test_launch_commands.py")  # fmt: skip
+        spec = importlib.util.spec_from_file_location(
+            "launch_rules", ROOT / "tests" / "test_launch_commands.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["launch_rules"] = module  # dataclasses look their module up
         spec.loader.exec_module(module)
@@ -61,10 +72,18 @@ def planned_devices(text: str) -> int:
 def test_plan_prints_split_settings_predictions_and_commands_for_all_gpus(capsys, gpus):
     assert main(["plan", "--workload", str(EXAMPLE), "--gpus", str(gpus), *QUICK]) == 0
     out = capsys.readouterr().out
-    for part in ("split: the trainer on", "settings: max_staleness=", "predicted:",
-                 "generator idle", "samples dropped per step", "synchronous on the same split",
-                 f"colocated on all {gpus} GPUs", "ROOFLINE", "vllm serve Qwen/Qwen2.5-7B",
-                 "torchrun"):  # fmt: skip
+    for part in (
+        "split: the trainer on",
+        "settings: max_staleness=",
+        "predicted:",
+        "generator idle",
+        "samples dropped per step",
+        "synchronous on the same split",
+        f"colocated on all {gpus} GPUs",
+        "ROOFLINE",
+        "vllm serve Qwen/Qwen2.5-7B",
+        "torchrun",
+    ):
         assert part in out, part
     assert planned_devices(out) == gpus
     assert ("job.sbatch" in out) == (gpus > 8)  # 8 GPUs a node: 16 span two
@@ -100,8 +119,10 @@ def test_the_colocated_baseline_generates_on_every_gpu_then_trains_on_them(tmp_p
     assert config.weight_sync_s < dedicated.weight_sync_s  # one gather, not one send a server
     together = simulated_prediction(config, Candidate(16, 4, 0, 1, 4), tmp_path / "colocated")
     apart = simulated_prediction(dedicated, Candidate(8, 2, 0, 1, 4), tmp_path / "split")
-    phases = {name: (p.trainer_idle_frac * p.step_s, (1 - p.trainer_idle_frac) * p.step_s)
-              for name, p in (("together", together), ("apart", apart))}  # fmt: skip
+    phases = {
+        name: (p.trainer_idle_frac * p.step_s, (1 - p.trainer_idle_frac) * p.step_s)
+        for name, p in (("together", together), ("apart", apart))
+    }
     assert phases["together"][1] < 0.7 * phases["apart"][1], phases  # training
     assert phases["together"][0] < 0.7 * phases["apart"][0], phases  # generation
     with pytest.raises(ValueError, match="16 GPUs do not split into servers of tensor-parallel 3"):
@@ -112,12 +133,20 @@ def tail_config(completions: lengths.Lengths, max_staleness: int) -> SimulationC
     """A server whose decode step costs mostly a fixed weight read: its throughput grows with
     the requests it runs."""
     return SimulationConfig(
-        max_steps=12, logging_steps=3, max_staleness=max_staleness, num_generations=8,
-        max_concurrent_rollouts=64, token_budget=8192, rows_per_step=1, prompt_tokens=32,
+        max_steps=12,
+        logging_steps=3,
+        max_staleness=max_staleness,
+        num_generations=8,
+        max_concurrent_rollouts=64,
+        token_budget=8192,
+        rows_per_step=1,
+        prompt_tokens=32,
         completion_lengths=completions,
         generator=generators.Generator(compute_s_per_request=2e-4, weight_read_s=0.01),
-        training_tokens_per_s=200_000.0, dataset_size=10_000, tick_s=0.02,
-    )  # fmt: skip
+        training_tokens_per_s=200_000.0,
+        dataset_size=10_000,
+        tick_s=0.02,
+    )
 
 
 def test_a_synchronous_step_waits_for_its_longest_response(tmp_path) -> None:
@@ -129,8 +158,11 @@ def test_a_synchronous_step_waits_for_its_longest_response(tmp_path) -> None:
     step = {}
     for name, completions in (("even", even), ("tail", tail)):
         for staleness in (0, 2):
-            windows = simulate(tail_config(completions, staleness),
-                               tmp_path / f"{name}-{staleness}", progress=False)  # fmt: skip
+            windows = simulate(
+                tail_config(completions, staleness),
+                tmp_path / f"{name}-{staleness}",
+                progress=False,
+            )
             step[name, staleness] = pipeline_figures(windows).step_s
     assert step["tail", 0] > 1.5 * step["even", 0], step
     assert step["tail", 2] / step["even", 2] < 0.8 * step["tail", 0] / step["even", 0], step
@@ -142,22 +174,61 @@ def test_any_run_with_recorded_settings_calibrates_a_plan(tmp_path, capsys) -> N
     run = tmp_path / "run"
     with pytest.raises(SweepError, match="run_settings.json"):
         run_config(run)
-    simulate(SimulationConfig(max_steps=20, max_staleness=0, logging_steps=5,
-                              dataset_size=10_000, generation_tokens_per_s=1500.0), run,
-             progress=False)  # fmt: skip
-    rows = [dict(r, **{"completions/mean_length": 68.0, "completions/min_length": 8.0,
-                       "completions/max_length": 128.0}) for r in read_metrics(run)]  # fmt: skip
+    simulate(
+        SimulationConfig(
+            max_steps=20,
+            max_staleness=0,
+            logging_steps=5,
+            dataset_size=10_000,
+            generation_tokens_per_s=1500.0,
+        ),
+        run,
+        progress=False,
+    )
+    rows = [
+        dict(
+            r,
+            **{
+                "completions/mean_length": 68.0,
+                "completions/min_length": 8.0,
+                "completions/max_length": 128.0,
+            },
+        )
+        for r in read_metrics(run)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    record_run_settings(AsyncGRPOConfig(output_dir=str(run), max_staleness=0, num_generations=8,
-                                        token_budget=4096, logging_steps=5))  # fmt: skip
+    record_run_settings(
+        AsyncGRPOConfig(
+            output_dir=str(run),
+            max_staleness=0,
+            num_generations=8,
+            token_budget=4096,
+            logging_steps=5,
+        )
+    )
     assert run_config(run).max_staleness == 0
-    argv = ["plan", "--calibrate", str(run), "--devices", "2", "--max-staleness", "0", "1",
-            "--weight-sync-steps", "1", "--no-progress"]  # fmt: skip
+    argv = [
+        "plan",
+        "--calibrate",
+        str(run),
+        "--devices",
+        "2",
+        "--max-staleness",
+        "0",
+        "1",
+        "--weight-sync-steps",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("recommended for 2 devices: max_staleness=") and "probe" not in out
-    probe = Probe((ProbePoint(1, 400.0, 10, 1.0), ProbePoint(16, 3000.0, 90, 1.0)),
-                  training_slowdown=1.5, generation_slowdown=1.3, note="measured")  # fmt: skip
+    probe = Probe(
+        (ProbePoint(1, 400.0, 10, 1.0), ProbePoint(16, 3000.0, 90, 1.0)),
+        training_slowdown=1.5,
+        generation_slowdown=1.3,
+        note="measured",
+    )
     (run / PROBE_FILE).write_text(json.dumps(probe.as_json()))
     assert main(argv) == 0
     assert "contention, from its sweep's probe" in capsys.readouterr().out

@@ -18,15 +18,20 @@ import time
 
 from openai import OpenAI
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "multiply",
-        "description": "Multiply two integers.",
-        "parameters": {"type": "object", "required": ["a", "b"],
-                       "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-    },
-}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "description": "Multiply two integers.",
+            "parameters": {
+                "type": "object",
+                "required": ["a", "b"],
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
 
 
 def main() -> None:
@@ -40,8 +45,9 @@ def main() -> None:
     if fault == "hang":
         time.sleep(3600)
     for _ in range(2):
-        reply = client.chat.completions.create(model="calculator-agent", messages=messages,
-                                               tools=TOOLS)  # fmt: skip
+        reply = client.chat.completions.create(
+            model="calculator-agent", messages=messages, tools=TOOLS
+        )
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:

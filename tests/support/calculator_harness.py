@@ -44,9 +44,12 @@ from openenv.core.harness import (
 MULTIPLY = Tool(
     name="multiply",
     description="Multiply two integers.",
-    input_schema={"type": "object", "required": ["a", "b"],
-                  "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-)  # fmt: skip
+    input_schema={
+        "type": "object",
+        "required": ["a", "b"],
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    },
+)
 
 
 def calculator_server() -> FastMCP:
@@ -114,8 +117,9 @@ class CalculatorSession(ResourceSession):
 class CalculatorSessions(ResourceSessionFactory[CalculatorSession]):
     """The factory: one :class:`CalculatorSession` per rollout, on the rollout's row."""
 
-    def create(self, task: Any, seed: int | None = None,
-               episode_id: str | None = None) -> CalculatorSession:  # fmt: skip
+    def create(
+        self, task: Any, seed: int | None = None, episode_id: str | None = None
+    ) -> CalculatorSession:
         if (task or {}).get("fault") == "create":
             raise RuntimeError("no calculator could be started")
         return CalculatorSession(task or {})
@@ -155,9 +159,12 @@ class AgentSession(ResourceSession):
             env["CALCULATOR_AGENT_FAULT"] = self.task["fault"]
         self.question = question
         self.process = subprocess.Popen(
-            [sys.executable, str(AGENT), str(self.report), question], env=env,
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [sys.executable, str(AGENT), str(self.report), question],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         AgentSession.started.append(psutil.Process(self.process.pid))
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -188,6 +195,7 @@ class AgentSession(ResourceSession):
 class CalculatorAgents(ResourceSessionFactory[AgentSession]):
     """The black-box factory: one agent process per rollout."""
 
-    def create(self, task: Any, seed: int | None = None,
-               episode_id: str | None = None) -> AgentSession:  # fmt: skip
+    def create(
+        self, task: Any, seed: int | None = None, episode_id: str | None = None
+    ) -> AgentSession:
         return AgentSession(task or {}, str(episode_id))

@@ -138,8 +138,9 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         """Listen on a free loopback port (:attr:`port`) and forward from now on."""
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="fault-proxy", daemon=True
+        )
         self._thread.start()
         self._server = self._call(asyncio.start_server(self._serve, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
@@ -176,20 +177,23 @@ class FaultProxy:
 
     # --- faults, on command from any thread ------------------------------------------------
 
-    def add_latency(self, seconds: float, requests: str | None = None,
-                    times: int | None = None) -> None:  # fmt: skip
+    def add_latency(
+        self, seconds: float, requests: str | None = None, times: int | None = None
+    ) -> None:
         """Add ``seconds`` in the middle of each of the next ``times`` responses (to requests
         starting with ``requests``)."""
         self._arm(ResponseFault("latency", seconds=seconds, requests=requests), times)
 
-    def reset_after(self, after_bytes: int, requests: str | None = None,
-                    times: int | None = 1) -> None:  # fmt: skip
+    def reset_after(
+        self, after_bytes: int, requests: str | None = None, times: int | None = 1
+    ) -> None:
         """Reset (RST) the connection of each of the next ``times`` responses once
         ``after_bytes`` bytes of it have gone through (0: before any byte of it)."""
         self._arm(ResponseFault("reset", after_bytes=after_bytes, requests=requests), times)
 
-    def truncate_after(self, after_bytes: int, requests: str | None = None,
-                       times: int | None = 1) -> None:  # fmt: skip
+    def truncate_after(
+        self, after_bytes: int, requests: str | None = None, times: int | None = 1
+    ) -> None:
         """Close (FIN) the connection of each of the next ``times`` responses once
         ``after_bytes`` bytes of it have gone through."""
         self._arm(ResponseFault("truncate", after_bytes=after_bytes, requests=requests), times)

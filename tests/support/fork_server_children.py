@@ -23,8 +23,14 @@ def report(answers, environment: dict[str, str] | None) -> None:
         imported = True
     except ImportError:
         imported = False
-    answers.put({"mark": os.environ.get("ASYNCGRPO_FORK_MARK"), "imported": imported,
-                 "cwd": os.getcwd(), "parent": os.getppid()})  # fmt: skip
+    answers.put(
+        {
+            "mark": os.environ.get("ASYNCGRPO_FORK_MARK"),
+            "imported": imported,
+            "cwd": os.getcwd(),
+            "parent": os.getppid(),
+        }
+    )
 
 
 def wait_for_the_trainer(answers, trainer_pid: int) -> None:

@@ -26,8 +26,7 @@ from asyncgrpo.shell.run import checkpoints
 def main(model: str, mount_point: str, size: int) -> dict:
     where = Path(mount_point)
     where.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                   check=True)  # fmt: skip
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
     torch.set_num_threads(1)
     init_distributed(torch.device("cpu"))
     learner = Learner(load_causal_lm(model), AsyncGRPOConfig(num_sampler_logprobs=4, seed=0))

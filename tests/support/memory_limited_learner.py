@@ -42,9 +42,14 @@ def mapped_bytes() -> int:
 
 def main(model: str, out: Path) -> None:
     torch.set_num_threads(1)
-    config = AsyncGRPOConfig(output_dir=str(out), learning_rate=1e-2, seed=0,
-                             token_budget=LONG_ROW_TOKENS, gradient_checkpointing=False,
-                             loss_type="clipped_surrogate")  # fmt: skip
+    config = AsyncGRPOConfig(
+        output_dir=str(out),
+        learning_rate=1e-2,
+        seed=0,
+        token_budget=LONG_ROW_TOKENS,
+        gradient_checkpointing=False,
+        loss_type="clipped_surrogate",
+    )
     stock = load_causal_lm(model)
     small = pack_row([on_policy(stock, make_sample([*PROMPT, 21, 22, 23], [0] * 5 + [1] * 3), 4)])
     tokens = [(7 * i) % 900 + 5 for i in range(LONG_ROW_TOKENS)]

@@ -52,12 +52,19 @@ def two_node_options(port: int) -> list[list[str]]:
     (``is_host``, stated, not inferred from the address, which is this host's for both)."""
     options = []
     for node in range(2):
-        options.append([
-            "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-            f"--rdzv_id=two-nodes-{port}", f"--rdzv_conf=is_host={int(node == 0)},join_timeout=300",
-            "--local_addr=127.0.0.1", "--max_restarts=0",
-        ])  # fmt: skip
+        options.append(
+            [
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={node}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{port}",
+                f"--rdzv_id=two-nodes-{port}",
+                f"--rdzv_conf=is_host={int(node == 0)},join_timeout=300",
+                "--local_addr=127.0.0.1",
+                "--max_restarts=0",
+            ]
+        )
     return options
 
 
@@ -75,8 +82,15 @@ def run_trainer(
     tracked by pid while the run goes on: a node that dies leaves no orphan). Fails naming
     the nodes' output when a node fails or the run outlasts ``RUN_TIMEOUT_S``."""
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    arguments = [str(WORKER), str(model), base_url, str(directory / "run"),
-                 "--identity-dir", str(directory / "identity"), *worker_options]  # fmt: skip
+    arguments = [
+        str(WORKER),
+        str(model),
+        base_url,
+        str(directory / "run"),
+        "--identity-dir",
+        str(directory / "identity"),
+        *worker_options,
+    ]
     log_paths = [directory / f"node-{i}.log" for i in range(len(node_options))]
     agents: list[subprocess.Popen] = []
     seen: dict[int, psutil.Process] = {}
@@ -85,9 +99,15 @@ def run_trainer(
         for options, log_path in zip(node_options, log_paths, strict=True):
             command = [sys.executable, "-m", "torch.distributed.run", *options, *arguments]
             with log_path.open("w") as log:
-                agents.append(subprocess.Popen(command, env=env, stdout=log,
-                                               stderr=subprocess.STDOUT,
-                                               start_new_session=True))  # fmt: skip
+                agents.append(
+                    subprocess.Popen(
+                        command,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         while any(agent.poll() is None for agent in agents):
             if time.monotonic() - start > RUN_TIMEOUT_S:
                 break
@@ -105,8 +125,14 @@ def run_trainer(
         for agent in agents:
             agent.wait(timeout=GONE_TIMEOUT_S)
     logs = tuple(path.read_text() for path in log_paths)
-    run = TrainerRun(directory / "run", read_identities(directory / "identity"),
-                     tuple(agent.pid for agent in agents), logs, left, seconds)  # fmt: skip
+    run = TrainerRun(
+        directory / "run",
+        read_identities(directory / "identity"),
+        tuple(agent.pid for agent in agents),
+        logs,
+        left,
+        seconds,
+    )
     assert None not in codes, f"the run outlasted {RUN_TIMEOUT_S} s:\n{run.log_tail()}"
     assert codes == [0] * len(agents), f"exit codes {codes}:\n{run.log_tail()}"
     return run

@@ -102,8 +102,11 @@ class TokenInputs:
             )
         n = self.logp.shape[0]
         why = "match logp's N trained tokens"
-        floats = [("sampler_logp", self.sampler_logp), ("advantages", self.advantages),
-                  ("entropy", self.entropy)]  # fmt: skip
+        floats = [
+            ("sampler_logp", self.sampler_logp),
+            ("advantages", self.advantages),
+            ("entropy", self.entropy),
+        ]
         if self.proximal_logp is not None:
             floats.append(("proximal_logp", self.proximal_logp))
         for name, tensor in floats:

@@ -59,13 +59,21 @@ from asyncgrpo.core.loss.objectives.weights import (
 )
 
 SETTINGS = (
-    Setting("cispo_clip_min", 0.0, "Not in TRL. cispo: lower clip of the IS weight.",
-            "MiniMax-M1 (no lower clip); ScaleRL; SkyRL 1 - cispo_eps_clip_low",
-            RangeContainingOne("cispo_clip_min", "cispo_clip_max")),
-    Setting("cispo_clip_max", 5.0, "Not in TRL. cispo: upper clip of the IS weight.",
-            "ScaleRL via TRL's loss_type='cispo' docs; SkyRL 1 + cispo_eps_clip_high",
-            RangeContainingOne("cispo_clip_min", "cispo_clip_max")),
-)  # fmt: skip
+    Setting(
+        "cispo_clip_min",
+        0.0,
+        "Not in TRL. cispo: lower clip of the IS weight.",
+        "MiniMax-M1 (no lower clip); ScaleRL; SkyRL 1 - cispo_eps_clip_low",
+        RangeContainingOne("cispo_clip_min", "cispo_clip_max"),
+    ),
+    Setting(
+        "cispo_clip_max",
+        5.0,
+        "Not in TRL. cispo: upper clip of the IS weight.",
+        "ScaleRL via TRL's loss_type='cispo' docs; SkyRL 1 + cispo_eps_clip_high",
+        RangeContainingOne("cispo_clip_min", "cispo_clip_max"),
+    ),
+)
 
 
 @attrs.frozen

@@ -46,11 +46,15 @@ from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, Setting, cap
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
 
 SETTINGS = (
-    Setting("behav_imp_weight_cap", 5.0,
-            "Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over sampler) "
-            "exceeds this are dropped (AReaL's name).",
-            "AReaL's name; its example configs use 5.0", cap),
-)  # fmt: skip
+    Setting(
+        "behav_imp_weight_cap",
+        5.0,
+        "Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over sampler) "
+        "exceeds this are dropped (AReaL's name).",
+        "AReaL's name; its example configs use 5.0",
+        cap,
+    ),
+)
 
 
 def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:

@@ -39,13 +39,21 @@ from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContaini
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
 
 SETTINGS = (
-    Setting("icepop_alpha", 0.5, "Not in TRL. icepop: tokens with a ratio below are masked.",
-            "IcePop as shipped by prime-rl (INTELLECT-3)",
-            RangeContainingOne("icepop_alpha", "icepop_beta")),
-    Setting("icepop_beta", 5.0, "Not in TRL. icepop: tokens with a ratio above are masked.",
-            "IcePop as shipped by prime-rl (INTELLECT-3)",
-            RangeContainingOne("icepop_alpha", "icepop_beta")),
-)  # fmt: skip
+    Setting(
+        "icepop_alpha",
+        0.5,
+        "Not in TRL. icepop: tokens with a ratio below are masked.",
+        "IcePop as shipped by prime-rl (INTELLECT-3)",
+        RangeContainingOne("icepop_alpha", "icepop_beta"),
+    ),
+    Setting(
+        "icepop_beta",
+        5.0,
+        "Not in TRL. icepop: tokens with a ratio above are masked.",
+        "IcePop as shipped by prime-rl (INTELLECT-3)",
+        RangeContainingOne("icepop_alpha", "icepop_beta"),
+    ),
+)
 
 
 def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:

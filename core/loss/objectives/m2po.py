@@ -67,10 +67,14 @@ from asyncgrpo.core.loss.objectives.weights import (
 )
 
 SETTINGS = (
-    Setting("m2po_threshold", 0.04,
-            "Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio.",
-            "M2PO paper, section 5.2 (AReaL m2_threshold)", finite),
-)  # fmt: skip
+    Setting(
+        "m2po_threshold",
+        0.04,
+        "Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio.",
+        "M2PO paper, section 5.2 (AReaL m2_threshold)",
+        finite,
+    ),
+)
 
 
 def trust_region_tokens(log_ratio: Tensor, advantages: Tensor) -> Tensor:
@@ -126,12 +130,15 @@ class M2PO:
         log_ratio = inputs.logp.detach() - inputs.sampler_logp
         weight = masked_weight(log_ratio, keep)
         return metric_values(
-            (MASKED_FRACTION, SECOND_MOMENT, TRUST_REGION_FRACTION, IS_WEIGHT_MEAN,
-             IS_WEIGHT_MAX),
-            [fraction(~keep), log_ratio.square().mean(),
-             fraction(trust_region_tokens(log_ratio, inputs.advantages)), weight.mean(),
-             weight.max()],
-        )  # fmt: skip
+            (MASKED_FRACTION, SECOND_MOMENT, TRUST_REGION_FRACTION, IS_WEIGHT_MEAN, IS_WEIGHT_MAX),
+            [
+                fraction(~keep),
+                log_ratio.square().mean(),
+                fraction(trust_region_tokens(log_ratio, inputs.advantages)),
+                weight.mean(),
+                weight.max(),
+            ],
+        )
 
 
 M2PO_OBJECTIVE = M2PO(

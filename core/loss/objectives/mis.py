@@ -47,30 +47,49 @@ from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContaini
 from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
 
 SETTINGS = (
-    Setting("mis_token_clip_min", 0.5,
-            "Not in TRL. mis_token: tokens with a ratio below are masked.",
-            "slime mis_lower_bound; verl token RS (lower = 1 / upper)",
-            RangeContainingOne("mis_token_clip_min", "mis_token_clip_max")),
-    Setting("mis_token_clip_max", 2.0,
-            "Not in TRL. mis_token: tokens with a ratio above are masked.",
-            "slime mis_upper_bound; verl token RS",
-            RangeContainingOne("mis_token_clip_min", "mis_token_clip_max")),
-    Setting("mis_sequence_clip_min", 0.5,
-            "Not in TRL. mis_sequence: samples whose product of ratios is below are masked.",
-            "SkyRL product_mask_low",
-            RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max")),
-    Setting("mis_sequence_clip_max", 2.0,
-            "Not in TRL. mis_sequence: the keep range's upper end.", "SkyRL product_mask_high",
-            RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max")),
-    Setting("mis_geometric_clip_min", 0.99,
-            "Not in TRL. mis_geometric: samples whose geometric-mean ratio is below are masked.",
-            "SkyRL geo_mask_low",
-            RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max")),
-    Setting("mis_geometric_clip_max", 1.01,
-            "Not in TRL. mis_geometric: the keep range's upper end.",
-            "SkyRL geo_mask_high (verl: typical 1.0002-1.001)",
-            RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max")),
-)  # fmt: skip
+    Setting(
+        "mis_token_clip_min",
+        0.5,
+        "Not in TRL. mis_token: tokens with a ratio below are masked.",
+        "slime mis_lower_bound; verl token RS (lower = 1 / upper)",
+        RangeContainingOne("mis_token_clip_min", "mis_token_clip_max"),
+    ),
+    Setting(
+        "mis_token_clip_max",
+        2.0,
+        "Not in TRL. mis_token: tokens with a ratio above are masked.",
+        "slime mis_upper_bound; verl token RS",
+        RangeContainingOne("mis_token_clip_min", "mis_token_clip_max"),
+    ),
+    Setting(
+        "mis_sequence_clip_min",
+        0.5,
+        "Not in TRL. mis_sequence: samples whose product of ratios is below are masked.",
+        "SkyRL product_mask_low",
+        RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max"),
+    ),
+    Setting(
+        "mis_sequence_clip_max",
+        2.0,
+        "Not in TRL. mis_sequence: the keep range's upper end.",
+        "SkyRL product_mask_high",
+        RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max"),
+    ),
+    Setting(
+        "mis_geometric_clip_min",
+        0.99,
+        "Not in TRL. mis_geometric: samples whose geometric-mean ratio is below are masked.",
+        "SkyRL geo_mask_low",
+        RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max"),
+    ),
+    Setting(
+        "mis_geometric_clip_max",
+        1.01,
+        "Not in TRL. mis_geometric: the keep range's upper end.",
+        "SkyRL geo_mask_high (verl: typical 1.0002-1.001)",
+        RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max"),
+    ),
+)
 
 
 def token_range(settings: ObjectiveSettings) -> tuple[float, float]:
@@ -87,6 +106,7 @@ def geometric_range(settings: ObjectiveSettings) -> tuple[float, float]:
 
 MIS_TOKEN = MaskedWeightObjective("mis_token", "token", plain_needs(False), token_range)
 MIS_SEQUENCE = MaskedWeightObjective("mis_sequence", "sequence", plain_needs(True), sequence_range)
-MIS_GEOMETRIC = MaskedWeightObjective("mis_geometric", "geometric", plain_needs(True),
-                                      geometric_range)  # fmt: skip
+MIS_GEOMETRIC = MaskedWeightObjective(
+    "mis_geometric", "geometric", plain_needs(True), geometric_range
+)
 OBJECTIVES = (MIS_TOKEN, MIS_SEQUENCE, MIS_GEOMETRIC)

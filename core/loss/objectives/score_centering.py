@@ -76,9 +76,13 @@ class ScoreCentering:
         if inputs.n == 0:
             return empty_loss(inputs)
         return score_centered_surrogate(
-            inputs.logp, inputs.sampler_logp, inputs.advantages, inputs.topk_logp, inputs.topk,
+            inputs.logp,
+            inputs.sampler_logp,
+            inputs.advantages,
+            inputs.topk_logp,
+            inputs.topk,
             trl_loss_config(settings),
-        )  # fmt: skip
+        )
 
     @torch.no_grad()
     def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:

@@ -66,16 +66,29 @@ from asyncgrpo.core.loss.objectives.weights import (
 )
 
 SETTINGS = (
-    Setting("tis_token_cap", 2.0, "Not in TRL. tis_token: cap C of the token ratio (>= 1).",
-            "Yao et al. 2025 (TIS blog, C = 2); verl rollout_is_threshold; SkyRL "
-            "token_tis_ratio_clip_high", cap),
-    Setting("tis_sequence_cap", 5.0,
-            "Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1).",
-            "SkyRL sequence_tis_ratio_clip_high (verl: typical 2-10)", cap),
-    Setting("tis_geometric_cap", 2.0,
-            "Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio.",
-            "slime mis_upper_bound (slime applies one bound at every level)", cap),
-)  # fmt: skip
+    Setting(
+        "tis_token_cap",
+        2.0,
+        "Not in TRL. tis_token: cap C of the token ratio (>= 1).",
+        "Yao et al. 2025 (TIS blog, C = 2); verl rollout_is_threshold; SkyRL "
+        "token_tis_ratio_clip_high",
+        cap,
+    ),
+    Setting(
+        "tis_sequence_cap",
+        5.0,
+        "Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1).",
+        "SkyRL sequence_tis_ratio_clip_high (verl: typical 2-10)",
+        cap,
+    ),
+    Setting(
+        "tis_geometric_cap",
+        2.0,
+        "Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio.",
+        "slime mis_upper_bound (slime applies one bound at every level)",
+        cap,
+    ),
+)
 
 
 @attrs.frozen

@@ -62,31 +62,62 @@ CLIPPED_FRACTION = "objective/clipped_fraction"
 PROXIMAL_GAP = "objective/proximal_gap"
 SECOND_MOMENT = "objective/second_moment"
 TRUST_REGION_FRACTION = "objective/trust_region_fraction"
-OBJECTIVE_METRICS: Mapping[str, Aggregation] = FrozenMap({
-    **dict.fromkeys((IS_WEIGHT_MEAN, TRUNCATED_FRACTION, MASKED_FRACTION, CLIPPED_FRACTION,
-                     PROXIMAL_GAP, SECOND_MOMENT, TRUST_REGION_FRACTION), Aggregation.MEAN),
-    IS_WEIGHT_MAX: Aggregation.MAX,
-})  # fmt: skip
+OBJECTIVE_METRICS: Mapping[str, Aggregation] = FrozenMap(
+    {
+        **dict.fromkeys(
+            (
+                IS_WEIGHT_MEAN,
+                TRUNCATED_FRACTION,
+                MASKED_FRACTION,
+                CLIPPED_FRACTION,
+                PROXIMAL_GAP,
+                SECOND_MOMENT,
+                TRUST_REGION_FRACTION,
+            ),
+            Aggregation.MEAN,
+        ),
+        IS_WEIGHT_MAX: Aggregation.MAX,
+    }
+)
 """How each objective metric aggregates over a window's calls; an objective's ``metrics`` may
 return only names declared here (a new one is declared here beside its name)."""
 
 
 SETTINGS = (
-    Setting("epsilon", 0.2, "Lower clipping epsilon.", "TRL (GRPOConfig, AsyncGRPOConfig)",
-            unit_interval),
-    Setting("epsilon_high", None, "Upper clipping epsilon; None: epsilon.",
-            "TRL; DAPO recommends 0.28", finite, optional=True),
-    Setting("vllm_importance_sampling_clip_min", 0.5,
-            "Tokens with a sampler ratio below this are masked.",
-            "TRL's AsyncGRPOTrainer documentation",
-            RangeContainingOne("vllm_importance_sampling_clip_min",
-                                 "vllm_importance_sampling_clip_max")),
-    Setting("vllm_importance_sampling_clip_max", 5.0,
-            "Tokens with a sampler ratio above this are masked.",
-            "TRL's AsyncGRPOTrainer documentation",
-            RangeContainingOne("vllm_importance_sampling_clip_min",
-                                 "vllm_importance_sampling_clip_max")),
-)  # fmt: skip
+    Setting(
+        "epsilon",
+        0.2,
+        "Lower clipping epsilon.",
+        "TRL (GRPOConfig, AsyncGRPOConfig)",
+        unit_interval,
+    ),
+    Setting(
+        "epsilon_high",
+        None,
+        "Upper clipping epsilon; None: epsilon.",
+        "TRL; DAPO recommends 0.28",
+        finite,
+        optional=True,
+    ),
+    Setting(
+        "vllm_importance_sampling_clip_min",
+        0.5,
+        "Tokens with a sampler ratio below this are masked.",
+        "TRL's AsyncGRPOTrainer documentation",
+        RangeContainingOne(
+            "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"
+        ),
+    ),
+    Setting(
+        "vllm_importance_sampling_clip_max",
+        5.0,
+        "Tokens with a sampler ratio above this are masked.",
+        "TRL's AsyncGRPOTrainer documentation",
+        RangeContainingOne(
+            "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"
+        ),
+    ),
+)
 """The settings several objectives share: the trust region (PPO's clip) and the keep range of
 TRL's two objectives (score centering, clipped surrogate)."""
 
@@ -318,8 +349,9 @@ def behaviour_log_ratio(inputs: TokenInputs) -> Tensor:
 def plain_needs(whole_samples: bool) -> Needs:
     """What an objective over the sampled tokens' log-probs needs: no top-K, no proximal
     forward, no statistic over the call; ``whole_samples`` for sequence-level weights."""
-    return Needs(sampler_topk=False, proximal_logp=False, whole_samples=whole_samples,
-                 batch_coupled=False)  # fmt: skip
+    return Needs(
+        sampler_topk=False, proximal_logp=False, whole_samples=whole_samples, batch_coupled=False
+    )
 
 
 @attrs.frozen
