@@ -164,10 +164,6 @@ class TopLogprobs:
         """bool [T, K]: the entries that hold a token (not padding)."""
         return _valid(self.ids, self.counts)
 
-    def to_tables(self) -> tuple[dict[int, float] | None, ...]:
-        """The dict form, one ``{token id: log-prob}`` (or None) per position."""
-        return tuple(self[t] for t in range(len(self)))
-
     def __len__(self) -> int:
         return len(self.counts)
 

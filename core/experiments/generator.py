@@ -106,10 +106,6 @@ class Generator:
         """Seconds to prefill ``prompt_tokens``."""
         return prompt_tokens / self.prefill_tokens_per_s
 
-    def concurrency_for(self, tokens_per_request: float) -> float:
-        """Requests that fit the KV cache when each holds ``tokens_per_request`` on average."""
-        return self.kv_capacity_tokens / max(tokens_per_request, 1.0)
-
 
 def constant(tokens_per_s: float, source: str = "one fitted throughput") -> Generator:
     """``tokens_per_s`` however many requests run: a step of ``c`` requests takes ``c /

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -151,19 +150,3 @@ def compare_figures(
         relative = (p - m) / m if m != 0 else None
         out.append(FigureError(field.name, p, m, p - m, relative))
     return tuple(out)
-
-
-def worst_relative_error(
-    errors: Sequence[FigureError], names: Sequence[str] = ("step_s",)
-) -> float:
-    """The largest absolute relative error among ``names`` (the held-out goal is step time
-    within 10%); NaN when none of them has a relative error.
-
-    Example:
-        >>> predicted, measured = PipelineFigures(1.1, None, 0.2), PipelineFigures(1.0, None, 0.25)
-        >>> errors = compare_figures(predicted, measured)
-        >>> round(worst_relative_error(errors, ["step_s", "trainer_idle_frac"]), 3)
-        0.2
-    """
-    found = [abs(e.relative) for e in errors if e.name in names and e.relative is not None]
-    return max(found) if found else math.nan

@@ -66,19 +66,6 @@ def as_numbers(values: Sequence[float | Censored]) -> np.ndarray:
     return out
 
 
-def censored_median(values: Sequence[float | Censored]) -> float:
-    """The median with censored values as +inf: infinite when half or more are censored.
-
-    Example:
-        >>> censored_median([3.0, 1.0, Censored(2.0)]), censored_median([1.0, Censored(2.0)])
-        (3.0, inf)
-    """
-    numbers = as_numbers(values)
-    if numbers.size == 0:
-        raise ValueError("the median of no values")
-    return float(np.median(numbers))
-
-
 @attrs.frozen
 class Interval:
     """A point estimate and its two-sided interval at ``confidence`` (e.g. 0.9 for 90%).
@@ -299,29 +286,3 @@ def compare_settings(
             confidence,
         )
     return Comparison(ratio, difference, coefficient)
-
-
-def ratio_interval(
-    a: Sequence[float | Censored],
-    b: Sequence[float | Censored],
-    statistic: StatisticName = "median",
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    rng: RandomSource = 0,
-) -> Interval:
-    """``stat(A) / stat(B)`` with its bootstrap interval (each setting resampled on its own);
-    values must be positive (times, steps, throughputs). Censored values make a side +inf:
-    ``inf / x`` is inf, ``x / inf`` is 0, ``inf / inf`` is undefined (it widens the interval).
-
-    Example:
-        >>> r = ratio_interval([10.0, 11.0, 12.0], [10.0, 11.0, 12.0], rng=0)
-        >>> r.estimate, r.low < 1.0 < r.high
-        (1.0, True)
-    """
-    comparison = compare_settings(a, b, 1.0, statistic, confidence, resamples, rng)
-    if comparison.ratio is None:
-        raise ValueError(
-            "a ratio needs positive values on both sides; compare rewards by their difference "
-            "(compare_settings(...).difference)"
-        )
-    return comparison.ratio

@@ -144,14 +144,6 @@ class PackedRow:
         """Row indices of the keys and values of ``segment`` (its trie path)."""
         return self.kv_indices[self.cu_seqlens_k[segment] : self.cu_seqlens_k[segment + 1]]
 
-    def attended(self, row_index: int) -> np.ndarray:
-        """Row indices the token at ``row_index`` attends to, in order (itself last)."""
-        segment = int(self.segment_ids[row_index])
-        keys = self.segment_keys(segment)
-        offset = row_index - int(self.segment_starts[segment])
-        visible = len(keys) - int(self.segment_lengths[segment]) + offset + 1
-        return keys[:visible]
-
     def dense_mask(self) -> np.ndarray:
         """bool [T, T]: ``mask[q, k]`` is True when query ``q`` attends to key ``k``.
 

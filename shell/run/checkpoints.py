@@ -84,12 +84,6 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for p in _saves(output_dir) if not _parse(p)[1]]
 
 
-def is_complete(path: Path) -> bool:
-    """Whether the save of ``path`` finished (its rollout state, written last, is there); whether
-    its files check too is :func:`check_loads`'s question."""
-    return (path / ROLLOUT_STATE).is_file()
-
-
 def check_loads(path: Path) -> None:
     """Check that checkpoint ``path`` is complete, without loading the tensors:
     ``rollout_state.json`` parses into a prompt cursor and a step, every file it lists is there

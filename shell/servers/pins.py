@@ -79,10 +79,6 @@ class VersionPin:
         """Release the pin without a result (the run is ending): pushes go on."""
         self._cancelled.value = int(self._request_id.value)
 
-    def finished_id(self) -> int:
-        """The last request the rollout process finished."""
-        return int(self._finished.value)
-
     # ----------------------------------------------------------- the rollout process's side
 
     def request(self) -> EvalRequest | None:

@@ -2,7 +2,7 @@ import attrs
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from packing_strategies import make_sample, sample_sets
+from packing_strategies import as_dicts, attended, make_sample, sample_sets
 
 from asyncgrpo.core.packing.tree import pack_row, shared_positions
 
@@ -41,8 +41,8 @@ def test_each_trained_token_sees_exactly_what_it_sees_alone(samples) -> None:
         np.testing.assert_array_equal(row.sampler_logprobs[mine], single.sampler_logprobs)
         assert np.all(row.advantages[mine] == sample.advantage)
         for packed_at, alone_at in zip(row.predict_index[mine], single.predict_index, strict=True):
-            seen = row.attended(int(packed_at))
-            seen_alone = single.attended(int(alone_at))
+            seen = attended(row, int(packed_at))
+            seen_alone = attended(single, int(alone_at))
             # Same tokens at the same positions, in order: the same attention inputs.
             assert row.input_ids[seen].tolist() == single.input_ids[seen_alone].tolist()
             assert row.position_ids[seen].tolist() == single.position_ids[seen_alone].tolist()
@@ -67,7 +67,7 @@ def test_layout_is_a_valid_tree(samples) -> None:
         assert row.position_ids[keys].tolist() == list(range(len(keys)))
     mask = row.dense_mask()
     for q in range(row.num_tokens):
-        assert np.flatnonzero(mask[q]).tolist() == sorted(row.attended(q).tolist())
+        assert np.flatnonzero(mask[q]).tolist() == sorted(attended(row, q).tolist())
 
 
 @given(sample_sets())
@@ -126,7 +126,7 @@ def test_each_trained_token_carries_its_samples_tables_also_when_sent(samples, d
     if all(s.sequence.sampler_top_logprobs is None for s in samples):
         assert row.sampler_top_logprobs is None and row.candidate_sets is None
     else:
-        assert row.sampler_top_logprobs.to_tables() == tuple(want_top)
+        assert as_dicts(row.sampler_top_logprobs) == tuple(want_top)
         assert row.candidate_sets.to_sets() == tuple(want_sets)
     sent = row.without_sample_tables()
     assert all(s.sequence.sampler_top_logprobs is None for s in sent.samples)

@@ -1,7 +1,7 @@
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from packing_strategies import make_sample, sample_sets
+from packing_strategies import attended, make_sample, sample_sets
 
 from asyncgrpo.core.packing.recurrent_tree import recurrent_layout, segment_depths
 from asyncgrpo.core.packing.tree import pack_row
@@ -9,7 +9,7 @@ from asyncgrpo.core.packing.tree import pack_row
 
 def path_of(row, token: int) -> list[int]:
     """The token's path from the root, itself last (its attention keys)."""
-    return row.attended(token).tolist()
+    return attended(row, token).tolist()
 
 
 @given(sample_sets(), st.integers(1, 6))

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from packing_strategies import as_dicts
 
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
@@ -19,7 +20,7 @@ def brute_force_top(table: dict[int, float], k: int | None) -> list[tuple[int, f
 @given(tables)
 def test_dict_tables_round_trip_through_the_dense_form(given_tables) -> None:
     top = TopLogprobs.from_tables(given_tables)
-    assert top.to_tables() == tuple(given_tables)
+    assert as_dicts(top) == tuple(given_tables)
     assert len(top) == len(given_tables) and top.ids.dtype == np.int64
     assert top.logprobs.dtype == np.float32 and not top.ids.flags.writeable
 
@@ -42,7 +43,7 @@ def test_tables_are_sorted_once_and_cut_to_k(given_tables, k) -> None:
 @given(st.lists(st.lists(st.tuples(token_ids, logprobs32), max_size=6), max_size=5))
 def test_an_id_given_twice_counts_once_with_its_last_log_prob(entries) -> None:
     top = TopLogprobs.from_entries(entries)
-    assert top.to_tables() == tuple(dict(e) for e in entries)
+    assert as_dicts(top) == tuple(dict(e) for e in entries)
 
 
 @given(sets, st.data())
@@ -58,14 +59,12 @@ def test_candidate_sets_round_trip_and_membership(given_sets, data) -> None:
 def test_concatenate_take_and_drop_match_the_dict_form(parts, data) -> None:
     whole = TopLogprobs.concatenate([TopLogprobs.from_tables(p) for p in parts])
     flat = [table for part in parts for table in part]
-    assert whole.to_tables() == tuple(flat)
+    assert as_dicts(whole) == tuple(flat)
     positions = data.draw(st.lists(st.integers(0, max(len(flat) - 1, 0)), max_size=len(flat)))
     positions = positions if flat else []
-    assert whole.take(np.array(positions, np.int64)).to_tables() == tuple(
-        flat[p] for p in positions
-    )
+    assert as_dicts(whole.take(np.array(positions, np.int64))) == tuple(flat[p] for p in positions)
     keep = np.array(data.draw(st.lists(st.integers(0, 1), min_size=len(flat), max_size=len(flat))))
-    dropped = whole.drop(keep.astype(np.int8)).to_tables()
+    dropped = as_dicts(whole.drop(keep.astype(np.int8)))
     assert dropped == tuple(t if k else None for t, k in zip(flat, keep, strict=True))
     sets = CandidateSets.concatenate([CandidateSets.from_sets([[1, 2]]), CandidateSets.missing(2)])
     assert sets.to_sets() == ((1, 2), None, None)

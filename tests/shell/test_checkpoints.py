@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from asyncgrpo.core.rollout.cursor import PromptCursor
 from asyncgrpo.shell.run import checkpoints
-from asyncgrpo.shell.run.checkpoints import CheckpointError
+from asyncgrpo.shell.run.checkpoints import ROLLOUT_STATE, CheckpointError
 from asyncgrpo.shell.run.metrics_log import drop_rows_after
 
 
@@ -52,7 +52,7 @@ def test_a_checkpoint_appears_only_when_complete(tmp_path) -> None:
 
     final = checkpoints.save(tmp_path, 3, write)
     assert seen == [("checkpoint-3.partial", False)]
-    assert final == tmp_path / "checkpoint-3" and checkpoints.is_complete(final)
+    assert final == tmp_path / "checkpoint-3" and (final / ROLLOUT_STATE).is_file()
     assert not (tmp_path / "checkpoint-3.partial").exists()
     checkpoints.save(tmp_path, 3, write_complete)  # saving a step again replaces it
     assert checkpoints.checkpoints(tmp_path) == [final]

@@ -3,7 +3,24 @@
 import numpy as np
 from hypothesis import strategies as st
 
+from asyncgrpo.core.packing.tree import PackedRow
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
+from asyncgrpo.core.sampler_tables import TopLogprobs
+
+
+def attended(row: PackedRow, row_index: int) -> np.ndarray:
+    """Row indices the token at ``row_index`` attends to, in order (itself last): the test's
+    reading of the row's segments, against which the attention masks are checked."""
+    segment = int(row.segment_ids[row_index])
+    keys = row.segment_keys(segment)
+    offset = row_index - int(row.segment_starts[segment])
+    visible = len(keys) - int(row.segment_lengths[segment]) + offset + 1
+    return keys[:visible]
+
+
+def as_dicts(top: TopLogprobs) -> tuple[dict[int, float] | None, ...]:
+    """The dict form of ``top``, one ``{token id: log-prob}`` (or None) per position."""
+    return tuple(top[t] for t in range(len(top)))
 
 
 def make_sample(tokens, trained, group=0, advantage=1.0, rollout="r") -> TrainingSample:
