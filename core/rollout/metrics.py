@@ -214,3 +214,48 @@ def sample_observations(
         mean("sample/staleness_mean", float(np.mean(staleness)), weight=n),
         maximum("sample/staleness_max", float(max(staleness))),
     ]
+
+
+def tool_call_observations(name: str, latency_s: float, failed: int) -> tuple[Observation, ...]:
+    """The ``tools/*`` metrics of one call of the tool ``name`` that took ``latency_s``
+    seconds; ``failed`` is 1 when it raised or returned an error, else 0.
+
+    Example:
+        >>> for observation in tool_call_observations("search", 0.25, 1):
+        ...     print(observation.name, observation.amount)
+        tools/latency_s 0.25
+        tools/search/latency_s 0.25
+        tools/search/call_count 1.0
+        tools/search/failure_count 1.0
+    """
+    return (
+        mean("tools/latency_s", latency_s),
+        mean(f"tools/{name}/latency_s", latency_s),
+        total(f"tools/{name}/call_count", 1),
+        total(f"tools/{name}/failure_count", failed),
+    )
+
+
+UNKNOWN_TOOL_CALL = total("tools/unknown_name_count", 1)
+"""The metric of one call that names no tool the rollout has."""
+
+
+def unknown_tool_feedback(name: str, known: Collection[str]) -> str:
+    """What the model reads back when it calls ``name``, which is not among ``known``.
+
+    Example:
+        >>> unknown_tool_feedback("serch", ["search"])
+        "Error: unknown tool 'serch'; available tools: ['search']"
+    """
+    return f"Error: unknown tool {name!r}; available tools: {sorted(known)}"
+
+
+def tool_error_feedback(error: BaseException) -> str:
+    """What the model reads back when a tool raised ``error`` (a tool's failure is the model's
+    feedback, not a crash).
+
+    Example:
+        >>> tool_error_feedback(ValueError("no such city"))
+        'Error: ValueError: no such city'
+    """
+    return f"Error: {type(error).__name__}: {error}"

@@ -48,10 +48,15 @@ from asyncgrpo.adapters.openenv import (
     step_result,
     tool_schemas,
 )
-from asyncgrpo.core.metrics import mean, total
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout import cursor
 from asyncgrpo.core.rollout import harness as decide
+from asyncgrpo.core.rollout.metrics import (
+    UNKNOWN_TOOL_CALL,
+    tool_call_observations,
+    tool_error_feedback,
+    unknown_tool_feedback,
+)
 from asyncgrpo.shell.harness.capture import CapturedRollout, CaptureEndpoint
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, PromptRows, context
 
@@ -115,8 +120,8 @@ class MeasuredSession:
         self.tool_calls += 1
         if name not in self._known:
             self.tool_failures += 1
-            self._observe(total("tools/unknown_name_count", 1))
-            text = f"Error: unknown tool {name!r}; available tools: {self._known}"
+            self._observe(UNKNOWN_TOOL_CALL)
+            text = unknown_tool_feedback(name, self._known)
             return harness_api().ToolResult(data=text, error=text)
         start = time.monotonic()
         failed = 0
@@ -125,16 +130,10 @@ class MeasuredSession:
             failed = int(getattr(result, "error", None) is not None)
         except Exception as error:  # the tool's failure is the model's feedback
             failed = 1
-            text = f"Error: {type(error).__name__}: {error}"
+            text = tool_error_feedback(error)
             result = harness_api().ToolResult(data=text, error=text)
-        latency = time.monotonic() - start
         self.tool_failures += failed
-        self._observe(
-            mean("tools/latency_s", latency),
-            mean(f"tools/{name}/latency_s", latency),
-            total(f"tools/{name}/call_count", 1),
-            total(f"tools/{name}/failure_count", failed),
-        )
+        self._observe(*tool_call_observations(name, time.monotonic() - start, failed))
         return result
 
 

@@ -34,8 +34,14 @@ from asyncgrpo.adapters.models.chat import (
     render_prompt,
     tool_schema,
 )
-from asyncgrpo.core.metrics import mean, total
+from asyncgrpo.core.metrics import mean
 from asyncgrpo.core.records import Rollout, TurnRecord
+from asyncgrpo.core.rollout.metrics import (
+    UNKNOWN_TOOL_CALL,
+    tool_call_observations,
+    tool_error_feedback,
+    unknown_tool_feedback,
+)
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 Messages = list[dict[str, Any]]
@@ -162,8 +168,8 @@ class ToolLoop:
             return f"Error: {call.error}", 1
         tool = tools.get(call.name)
         if tool is None:
-            self._observe(total("tools/unknown_name_count", 1))
-            return f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", 1
+            self._observe(UNKNOWN_TOOL_CALL)
+            return unknown_tool_feedback(call.name, tools), 1
         start = time.monotonic()
         failed = 0
         try:
@@ -176,14 +182,8 @@ class ToolLoop:
             answer = result if isinstance(result, str) else str(result)
         except Exception as error:  # a tool's failure is the model's feedback, not a crash
             failed = 1
-            answer = f"Error: {type(error).__name__}: {error}"
-        latency = time.monotonic() - start
-        self._observe(
-            mean("tools/latency_s", latency),
-            mean(f"tools/{call.name}/latency_s", latency),
-            total(f"tools/{call.name}/call_count", 1),
-            total(f"tools/{call.name}/failure_count", failed),
-        )
+            answer = tool_error_feedback(error)
+        self._observe(*tool_call_observations(call.name, time.monotonic() - start, failed))
         return answer, failed
 
     # --- environments --------------------------------------------------------------------
