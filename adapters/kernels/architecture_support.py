@@ -4,7 +4,13 @@ The packed forward runs a row of several samples laid out as a prefix trie. Its 
 forwarding each sample alone only when every token-mixing layer knows the tree:
 
 * full attention, gated or not, through
-:data:`~asyncgrpo.adapters.kernels.attention.TREE_ATTENTION`;
+  :data:`~asyncgrpo.adapters.kernels.attention.TREE_ATTENTION`, with the attention parts of
+  :mod:`~asyncgrpo.adapters.kernels.attention_parts`: sliding windows (Mistral, Gemma 2/3,
+  OLMo 3, gpt-oss) and chunks (Llama 4) counted along each token's own sample, attention
+  sinks (gpt-oss), attention logit soft-capping (Gemma 2); a backend that lacks a part gives
+  the row to one that has it;
+* final-logit soft-capping (Gemma 2/3) and logit scales (Cohere) in the packed LM head
+  (:mod:`asyncgrpo.adapters.kernels.lm_head_log_probs`);
 * gated DeltaNet (Qwen3.5/3.6, Qwen3-Next), through
   :mod:`asyncgrpo.adapters.kernels.gated_delta_net`.
 
@@ -12,11 +18,10 @@ Anything else would compute something different without an error, so
 :func:`check_tree_packing_support` refuses it up front (trainer construction and
 ``enable_tree_attention``), naming the model type, the layer class and why:
 
-* attention sinks (``sinks`` parameters, passed to the attention function as ``s_aux``:
-  gpt-oss): no tree-attention backend adds the sink to the softmax denominator;
-* sliding-window or chunked attention layers: the tree backends attend to the whole path;
-* attention logit soft-capping (Gemma 2): no tree backend applies it; final logit
-  soft-capping: the packed LM head does not apply it;
+* layer types other than full, sliding, chunked and linear (gated DeltaNet) attention;
+* ``logits_scaling`` after the LM head (Granite divides by it, HyperCLOVA X multiplies);
+* bidirectional attention (Gemma 3's ``use_bidirectional_attention``): tokens would see their
+  future;
 * other state-space or recurrent layers (Mamba, short convolutions, other linear attentions):
   their state would run from one packed sample into the next.
 """
@@ -28,12 +33,17 @@ import re
 import torch
 from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.attention_parts import decoder_of
 from asyncgrpo.adapters.kernels.gated_delta_net import GATED_DELTA_NET_CLASSES
 
-SUPPORTED_LAYER_TYPES = frozenset({"full_attention", "linear_attention"})
+SUPPORTED_LAYER_TYPES = frozenset(
+    {"full_attention", "linear_attention", "sliding_attention", "chunked_attention"}
+)
 
 _RECURRENT_CLASS = re.compile(
-    r"mamba|mixer|shortconv|deltanet|deltaattention|linearattention|recurrent|rglru|ssm|rwkv",
+    # "SSM" only in capitals, where it names a layer: case-blind it would match "GptOssModel".
+    r"mamba|mixer|shortconv|deltanet|deltaattention|linearattention|recurrent|rglru|rwkv"
+    r"|(?-i:SSM|Ssm)",
     re.IGNORECASE,
 )
 _TOKEN_MIXER_CLASS = re.compile(r"attention|mixer|conv|deltanet", re.IGNORECASE)
@@ -45,7 +55,7 @@ class UnsupportedArchitectureError(ValueError):
 
 def unsupported_layers(model: PreTrainedModel) -> list[str]:
     """One line per reason ``model`` cannot train on tree-packed rows; empty when it can."""
-    decoder = model.get_decoder()
+    decoder = decoder_of(model)
     config = decoder.config.get_text_config()
     reasons = [*_config_reasons(config, decoder), *_module_reasons(decoder)]
     return list(dict.fromkeys(reasons))
@@ -59,12 +69,12 @@ def check_tree_packing_support(model: PreTrainedModel) -> None:
         model_type = model.config.model_type
         raise UnsupportedArchitectureError(
             f"model type {model_type!r} ({type(model).__name__}) cannot train with tree packing, "
-            "which supports full attention (gated or not) and gated DeltaNet layers only:\n  "
-            + "\n  ".join(reasons)
+            "which supports full, sliding-window and chunked attention (gated or not, with "
+            "sinks or soft-capping) and gated DeltaNet layers only:\n  " + "\n  ".join(reasons)
         )
 
 
-def _config_reasons(config, decoder: torch.nn.Module) -> list[str]:
+def _config_reasons(config, decoder: PreTrainedModel) -> list[str]:
     model_type = config.model_type
     layers = list(getattr(decoder, "layers", []))
     reasons = []
@@ -74,41 +84,29 @@ def _config_reasons(config, decoder: torch.nn.Module) -> list[str]:
             if layer_type not in SUPPORTED_LAYER_TYPES:
                 reasons.append(
                     f"{model_type} layer {index} ({_mixer_names(layers, index)}) is "
-                    f"{layer_type!r}: the tree backends attend to each token's whole path, so "
-                    "sliding-window, chunked or other layer types would see the wrong keys"
+                    f"{layer_type!r}: the tree backends compute full, sliding-window, chunked "
+                    f"and gated DeltaNet layers ({sorted(SUPPORTED_LAYER_TYPES)}) only"
                 )
-    elif getattr(config, "sliding_window", None) is not None and getattr(
-        config, "use_sliding_window", True
-    ):
+    if getattr(config, "logits_scaling", None) not in (None, 1.0):
         reasons.append(
-            f"{model_type} ({_mixer_names(layers, 0)}) has sliding_window="
-            f"{config.sliding_window}: the tree backends attend to each token's whole path"
+            f"{model_type} scales its output logits by logits_scaling={config.logits_scaling} "
+            "(Granite divides, HyperCLOVA X multiplies): the packed LM head applies only "
+            "logit_scale and final_logit_softcapping"
         )
-    if getattr(config, "attn_logit_softcapping", None) is not None:
+    if getattr(config, "use_bidirectional_attention", False):
         reasons.append(
-            f"{model_type} ({_mixer_names(layers, 0)}) soft-caps attention logits "
-            f"(attn_logit_softcapping={config.attn_logit_softcapping}): no tree-attention "
-            "backend applies it"
-        )
-    if getattr(config, "final_logit_softcapping", None) is not None:
-        reasons.append(
-            f"{model_type} soft-caps its output logits (final_logit_softcapping="
-            f"{config.final_logit_softcapping}): the packed LM head does not apply it"
+            f"{model_type} ({_mixer_names(layers, 0)}) has use_bidirectional_attention=True: "
+            "tree attention is causal along each sample"
         )
     return reasons
 
 
-def _module_reasons(decoder: torch.nn.Module) -> list[str]:
+def _module_reasons(decoder: PreTrainedModel) -> list[str]:
     model_type = decoder.config.get_text_config().model_type
     reasons = []
     for name, module in decoder.named_modules():
         cls = type(module).__name__
-        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
-            reasons.append(
-                f"{model_type} {name} ({cls}) has attention sinks (s_aux): no tree-attention "
-                "backend adds the sink to the softmax"
-            )
-        elif _RECURRENT_CLASS.search(cls) and not any(
+        if _RECURRENT_CLASS.search(cls) and not any(
             c.__name__ in GATED_DELTA_NET_CLASSES for c in type(module).__mro__
         ):
             reasons.append(

@@ -28,12 +28,15 @@ layout they read in :mod:`asyncgrpo.adapters.kernels.layout`.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 import torch
 from torch import Tensor
 from transformers import AttentionInterface, PreTrainedModel
 
 from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
+from asyncgrpo.adapters.kernels.attention_parts import call_attention_parts
 from asyncgrpo.adapters.kernels.backends import (
     BackendChoice,
     ModelAttention,
@@ -57,13 +60,16 @@ def tree_layout(
     """The row's :class:`TreeLayout` on ``device`` for ``backend``: a name (checked), the run's
     :class:`~asyncgrpo.adapters.kernels.backends.BackendChoice` (made once, probes nothing), or
     ``None`` (by device and, on CPU, by the row's cost in a model of ``shape``; see
-    :func:`~asyncgrpo.adapters.kernels.backends.choose_backend`).
+    :func:`~asyncgrpo.adapters.kernels.backends.choose_backend`). A backend that declines an
+    attention part of ``shape``'s layers gives way to one that has it
+    (:meth:`~asyncgrpo.adapters.kernels.backends.BackendChoice.for_row`).
 
     Raises:
         ~asyncgrpo.adapters.kernels.backends.BackendUnavailableError: ``backend`` cannot run
             on ``device``.
     """
     device = torch.device(device)
+    shape = shape or ModelAttention()
     choice = backend if isinstance(backend, BackendChoice) else choose_backend(device, backend)
     backend = choice.for_row(row, shape)
     cu_q = row.cu_seqlens_q.astype(np.int64)
@@ -77,8 +83,13 @@ def tree_layout(
         max_seqlen_q=int(np.diff(cu_q).max()),
         max_seqlen_k=int(np.diff(cu_k).max()),
         segment_spans=segment_spans(cu_q, cu_k),
+        positions=torch.tensor(row.position_ids, dtype=torch.long, device=device),
         dense_mask=torch.tensor(row.dense_mask(), device=device) if backend == "dense" else None,
-        block_mask=tree_block_mask(row, device) if backend == "flex" else None,
+        block_masks={
+            mask_shape: tree_block_mask(row, device, mask_shape) for mask_shape in shape.mask_shapes
+        }
+        if backend == "flex"
+        else {},
     )
 
 
@@ -101,21 +112,20 @@ def tree_attention_forward(
         attention_mask: must be ``None`` (no mask is built for this backend).
         scaling: softmax scale, ``1 / sqrt(D)`` when ``None``.
         dropout: must be 0 (attention dropout is not supported).
-        kwargs: must hold ``tree_layout``, the row's :class:`TreeLayout`; ``sliding_window``
-            must be ``None``.
+        kwargs: must hold ``tree_layout``, the row's :class:`TreeLayout`; the layer's
+            ``sliding_window``, ``softcap`` and ``s_aux`` (sinks, float [H]) when it has them
+            (:func:`~asyncgrpo.adapters.kernels.attention_parts.call_attention_parts`).
 
     Returns:
         ``(output, None)``: float [1, T, H, D], and no attention weights.
     """
-    if kwargs.get("s_aux") is not None:
-        raise ValueError(
-            f"{type(module).__name__} passes attention sinks (s_aux); tree attention does not "
-            "implement them"
-        )
     layout = _layout_from(kwargs)
-    _check_call(query, attention_mask, dropout, kwargs.get("sliding_window"), layout)
+    _check_call(query, attention_mask, dropout, layout)
+    parts = call_attention_parts(module, kwargs)
+    sinks = kwargs.get("s_aux")
+    query = _query_temperature_along_paths(module, query, layout)
     q, k, v = query[0], key[0], value[0]
-    out = attend(q, k, v, layout, scaling)
+    out = attend(q, k, v, layout, scaling, parts, sinks)  # type: ignore[arg-type]
     return out.unsqueeze(0), None
 
 
@@ -136,6 +146,41 @@ def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+@runtime_checkable
+class _TemperatureTuning(Protocol):
+    """Llama 4's attention temperature settings (positions, a float scale)."""
+
+    floor_scale: float
+    attn_scale: float
+
+
+def _query_temperature_along_paths(
+    module: torch.nn.Module, query: Tensor, layout: TreeLayout
+) -> Tensor:
+    """Llama 4's NoPE layers scale their queries by position (``attn_temperature_tuning``:
+    ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1``) with ``p`` the row index, which
+    in a packed row is not the token's position in its own sample; this rescales ``query``
+    [1, H, T, D] from the row's scale to the sample's. Other layers pass through unchanged."""
+    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
+        return query
+    if not isinstance(module, _TemperatureTuning):
+        raise ValueError(
+            f"{type(module).__name__} tunes its attention temperature but has no floor_scale "
+            "and attn_scale to tune it with"
+        )
+    floor_scale, attn_scale = module.floor_scale, module.attn_scale
+
+    def temperature(positions: Tensor) -> Tensor:
+        steps = torch.floor((positions.float() + 1.0) / floor_scale)
+        return torch.log1p(steps) * attn_scale + 1.0
+
+    # The scales in float32 as Llama 4 computes them; their ratio in the query's precision.
+    precision = torch.promote_types(query.dtype, torch.float32)
+    rows = torch.arange(layout.num_tokens, device=query.device)
+    ratio = temperature(layout.positions).to(precision) / temperature(rows).to(precision)
+    return (query * ratio.view(1, 1, -1, 1)).to(query.dtype)
+
+
 def _layout_from(kwargs: dict[str, object]) -> TreeLayout:
     layout = kwargs.get(LAYOUT_KWARG)
     if not isinstance(layout, TreeLayout):
@@ -152,7 +197,6 @@ def _check_call(
     query: Tensor,
     attention_mask: Tensor | None,
     dropout: float,
-    sliding_window: object,
     layout: TreeLayout,
 ) -> None:
     if query.shape[0] != 1 or query.shape[2] != layout.num_tokens:
@@ -168,10 +212,6 @@ def _check_call(
         )
     if dropout:
         raise ValueError(f"tree attention has no attention dropout, got {dropout}: set it to 0")
-    if sliding_window is not None:
-        raise ValueError(
-            f"tree attention does not implement sliding-window layers (window {sliding_window})"
-        )
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)

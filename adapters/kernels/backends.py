@@ -26,6 +26,14 @@ row by row by a cost model measured here), with what their attention keeps for t
 * ``"torch_varlen"`` (CUDA): the gathered varlen view through torch's own
   ``torch.nn.attention.varlen.varlen_attn`` (flash-attention inside torch, no ``kernels``
   download); bf16/fp16 only, where the installed torch offers it. Memory ``T``.
+
+Attention parts (:mod:`~asyncgrpo.adapters.kernels.attention_parts`): ``"dense"`` and
+``"segments"`` compute sliding windows and chunks (along each token's own positions), sinks and
+logit soft-capping exactly, through SDPA where only the mask changes and through an explicit
+softmax otherwise; ``"flex"`` computes windows and chunks in its block masks and the soft-cap as
+a ``score_mod``, and declines sinks; the varlen kernels decline every part. A row whose model
+needs a part its backend declines runs on one that has it
+(:func:`~asyncgrpo.core.packing.attention_choice.backend_with_parts`), logged once.
 """
 
 from __future__ import annotations
@@ -36,14 +44,20 @@ import inspect
 from collections.abc import Callable
 
 import attrs
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import PreTrainedModel
 
-from asyncgrpo.adapters.kernels.layout import BACKENDS, Backend, TreeLayout
-from asyncgrpo.core.packing.attention_choice import cheaper_backend
+from asyncgrpo.adapters.kernels.attention_parts import AttentionParts, model_attention_parts
+from asyncgrpo.adapters.kernels.layout import BACKENDS, Backend, TreeLayout, path_mask
+from asyncgrpo.core.packing.attention_choice import (
+    BACKEND_PARTS,
+    backend_with_parts,
+    cheaper_backend,
+)
 from asyncgrpo.core.packing.flops import query_key_pairs
 from asyncgrpo.core.packing.memory import LINEAR, QUADRATIC, AttentionMemory
 from asyncgrpo.core.packing.tree import PackedRow
@@ -53,6 +67,9 @@ from asyncgrpo.core.packing.tree import PackedRow
 _FLASH_ATTN3 = ("kernels-community/flash-attn3", 1)
 _FLASH_ATTN4 = ("kernels-community/flash-attn4", 0)
 _GPU_EXTRA = "pip install asyncgrpo[gpu]"
+_NO_PARTS = AttentionParts()
+
+log = structlog.get_logger("asyncgrpo.tree_attention")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -61,18 +78,30 @@ class BackendUnavailableError(RuntimeError):
 
 @attrs.frozen
 class ModelAttention:
-    """What the CPU backend choice needs from the model: the query width (``heads x
-    head_dim``) and the attention layers one forward runs (defaults: the tiny test model)."""
+    """What the backend choice needs from the model: the query width (``heads x head_dim``),
+    the attention layers one forward runs (defaults: the tiny test model), and each layer's
+    attention parts (windows, chunks, sinks, soft-caps; none by default)."""
 
     query_width: int = 128
     layers: int = 2
+    parts: tuple[AttentionParts, ...] = ()
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> ModelAttention:
         config = model.config.get_text_config()
         heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        return cls(heads * head_dim, int(config.num_hidden_layers))
+        return cls(heads * head_dim, int(config.num_hidden_layers), model_attention_parts(model))
+
+    @property
+    def needed_parts(self) -> frozenset[str]:
+        """Every attention part some layer has."""
+        return frozenset().union(*(layer.names for layer in self.parts))
+
+    @property
+    def mask_shapes(self) -> frozenset[tuple[int | None, int | None]]:
+        """The layers' distinct ``(window, chunk)``, always with the plain tree's."""
+        return frozenset({(None, None), *(layer.mask_shape for layer in self.parts)})
 
 
 @attrs.frozen
@@ -98,12 +127,17 @@ class BackendChoice:
     def for_row(self, row: PackedRow | None, shape: ModelAttention | None = None) -> Backend:
         """The backend of ``row`` in a model of ``shape``; probes nothing. Without a row (and
         no fixed backend), ``"segments"``: it consumes the same gathered varlen view
-        (``kv_indices``, ``cu_seqlens``) as the GPU kernels."""
+        (``kv_indices``, ``cu_seqlens``) as the GPU kernels. A fixed backend that declines an
+        attention part of ``shape``'s layers gives way to one that has it
+        (:func:`~asyncgrpo.core.packing.attention_choice.backend_with_parts`), logged once."""
+        shape = shape or ModelAttention()
         if self.backend is not None:
-            return self.backend
+            backend, reason = backend_with_parts(self.backend, shape.needed_parts)
+            if reason is not None:
+                _log_backend_change(self.backend, backend, reason)
+            return backend  # type: ignore[return-value]
         if row is None:
             return "segments"
-        shape = shape or ModelAttention()
         pairs = query_key_pairs(row.cu_seqlens_q, row.cu_seqlens_k)
         return cheaper_backend(
             row.num_tokens,
@@ -114,9 +148,21 @@ class BackendChoice:
         )
 
 
-def choose_backend(device: torch.device | str, requested: Backend | None = None) -> BackendChoice:
+@functools.cache
+def _log_backend_change(backend: str, replacement: str, reason: str) -> None:
+    """One warning per process for each change of backend (every row would repeat it)."""
+    log.warning("tree attention backend changed", backend=backend, to=replacement, reason=reason)
+
+
+def choose_backend(
+    device: torch.device | str,
+    requested: Backend | None = None,
+    shape: ModelAttention | None = None,
+) -> BackendChoice:
     """The tree-attention backend for a run on ``device``: ``requested`` when given (checked),
-    else by device.
+    else by device; with the model's ``shape`` (:meth:`ModelAttention.of`), one that has every
+    attention part its layers need (the reason says what changed, and the memory is the
+    replacement's).
 
     CPU: by cost, row by row (measured here): ``"dense"`` for rows of many short samples (one
     SDPA call instead of one per segment), ``"segments"`` for rows of few long ones (the tree's
@@ -130,7 +176,17 @@ def choose_backend(device: torch.device | str, requested: Backend | None = None)
             its cause, on every call: the probe is not retried).
         ValueError: ``requested`` is not a backend.
     """
-    device = torch.device(device)
+    choice = _choose_backend(torch.device(device), requested)
+    if shape is None or choice.backend is None:
+        return choice
+    backend, change = backend_with_parts(choice.backend, shape.needed_parts)
+    if change is None:
+        return choice
+    memory = ATTENTION_MEMORY[backend]  # type: ignore[index]
+    return BackendChoice(backend, memory, f"{choice.reason}; {change}")  # type: ignore[arg-type]
+
+
+def _choose_backend(device: torch.device, requested: Backend | None) -> BackendChoice:
     if requested is not None:
         check_backend(requested, device)
         return BackendChoice(
@@ -163,34 +219,85 @@ def check_backend(backend: str, device: torch.device | str) -> None:
         )
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
-    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through ``layout.backend``'s kernel."""
-    return _ATTEND[layout.backend](q, k, v, layout, scaling)
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts = _NO_PARTS,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through ``layout.backend``'s kernel, with the
+    layer's attention ``parts`` (``sinks``: float [H], the per-head sink logits, when
+    ``parts.sinks``).
+
+    Raises:
+        ValueError: the backend declines one of ``parts`` (the backend choice gives such rows
+            to one that has them, so this means the layout was built without the model's
+            :class:`ModelAttention`), or ``parts.sinks`` disagrees with ``sinks``.
+    """
+    if parts.sinks != (sinks is not None):
+        raise ValueError(f"parts.sinks is {parts.sinks} but sinks is {type(sinks).__name__}")
+    lacking = parts.names - BACKEND_PARTS[layout.backend]
+    if lacking:
+        raise ValueError(
+            f"tree attention backend {layout.backend!r} does not implement "
+            f"{', '.join(sorted(lacking))}: build the layout with the model's shape, "
+            "tree_layout(row, device, choice, ModelAttention.of(model)), so that the row runs "
+            "on a backend that has them"
+        )
+    return _ATTEND[layout.backend](q, k, v, layout, scaling, parts, sinks)
 
 
-def _dense(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
-    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] with the boolean [T, T] mask."""
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=layout.dense_mask, scale=scaling, enable_gqa=True
-    )
-    return out.transpose(0, 1)
+def _dense(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] with the boolean [T, T] mask, narrowed to
+    the layer's window or chunk along each token's own positions."""
+    mask = layout.dense_mask
+    if mask is None:
+        raise ValueError(
+            "tree attention backend 'dense' needs the layout's dense_mask; build the layout "
+            "with tree_layout(row, device, 'dense'), which sets it"
+        )
+    if parts.mask_shape != (None, None):
+        positions = layout.positions
+        mask = mask & path_mask(positions[:, None], positions[None, :], parts.mask_shape)
+    return _masked_attention(q, k, v, mask, scaling, parts, sinks).transpose(0, 1)
 
 
-def _segments(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
-    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D], one SDPA per segment on the varlen view."""
+def _segments(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D], one attention per segment on the varlen
+    view (a path's ``j``-th key is at position ``j`` of the segment's samples)."""
     q_rows, k_path, v_path = _varlen_view(q, k, v, layout)
     # The spans tile the rows and the paths in order: one split each, whose backward is one
     # concatenation, where a slice per segment would zero-fill a whole-row gradient per segment.
     q_sizes = [q_end - q_start for q_start, q_end, _, _ in layout.segment_spans]
     k_sizes = [k_end - k_start for _, _, k_start, k_end in layout.segment_spans]
     outputs = [
-        F.scaled_dot_product_attention(
+        _masked_attention(
             q_segment.transpose(0, 1),
             k_segment.transpose(0, 1),
             v_segment.transpose(0, 1),
-            attn_mask=_bottom_right_causal(len(q_segment), len(k_segment), q.device),
-            scale=scaling,
-            enable_gqa=True,
+            _segment_mask(len(q_segment), len(k_segment), parts, q.device),
+            scaling,
+            parts,
+            sinks,
         ).transpose(0, 1)
         for q_segment, k_segment, v_segment in zip(
             q_rows.split(q_sizes), k_path.split(k_sizes), v_path.split(k_sizes), strict=True
@@ -199,8 +306,63 @@ def _segments(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: floa
     return torch.cat(outputs)
 
 
+def _masked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
+) -> Tensor:
+    """q [H, Lq, D], k/v [H_kv, Lk, D], bool mask [Lq, Lk] -> [H, Lq, D]: SDPA, or without
+    it where the layer soft-caps its scores or has sinks (as transformers' eager attention of
+    Gemma 2 and gpt-oss computes them: scores ``q k^T * scaling``, soft-capped, masked; the
+    softmax in float32)."""
+    if parts.softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True
+        )
+    groups = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if parts.softcap is not None:
+        scores = torch.tanh(scores / parts.softcap) * parts.softcap
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = scores.masked_fill(~mask, -torch.inf)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        # The sink joins the denominator as one more logit per query, dropped after the softmax
+        # (each weight times exp(lse) / (exp(lse) + exp(sink))), as gpt-oss's eager attention.
+        sink_logits = sinks.to(scores.dtype).reshape(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        combined = torch.cat([scores, sink_logits], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        weights = torch.softmax(combined, dim=-1)[..., :-1]
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+def _segment_mask(q_len: int, k_len: int, parts: AttentionParts, device: torch.device) -> Tensor:
+    """bool [q_len, k_len]: causal, bottom-right aligned (:func:`_bottom_right_causal`), and
+    within the layer's window and chunk; the path's key ``j`` is at position ``j`` and the
+    segment's query ``i`` at ``k_len - q_len + i``."""
+    mask = _bottom_right_causal(q_len, k_len, device)
+    if parts.mask_shape == (None, None):
+        return mask
+    k_position = torch.arange(k_len, device=device)
+    q_position = k_position[k_len - q_len :]
+    return mask & path_mask(q_position[:, None], k_position[None, :], parts.mask_shape)
+
+
 def _flash_varlen(
-    q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
 ) -> Tensor:
     """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through ``flash_attn_varlen_func``."""
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -224,7 +386,13 @@ def _flash_varlen(
 
 
 def _torch_varlen(
-    q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
 ) -> Tensor:
     """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through torch's ``varlen_attn``, causal and
     bottom-right aligned like flash-attention (the segment's queries end its path)."""
@@ -254,20 +422,47 @@ def _torch_varlen(
     return out[0] if isinstance(out, tuple) else out
 
 
-def _flex(q: Tensor, k: Tensor, v: Tensor, layout: TreeLayout, scaling: float | None) -> Tensor:
-    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through compiled FlexAttention."""
-    out = _compiled_flex_attention()(
+def _flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: TreeLayout,
+    scaling: float | None,
+    parts: AttentionParts,
+    sinks: Tensor | None,
+    flex: Callable[..., Tensor] | None = None,
+) -> Tensor:
+    """q [H, T, D], k/v [H_kv, T, D] -> [T, H, D] through compiled FlexAttention (``flex``
+    replaces it in tests), with the block mask of the layer's window and chunk and its
+    soft-cap as a ``score_mod``."""
+    block_mask = layout.block_masks.get(parts.mask_shape)
+    if block_mask is None:
+        raise ValueError(
+            f"the flex layout has no block mask for (window, chunk) {parts.mask_shape}: build "
+            "it with tree_layout(row, device, choice, ModelAttention.of(model))"
+        )
+    out = (flex or _compiled_flex_attention())(
         q.unsqueeze(0),
         k.unsqueeze(0),
         v.unsqueeze(0),
-        block_mask=layout.block_mask,
+        score_mod=None if parts.softcap is None else _softcap_score_mod(parts.softcap),
+        block_mask=block_mask,
         scale=scaling,
         enable_gqa=True,
     )
     return out[0].transpose(0, 1)
 
 
-_ATTEND: dict[str, Callable[[Tensor, Tensor, Tensor, TreeLayout, float | None], Tensor]] = {
+def _softcap_score_mod(cap: float) -> Callable[..., Tensor]:
+    """FlexAttention's ``score_mod``: ``cap * tanh(score / cap)`` (the score already scaled)."""
+
+    def softcap(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor):
+        return torch.tanh(score / cap) * cap
+
+    return softcap
+
+
+_ATTEND: dict[str, Callable[..., Tensor]] = {
     "dense": _dense,
     "segments": _segments,
     "flash_varlen": _flash_varlen,
@@ -345,7 +540,7 @@ def _probe_flash_varlen(device: torch.device) -> Callable[..., Tensor]:
     return _load_flash_kernel(*(_FLASH_ATTN3 if major == 9 else _FLASH_ATTN4))
 
 
-def _torch_varlen_function(device: torch.device) -> Callable[..., Tensor]:
+def _torch_varlen_function(device: torch.device) -> Callable[..., Tensor | tuple[Tensor, Tensor]]:
     """torch's ``varlen_attn`` (torch >= 2.10, CUDA)."""
     try:
         from torch.nn.attention.varlen import varlen_attn

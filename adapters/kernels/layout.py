@@ -39,8 +39,12 @@ class TreeLayout:
         max_seqlen_q, max_seqlen_k: the longest segment and the longest path (tokens).
         segment_spans: per segment ``(q_start, q_end, k_start, k_end)`` on the host: its query
             rows and its slice of ``kv_indices``.
+        positions: long [T], each row's position in its own sample (its trie depth): sliding
+            windows and chunks count along it.
         dense_mask: bool [T, T] (``"dense"`` only), True where query row attends to key row.
-        block_mask: the FlexAttention block mask (``"flex"`` only).
+        block_masks: FlexAttention block masks (``"flex"`` only), one per ``(window, chunk)``
+            of the model's layers (:attr:`AttentionParts.mask_shape
+            <asyncgrpo.adapters.kernels.attention_parts.AttentionParts.mask_shape>`).
     """
 
     backend: Backend
@@ -51,29 +55,54 @@ class TreeLayout:
     max_seqlen_q: int
     max_seqlen_k: int
     segment_spans: tuple[tuple[int, int, int, int], ...]
+    positions: Tensor
     dense_mask: Tensor | None = None
-    block_mask: BlockMask | None = None
+    block_masks: dict[MaskShape, BlockMask] = attrs.field(factory=dict)
 
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+MaskShape = tuple[int | None, int | None]
+"""``(window, chunk)`` of a layer's mask, in positions of each token's own sample."""
 
 
-def tree_mask_mod(row: PackedRow, device: torch.device | str) -> MaskMod:
+def tree_mask_mod(
+    row: PackedRow, device: torch.device | str, mask_shape: MaskShape = (None, None)
+) -> MaskMod:
     """FlexAttention's ``mask_mod(batch, head, q_idx, kv_idx)`` for the row's tree.
 
     Query row ``q`` sees key row ``k`` when ``k <= q`` and ``k``'s segment is ``q``'s or one of
     its ancestors. Segments are numbered depth first (pre-order), so the subtree of segment
     ``a`` is the index range ``[a, subtree_end[a])`` and the ancestor test is two comparisons.
-    Equals ``row.dense_mask()`` on the full grid (the tests check it on CPU).
+    Equals ``row.dense_mask()`` on the full grid (the tests check it on CPU). With a
+    ``mask_shape`` ``(window, chunk)``, the window and chunk of :func:`path_mask` apply too.
     """
     segment = torch.tensor(row.segment_ids, dtype=torch.long, device=device)
     subtree_end = torch.tensor(_subtree_ends(row.segment_parents), device=device)
+    positions = torch.tensor(row.position_ids, dtype=torch.long, device=device)
 
     def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         q_segment, kv_segment = segment[q_idx], segment[kv_idx]
-        return (kv_idx <= q_idx) & (kv_segment <= q_segment) & (q_segment < subtree_end[kv_segment])
+        tree = (kv_idx <= q_idx) & (kv_segment <= q_segment) & (q_segment < subtree_end[kv_segment])
+        return tree & path_mask(positions[q_idx], positions[kv_idx], mask_shape)
 
     return mask_mod
+
+
+def path_mask(q_position: Tensor, k_position: Tensor, mask_shape: MaskShape) -> Tensor:
+    """True where a query at ``q_position`` may see a key at ``k_position`` of its own path
+    (positions in the token's own sample, broadcast against each other) under ``mask_shape``
+    ``(window, chunk)``: ``q - window < k`` and ``k // chunk == q // chunk``, as transformers'
+    ``sliding_window_overlay`` and ``chunked_overlay`` count along one unpacked sample."""
+    window, chunk = mask_shape
+    allowed = torch.ones_like(q_position - k_position, dtype=torch.bool)
+    if window is not None:
+        allowed = allowed & (k_position > q_position - window)
+    if chunk is not None:
+        allowed = allowed & (
+            torch.div(k_position, chunk, rounding_mode="floor")
+            == torch.div(q_position, chunk, rounding_mode="floor")
+        )
+    return allowed
 
 
 def segment_spans(cu_q: np.ndarray, cu_k: np.ndarray) -> tuple[tuple[int, int, int, int], ...]:
@@ -82,10 +111,14 @@ def segment_spans(cu_q: np.ndarray, cu_k: np.ndarray) -> tuple[tuple[int, int, i
     return tuple(tuple(span) for span in spans.tolist())
 
 
-def tree_block_mask(row: PackedRow, device: torch.device) -> BlockMask:
-    """FlexAttention's block mask of the row's tree (:func:`tree_mask_mod`), ``T x T``."""
+def tree_block_mask(
+    row: PackedRow, device: torch.device, mask_shape: MaskShape = (None, None)
+) -> BlockMask:
+    """FlexAttention's block mask of the row's tree (:func:`tree_mask_mod`), ``T x T``, with
+    the window and chunk of ``mask_shape``."""
     t = row.num_tokens
-    return create_block_mask(tree_mask_mod(row, device), None, None, t, t, device=device)
+    mask_mod = tree_mask_mod(row, device, mask_shape)
+    return create_block_mask(mask_mod, None, None, t, t, device=device)
 
 
 def _subtree_ends(parents: np.ndarray) -> np.ndarray:

@@ -8,7 +8,8 @@ logits for the backward pass, which starts with it; every other chunk's logits a
 there, so memory holds at most one chunk's ``[chunk_size, V]`` logits, never ``N x V``. The
 log-prob math is :func:`asyncgrpo.core.loss.losses.token_log_probs`, applied per chunk, and
 its gradient is written out (:mod:`asyncgrpo.adapters.kernels.lm_head_log_probs`), so the LM
-head must be a plain ``nn.Linear``.
+head must be a plain ``nn.Linear``; a final-logit soft-cap or logit scale after it (Gemma 2/3,
+Cohere) is applied there, gradient included.
 
 Example (``model`` a causal LM switched with ``enable_tree_attention``)::
 
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import torch
 from attrs import frozen
+from peft import PeftModel
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.attention import LAYOUT_KWARG, TREE_ATTENTION, tree_layout
+from asyncgrpo.adapters.kernels.attention_parts import decoder_of
 from asyncgrpo.adapters.kernels.backends import BackendChoice, ModelAttention
 from asyncgrpo.adapters.kernels.gated_delta_net import (
     RECURRENT_LAYOUT_KWARG,
@@ -32,7 +35,7 @@ from asyncgrpo.adapters.kernels.gated_delta_net import (
     recurrent_tensors,
 )
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
-from asyncgrpo.adapters.kernels.lm_head_log_probs import lm_head_log_probs
+from asyncgrpo.adapters.kernels.lm_head_log_probs import LogitTransform, lm_head_log_probs
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing.tree import PackedRow
@@ -86,6 +89,22 @@ def row_tensors(
     )
 
 
+def base_model(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
+    """The transformers model under a ``PeftModel``, or ``model`` itself when it is not one
+    (peft types ``get_base_model`` as any ``nn.Module``).
+
+    Raises:
+        TypeError: the model under the ``PeftModel`` is not a transformers model.
+    """
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(base, PreTrainedModel):
+        raise TypeError(
+            f"the model under the PeftModel is a {type(base).__name__}, not a transformers "
+            "PreTrainedModel; the learner trains transformers causal LMs"
+        )
+    return base
+
+
 def decoder_hidden_states(model: PreTrainedModel, inputs: RowTensors) -> Tensor:
     """The decoder's final hidden states (after its last norm) over the row, float [T, H].
 
@@ -100,7 +119,7 @@ def decoder_hidden_states(model: PreTrainedModel, inputs: RowTensors) -> Tensor:
             "forwards"
         )
     recurrent = {} if inputs.recurrent is None else {RECURRENT_LAYOUT_KWARG: inputs.recurrent}
-    output = model.get_decoder()(
+    output = decoder_of(model)(
         input_ids=inputs.input_ids,
         position_ids=inputs.position_ids,
         use_cache=False,
@@ -111,7 +130,7 @@ def decoder_hidden_states(model: PreTrainedModel, inputs: RowTensors) -> Tensor:
 
 
 def packed_log_probs(
-    model: PreTrainedModel,
+    model: PreTrainedModel | PeftModel,
     row: PackedRow,
     temperature: float,
     *,
@@ -123,8 +142,10 @@ def packed_log_probs(
     """The policy's log-probs at ``row``'s N trained tokens, in ``row.predict_index`` order.
 
     Args:
-        model: a causal LM whose logits are ``lm_head(hidden)`` (Qwen3, Llama, ...), switched
-            to tree attention with ``enable_tree_attention``.
+        model: a causal LM whose logits are ``lm_head(hidden)`` (Qwen3, Llama, ...), or a
+            ``PeftModel`` of one (its attributes are the base model's), possibly
+            scaled and soft-capped (``logit_scale``, ``final_logit_softcapping``), switched to
+            tree attention with ``enable_tree_attention``.
         row: the packed micro-batch row.
         temperature: the sampling temperature (> 0); the policy is ``log_softmax(logits / T)``.
         topk: the sampler's top-K ids [N, K] at each trained token, on the model's device.
@@ -140,12 +161,14 @@ def packed_log_probs(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 trained positions, got {chunk_size}")
-    _check_plain_lm_head(model)
+    causal_lm = base_model(model)  # the LoRA layers are inside it
+    _check_plain_lm_head(causal_lm)
     inputs = row_tensors(
-        row, model.device, backend, ModelAttention.of(model), conv_kernel_size(model)
+        row, causal_lm.device, backend, ModelAttention.of(causal_lm), conv_kernel_size(causal_lm)
     )
-    hidden = decoder_hidden_states(model, inputs)[inputs.predict_index]
-    lm_head, n = model.get_output_embeddings(), hidden.shape[0]
+    hidden = decoder_hidden_states(causal_lm, inputs)[inputs.predict_index]
+    lm_head, n = causal_lm.get_output_embeddings(), hidden.shape[0]
+    transform = LogitTransform.of(causal_lm.config)
     # One (possibly empty) chunk when N = 0, so that the result keeps its shapes and dtypes.
     starts = range(0, max(n, 1), chunk_size)
     chunks = [
@@ -156,6 +179,7 @@ def packed_log_probs(
             temperature,
             None if candidate_mask is None else candidate_mask[start : start + chunk_size],
             None if topk is None else _slice_topk(topk, start, start + chunk_size),
+            transform,
             last=start == starts[-1],
         )
         for start in starts
@@ -163,27 +187,48 @@ def packed_log_probs(
     return TokenLogProbs(
         logp=torch.cat([c.logp for c in chunks]),
         entropy=torch.cat([c.entropy for c in chunks]),
-        topk_logp=None if topk is None else torch.cat([c.topk_logp for c in chunks]),
+        topk_logp=_concatenated([c.topk_logp for c in chunks]),
     )
 
 
+def _concatenated(parts: list[Tensor | None]) -> Tensor | None:
+    """The chunks' top-K log-probs as one tensor: every chunk has them (a ``topk`` was given)
+    or none has (None)."""
+    present = [part for part in parts if part is not None]
+    if not present:
+        return None
+    if len(present) != len(parts):
+        raise ValueError("some chunks have top-K log-probs and others not; all or none must")
+    return torch.cat(present)
+
+
 def _chunk_log_probs(
-    lm_head: torch.nn.Module,
+    lm_head: nn.Linear,
     hidden: Tensor,
     target_ids: Tensor,
     temperature: float,
     candidate_mask: Tensor | None,
     topk: SamplerTopK | None,
+    transform: LogitTransform,
     *,
     last: bool,
 ) -> TokenLogProbs:
-    """One chunk: hidden [c, H] -> logits [c, V] -> log-probs. With grad, only the ``last``
-    chunk's logits are kept for the backward pass; the others' are recomputed there."""
+    """One chunk: hidden [c, H] -> logits [c, V] (the head, then ``transform``) -> log-probs.
+    With grad, only the ``last`` chunk's logits are kept for the backward pass; the others'
+    are recomputed there."""
 
     if not torch.is_grad_enabled():
-        return token_log_probs(lm_head(hidden), target_ids, temperature, candidate_mask, topk)
+        logits = transform(lm_head(hidden))
+        return token_log_probs(logits, target_ids, temperature, candidate_mask, topk)
     return lm_head_log_probs(
-        lm_head, hidden, target_ids, temperature, candidate_mask, topk, keep_logits=last
+        lm_head,
+        hidden,
+        target_ids,
+        temperature,
+        candidate_mask,
+        topk,
+        keep_logits=last,
+        transform=transform,
     )
 
 
@@ -198,13 +243,4 @@ def _check_plain_lm_head(model: PreTrainedModel) -> None:
             f"{type(model).__name__}'s output embeddings are a {type(head).__name__}, not an "
             "nn.Linear; packed_log_probs writes out the gradient of a plain linear LM head only "
             "(LoRA and modules_to_save on lm_head are refused for this reason)"
-        )
-    config = model.config
-    softcap = getattr(config, "final_logit_softcapping", None)
-    scale = getattr(config, "logit_scale", None)
-    if softcap is not None or scale not in (None, 1.0):
-        raise ValueError(
-            f"{type(model).__name__} transforms its logits after the LM head (softcap {softcap}, "
-            f"scale {scale}); packed_log_probs applies lm_head only and would disagree with "
-            "model(input_ids).logits"
         )

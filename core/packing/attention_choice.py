@@ -21,6 +21,10 @@ once several samples share a row) only up to a point, and rows of many short sam
 (fp32, torch's CPU SDPA, 48 rows of 196-2048 tokens, 1-145 segments, query width 128 and
 1024): the model picked the faster backend for 46 of them, the two misses within 3%. They
 order the backends; they do not predict another machine's seconds.
+
+The second decision here is where a row runs when its model's layers need attention parts
+(sliding windows, chunks, sinks, soft-caps: :data:`ATTENTION_PARTS`) that the run's backend
+declines (:data:`BACKEND_PARTS`, :func:`backend_with_parts`).
 """
 
 from __future__ import annotations
@@ -83,3 +87,59 @@ def cheaper_backend(
     dense = dense_cost(tokens, width, layers, costs)
     split = segments_cost(segments, pairs, width, layers, costs)
     return DENSE if dense < split else SEGMENTS
+
+
+# Attention parts: what a model's attention layers compute beyond causal softmax attention over
+# the whole path. Every backend either implements a part exactly or declines it; a row whose
+# model needs a part its backend declines runs on one that has it (:func:`backend_with_parts`).
+SLIDING_WINDOW = "sliding_window"
+"""Each query sees only the keys within ``window`` positions of its own sample (its trie depth)."""
+CHUNKED = "chunked_attention"
+"""Each query sees only the keys in its own ``chunk``-position block of its own sample."""
+SINKS = "attention_sinks"
+"""A learned per-head logit joins each softmax's denominator (gpt-oss ``sinks``)."""
+SOFTCAP = "logit_softcapping"
+"""Attention scores become ``cap * tanh(scores / cap)`` before masking (Gemma 2)."""
+ATTENTION_PARTS = (SLIDING_WINDOW, CHUNKED, SINKS, SOFTCAP)
+
+BACKEND_PARTS: dict[str, frozenset[str]] = {
+    "dense": frozenset(ATTENTION_PARTS),
+    "segments": frozenset(ATTENTION_PARTS),
+    "flex": frozenset({SLIDING_WINDOW, CHUNKED, SOFTCAP}),
+    "flash_varlen": frozenset(),
+    "torch_varlen": frozenset(),
+}
+"""The parts each tree-attention backend computes exactly. ``"flex"`` declines sinks (they need
+the log-sum-exp's gradient); the varlen kernels decline every part (their window and soft-cap
+options are not checked against the dense reference here)."""
+
+_FALLBACKS = ("flex", "segments")
+"""Where a row falls when its backend declines a part: ``"flex"`` only ever replaces a CUDA
+kernel (the only backends that decline parts run on CUDA, where FlexAttention runs too), and
+``"segments"`` implements every part."""
+
+
+def backend_with_parts(backend: str, needed: frozenset[str]) -> tuple[str, str | None]:
+    """The backend to run a row that needs the attention ``needed`` parts on, given the run's
+    ``backend``, and why it changed (``None`` when ``backend`` has every part).
+
+    Example:
+        >>> backend_with_parts("flash_varlen", frozenset({SLIDING_WINDOW}))
+        ('flex', "'flash_varlen' lacks sliding_window; 'flex' has every part the model needs")
+        >>> backend_with_parts("flex", frozenset({SINKS}))
+        ('segments', "'flex' lacks attention_sinks; 'segments' has every part the model needs")
+        >>> backend_with_parts("dense", frozenset(ATTENTION_PARTS))
+        ('dense', None)
+    """
+    unknown = needed - set(ATTENTION_PARTS)
+    if unknown:
+        raise ValueError(f"unknown attention parts {sorted(unknown)}; known: {ATTENTION_PARTS}")
+    lacking = needed - BACKEND_PARTS[backend]
+    if not lacking:
+        return backend, None
+    fallback = next(name for name in _FALLBACKS if needed <= BACKEND_PARTS[name])
+    reason = (
+        f"{backend!r} lacks {', '.join(sorted(lacking))}; {fallback!r} has every part the "
+        "model needs"
+    )
+    return fallback, reason

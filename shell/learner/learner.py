@@ -41,8 +41,8 @@ import attrs
 import structlog
 import torch
 import torch.distributed as dist
-from peft import PeftConfig
-from torch import Tensor, nn
+from peft import PeftConfig, PeftModel
+from torch import Tensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -50,7 +50,7 @@ from transformers import PreTrainedModel, set_seed
 
 from asyncgrpo.adapters.host_memory import give_back_freed_memory, keep_freed_memory
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
-from asyncgrpo.adapters.kernels.backends import choose_backend
+from asyncgrpo.adapters.kernels.backends import ModelAttention, choose_backend
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import DEFAULT_CHUNK_SIZE
 from asyncgrpo.adapters.kernels.packed_policy import (
@@ -209,9 +209,10 @@ class Learner:
             log.info("freed memory", kept=self.host_memory.retain, reason=self.host_memory.reason)
         self.objective = config.objective()
         self.objective_settings = config.objective_settings()
-        self.loss_config = trl_loss_config(self.objective_settings)  # for TRL's loss metrics
+        self.loss_config = trl_loss_config(config.trl_settings())  # for TRL's loss metrics
         self.aux = RouterAuxLoss.for_model(model, config.router_aux_loss_coef)
-        self.attention = choose_backend(self.device, attention_backend)  # once: every row's
+        # once, with the parts the model's layers need: every row's
+        self.attention = choose_backend(self.device, attention_backend, ModelAttention.of(model))
         if self.rank == 0:
             log.info("attention backend", backend=self.attention.name, reason=self.attention.reason)
         self.model = self._prepare(model, peft_config, max_model_len)
@@ -234,14 +235,16 @@ class Learner:
     def lora_config(self) -> dict[str, Any] | None:
         """The LoRA adapters' config as a dict (a checkpoint's record of it); None when the
         whole model is trained."""
-        return self.model.peft_config["default"].to_dict() if self.is_peft else None
+        if not isinstance(self.model, PeftModel):
+            return None
+        return self.model.peft_config["default"].to_dict()
 
     def _prepare(
         self,
         model: PreTrainedModel,
         peft_config: PeftConfig | None,
         max_model_len: Callable[[], int] | None,
-    ) -> nn.Module:
+    ) -> PreTrainedModel | PeftModel:
         """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
         enable_tree_attention(model)
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
@@ -258,12 +261,13 @@ class Learner:
                 gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs
                 or {"use_reentrant": False}
             )
+        prepared: PreTrainedModel | PeftModel = model
         if peft_config is not None:
             set_seed(self.config.seed)
-            model = wrap_with_lora(model, peft_config)
+            prepared = wrap_with_lora(model, peft_config)
         if self.bf16 and self.config.dtype != "bfloat16":
-            upcast_trainable(model)
-        return model.train()
+            upcast_trainable(prepared)
+        return prepared.train()
 
     def _checkpointing(
         self, model: PreTrainedModel, max_model_len: Callable[[], int] | None
@@ -354,7 +358,8 @@ class Learner:
     ) -> _MicroBatch:
         """Forward one row and build its loss: the policy loss, plus the aux loss for MoE."""
         real = row is not None
-        row = row if real else self._dummy
+        if row is None:
+            row = self._dummy
         topk = self._topk(row)
         mask = candidate_mask(row, self.vocab_size, self.device)
         with self._capture_routers() as routers:

@@ -1,5 +1,6 @@
 """Every layer the tree-packed forward cannot compute is refused up front, naming the model
-type, the layer class and why; supported architectures pass."""
+type, the layer class and why; supported architectures pass (their numbers are checked in
+test_packed_forward.py, test_hybrid_packed_forward.py and test_packed_attention_parts.py)."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from asyncgrpo.adapters.kernels.architecture_support import (
     UnsupportedArchitectureError,
     check_tree_packing_support,
 )
-from asyncgrpo.adapters.kernels.attention import enable_tree_attention, tree_attention_forward
+from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.models.causal_lm import tiny_config
 from asyncgrpo.adapters.models.hybrid import tiny_hybrid_config
 
@@ -48,22 +49,20 @@ def refused(config, *fragments: str) -> None:
         tiny_config("llama", 64),
         tiny_hybrid_config("qwen3_5", 64),
         tiny_hybrid_config("qwen3_next", 64),
+        # sinks and sliding windows (its model class "GptOssModel" is no state-space "SSM")
+        tf.GptOssConfig(**SMALL, head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+        tf.Qwen3Config(
+            **SMALL, head_dim=16, use_sliding_window=True, sliding_window=16, max_window_layers=0
+        ),
+        tf.MistralConfig(**SMALL, head_dim=16, sliding_window=16),  # a model-wide window
+        tf.Gemma2Config(**SMALL, head_dim=16),  # windows, attention and final-logit soft-caps
+        tf.Llama4TextConfig(**SMALL, head_dim=16, num_local_experts=2),  # chunked layers
+        tf.CohereConfig(**SMALL),  # a logit scale
     ],
     ids=lambda c: c.model_type,
 )
-def test_full_attention_and_gated_deltanet_are_supported(config) -> None:
+def test_supported_layers_and_attention_parts_are_accepted(config) -> None:
     check_tree_packing_support(build(config))
-
-
-def test_attention_sinks_are_refused() -> None:
-    config = tf.GptOssConfig(
-        **SMALL,
-        head_dim=16,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        layer_types=["full_attention"] * 2,
-    )
-    refused(config, "'gpt_oss'", "GptOssAttention", "attention sinks")
 
 
 def test_other_state_space_layers_are_refused() -> None:
@@ -71,38 +70,14 @@ def test_other_state_space_layers_are_refused() -> None:
     refused(config, "'lfm2'", "Lfm2ShortConv", "state-space or recurrent", "'conv'")
 
 
-def test_sliding_window_layers_are_refused() -> None:
-    config = tf.Qwen3Config(
-        **SMALL, head_dim=16, use_sliding_window=True, sliding_window=16, max_window_layers=0
-    )
-    refused(config, "'qwen3'", "Qwen3Attention", "'sliding_attention'")
+def test_bidirectional_attention_is_refused() -> None:
+    config = tf.Gemma3TextConfig(**SMALL, head_dim=16, use_bidirectional_attention=True)
+    refused(config, "'gemma3_text'", "Gemma3Attention", "use_bidirectional_attention=True")
 
 
-def test_a_model_wide_sliding_window_is_refused() -> None:
-    config = tf.MistralConfig(**SMALL, head_dim=16, sliding_window=16)
-    refused(config, "'mistral'", "MistralAttention", "sliding_window=16")
-
-
-def test_attention_logit_soft_capping_is_refused() -> None:
-    config = tf.Gemma2Config(
-        **SMALL, head_dim=16, layer_types=["full_attention"] * 2, final_logit_softcapping=None
-    )
-    refused(config, "'gemma2'", "Gemma2Attention", "attn_logit_softcapping=50.0")
-
-
-def test_final_logit_soft_capping_is_refused() -> None:
-    config = tf.Gemma2Config(
-        **SMALL, head_dim=16, layer_types=["full_attention"] * 2, attn_logit_softcapping=None
-    )
-    refused(config, "'gemma2'", "final_logit_softcapping=30.0")
-
-
-def test_the_attention_function_refuses_sinks_it_is_handed() -> None:
-    x = torch.zeros(1, 2, 3, 4)
-    with pytest.raises(ValueError, match="s_aux"):
-        tree_attention_forward(
-            torch.nn.Linear(1, 1), x, x, x, None, tree_layout=None, s_aux=torch.zeros(2)
-        )
+def test_a_logits_scaling_the_head_does_not_apply_is_refused() -> None:
+    config = tf.GraniteConfig(**SMALL, logits_scaling=4.0)
+    refused(config, "'granite'", "logits_scaling=4.0")
 
 
 def test_the_trainer_refuses_at_construction(tmp_path) -> None:

@@ -3,6 +3,7 @@ the row's dense mask, and misuse fails with errors that name the fix."""
 
 import importlib.util
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -149,6 +150,14 @@ def test_a_failed_flash_probe_is_kept_with_its_cause_and_never_retried(monkeypat
     assert len(probes) == 2  # one more device, probed once
     assert errors[0] is errors[1] is errors[2]
     assert "missing on device cpu: a CUDA device and the `kernels` package" in str(errors[0])
+
+
+def test_a_dense_layout_without_its_mask_is_refused_not_attended_unmasked() -> None:
+    layout = attrs.evolve(tree_layout(ROW, "cpu", "dense"), dense_mask=None)
+    query = torch.randn(HEADS, ROW.num_tokens, HEAD_DIM)
+    key, value = (torch.randn(KV_HEADS, ROW.num_tokens, HEAD_DIM) for _ in range(2))
+    with pytest.raises(ValueError, match="'dense' needs the layout's dense_mask"):
+        backends.attend(query, key, value, layout, scaling=0.3)
 
 
 def test_unknown_backend_is_named() -> None:
