@@ -10,7 +10,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from transformers import PreTrainedTokenizerBase
@@ -61,13 +61,31 @@ def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     return content, tuple(calls)
 
 
-def assistant_message(content: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    """The assistant message for the conversation, with its tool calls."""
+def tool_call_id(number: int) -> str:
+    """The id of a conversation's ``number``-th tool call (from 0): 9 letters and digits, the
+    form Mistral's chat templates require (they refuse a call without one).
+
+    Example:
+        >>> tool_call_id(12)
+        'call00012'
+    """
+    return f"call{number:05d}"
+
+
+def assistant_message(
+    content: str, calls: Sequence[ToolCall], first_call_number: int = 0
+) -> dict[str, Any]:
+    """The assistant message for the conversation, with its tool calls; the calls' ids are
+    :func:`tool_call_id` from ``first_call_number`` on (the conversation's calls before)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
-            {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
-            for c in calls
+            {
+                "id": tool_call_id(first_call_number + i),
+                "type": "function",
+                "function": {"name": c.name, "arguments": dict(c.arguments)},
+            }
+            for i, c in enumerate(calls)
         ]
     return message
 
@@ -111,11 +129,13 @@ def render_prompt(
     """
     reject_images(messages)
     ids = tokenizer.apply_chat_template(
-        list(messages),
-        tools=list(tools) if tools else None,
+        # transformers types messages as dicts of strings; tool calls and content parts are not
+        list(messages),  # type: ignore[arg-type]
+        tools=[dict(tool) for tool in tools] if tools else None,
         add_generation_prompt=True,
         tokenize=True,
         return_dict=False,
         **dict(chat_template_kwargs or {}),
     )
-    return [int(i) for i in ids]
+    # one conversation, tokenized, not as a dict: its token ids (the return type spans every mode)
+    return [int(i) for i in cast(list[int], ids)]

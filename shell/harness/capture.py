@@ -28,7 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from asyncgrpo.adapters.models.chat import parse_tool_calls, render_prompt
+from asyncgrpo.adapters.models.chat import render_prompt
+from asyncgrpo.adapters.models.tool_parsers import ParsedReply
 from asyncgrpo.adapters.openai_chat import BadChatRequest, chat_completion, chat_request
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.rollout import context, root_cause
@@ -91,6 +92,8 @@ class CaptureEndpoint:
             ``generate_one_turn``).
         tokenizer: renders the conversation.
         decode: a reply's text, tool-call tags kept (the tool loop's).
+        parse_reply: a reply's text and tool calls, from its text and the request's tools (the
+            tool loop's, in the model's family's format).
         chat_template_kwargs: the config's.
         max_completion_length: a reply this long was cut (``finish_reason`` ``length``).
     """
@@ -100,12 +103,14 @@ class CaptureEndpoint:
         sample: Callable[[list[int]], Awaitable[TurnRecord]],
         tokenizer: Any,
         decode: Callable[[Any], str],
+        parse_reply: Callable[[str, Any], ParsedReply],
         chat_template_kwargs: Any,
         max_completion_length: int,
     ) -> None:
         self._sample = sample
         self._tokenizer = tokenizer
         self._decode = decode
+        self._parse_reply = parse_reply
         self._template_kwargs = chat_template_kwargs
         self._max_completion_length = max_completion_length
         self.rollouts: dict[str, CapturedRollout] = {}
@@ -201,7 +206,7 @@ class CaptureEndpoint:
         if turn is None:
             return _error(503, f"rollout {episode!r} ended while this call was sampled")
         captured.turns.append(turn)
-        content, calls = parse_tool_calls(self._decode(turn.output_ids))
+        content, calls = self._parse_reply(self._decode(turn.output_ids), asked.tools)
         calls = tuple(c for c in calls if c.error is None)
         reply = chat_completion(
             content,

@@ -39,7 +39,7 @@ import anyio.to_thread
 import attrs
 import structlog
 
-from asyncgrpo.adapters.models.chat import parse_tool_calls, render_prompt
+from asyncgrpo.adapters.models.chat import render_prompt
 from asyncgrpo.adapters.openenv import (
     TrainingContractError,
     check_training_trace,
@@ -175,7 +175,8 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
             self.generate_one_turn,
             self.tokenizer,
             self.tool_loop.decode,
-            self.config.chat_template_kwargs,
+            self.tool_loop.parse_reply,
+            self.config.keyword_arguments("chat_template_kwargs"),
             self.config.max_completion_length,
         )
 
@@ -400,12 +401,18 @@ class HarnessRolloutLoop(AsyncRolloutLoop):
                 raise HarnessStopped(
                     "the rollout was abandoned (harness_timeout_s, or the run stopped)"
                 )
+            schemas = tool_schemas(tools)
             prompt_ids = render_prompt(
-                self.tokenizer, messages, tool_schemas(tools), self.config.chat_template_kwargs
+                self.tokenizer,
+                messages,
+                schemas,
+                self.config.keyword_arguments("chat_template_kwargs"),
             )
             turn = anyio.from_thread.run(sample, prompt_ids)
             run.turns.append(turn)
-            content, calls = parse_tool_calls(self.tool_loop.decode(turn.output_ids))
+            content, calls = self.tool_loop.parse_reply(
+                self.tool_loop.decode(turn.output_ids), schemas
+            )
             return step_result(model_reply(content, calls), turn)
 
         return model_step

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -30,10 +30,11 @@ from asyncgrpo.adapters.models.chat import (
     ToolCall,
     assistant_message,
     environment_tools,
-    parse_tool_calls,
     render_prompt,
+    tool_call_id,
     tool_schema,
 )
+from asyncgrpo.adapters.models.tool_parsers import ParsedReply, ToolCallParser
 from asyncgrpo.core.metrics import mean
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout.metrics import (
@@ -45,7 +46,17 @@ from asyncgrpo.core.rollout.metrics import (
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
 Messages = list[dict[str, Any]]
-EnvironmentFactory = Callable[[], object] | Mapping[str, Callable[[], object]]
+
+
+class Environment(Protocol):
+    """What an ``environment_factory`` makes (TRL's AsyncGRPOTrainer documentation): ``reset``
+    takes the dataset row's other columns and returns text for the prompt or None; its public
+    methods become the rollout's tools."""
+
+    def reset(self, **columns: Any) -> str | None: ...
+
+
+EnvironmentFactory = Callable[[], Environment] | Mapping[str, Callable[[], Environment]]
 
 
 def callable_name(fn: Callable[..., Any]) -> str:
@@ -109,7 +120,7 @@ class ToolLoop:
         self._doing = doing
         self._observe = observe
         self._limiter = anyio.CapacityLimiter(config.max_concurrent_rollouts)
-        self._pool: dict[str, list[object]] = defaultdict(list)
+        self._pool: dict[str, list[Environment]] = defaultdict(list)
 
     async def converse(
         self,
@@ -127,16 +138,21 @@ class ToolLoop:
         turns: list[TurnRecord] = []
         calls_made = failures = rounds = 0
         limit = self.config.max_tool_calling_iterations
+        if tools:  # the parser's library import (vLLM's: seconds) runs once, off the event loop
+            await anyio.to_thread.run_sync(self.tool_call_parser.load, limiter=self._limiter)
         while True:
             prompt_ids = render_prompt(
-                self.tokenizer, messages, schemas, self.config.chat_template_kwargs
+                self.tokenizer,
+                messages,
+                schemas,
+                self.config.keyword_arguments("chat_template_kwargs"),
             )
             with self._doing("generation"):
                 turn = await generate_turn(prompt_ids)
             turns.append(turn)
             text = self.decode(turn.output_ids)
-            content, calls = parse_tool_calls(text) if tools else (text, ())
-            reply = assistant_message(content, calls)
+            content, calls = self.parse_reply(text, schemas) if tools else (text, ())
+            reply = assistant_message(content, calls, first_call_number=calls_made)
             messages.append(reply)
             completion.append(reply)
             if not calls or (limit is not None and rounds >= limit):
@@ -146,9 +162,15 @@ class ToolLoop:
             for call in calls:
                 with self._doing(f"tool {call.name!r}"):
                     answer, failed = await self.call_tool(call, by_name)
+                call_id = tool_call_id(calls_made)  # as the assistant message gave it
                 calls_made += 1
                 failures += failed
-                message = {"role": "tool", "name": call.name, "content": answer}
+                message = {
+                    "role": "tool",
+                    "name": call.name,
+                    "tool_call_id": call_id,
+                    "content": answer,
+                }
                 messages.append(message)
                 completion.append(message)
         return Rollout(
@@ -194,7 +216,7 @@ class ToolLoop:
         row: Mapping[str, Any],
         row_index: int,
         tools: Sequence[Callable[..., Any]],
-    ) -> tuple[Messages, list[Callable[..., Any]], object | None]:
+    ) -> tuple[Messages, list[Callable[..., Any]], Environment | None]:
         """A rollout's prompt, tools and environment: without an ``environment_factory``,
         copies of ``prompt`` and ``tools`` and None; else an environment (from the pool or the
         factory) reset with ``row``'s columns, its text appended to the last user message (or
@@ -254,7 +276,7 @@ class ToolLoop:
             return None
         return type(environment), float(reward)
 
-    def release_environment(self, row: Mapping[str, Any], environment: object) -> None:
+    def release_environment(self, row: Mapping[str, Any], environment: Environment) -> None:
         """Return a finished rollout's environment to the pool of its kind."""
         self._pool[self.environment_name(row)].append(environment)
 
@@ -275,12 +297,25 @@ class ToolLoop:
             )
         return str(name)
 
-    def _factory(self, name: str) -> Callable[[], object]:
+    def _factory(self, name: str) -> Callable[[], Environment]:
         factory = self.environment_factory
         if isinstance(factory, Mapping):
             return factory[name]
         assert factory is not None
         return factory
+
+    @functools.cached_property
+    def tool_call_parser(self) -> ToolCallParser:
+        """The reader of the model's tool calls (``config.tool_call_parser``, else the format
+        the chat template renders), made on the first reply with tools."""
+        return ToolCallParser(self.tokenizer, self.config.tool_call_parser)
+
+    def parse_reply(
+        self, text: str, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> ParsedReply:
+        """A reply's text and tool calls, in the model's family's format (``tools``: the
+        schemas the prompt offered)."""
+        return self.tool_call_parser.parse(text, tools)
 
     def decode(self, ids: Sequence[int]) -> str:
         """A reply's text, special tokens kept (tool-call tags) but EOS and padding removed."""
