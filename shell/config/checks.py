@@ -10,14 +10,25 @@ from typing import Any
 
 from transformers.trainer_utils import SchedulerType
 
+from asyncgrpo.adapters.models.tool_parsers import check_tool_call_parser_name
 from asyncgrpo.core.servers.cpu_plan import check_cpu_sharing
 from asyncgrpo.core.servers.routing import server_urls
 from asyncgrpo.core.weights.sync import check_backend
+
+KEYWORD_FIELDS = (
+    "model_init_kwargs",
+    "chat_template_kwargs",
+    "lr_scheduler_kwargs",
+    "gradient_checkpointing_kwargs",
+)
+"""Fields of keyword arguments: a dict or None (a JSON object string is read as a dict)."""
 
 
 def check_values(config: Any) -> None:
     """The fields' values, each and across fields (``config`` an ``AsyncGRPOConfig``, whose
     ``__post_init__`` calls this); a bad value raises naming the field and the fix."""
+    for name in KEYWORD_FIELDS:
+        config.keyword_arguments(name)
     _check_positive(
         config,
         "num_generations",
@@ -85,8 +96,8 @@ def check_values(config: Any) -> None:
         )
     if config.min_p is not None and config.min_p > 0 and config.top_k == 0:
         raise ValueError("AsyncGRPOConfig.min_p > 0 needs top_k > 0 as well")
-    config.objective_settings()
-    objective = config.objective()  # checks loss_type and every objective setting
+    config.check_objective_settings()  # every objective setting, its objective chosen or not
+    objective = config.objective()  # checks loss_type
     if objective.needs.sampler_topk and config.num_sampler_logprobs < 1:
         raise ValueError(
             f"AsyncGRPOConfig.num_sampler_logprobs must be >= 1 with loss_type="
@@ -103,6 +114,7 @@ def check_values(config: Any) -> None:
         )
     if config.max_tool_calling_iterations is not None and config.max_tool_calling_iterations < 0:
         raise ValueError("AsyncGRPOConfig.max_tool_calling_iterations must be >= 0 or None")
+    check_tool_call_parser_name(config.tool_call_parser)
     schedule = SchedulerType(config.lr_scheduler_type).value
     if schedule not in ("constant", "constant_with_warmup") and config.max_steps <= 0:
         raise ValueError(
@@ -117,12 +129,14 @@ def _check_positive(config: Any, *names: str) -> None:
             raise ValueError(f"AsyncGRPOConfig.{name} must be >= 1, got {getattr(config, name)}")
 
 
-def check_trackers(report_to: list[str]) -> None:
-    """``report_to`` (a list once ``TrainingArguments`` read ``"all"``/``"none"``) names
-    integrations transformers reports to."""
+def check_trackers(report_to: str | list[str] | None) -> None:
+    """``report_to`` names integrations transformers reports to. Typed as ``TrainingArguments``
+    declares it; its ``__post_init__`` makes it a list (``"all"``/``"none"`` read, one name or
+    None wrapped), which this checks."""
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    unknown = sorted(set(report_to) - set(INTEGRATION_TO_CALLBACK))
+    names = report_to if isinstance(report_to, list) else [report_to]
+    unknown = sorted(set(names) - set(INTEGRATION_TO_CALLBACK), key=str)
     if unknown:
         raise ValueError(
             f"AsyncGRPOConfig.report_to names unknown trackers {unknown}; use transformers' "

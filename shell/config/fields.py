@@ -32,17 +32,21 @@ from transformers import TrainingArguments
 from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import SchedulerType
 
+from asyncgrpo.adapters.models.tool_parsers import TOOL_CALL_PARSER_NAMES
 from asyncgrpo.adapters.vllm.auth import API_KEY_ENV
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.core.loss.objectives import (
     OBJECTIVES,
+    SETTINGS_TYPES,
     Objective,
     ObjectiveSettings,
     loss_type_from,
     objective_for,
-    objective_settings,
+    settings_for,
 )
 from asyncgrpo.core.loss.objectives import SETTINGS as OBJECTIVE_SETTINGS
+from asyncgrpo.core.loss.objectives.base import SettingsT
+from asyncgrpo.core.loss.objectives.weights import TRLSettings
 from asyncgrpo.core.names import did_you_mean, spoken_list
 from asyncgrpo.core.servers.routing import server_urls
 from asyncgrpo.core.weights.parity import FOREIGN_WINDOW
@@ -57,33 +61,27 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-def _with_objective_settings(cls: type) -> type:
-    """Give ``cls`` a field per objective setting (:data:`asyncgrpo.core.loss.objectives.
-    SETTINGS`), after ``loss_type``, with the default and help its objective declares; applied
-    before ``@dataclass`` reads the fields."""
-    own = inspect.get_annotations(cls)  # this class's fields, not TrainingArguments'
-    annotations: dict[str, object] = {}
-    for name, kind in own.items():
-        annotations[name] = kind
-        if name != "loss_type":
-            continue
-        for setting in OBJECTIVE_SETTINGS:
-            if setting.name in own:
-                raise TypeError(f"{setting.name} is declared by its objective, not here")
-            annotations[setting.name] = "float | None" if setting.optional else "float"
-            setattr(cls, setting.name, field(default=setting.default, metadata=_help(setting.help)))
-    cls.__annotations__ = annotations
-    return cls
+_OBJECTIVE_SETTINGS_BY_NAME = {setting.name: setting for setting in OBJECTIVE_SETTINGS}
+
+
+def _objective_setting(name: str) -> Any:
+    """The config field of the objective setting ``name`` under TRL's flat name, with the
+    default and help of the settings record that declares it
+    (:data:`asyncgrpo.core.loss.objectives.SETTINGS`)."""
+    setting = _OBJECTIVE_SETTINGS_BY_NAME[name]
+    return field(default=setting.default, metadata=_help(setting.help))
 
 
 @dataclass
-@_with_objective_settings
 class AsyncGRPOConfig(TrainingArguments):
     """Configuration of :class:`asyncgrpo.AsyncGRPOTrainer`: ``TrainingArguments`` plus the
     fields of TRL's ``AsyncGRPOConfig`` (the reference is docs/configuration.md). Each policy
-    objective's settings are fields too, after ``loss_type``: ``epsilon``, ``epsilon_high``,
-    ``vllm_importance_sampling_clip_min``/``_max`` (TRL's) and those the other objectives
-    declare (:data:`asyncgrpo.core.loss.objectives.SETTINGS`)."""
+    objective's settings are flat fields too, after ``loss_type``, as in TRL: ``epsilon``,
+    ``epsilon_high``, ``vllm_importance_sampling_clip_min``/``_max`` (TRL's) and those the other
+    objectives declare (:data:`asyncgrpo.core.loss.objectives.SETTINGS`), each with the default
+    and help of its objective's settings record. :meth:`objective_settings` is the chosen
+    objective's record built from them; a setting the chosen objective does not read is
+    accepted (as TRL accepts ``epsilon_high`` whatever its loss) and checked all the same."""
 
     _VALID_DICT_FIELDS = [  # noqa: RUF012 (TrainingArguments' own class attribute)
         *TrainingArguments._VALID_DICT_FIELDS,
@@ -104,7 +102,10 @@ class AsyncGRPOConfig(TrainingArguments):
         default=1,
         metadata=_help("Log a window every N optimizer steps (< 1: fraction of max_steps)."),
     )
-    gradient_checkpointing: bool | None = field(
+    # transformers' TrainingArguments declares gradient_checkpointing and bf16 as bool; here None
+    # (decide at start) is a value too, which TrainingArguments reads as False: the override
+    # widens the type on purpose.
+    gradient_checkpointing: bool | None = field(  # type: ignore[assignment]
         default=None,
         metadata=_help(
             "Activation checkpointing of the decoder layers. None: on only when a row "
@@ -113,7 +114,7 @@ class AsyncGRPOConfig(TrainingArguments):
             "attention backend keeps (logged at start); TRL's default is True."
         ),
     )
-    bf16: bool | None = field(
+    bf16: bool | None = field(  # type: ignore[assignment]
         default=None,
         metadata=_help(
             "bf16 mixed precision (fp32 master weights); None: on with CUDA, and on "
@@ -181,6 +182,14 @@ class AsyncGRPOConfig(TrainingArguments):
     max_tool_calling_iterations: int | None = field(
         default=None, metadata=_help("Tool-calling turns per rollout; None: no limit.")
     )
+    tool_call_parser: str | None = field(
+        default=None,
+        metadata=_help(
+            "Not in TRL. The format of the model's tool calls, named as vLLM's "
+            "--tool-call-parser names it: " + ", ".join(TOOL_CALL_PARSER_NAMES) + "; None: "
+            "chosen from the chat template (docs/rollouts.md, Tool-call formats)."
+        ),
+    )
 
     # server
     vllm_server_base_url: str | list[str] = field(
@@ -235,6 +244,30 @@ class AsyncGRPOConfig(TrainingArguments):
             "score_centering, False: clipped_surrogate)."
         ),
     )
+    # the objectives' settings: default and help from the record that declares each
+    epsilon: float = _objective_setting("epsilon")
+    epsilon_high: float | None = _objective_setting("epsilon_high")
+    vllm_importance_sampling_clip_min: float = _objective_setting(
+        "vllm_importance_sampling_clip_min"
+    )
+    vllm_importance_sampling_clip_max: float = _objective_setting(
+        "vllm_importance_sampling_clip_max"
+    )
+    tis_token_cap: float = _objective_setting("tis_token_cap")
+    tis_sequence_cap: float = _objective_setting("tis_sequence_cap")
+    tis_geometric_cap: float = _objective_setting("tis_geometric_cap")
+    mis_token_clip_min: float = _objective_setting("mis_token_clip_min")
+    mis_token_clip_max: float = _objective_setting("mis_token_clip_max")
+    mis_sequence_clip_min: float = _objective_setting("mis_sequence_clip_min")
+    mis_sequence_clip_max: float = _objective_setting("mis_sequence_clip_max")
+    mis_geometric_clip_min: float = _objective_setting("mis_geometric_clip_min")
+    mis_geometric_clip_max: float = _objective_setting("mis_geometric_clip_max")
+    icepop_alpha: float = _objective_setting("icepop_alpha")
+    icepop_beta: float = _objective_setting("icepop_beta")
+    behav_imp_weight_cap: float = _objective_setting("behav_imp_weight_cap")
+    m2po_threshold: float = _objective_setting("m2po_threshold")
+    cispo_clip_min: float = _objective_setting("cispo_clip_min")
+    cispo_clip_max: float = _objective_setting("cispo_clip_max")
     num_sampler_logprobs: int = field(
         default=8, metadata=_help("Top log-probs requested per token for score centering.")
     )
@@ -460,7 +493,7 @@ class AsyncGRPOConfig(TrainingArguments):
             message = str(error).removeprefix("AsyncGRPOConfig.")
             raise ValueError(f"AsyncGRPOConfig.eval_{message}") from None
 
-    def objective(self) -> Objective:
+    def objective(self) -> Objective[Any]:
         """The policy objective ``loss_type`` (or ``score_centering``) names
         (:mod:`asyncgrpo.core.loss.objectives`)."""
         try:
@@ -469,13 +502,39 @@ class AsyncGRPOConfig(TrainingArguments):
             raise ValueError(f"AsyncGRPOConfig.loss_type: {error}") from None
 
     def objective_settings(self) -> ObjectiveSettings:
-        """The objectives' hyperparameters, under the same names; a bad value raises naming
-        its field."""
-        names = [setting.name for setting in OBJECTIVE_SETTINGS]
+        """The chosen objective's settings record (its ``settings_type``), from the fields of
+        the same names; a bad value raises naming its field."""
+        return self._settings_record(self.objective().settings_type)
+
+    def trl_settings(self) -> TRLSettings:
+        """The settings of TRL's two objectives (trust region, keep range), whatever
+        ``loss_type`` is: TRL's loss metrics are computed with them for every objective."""
+        return self._settings_record(TRLSettings)
+
+    def check_objective_settings(self) -> None:
+        """Check every objective setting, read by the chosen objective or not: each
+        objective's settings record is built once from the fields."""
+        for settings_type in SETTINGS_TYPES:
+            self._settings_record(settings_type)
+
+    def _settings_record(self, settings_type: type[SettingsT]) -> SettingsT:
+        values = {setting.name: getattr(self, setting.name) for setting in OBJECTIVE_SETTINGS}
         try:
-            return objective_settings(**{name: getattr(self, name) for name in names})
+            return settings_for(settings_type, values)
         except ValueError as error:
             raise ValueError(f"AsyncGRPOConfig: {error}") from None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass adds fields of its own; an objective setting keeps the one default its
+        record declares, so redeclaring one raises TypeError."""
+        super().__init_subclass__(**kwargs)
+        redeclared = sorted(set(inspect.get_annotations(cls)) & set(_OBJECTIVE_SETTINGS_BY_NAME))
+        if redeclared:
+            raise TypeError(
+                f"{cls.__name__}: {', '.join(redeclared)} is declared by its objective's settings "
+                "record (asyncgrpo.core.loss.objectives), not here; pass a value to the "
+                "constructor instead of a new default"
+            )
 
     @property
     def server_urls(self) -> tuple[str, ...]:
@@ -496,6 +555,37 @@ class AsyncGRPOConfig(TrainingArguments):
         """The key requests to the vLLM server carry: ``vllm_server_api_key``, else
         ``VLLM_API_KEY`` from the environment, else None."""
         return self.vllm_server_api_key or os.environ.get(API_KEY_ENV) or None
+
+    @property
+    def output_path(self) -> Path:
+        """``output_dir`` as a path. ``TrainingArguments.__post_init__`` sets a None
+        ``output_dir`` to ``trainer_output``, so it is None only when set so afterwards.
+
+        Raises:
+            ValueError: ``output_dir`` is None.
+        """
+        if self.output_dir is None:
+            raise ValueError(
+                "AsyncGRPOConfig.output_dir is None: set it to the folder for checkpoints, "
+                "logs and the saved model"
+            )
+        return Path(self.output_dir)
+
+    def keyword_arguments(self, name: str) -> dict[str, Any] | None:
+        """The dict field ``name`` (one of :data:`~asyncgrpo.shell.config.checks.KEYWORD_FIELDS`,
+        such as ``model_init_kwargs``): a dict or None, a JSON string having been read by
+        ``TrainingArguments.__post_init__``.
+
+        Raises:
+            ValueError: the field holds a string that is not a JSON object.
+        """
+        value = getattr(self, name)
+        if isinstance(value, str):
+            raise ValueError(
+                f"AsyncGRPOConfig.{name}={value!r} is not a JSON object: give a dict, or on the "
+                f"command line a JSON string such as '{{\"key\": 1}}'"
+            )
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         """``TrainingArguments.to_dict`` (what trackers log) with the API key masked."""

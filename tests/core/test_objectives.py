@@ -35,21 +35,52 @@ from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
 from asyncgrpo.core.loss.losses import clipped_surrogate, score_centered_surrogate
 from asyncgrpo.core.loss.objectives import (
     OBJECTIVES,
+    SETTINGS,
+    SETTINGS_TYPES,
     Needs,
     Objective,
     ObjectiveSettings,
     TokenInputs,
-    example_settings,
     loss_type_from,
     objective_for,
-    objective_settings,
+    settings_for,
 )
+from asyncgrpo.core.loss.objectives.weights import TrustRegionSettings
 
 PROPERTY = settings(deadline=None, max_examples=60)
 F64 = torch.float64
 
 
 # --- random cases ---------------------------------------------------------------------------
+
+
+class DrawnSettings:
+    """A drawn value of every declared objective setting: the references read them by name,
+    and :meth:`of` is an objective's own settings record built from them (as the config builds
+    it from its flat fields)."""
+
+    def __init__(self, **values: float | None) -> None:
+        self.values = values
+        assert set(values) == {setting.name for setting in SETTINGS}, "draw every setting"
+
+    def __getattr__(self, name: str) -> float | None:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"DrawnSettings(**{self.values!r})"
+
+    @property
+    def trust_region(self) -> tuple[float, float]:
+        return settings_for(TrustRegionSettings, self.values).trust_region
+
+    def of(self, objective: Objective) -> ObjectiveSettings:
+        return settings_for(objective.settings_type, self.values)
+
+    def replace(self, **changes: float | None) -> DrawnSettings:
+        return DrawnSettings(**{**self.values, **changes})
 
 
 @dataclass(frozen=True)
@@ -65,7 +96,7 @@ class Case:
     topk_sampler_logp: np.ndarray
     topk_valid: np.ndarray
     topk_logp: np.ndarray
-    settings: ObjectiveSettings
+    settings: DrawnSettings
 
     @property
     def n(self) -> int:
@@ -116,7 +147,7 @@ def bound_pair(low: tuple[float, float], high: tuple[float, float]):
 
 
 @st.composite
-def valid_settings(draw) -> ObjectiveSettings:
+def valid_settings(draw) -> DrawnSettings:
     """Valid settings whose bounds stay away from 1 (an on-policy ratio is exactly 1)."""
     vis = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
     mis_token = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
@@ -124,7 +155,7 @@ def valid_settings(draw) -> ObjectiveSettings:
     mis_geometric = draw(bound_pair((0.5, 0.99), (1.01, 2.0)))
     icepop = draw(bound_pair((0.2, 0.95), (1.05, 6.0)))
     cispo = draw(bound_pair((0.0, 0.95), (1.05, 6.0)))
-    return objective_settings(
+    return DrawnSettings(
         epsilon=draw(st.floats(0.05, 0.5)),
         epsilon_high=draw(st.one_of(st.none(), st.floats(0.05, 0.5))),
         vllm_importance_sampling_clip_min=vis[0],
@@ -221,7 +252,7 @@ class Brute:
 Reference = Callable[[Case, Tensor, Tensor | None, Comparisons], Brute]
 
 
-def ppo(q: Tensor, advantage: float, settings_: ObjectiveSettings, cmp: Comparisons) -> Tensor:
+def ppo(q: Tensor, advantage: float, settings_: DrawnSettings, cmp: Comparisons) -> Tensor:
     """PPO's objective ``min(q A, clip(q) A)`` written out by cases (the loss is its negative)."""
     low, high = settings_.trust_region
     if advantage > 0 and cmp.lt(high, q.item()):
@@ -316,7 +347,7 @@ def wrong_clipped_surrogate(c: Case, logp: Tensor, _: Tensor | None, cmp: Compar
     return Brute(total, right.weights)
 
 
-def truncated(level: str, cap: Callable[[ObjectiveSettings], float]) -> Reference:
+def truncated(level: str, cap: Callable[[DrawnSettings], float]) -> Reference:
     def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
         limit = cap(c.settings)
         weights = [
@@ -328,7 +359,7 @@ def truncated(level: str, cap: Callable[[ObjectiveSettings], float]) -> Referenc
     return reference
 
 
-def masked(level: str, bounds: Callable[[ObjectiveSettings], tuple[float, float]]) -> Reference:
+def masked(level: str, bounds: Callable[[DrawnSettings], tuple[float, float]]) -> Reference:
     def reference(c: Case, logp: Tensor, _: Tensor | None, cmp: Comparisons) -> Brute:
         low, high = bounds(c.settings)
         weights = [
@@ -527,7 +558,7 @@ def gradients(total: Tensor | float, leaves: list[Tensor]) -> list[np.ndarray]:
 def compare(objective: Objective, reference: Reference, case: Case) -> Comparison:
     topk = objective.needs.sampler_topk
     logp, topk_logp = case.leaves(topk)
-    loss = objective.per_token_loss(case.inputs(logp, topk_logp), case.settings)
+    loss = objective.per_token_loss(case.inputs(logp, topk_logp), case.settings.of(objective))
     leaves = [logp] + ([topk_logp] if topk_logp is not None else [])
     got = gradients(loss.sum(), leaves)
     ref_logp, ref_topk_logp = case.leaves(topk)
@@ -576,7 +607,7 @@ def test_metrics_are_finite_in_range_and_match_the_formula(name: str, case: Case
     result = compare(objective, REFERENCES[name].reference, case)
     assume(not result.tight)
     logp, topk_logp = case.leaves(objective.needs.sampler_topk)
-    metrics = objective.metrics(case.inputs(logp, topk_logp), case.settings)
+    metrics = objective.metrics(case.inputs(logp, topk_logp), case.settings.of(objective))
     assert metrics, "every objective reports metrics"
     assert all(key.startswith("objective/") for key in metrics)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
@@ -620,8 +651,9 @@ def test_trl_objectives_equal_the_functions_of_core_losses_exactly(case: Case) -
         logp, inputs.sampler_logp, inputs.advantages, topk_logp, inputs.topk, config
     )
     clipped = clipped_surrogate(logp, inputs.sampler_logp, inputs.advantages, config)
-    assert torch.equal(OBJECTIVES["score_centering"].per_token_loss(inputs, s), centered)
-    assert torch.equal(OBJECTIVES["clipped_surrogate"].per_token_loss(inputs, s), clipped)
+    for name, expected in (("score_centering", centered), ("clipped_surrogate", clipped)):
+        objective = OBJECTIVES[name]
+        assert torch.equal(objective.per_token_loss(inputs, s.of(objective)), expected), name
 
 
 @PROPERTY
@@ -638,8 +670,8 @@ def test_in_this_trainer_icepop_and_decoupled_ppo_are_token_masked_is(case: Case
         ("decoupled_ppo", 0.0, s.behav_imp_weight_cap),
     ):
         as_mis = s.replace(mis_token_clip_min=low, mis_token_clip_max=high)
-        got = OBJECTIVES[name].per_token_loss(inputs, s)
-        assert torch.equal(got, mis.per_token_loss(inputs, as_mis)), name
+        got = OBJECTIVES[name].per_token_loss(inputs, s.of(OBJECTIVES[name]))
+        assert torch.equal(got, mis.per_token_loss(inputs, as_mis.of(mis))), name
 
 
 @PROPERTY
@@ -649,8 +681,10 @@ def test_in_this_trainer_cispo_without_a_lower_clip_has_the_gradient_of_tis(case
     logp, _ = case.leaves(topk=False)
     inputs = case.inputs(logp, None)
     as_cispo = s.replace(cispo_clip_min=0.0, cispo_clip_max=s.tis_token_cap)
-    (tis,) = torch.autograd.grad(OBJECTIVES["tis_token"].per_token_loss(inputs, s).sum(), logp)
-    cispo_loss = OBJECTIVES["cispo"].per_token_loss(inputs, as_cispo)
+    tis_token, cispo_objective = OBJECTIVES["tis_token"], OBJECTIVES["cispo"]
+    tis_loss = tis_token.per_token_loss(inputs, s.of(tis_token))
+    (tis,) = torch.autograd.grad(tis_loss.sum(), logp)
+    cispo_loss = cispo_objective.per_token_loss(inputs, as_cispo.of(cispo_objective))
     (cispo,) = torch.autograd.grad(cispo_loss.sum(), logp)
     np.testing.assert_allclose(tis.numpy(), cispo.numpy(), rtol=1e-12, atol=1e-15)
 
@@ -686,13 +720,15 @@ def test_splitting_a_call_does_not_change_the_per_token_losses(case: Case, cuts)
         edges = boundaries if objective.needs.whole_samples else anywhere
         topk = objective.needs.sampler_topk
         logp, topk_logp = case.leaves(topk)
-        whole = objective.per_token_loss(case.inputs(logp, topk_logp), case.settings)
+        whole = objective.per_token_loss(case.inputs(logp, topk_logp), case.settings.of(objective))
         pieces = []
         for a, b in itertools.pairwise(edges):
             piece = slice_case(case, a, b)
             piece_logp, piece_topk = piece.leaves(topk)
             pieces.append(
-                objective.per_token_loss(piece.inputs(piece_logp, piece_topk), piece.settings)
+                objective.per_token_loss(
+                    piece.inputs(piece_logp, piece_topk), piece.settings.of(objective)
+                )
             )
         np.testing.assert_allclose(
             torch.cat(pieces).detach().numpy(),
@@ -728,7 +764,7 @@ def test_m2po_bounds_the_second_moment_and_masks_no_more_than_needed(case: Case)
 
     logp, _ = case.leaves(topk=False)
     inputs = case.inputs(logp, None)
-    keep = m2po_keep(inputs, case.settings).numpy()
+    keep = m2po_keep(inputs, case.settings.of(OBJECTIVES["m2po"])).numpy()
     log_ratio = case.logp - case.sampler_logp
     trust = trust_region_tokens(torch.tensor(log_ratio), inputs.advantages).numpy()
     assert np.all(keep[~trust]), "only trust-region tokens are masked"
@@ -753,7 +789,6 @@ def test_dropped_tokens_contribute_zero_and_no_nan(logp0, sampler0, every_object
     """Token 0's ratio is exp(900), or 0 with a log-prob of -inf (a target outside its candidate
     set); the others are on-policy. Every loss and gradient stays finite, no metric is NaN, and
     an objective that drops token 0 (weight 0) gives it exactly 0 loss and 0 gradient."""
-    s = example_settings()
     logp = torch.tensor([logp0, -1.0, -1.0], dtype=F64, requires_grad=True)
     inputs = TokenInputs(
         logp=logp,
@@ -766,10 +801,11 @@ def test_dropped_tokens_contribute_zero_and_no_nan(logp0, sampler0, every_object
     for name, objective in OBJECTIVES.items():
         if objective.needs.sampler_topk:
             continue
-        loss = objective.per_token_loss(inputs, s)
+        defaults = objective.settings_type()
+        loss = objective.per_token_loss(inputs, defaults)
         (grad,) = torch.autograd.grad(loss.sum(), logp)
         assert torch.isfinite(loss).all() and torch.isfinite(grad).all(), name
-        metrics = objective.metrics(inputs, s)
+        metrics = objective.metrics(inputs, defaults)
         # no NaN; M2PO's second moment of a zero-probability target is honestly infinite
         assert not any(math.isnan(v) for v in metrics.values()), (name, metrics)
         if every_objective_drops_it or metrics.get("objective/masked_fraction", 0.0) > 0.0:
@@ -793,10 +829,11 @@ def test_an_empty_call_gives_an_empty_loss_with_grad_and_no_metrics(name: str) -
         topk_logp=torch.zeros(0, 3, dtype=F64, requires_grad=True),
         topk=topk,
     )
-    loss = OBJECTIVES[name].per_token_loss(inputs, example_settings())
+    defaults = OBJECTIVES[name].settings_type()
+    loss = OBJECTIVES[name].per_token_loss(inputs, defaults)
     assert loss.shape == (0,)
     loss.sum().backward()
-    assert OBJECTIVES[name].metrics(inputs, example_settings()) == {}
+    assert OBJECTIVES[name].metrics(inputs, defaults) == {}
 
 
 def test_score_centering_without_the_sampler_topk_says_what_is_missing() -> None:
@@ -808,7 +845,9 @@ def test_score_centering_without_the_sampler_topk_says_what_is_missing() -> None
         entropy=torch.zeros(1),
     )
     with pytest.raises(ValueError, match="top-K"):
-        OBJECTIVES["score_centering"].per_token_loss(inputs, example_settings())
+        OBJECTIVES["score_centering"].per_token_loss(
+            inputs, OBJECTIVES["score_centering"].settings_type()
+        )
 
 
 # --- registry ----------------------------------------------------------------------------------
@@ -938,17 +977,41 @@ def test_bad_token_inputs_name_the_field(overrides, error, match) -> None:
     ],
 )
 def test_bad_settings_name_the_field(change, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        example_settings().replace(**change)
+    (name,) = change
+    declaring = [t for t in SETTINGS_TYPES if name in attrs.fields_dict(t)]
+    assert declaring, f"no settings record declares {name}"
+    for settings_type in declaring:  # built, and evolved from valid settings
+        with pytest.raises(ValueError, match=match):
+            settings_type(**change)
+        with pytest.raises(ValueError, match=match):
+            attrs.evolve(settings_type(), **change)
 
 
-def test_settings_have_no_defaults_and_allow_an_infinite_upper_bound() -> None:
-    values = dict(example_settings().values)
-    del values["cispo_clip_max"]
-    with pytest.raises(ValueError, match="no value for the objective setting"):
-        objective_settings(**values)
-    relaxed = example_settings().replace(tis_sequence_cap=math.inf, mis_sequence_clip_max=math.inf)
-    assert relaxed.tis_sequence_cap == math.inf
+def test_each_objective_reads_its_own_record_with_the_shared_settings_declared_once() -> None:
+    by_name = {setting.name: setting for setting in SETTINGS}
+    for objective in OBJECTIVES.values():
+        record = objective.settings_type
+        assert issubclass(record, ObjectiveSettings), objective.name
+        for field in attrs.fields(record):  # inherited fields are the same declaration
+            assert field.default == by_name[field.name].default, (objective.name, field.name)
+    assert attrs.fields_dict(OBJECTIVES["tis_token"].settings_type).keys() >= {
+        "epsilon",
+        "epsilon_high",
+        "tis_token_cap",
+    }
+    assert "epsilon" not in attrs.fields_dict(OBJECTIVES["cispo"].settings_type)
+    assert len(SETTINGS) == len(by_name)
+
+
+def test_settings_for_takes_only_the_records_names_and_allows_an_infinite_upper_bound() -> None:
+    values = {setting.name: setting.default for setting in SETTINGS}
+    tis = settings_for(OBJECTIVES["tis_sequence"].settings_type, {**values, "tis_sequence_cap": 9})
+    assert tis.tis_sequence_cap == 9 and not hasattr(tis, "cispo_clip_max")
+    relaxed = attrs.evolve(
+        settings_for(OBJECTIVES["mis_sequence"].settings_type, values),
+        mis_sequence_clip_max=math.inf,
+    )
+    assert relaxed.mis_sequence_clip_max == math.inf
 
 
 # --- worked examples ----------------------------------------------------------------------------

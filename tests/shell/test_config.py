@@ -114,6 +114,30 @@ def test_values_of_the_wrong_type_fail_naming_the_field(values, message) -> None
         AsyncGRPOConfig(**values)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model_init_kwargs",
+        "chat_template_kwargs",
+        "lr_scheduler_kwargs",
+        "gradient_checkpointing_kwargs",
+    ],
+)
+def test_keyword_argument_fields_take_a_dict_or_a_json_object_string(name) -> None:
+    assert AsyncGRPOConfig(**{name: '{"a": 1}'}).keyword_arguments(name) == {"a": 1}
+    assert AsyncGRPOConfig(**{name: None}).keyword_arguments(name) is None
+    with pytest.raises(ValueError, match=f"{name}='a=1' is not a JSON object"):
+        AsyncGRPOConfig(**{name: "a=1"})
+
+
+def test_output_path_is_the_output_dir_and_names_the_field_when_unset(tmp_path) -> None:
+    config = AsyncGRPOConfig(output_dir=str(tmp_path))
+    assert config.output_path == tmp_path
+    config.output_dir = None
+    with pytest.raises(ValueError, match="output_dir is None"):
+        _ = config.output_path
+
+
 def test_a_subclass_adds_fields_that_are_type_checked_too() -> None:
     assert CurriculumConfig(pass_rate_cap=0.5).pass_rate_cap == 0.5
     with pytest.raises(TypeError, match="pass_rate_cap must be float"):
@@ -176,6 +200,29 @@ def test_train_flags_override_the_config_file(tmp_path) -> None:
     assert (settings.model, settings.dataset, settings.rewards) == ("m", "d.jsonl", ["a:b"])
     assert (config.max_steps, config.learning_rate, config.score_centering) == (2, 0.5, False)
     assert config.lr_scheduler_kwargs == {"num_cycles": 2}
+
+
+def test_trl_flat_objective_names_reach_the_chosen_objectives_record(tmp_path) -> None:
+    """TRL's flat names (epsilon, epsilon_high, ...) given to the constructor, a config file or
+    flags become the chosen loss_type's settings record; a setting the chosen objective does not
+    read is accepted, as in TRL, and still checked."""
+    config = AsyncGRPOConfig(loss_type="tis_token", epsilon_high=0.28, tis_token_cap=3.0)
+    settings = config.objective_settings()
+    assert type(settings) is OBJECTIVES["tis_token"].settings_type
+    assert (settings.epsilon, settings.trust_region) == (0.2, (0.8, 1.28))
+    assert settings.tis_token_cap == 3.0
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'model = "m"\ndataset = "d.jsonl"\nreward_funcs = ["a:b"]\ncispo_clip_max = 4.0\n'
+    )
+    flagged = build_config(
+        parse_train_args(["--config", str(path), "--loss_type", "cispo", "--epsilon_high", "0.3"])
+    )
+    assert flagged.objective_settings() == OBJECTIVES["cispo"].settings_type(cispo_clip_max=4.0)
+    assert flagged.epsilon_high == 0.3  # accepted, though cispo does not read it
+    assert AsyncGRPOConfig(epsilon_high=0.3).trl_settings().trust_region == (0.8, 1.3)
+    with pytest.raises(ValueError, match="AsyncGRPOConfig: tis_token_cap must be >= 1"):
+        AsyncGRPOConfig(loss_type="cispo", tis_token_cap=0.5)
 
 
 def test_train_takes_trl_lora_flags_and_starts_a_server_that_fits_the_run(

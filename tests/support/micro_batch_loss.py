@@ -10,12 +10,8 @@ from torch import Tensor
 from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK, check_logits, check_tensor
 from asyncgrpo.core.loss.losses import normalize_loss, token_log_probs
 from asyncgrpo.core.loss.metrics import loss_metrics
-from asyncgrpo.core.loss.objectives import (
-    TokenInputs,
-    example_settings,
-    loss_type_from,
-    objective_for,
-)
+from asyncgrpo.core.loss.objectives import TokenInputs, loss_type_from, objective_for
+from asyncgrpo.core.loss.objectives.weights import TRLSettings
 
 
 @attrs.frozen(eq=False)
@@ -55,7 +51,7 @@ def policy_loss(
         )
     centering_topk = topk if objective.needs.sampler_topk else None
     tokens = token_log_probs(logits, target_ids, config.temperature, candidate_mask, centering_topk)
-    settings = example_settings().replace(
+    settings = TRLSettings(
         epsilon=config.epsilon,
         epsilon_high=config.epsilon_high,
         vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,

@@ -2,9 +2,9 @@
 
 Every objective follows the :class:`~asyncgrpo.core.loss.objectives.base.Objective` protocol: from
 the immutable per-token inputs of one call
-(:class:`~asyncgrpo.core.loss.objectives.base.TokenInputs`) and the hyperparameters
-(:class:`~asyncgrpo.core.loss.objectives.base.ObjectiveSettings`) it gives a per-token loss and its
-metrics, and it declares what the shell must provide
+(:class:`~asyncgrpo.core.loss.objectives.base.TokenInputs`) and its own settings record (its
+``settings_type``, a subclass of :class:`~asyncgrpo.core.loss.objectives.base.ObjectiveSettings`)
+it gives a per-token loss and its metrics, and it declares what the shell must provide
 (:class:`~asyncgrpo.core.loss.objectives.base.Needs`). ``docs/objectives.md`` explains each one.
 
 ======================  ====================================================================
@@ -25,9 +25,10 @@ metrics, and it declares what the shell must provide
 ======================  ====================================================================
 
 **Adding an objective** is its module (exposing ``OBJECTIVES``, a tuple of objects following the
-protocol, and ``SETTINGS``, the hyperparameters it reads, which become ``AsyncGRPOConfig``
-fields), its tests (a brute-force reference and a negative control in
-``tests/core/test_objectives.py``) and one line in :data:`_MODULES` below.
+protocol, each naming its settings record, whose fields :func:`~.base.setting` declares), one
+``AsyncGRPOConfig`` line per new setting (a test names a missing one), its tests (a brute-force
+reference and a negative control in ``tests/core/test_objectives.py``) and one line in
+:data:`_MODULES` below.
 
 Example:
     >>> objective_for(loss_type_from(None, score_centering=True)).needs.sampler_topk
@@ -39,6 +40,7 @@ Example:
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
@@ -46,6 +48,8 @@ from asyncgrpo.core.loss.objectives.base import (
     ObjectiveSettings,
     Setting,
     TokenInputs,
+    settings_for,
+    settings_of,
 )
 from asyncgrpo.core.names import did_you_mean
 
@@ -63,8 +67,8 @@ _MODULES = (
 registered, in this order."""
 
 
-def _registry() -> dict[str, Objective]:
-    registry: dict[str, Objective] = {}
+def _registry() -> dict[str, Objective[Any]]:
+    registry: dict[str, Objective[Any]] = {}
     for module in _MODULES:
         for objective in import_module(f"{__name__}.{module}").OBJECTIVES:
             if objective.name in registry:
@@ -73,48 +77,32 @@ def _registry() -> dict[str, Objective]:
     return registry
 
 
-OBJECTIVES: dict[str, Objective] = _registry()
+OBJECTIVES: dict[str, Objective[Any]] = _registry()
 """Every objective by its ``loss_type`` name."""
+
+
+SETTINGS_TYPES: tuple[type[ObjectiveSettings], ...] = tuple(
+    dict.fromkeys(objective.settings_type for objective in OBJECTIVES.values())
+)
+"""Every objective's settings record, once each, in registry order."""
 
 
 def _declared_settings() -> tuple[Setting, ...]:
     declared: dict[str, Setting] = {}
-    for module in ("weights", *_MODULES):
-        for setting in getattr(import_module(f"{__name__}.{module}"), "SETTINGS", ()):
-            if setting.name in declared:
-                raise ValueError(f"two modules declare the objective setting {setting.name!r}")
-            declared[setting.name] = setting
+    for settings_type in SETTINGS_TYPES:
+        for setting in settings_of(settings_type):
+            if declared.setdefault(setting.name, setting) != setting:
+                raise ValueError(
+                    f"two settings records declare {setting.name!r} differently; declare it "
+                    "once, in a record the objectives that read it extend"
+                )
     return tuple(declared.values())
 
 
 SETTINGS: tuple[Setting, ...] = _declared_settings()
-"""Every objective setting: the shared ones (:mod:`.weights`), then each registered module's
-``SETTINGS`` in registry order. ``AsyncGRPOConfig`` has one field per entry."""
-
-
-def objective_settings(**values: float | None) -> ObjectiveSettings:
-    """:class:`ObjectiveSettings` of ``values``, one per declared setting, checked.
-
-    Example:
-        >>> defaults = {setting.name: setting.default for setting in SETTINGS}
-        >>> objective_settings(**defaults).tis_token_cap
-        2.0
-        >>> objective_settings(**{**defaults, "tis_token_cap": 0.5})  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ValueError: tis_token_cap must be >= 1 (math.inf for no cap), got 0.5; ...
-    """
-    return ObjectiveSettings(values, SETTINGS)
-
-
-def example_settings() -> ObjectiveSettings:
-    """Every setting at its declared default, for worked examples and tests (the shell builds
-    its settings from ``AsyncGRPOConfig``, whose fields take the same defaults).
-
-    Example:
-        >>> example_settings().trust_region
-        (0.8, 1.2)
-    """
-    return objective_settings(**{setting.name: setting.default for setting in SETTINGS})
+"""Every objective setting, once, in registry order: the shared ones (the trust region and TRL's
+keep range, :mod:`.weights`) first. ``AsyncGRPOConfig`` has one field per entry, under its name.
+"""
 
 
 def objective_for(name: str) -> Objective:
@@ -168,13 +156,14 @@ def loss_type_from(loss_type: str | None, score_centering: bool) -> str:
 __all__ = [
     "OBJECTIVES",
     "SETTINGS",
+    "SETTINGS_TYPES",
     "Needs",
     "Objective",
     "ObjectiveSettings",
     "Setting",
     "TokenInputs",
-    "example_settings",
     "loss_type_from",
     "objective_for",
-    "objective_settings",
+    "settings_for",
+    "settings_of",
 ]

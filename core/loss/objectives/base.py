@@ -2,10 +2,10 @@
 its objective.
 
 An objective (:class:`Objective`) turns the immutable per-token inputs of one call
-(:class:`TokenInputs`: N trained tokens flattened over one packed row) and the hyperparameters
-(:class:`ObjectiveSettings`) into a per-token loss, float [N], and a dict of metrics. It declares
-what the shell must provide for it in :class:`Needs`, so that the learner and the rollout side
-ask the objective instead of branching on booleans.
+(:class:`TokenInputs`: N trained tokens flattened over one packed row) and its settings record
+(a subclass of :class:`ObjectiveSettings`) into a per-token loss, float [N], and a dict of
+metrics. It declares what the shell must provide for it in :class:`Needs`, so that the learner
+and the rollout side ask the objective instead of branching on booleans.
 
 Conventions shared by every objective:
 
@@ -23,12 +23,14 @@ Conventions shared by every objective:
 * Weights computed from log-probs are detached; gradient flows through ``logp`` and
   ``topk_logp`` only, never through the sampler's or the proximal log-probs.
 
-**Settings.** Each objective module declares the hyperparameters it reads in ``SETTINGS`` (a
-tuple of :class:`Setting`: name, default, help, the default's source, its check); the shared ones
-(the trust region and TRL's keep range) are in :mod:`asyncgrpo.core.loss.objectives.weights`.
-``AsyncGRPOConfig`` gets one field per declared setting, with its default and help, and builds
-:class:`ObjectiveSettings` from those fields. Names are TRL-style, prefixed by the objective (as
-TRL's ``sapo_temperature_pos``). ``tis_*``, ``mis_*`` and ``icepop_*`` carry one pair (or cap) per
+**Settings.** Each objective module declares the hyperparameters it reads as one frozen record,
+a subclass of :class:`ObjectiveSettings` whose fields :func:`setting` makes (default, help, the
+default's source, its check); the shared ones (the trust region and TRL's keep range) are
+records in :mod:`asyncgrpo.core.loss.objectives.weights` that the others extend. An objective
+names its record in ``settings_type`` and reads only it. ``AsyncGRPOConfig`` has a field of each
+declared setting under TRL's flat name, with its default and help, and builds the chosen
+objective's record from those fields. Names are TRL-style, prefixed by the objective (as TRL's
+``sapo_temperature_pos``). ``tis_*``, ``mis_*`` and ``icepop_*`` carry one pair (or cap) per
 level because a sequence's product of ratios and its geometric mean live on very different
 scales (a product over 500 tokens, a mean that stays within 1%).
 """
@@ -37,8 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import torch
@@ -113,8 +114,8 @@ class TokenInputs:
             check_tensor(name, tensor, (n,), "float", why)
             _check_same_dtype(name, tensor, self.logp)
         check_tensor("sample_index", self.sample_index, (n,), "long", why)
-        for name, tensor in (("entropy", self.entropy), ("proximal_logp", self.proximal_logp)):
-            if tensor is not None and tensor.requires_grad:
+        for name, detached in (("entropy", self.entropy), ("proximal_logp", self.proximal_logp)):
+            if detached is not None and detached.requires_grad:
                 raise ValueError(
                     f"{name} requires grad; it must be detached (pass {name}.detach()): no "
                     "gradient may flow through it"
@@ -189,76 +190,137 @@ class Needs:
 # --- settings -------------------------------------------------------------------------------
 
 
-Check = Callable[[str, "Mapping[str, float | None]"], None]
-"""Raises ValueError naming the setting ``name`` when its value in ``values`` is invalid (given
-every setting's value, for a range's two ends)."""
+@attrs.frozen
+class ObjectiveSettings:
+    """The base of every objective's settings record. Each objective module declares one frozen
+    record of the hyperparameters it reads (``TISSettings``, ``CISPOSettings``, ...), each field
+    made by :func:`setting`: its one default, help and check. The shared ones (the trust region
+    and TRL's keep range) are records in :mod:`asyncgrpo.core.loss.objectives.weights` that the
+    others extend. A record is checked when built (a bad value raises naming its field);
+    :func:`attrs.evolve` gives a changed copy, checked again."""
+
+
+def setting(
+    default: float | None,
+    help: str,
+    source: str,
+    check: Callable[[Any, attrs.Attribute, Any], None],
+    *,
+    optional: bool = False,
+) -> Any:
+    """A field of an objective's settings record: ``AsyncGRPOConfig`` has a field of the same
+    name (TRL-style, prefixed by the objective, as TRL's ``vespo_k_pos``) with this default and
+    help (docs/configuration.md and ``asyncgrpo train --help`` show them).
+
+    Args:
+        default: its one default.
+        help: the config field's help text.
+        source: where the default comes from (a paper, a framework's setting).
+        check: an attrs validator: raises ValueError naming the field when its value is bad.
+        optional: None is a valid value too (the check is skipped for it).
+    """
+    validator = attrs.validators.optional(check) if optional else check
+    return attrs.field(
+        default=default,
+        validator=validator,
+        metadata={"help": help, "source": source, "optional": optional},
+    )
 
 
 @attrs.frozen
 class Setting:
-    """One objective hyperparameter, declared once, in ``SETTINGS`` of the objective module
-    that reads it. ``AsyncGRPOConfig`` has a field of the same name with this default and help
-    (docs/configuration.md and ``asyncgrpo train --help`` show them); :class:`ObjectiveSettings`
-    checks values with ``check``.
+    """One objective hyperparameter as its record's field declares it (:func:`setting`), for
+    the config fields and docs generated from it.
 
     Attributes:
-        name: the config field (TRL-style, prefixed by the objective, as TRL's
-            ``vespo_k_pos``).
+        name: the config field and record field.
         default: its one default.
         help: the config field's help text.
-        source: where the default comes from (a paper, a framework's setting).
-        check: see :data:`Check`.
-        optional: None is a valid value (the check is skipped).
+        source: where the default comes from.
+        optional: None is a valid value.
     """
 
     name: str
     default: float | None
     help: str
     source: str
-    check: Check
-    optional: bool = False
+    optional: bool
+
+    @classmethod
+    def of(cls, field: attrs.Attribute) -> Setting:
+        """The declaration of a record's ``field`` (made by :func:`setting`)."""
+        return cls(
+            name=field.name,
+            default=field.default,
+            help=field.metadata["help"],
+            source=field.metadata["source"],
+            optional=field.metadata["optional"],
+        )
 
 
-def finite(name: str, values: Mapping[str, float | None]) -> None:
+def settings_of(settings_type: type[ObjectiveSettings]) -> tuple[Setting, ...]:
+    """The declarations of a settings record's fields, inherited ones first."""
+    return tuple(Setting.of(field) for field in attrs.fields(settings_type))
+
+
+SettingsT = TypeVar("SettingsT", bound=ObjectiveSettings)
+
+
+def settings_for(settings_type: type[SettingsT], values: Mapping[str, Any]) -> SettingsT:
+    """A ``settings_type`` record from ``values`` by field name: the names it declares are
+    taken (absent ones keep the record's default), the others are not its own and are left.
+
+    Example:
+        >>> @attrs.frozen(kw_only=True)
+        ... class Capped(ObjectiveSettings):
+        ...     cap: float = setting(2.0, "a cap", "an example", cap)
+        >>> settings_for(Capped, {"cap": 3.0, "other": 1.0})
+        Capped(cap=3.0)
+        >>> settings_for(Capped, {"cap": 0.5})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: cap must be >= 1 (math.inf for no cap), got 0.5; ...
+    """
+    own = {field.name for field in attrs.fields(settings_type)}
+    return settings_type(**{name: value for name, value in values.items() if name in own})
+
+
+def finite(_: object, field: attrs.Attribute, value: float | None) -> None:
     """A finite value >= 0."""
-    value = values[name]
     if value is None or not math.isfinite(value) or value < 0.0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        raise ValueError(f"{field.name} must be finite and >= 0, got {value}")
 
 
-def cap(name: str, values: Mapping[str, float | None]) -> None:
+def cap(_: object, field: attrs.Attribute, value: float | None) -> None:
     """A cap on a ratio: >= 1, ``math.inf`` for none."""
-    value = values[name]
     if value is None or math.isnan(value) or value < 1.0:
         raise ValueError(
-            f"{name} must be >= 1 (math.inf for no cap), got {value}; a cap below 1 "
+            f"{field.name} must be >= 1 (math.inf for no cap), got {value}; a cap below 1 "
             "down-weights on-policy tokens"
         )
 
 
-def unit_interval(name: str, values: Mapping[str, float | None]) -> None:
+def unit_interval(_: object, field: attrs.Attribute, value: float | None) -> None:
     """A value in [0, 1]."""
-    value = values[name]
     if value is None or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+        raise ValueError(f"{field.name} must lie in [0, 1], got {value}")
 
 
 @attrs.frozen
 class RangeContainingOne:
-    """The check of a keep range ``(low, high)``, declared on both ends: it must contain 1
-    (``0 <= low <= 1 <= high``, high may be ``math.inf``), or it would drop every on-policy
-    token.
+    """The check of a keep range ``(low, high)``, declared on its upper end (attrs checks once
+    every field is set): it must contain 1 (``0 <= low <= 1 <= high``, high may be
+    ``math.inf``), or it would drop every on-policy token.
 
     Attributes:
-        low_name: the setting of the lower end.
-        high_name: the setting of the upper end.
+        low_name: the field of the lower end.
+        high_name: the field of the upper end.
     """
 
     low_name: str
     high_name: str
 
-    def __call__(self, _: str, values: Mapping[str, float | None]) -> None:
-        low, high = values[self.low_name], values[self.high_name]
+    def __call__(self, instance: object, _: attrs.Attribute, __: object) -> None:
+        low, high = getattr(instance, self.low_name), getattr(instance, self.high_name)
         if (
             low is None
             or high is None
@@ -271,63 +333,13 @@ class RangeContainingOne:
             )
 
 
-@attrs.frozen
-class ObjectiveSettings:
-    """The value of every declared objective setting, read as attributes
-    (``settings.tis_token_cap``); checked when built, no defaults here. Build it with
-    :func:`asyncgrpo.core.loss.objectives.objective_settings` (every registered objective's
-    declarations) or from ``AsyncGRPOConfig.objective_settings()``.
-
-    Attributes:
-        values: each setting's value by name.
-        declared: the declarations ``values`` must match, name for name.
-    """
-
-    values: Mapping[str, float | None] = attrs.field(
-        converter=lambda values: MappingProxyType(dict(values))
-    )
-    declared: tuple[Setting, ...]
-
-    def __attrs_post_init__(self) -> None:
-        names = [setting.name for setting in self.declared]
-        unknown = sorted(set(self.values) - set(names))
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)}: no objective declares such a setting")
-        missing = [name for name in names if name not in self.values]
-        if missing:
-            raise ValueError(f"no value for the objective setting(s) {', '.join(missing)}")
-        for setting in self.declared:
-            if not (setting.optional and self.values[setting.name] is None):
-                setting.check(setting.name, self.values)
-
-    def __getattr__(self, name: str) -> float | None:
-        if name.startswith("__") or name in ("values", "declared"):
-            raise AttributeError(name)  # before the slots are set (copying, unpickling)
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(f"no objective declares a setting named {name!r}") from None
-
-    def __reduce__(self) -> tuple[type, tuple[dict[str, float | None], tuple[Setting, ...]]]:
-        return ObjectiveSettings, (dict(self.values), self.declared)
-
-    def replace(self, **changes: float | None) -> ObjectiveSettings:
-        """These settings with ``changes``, checked again."""
-        return ObjectiveSettings({**self.values, **changes}, self.declared)
-
-    @property
-    def trust_region(self) -> tuple[float, float]:
-        """``(1 - epsilon, 1 + epsilon_high)``, with ``epsilon_high`` defaulting to epsilon."""
-        high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        return 1.0 - self.epsilon, 1.0 + high
-
-
 # --- the objective ----------------------------------------------------------------------------
 
 
 @runtime_checkable
-class Objective(Protocol):
-    """A policy objective: a registry name, what it needs, its per-token loss and its metrics.
+class Objective(Protocol[SettingsT]):
+    """A policy objective: a registry name, what it needs, its settings record, its per-token
+    loss and its metrics.
 
     Attributes:
         name: the registry key, the value of the config's ``loss_type``.
@@ -337,13 +349,18 @@ class Objective(Protocol):
     name: str
     needs: Needs
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    @property
+    def settings_type(self) -> type[SettingsT]:
+        """The record of the hyperparameters it reads (its defaults are the config's)."""
+        ...
+
+    def per_token_loss(self, inputs: TokenInputs, settings: SettingsT) -> Tensor:
         """float [N] per-token losses, with grad through ``inputs.logp`` (and
         ``inputs.topk_logp`` when used); their sum is what ``normalize_loss`` divides by the
         global trained-token count. A dropped token's loss is exactly 0 with zero gradient."""
         ...
 
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: SettingsT) -> dict[str, float]:
         """The objective's own metrics over the call's tokens, computed without grad, each a
         finite float (an empty dict when N = 0). Record each with weight N; the ``_max`` ones
         keep the extreme. Names and meanings are in

@@ -27,11 +27,11 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of the clipp
 ``objective/truncated_fraction`` (tokens whose ratio was outside the clip range).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.5])),
     ...     sampler_logp=torch.log(torch.tensor([0.1, 0.5])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
-    >>> [round(x, 4) for x in CISPO_OBJECTIVE.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in CISPO_OBJECTIVE.per_token_loss(inputs, CISPOSettings()).tolist()]
     [2.5541, 0.6931]
 """
 
@@ -45,10 +45,10 @@ from asyncgrpo.core.loss.objectives.base import (
     Needs,
     ObjectiveSettings,
     RangeContainingOne,
-    Setting,
     TokenInputs,
     empty_loss,
     metric_values,
+    setting,
 )
 from asyncgrpo.core.loss.objectives.weights import (
     IS_WEIGHT_MAX,
@@ -58,22 +58,23 @@ from asyncgrpo.core.loss.objectives.weights import (
     log_bound,
 )
 
-SETTINGS = (
-    Setting(
-        "cispo_clip_min",
+
+@attrs.frozen(kw_only=True)
+class CISPOSettings(ObjectiveSettings):
+    """CISPO's clip range of the importance-sampling weight."""
+
+    cispo_clip_min: float = setting(
         0.0,
         "Not in TRL. cispo: lower clip of the IS weight.",
         "MiniMax-M1 (no lower clip); ScaleRL; SkyRL 1 - cispo_eps_clip_low",
         RangeContainingOne("cispo_clip_min", "cispo_clip_max"),
-    ),
-    Setting(
-        "cispo_clip_max",
+    )
+    cispo_clip_max: float = setting(
         5.0,
         "Not in TRL. cispo: upper clip of the IS weight.",
         "ScaleRL via TRL's loss_type='cispo' docs; SkyRL 1 + cispo_eps_clip_high",
         RangeContainingOne("cispo_clip_min", "cispo_clip_max"),
-    ),
-)
+    )
 
 
 @attrs.frozen
@@ -82,17 +83,18 @@ class CISPO:
 
     name: str
     needs: Needs
+    settings_type: type[CISPOSettings] = CISPOSettings
 
     def log_ratio(self, inputs: TokenInputs) -> Tensor:
         """float [N], detached: ``log(pi / mu)``."""
         return (inputs.logp.detach() - inputs.sampler_logp).detach()
 
-    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def weight(self, inputs: TokenInputs, settings: CISPOSettings) -> Tensor:
         """float [N], detached: ``clip(r, cispo_clip_min, cispo_clip_max)``, in log space."""
         low, high = log_bound(settings.cispo_clip_min), log_bound(settings.cispo_clip_max)
         return self.log_ratio(inputs).clamp(low, high).exp()
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: CISPOSettings) -> Tensor:
         """float [N]: ``-w A log pi``; exactly 0 where ``w`` is 0 (even for a log-prob of -inf)."""
         if inputs.n == 0:
             return empty_loss(inputs)
@@ -103,7 +105,7 @@ class CISPO:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: CISPOSettings) -> dict[str, float]:
         """``is_weight_mean``, ``is_weight_max``, ``truncated_fraction``."""
         if inputs.n == 0:
             return {}

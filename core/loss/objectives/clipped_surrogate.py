@@ -21,13 +21,13 @@ dropped ones), ``objective/masked_fraction`` (ratio outside the keep range) and
 
 Example:
     >>> import math
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> half, quarter = math.log(0.5), math.log(0.25)
     >>> inputs = TokenInputs(
     ...     logp=torch.tensor([half, half]), sampler_logp=torch.tensor([quarter, quarter]),
     ...     advantages=torch.tensor([1.0, -1.0]), sample_index=torch.tensor([0, 1]),
     ...     entropy=torch.zeros(2))
-    >>> [round(x, 4) for x in CLIPPED_SURROGATE.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in CLIPPED_SURROGATE.per_token_loss(inputs, TRLSettings()).tolist()]
     [-1.2, 2.0]
 """
 
@@ -41,7 +41,6 @@ from asyncgrpo.core.loss.importance_sampling import importance_keep, importance_
 from asyncgrpo.core.loss.losses import clipped_surrogate
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
-    ObjectiveSettings,
     TokenInputs,
     empty_loss,
     metric_values,
@@ -51,6 +50,7 @@ from asyncgrpo.core.loss.objectives.weights import (
     IS_WEIGHT_MAX,
     IS_WEIGHT_MEAN,
     MASKED_FRACTION,
+    TRLSettings,
     fraction,
     ppo_clipped,
     trl_loss_config,
@@ -63,8 +63,9 @@ class ClippedSurrogate:
 
     name: str
     needs: Needs
+    settings_type: type[TRLSettings] = TRLSettings
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: TRLSettings) -> Tensor:
         """float [N]: :func:`~asyncgrpo.core.loss.losses.clipped_surrogate` of the inputs."""
         if inputs.n == 0:
             return empty_loss(inputs)
@@ -73,7 +74,7 @@ class ClippedSurrogate:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, float]:
         """``is_weight_*``, ``masked_fraction`` and ``clipped_fraction``."""
         if inputs.n == 0:
             return {}

@@ -32,35 +32,45 @@ policy), ``objective/proximal_gap`` (mean ``|log pi - log pi_prox|``).
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.1, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
-    >>> [round(x, 4) for x in DECOUPLED_PPO.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in DECOUPLED_PPO.per_token_loss(inputs, DecoupledPPOSettings()).tolist()]
     [0.0, -1.0]
 """
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, Setting, cap
-from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+import attrs
 
-SETTINGS = (
-    Setting(
-        "behav_imp_weight_cap",
+from asyncgrpo.core.loss.objectives.base import cap, setting
+from asyncgrpo.core.loss.objectives.weights import (
+    MaskedWeightObjective,
+    TrustRegionSettings,
+    plain_needs,
+)
+
+
+@attrs.frozen(kw_only=True)
+class DecoupledPPOSettings(TrustRegionSettings):
+    """Decoupled PPO's cap of the behaviour weight, with the trust region of the PPO term."""
+
+    behav_imp_weight_cap: float = setting(
         5.0,
         "Not in TRL. decoupled_ppo: tokens whose behaviour weight (proximal over sampler) "
         "exceeds this are dropped (AReaL's name).",
         "AReaL's name; its example configs use 5.0",
         cap,
-    ),
-)
+    )
 
 
-def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:
+def keep_range(settings: DecoupledPPOSettings) -> tuple[float, float]:
     """``[0, behav_imp_weight_cap]``: a weight over the cap drops the token."""
     return 0.0, settings.behav_imp_weight_cap
 
 
-DECOUPLED_PPO = MaskedWeightObjective("decoupled_ppo", "token", plain_needs(False), keep_range)
+DECOUPLED_PPO = MaskedWeightObjective(
+    "decoupled_ppo", "token", plain_needs(False), keep_range, DecoupledPPOSettings
+)
 OBJECTIVES = (DECOUPLED_PPO,)

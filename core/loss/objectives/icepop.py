@@ -24,42 +24,49 @@ in its runs), ``objective/clipped_fraction``, ``objective/proximal_gap``.
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9, 0.01])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9, 0.5])),
     ...     advantages=torch.tensor([1.0, 1.0, 1.0]), sample_index=torch.tensor([0, 0, 0]),
     ...     entropy=torch.zeros(3))
-    >>> [round(x, 4) for x in ICEPOP.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in ICEPOP.per_token_loss(inputs, IcePopSettings()).tolist()]
     [-3.0, -1.0, 0.0]
 """
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContainingOne, Setting
-from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+import attrs
 
-SETTINGS = (
-    Setting(
-        "icepop_alpha",
+from asyncgrpo.core.loss.objectives.base import RangeContainingOne, setting
+from asyncgrpo.core.loss.objectives.weights import (
+    MaskedWeightObjective,
+    TrustRegionSettings,
+    plain_needs,
+)
+
+
+@attrs.frozen(kw_only=True)
+class IcePopSettings(TrustRegionSettings):
+    """IcePop's two-sided keep range, with the trust region of the PPO term."""
+
+    icepop_alpha: float = setting(
         0.5,
         "Not in TRL. icepop: tokens with a ratio below are masked.",
         "IcePop as shipped by prime-rl (INTELLECT-3)",
         RangeContainingOne("icepop_alpha", "icepop_beta"),
-    ),
-    Setting(
-        "icepop_beta",
+    )
+    icepop_beta: float = setting(
         5.0,
         "Not in TRL. icepop: tokens with a ratio above are masked.",
         "IcePop as shipped by prime-rl (INTELLECT-3)",
         RangeContainingOne("icepop_alpha", "icepop_beta"),
-    ),
-)
+    )
 
 
-def keep_range(settings: ObjectiveSettings) -> tuple[float, float]:
+def keep_range(settings: IcePopSettings) -> tuple[float, float]:
     """``[icepop_alpha, icepop_beta]``."""
     return settings.icepop_alpha, settings.icepop_beta
 
 
-ICEPOP = MaskedWeightObjective("icepop", "token", plain_needs(False), keep_range)
+ICEPOP = MaskedWeightObjective("icepop", "token", plain_needs(False), keep_range, IcePopSettings)
 OBJECTIVES = (ICEPOP,)

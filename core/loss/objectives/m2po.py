@@ -30,14 +30,14 @@ Metrics: ``objective/masked_fraction`` (tokens masked), ``objective/second_momen
 ``objective/is_weight_mean`` and ``objective/is_weight_max`` (of ``M_t r_t``).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.9, 0.5, 0.5])),
     ...     sampler_logp=torch.log(torch.tensor([0.3, 0.45, 0.5])),
     ...     advantages=torch.tensor([1.0, 1.0, 1.0]), sample_index=torch.tensor([0, 0, 1]),
     ...     entropy=torch.zeros(3))
-    >>> m2po_keep(inputs, example_settings()).tolist()  # (log 3)^2 = 1.2 is masked
+    >>> m2po_keep(inputs, M2POSettings()).tolist()  # (log 3)^2 = 1.2 is masked
     [False, True, True]
-    >>> [round(x, 4) for x in M2PO_OBJECTIVE.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in M2PO_OBJECTIVE.per_token_loss(inputs, M2POSettings()).tolist()]
     [0.0, -1.1111, -1.0]
 """
 
@@ -50,11 +50,11 @@ from torch import Tensor
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
     ObjectiveSettings,
-    Setting,
     TokenInputs,
     empty_loss,
     finite,
     metric_values,
+    setting,
 )
 from asyncgrpo.core.loss.objectives.weights import (
     IS_WEIGHT_MAX,
@@ -66,15 +66,17 @@ from asyncgrpo.core.loss.objectives.weights import (
     masked_weight,
 )
 
-SETTINGS = (
-    Setting(
-        "m2po_threshold",
+
+@attrs.frozen(kw_only=True)
+class M2POSettings(ObjectiveSettings):
+    """M2PO's bound on the second moment."""
+
+    m2po_threshold: float = setting(
         0.04,
         "Not in TRL. m2po: bound on the kept tokens' mean squared log-ratio.",
         "M2PO paper, section 5.2 (AReaL m2_threshold)",
         finite,
-    ),
-)
+    )
 
 
 def trust_region_tokens(log_ratio: Tensor, advantages: Tensor) -> Tensor:
@@ -88,7 +90,7 @@ def trust_region_tokens(log_ratio: Tensor, advantages: Tensor) -> Tensor:
     return ((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0))
 
 
-def m2po_keep(inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+def m2po_keep(inputs: TokenInputs, settings: M2POSettings) -> Tensor:
     """bool [N]: M2PO's mask ``M`` over the call's tokens (see the module docstring)."""
     log_ratio = (inputs.logp.detach() - inputs.sampler_logp).detach()
     candidates = trust_region_tokens(log_ratio, inputs.advantages)
@@ -112,8 +114,9 @@ class M2PO:
 
     name: str
     needs: Needs
+    settings_type: type[M2POSettings] = M2POSettings
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: M2POSettings) -> Tensor:
         """float [N]: ``-M r A``, gradient through ``r``."""
         if inputs.n == 0:
             return empty_loss(inputs)
@@ -122,7 +125,7 @@ class M2PO:
         return torch.where(keep, -ratio * inputs.advantages, 0.0)
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: M2POSettings) -> dict[str, float]:
         """``masked_fraction``, ``second_moment``, ``trust_region_fraction``, ``is_weight_*``."""
         if inputs.n == 0:
             return {}

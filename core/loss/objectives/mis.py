@@ -31,82 +31,89 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 
 Example:
     >>> import torch
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
-    >>> [round(x, 4) for x in MIS_TOKEN.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in MIS_TOKEN.per_token_loss(inputs, MISSettings()).tolist()]
     [0.0, -1.0]
-    >>> MIS_SEQUENCE.per_token_loss(inputs, example_settings()).tolist()  # product 3 > 2
+    >>> MIS_SEQUENCE.per_token_loss(inputs, MISSettings()).tolist()  # product 3 > 2
     [0.0, 0.0]
 """
 
 from __future__ import annotations
 
-from asyncgrpo.core.loss.objectives.base import ObjectiveSettings, RangeContainingOne, Setting
-from asyncgrpo.core.loss.objectives.weights import MaskedWeightObjective, plain_needs
+import attrs
 
-SETTINGS = (
-    Setting(
-        "mis_token_clip_min",
+from asyncgrpo.core.loss.objectives.base import RangeContainingOne, setting
+from asyncgrpo.core.loss.objectives.weights import (
+    MaskedWeightObjective,
+    TrustRegionSettings,
+    plain_needs,
+)
+
+
+@attrs.frozen(kw_only=True)
+class MISSettings(TrustRegionSettings):
+    """MIS's keep range at each level, with the trust region of the PPO term."""
+
+    mis_token_clip_min: float = setting(
         0.5,
         "Not in TRL. mis_token: tokens with a ratio below are masked.",
         "slime mis_lower_bound; verl token RS (lower = 1 / upper)",
         RangeContainingOne("mis_token_clip_min", "mis_token_clip_max"),
-    ),
-    Setting(
-        "mis_token_clip_max",
+    )
+    mis_token_clip_max: float = setting(
         2.0,
         "Not in TRL. mis_token: tokens with a ratio above are masked.",
         "slime mis_upper_bound; verl token RS",
         RangeContainingOne("mis_token_clip_min", "mis_token_clip_max"),
-    ),
-    Setting(
-        "mis_sequence_clip_min",
+    )
+    mis_sequence_clip_min: float = setting(
         0.5,
         "Not in TRL. mis_sequence: samples whose product of ratios is below are masked.",
         "SkyRL product_mask_low",
         RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max"),
-    ),
-    Setting(
-        "mis_sequence_clip_max",
+    )
+    mis_sequence_clip_max: float = setting(
         2.0,
         "Not in TRL. mis_sequence: the keep range's upper end.",
         "SkyRL product_mask_high",
         RangeContainingOne("mis_sequence_clip_min", "mis_sequence_clip_max"),
-    ),
-    Setting(
-        "mis_geometric_clip_min",
+    )
+    mis_geometric_clip_min: float = setting(
         0.99,
         "Not in TRL. mis_geometric: samples whose geometric-mean ratio is below are masked.",
         "SkyRL geo_mask_low",
         RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max"),
-    ),
-    Setting(
-        "mis_geometric_clip_max",
+    )
+    mis_geometric_clip_max: float = setting(
         1.01,
         "Not in TRL. mis_geometric: the keep range's upper end.",
         "SkyRL geo_mask_high (verl: typical 1.0002-1.001)",
         RangeContainingOne("mis_geometric_clip_min", "mis_geometric_clip_max"),
-    ),
-)
+    )
 
 
-def token_range(settings: ObjectiveSettings) -> tuple[float, float]:
+def token_range(settings: MISSettings) -> tuple[float, float]:
     return settings.mis_token_clip_min, settings.mis_token_clip_max
 
 
-def sequence_range(settings: ObjectiveSettings) -> tuple[float, float]:
+def sequence_range(settings: MISSettings) -> tuple[float, float]:
     return settings.mis_sequence_clip_min, settings.mis_sequence_clip_max
 
 
-def geometric_range(settings: ObjectiveSettings) -> tuple[float, float]:
+def geometric_range(settings: MISSettings) -> tuple[float, float]:
     return settings.mis_geometric_clip_min, settings.mis_geometric_clip_max
 
 
-MIS_TOKEN = MaskedWeightObjective("mis_token", "token", plain_needs(False), token_range)
-MIS_SEQUENCE = MaskedWeightObjective("mis_sequence", "sequence", plain_needs(True), sequence_range)
+MIS_TOKEN = MaskedWeightObjective(
+    "mis_token", "token", plain_needs(False), token_range, MISSettings
+)
+MIS_SEQUENCE = MaskedWeightObjective(
+    "mis_sequence", "sequence", plain_needs(True), sequence_range, MISSettings
+)
 MIS_GEOMETRIC = MaskedWeightObjective(
-    "mis_geometric", "geometric", plain_needs(True), geometric_range
+    "mis_geometric", "geometric", plain_needs(True), geometric_range, MISSettings
 )
 OBJECTIVES = (MIS_TOKEN, MIS_SEQUENCE, MIS_GEOMETRIC)

@@ -23,7 +23,7 @@ their centering term stays).
 Example:
     >>> import math
     >>> from asyncgrpo.core.loss.inputs import SamplerTopK
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> quarter = math.log(0.25)
     >>> inputs = TokenInputs(
     ...     logp=torch.tensor([quarter]), sampler_logp=torch.tensor([quarter]),
@@ -31,7 +31,7 @@ Example:
     ...     entropy=torch.zeros(1), topk_logp=torch.tensor([[quarter, -math.inf]]),
     ...     topk=SamplerTopK(torch.tensor([[0, 1]]), torch.tensor([[quarter, quarter]]),
     ...                      torch.tensor([[True, False]])))
-    >>> round(SCORE_CENTERING.per_token_loss(inputs, example_settings()).item(), 4)
+    >>> round(SCORE_CENTERING.per_token_loss(inputs, TRLSettings()).item(), 4)
     2.0794
 """
 
@@ -45,7 +45,6 @@ from asyncgrpo.core.loss.importance_sampling import masked_importance_weight
 from asyncgrpo.core.loss.losses import score_centered_surrogate
 from asyncgrpo.core.loss.objectives.base import (
     Needs,
-    ObjectiveSettings,
     TokenInputs,
     empty_loss,
     metric_values,
@@ -54,6 +53,7 @@ from asyncgrpo.core.loss.objectives.weights import (
     IS_WEIGHT_MAX,
     IS_WEIGHT_MEAN,
     MASKED_FRACTION,
+    TRLSettings,
     fraction,
     trl_loss_config,
 )
@@ -65,8 +65,9 @@ class ScoreCentering:
 
     name: str
     needs: Needs
+    settings_type: type[TRLSettings] = TRLSettings
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: TRLSettings) -> Tensor:
         """float [N]: :func:`~asyncgrpo.core.loss.losses.score_centered_surrogate` of the inputs."""
         if inputs.topk is None or inputs.topk_logp is None:
             raise ValueError(
@@ -85,7 +86,7 @@ class ScoreCentering:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, float]:
         """``is_weight_mean``, ``is_weight_max`` and ``masked_fraction`` of the own terms."""
         if inputs.n == 0:
             return {}

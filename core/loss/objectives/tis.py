@@ -35,13 +35,13 @@ Metrics: ``objective/is_weight_mean``, ``objective/is_weight_max`` (of ``w``),
 the current one).
 
 Example:
-    >>> from asyncgrpo.core.loss.objectives import TokenInputs, example_settings
+    >>> from asyncgrpo.core.loss.objectives import TokenInputs
     >>> inputs = TokenInputs(logp=torch.log(torch.tensor([0.6, 0.9])),
     ...     sampler_logp=torch.log(torch.tensor([0.2, 0.9])), advantages=torch.tensor([1.0, 1.0]),
     ...     sample_index=torch.tensor([0, 0]), entropy=torch.zeros(2))
-    >>> [round(x, 4) for x in TIS_TOKEN.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in TIS_TOKEN.per_token_loss(inputs, TISSettings()).tolist()]
     [-2.0, -1.0]
-    >>> [round(x, 4) for x in TIS_GEOMETRIC.per_token_loss(inputs, example_settings()).tolist()]
+    >>> [round(x, 4) for x in TIS_GEOMETRIC.per_token_loss(inputs, TISSettings()).tolist()]
     [-1.7321, -1.7321]
 """
 
@@ -51,10 +51,11 @@ import attrs
 import torch
 from torch import Tensor
 
-from asyncgrpo.core.loss.objectives.base import Needs, ObjectiveSettings, Setting, TokenInputs, cap
+from asyncgrpo.core.loss.objectives.base import Needs, TokenInputs, cap, setting
 from asyncgrpo.core.loss.objectives.weights import (
     TRUNCATED_FRACTION,
     Level,
+    TrustRegionSettings,
     behaviour_log_ratio,
     decoupled_loss,
     decoupled_metrics,
@@ -65,30 +66,30 @@ from asyncgrpo.core.loss.objectives.weights import (
     truncated_weight,
 )
 
-SETTINGS = (
-    Setting(
-        "tis_token_cap",
+
+@attrs.frozen(kw_only=True)
+class TISSettings(TrustRegionSettings):
+    """TIS's cap at each level, with the trust region of the PPO term."""
+
+    tis_token_cap: float = setting(
         2.0,
         "Not in TRL. tis_token: cap C of the token ratio (>= 1).",
         "Yao et al. 2025 (TIS blog, C = 2); verl rollout_is_threshold; SkyRL "
         "token_tis_ratio_clip_high",
         cap,
-    ),
-    Setting(
-        "tis_sequence_cap",
+    )
+    tis_sequence_cap: float = setting(
         5.0,
         "Not in TRL. tis_sequence: cap of a sample's product of ratios (>= 1).",
         "SkyRL sequence_tis_ratio_clip_high (verl: typical 2-10)",
         cap,
-    ),
-    Setting(
-        "tis_geometric_cap",
+    )
+    tis_geometric_cap: float = setting(
         2.0,
         "Not in TRL. tis_geometric: cap of a sample's geometric-mean ratio.",
         "slime mis_upper_bound (slime applies one bound at every level)",
         cap,
-    ),
-)
+    )
 
 
 @attrs.frozen
@@ -99,13 +100,15 @@ class TruncatedIS:
         name: registry key.
         level: how token ratios combine into the weight.
         needs: what the shell provides.
+        settings_type: its settings record.
     """
 
     name: str
     level: Level
     needs: Needs
+    settings_type: type[TISSettings] = TISSettings
 
-    def cap(self, settings: ObjectiveSettings) -> float:
+    def cap(self, settings: TISSettings) -> float:
         """The cap C of this level."""
         return {
             "token": settings.tis_token_cap,
@@ -117,13 +120,13 @@ class TruncatedIS:
         """float [N], detached: ``log rho`` of each token's weight at this level."""
         return level_log_ratio(behaviour_log_ratio(inputs), inputs.sample_index, self.level)
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: TISSettings) -> Tensor:
         """float [N]: ``min(rho, C) * ppo_t``."""
         weight = truncated_weight(self.log_rho(inputs), self.cap(settings))
         return decoupled_loss(inputs, settings, weight)
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TISSettings) -> dict[str, float]:
         """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``truncated_fraction``."""
         log_rho = self.log_rho(inputs)
         weight = truncated_weight(log_rho, self.cap(settings))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import attrs
 import torch
@@ -42,10 +42,10 @@ from asyncgrpo.core.loss.objectives.base import (
     Needs,
     ObjectiveSettings,
     RangeContainingOne,
-    Setting,
     TokenInputs,
     finite,
     metric_values,
+    setting,
     unit_interval,
 )
 from asyncgrpo.core.metrics import Aggregation
@@ -83,43 +83,56 @@ OBJECTIVE_METRICS: Mapping[str, Aggregation] = FrozenMap(
 return only names declared here (a new one is declared here beside its name)."""
 
 
-SETTINGS = (
-    Setting(
-        "epsilon",
-        0.2,
-        "Lower clipping epsilon.",
-        "TRL (GRPOConfig, AsyncGRPOConfig)",
-        unit_interval,
-    ),
-    Setting(
-        "epsilon_high",
+@attrs.frozen(kw_only=True)
+class TrustRegionSettings(ObjectiveSettings):
+    """PPO's trust region, shared by the objectives with a PPO term (TRL's names).
+
+    Example:
+        >>> TrustRegionSettings().trust_region
+        (0.8, 1.2)
+        >>> TrustRegionSettings(epsilon=0.2, epsilon_high=0.28).trust_region
+        (0.8, 1.28)
+    """
+
+    epsilon: float = setting(
+        0.2, "Lower clipping epsilon.", "TRL (GRPOConfig, AsyncGRPOConfig)", unit_interval
+    )
+    epsilon_high: float | None = setting(
         None,
         "Upper clipping epsilon; None: epsilon.",
         "TRL; DAPO recommends 0.28",
         finite,
         optional=True,
-    ),
-    Setting(
-        "vllm_importance_sampling_clip_min",
+    )
+
+    @property
+    def trust_region(self) -> tuple[float, float]:
+        """``(1 - epsilon, 1 + epsilon_high)``, with ``epsilon_high`` defaulting to epsilon."""
+        high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        return 1.0 - self.epsilon, 1.0 + high
+
+
+@attrs.frozen(kw_only=True)
+class TRLSettings(TrustRegionSettings):
+    """The settings of TRL's two objectives (score centering, clipped surrogate): the trust
+    region and the keep range of masked importance sampling."""
+
+    vllm_importance_sampling_clip_min: float = setting(
         0.5,
         "Tokens with a sampler ratio below this are masked.",
         "TRL's AsyncGRPOTrainer documentation",
         RangeContainingOne(
             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"
         ),
-    ),
-    Setting(
-        "vllm_importance_sampling_clip_max",
+    )
+    vllm_importance_sampling_clip_max: float = setting(
         5.0,
         "Tokens with a sampler ratio above this are masked.",
         "TRL's AsyncGRPOTrainer documentation",
         RangeContainingOne(
             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"
         ),
-    ),
-)
-"""The settings several objectives share: the trust region (PPO's clip) and the keep range of
-TRL's two objectives (score centering, clipped surrogate)."""
+    )
 
 
 def per_sample_sum(values: Tensor, sample_index: Tensor) -> Tensor:
@@ -213,7 +226,7 @@ def truncated_weight(log_ratio: Tensor, cap: float) -> Tensor:
 
 
 def ppo_term(
-    logp: Tensor, anchor_logp: Tensor, advantages: Tensor, settings: ObjectiveSettings
+    logp: Tensor, anchor_logp: Tensor, advantages: Tensor, settings: TrustRegionSettings
 ) -> Tensor:
     """float [N]: PPO's per-token loss ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)`` with
     ``rho = exp(logp - anchor_logp)``, gradient through ``logp``.
@@ -222,10 +235,9 @@ def ppo_term(
     the clip never binds, the value is ``-A`` and the gradient is REINFORCE's ``-A grad logp``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> logp = torch.tensor([-1.0, -1.0], requires_grad=True)
         >>> ppo_term(logp, logp.detach(), torch.tensor([2.0, -1.0]),
-        ...          example_settings()).tolist()
+        ...          TrustRegionSettings()).tolist()
         [-2.0, 1.0]
     """
     ratio = (logp - anchor_logp).exp()
@@ -233,14 +245,13 @@ def ppo_term(
     return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
 
 
-def ppo_clipped(ratio: Tensor, advantages: Tensor, settings: ObjectiveSettings) -> Tensor:
+def ppo_clipped(ratio: Tensor, advantages: Tensor, settings: TrustRegionSettings) -> Tensor:
     """bool [N]: True where PPO's clip removes the token's gradient: ``A > 0`` and
     ``rho > 1 + epsilon_high``, or ``A < 0`` and ``rho < 1 - epsilon``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> ppo_clipped(torch.tensor([1.5, 1.5, 0.5]), torch.tensor([1.0, -1.0, -1.0]),
-        ...             example_settings()).tolist()
+        ...             TrustRegionSettings()).tolist()
         [True, False, True]
     """
     low, high = settings.trust_region
@@ -257,14 +268,13 @@ def fraction(flags: Tensor) -> Tensor:
     return flags.float().mean()
 
 
-def trl_loss_config(settings: ObjectiveSettings) -> LossConfig:
+def trl_loss_config(settings: TRLSettings) -> LossConfig:
     """The :class:`~asyncgrpo.core.loss.inputs.LossConfig` that TRL's two objectives in
     :mod:`asyncgrpo.core.loss.losses` take (its temperature and ``score_centering`` are not used by
     them).
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives import example_settings
-        >>> trl_loss_config(example_settings()).keep_range
+        >>> trl_loss_config(TRLSettings()).keep_range
         (0.5, 5.0)
     """
     return LossConfig(
@@ -275,7 +285,7 @@ def trl_loss_config(settings: ObjectiveSettings) -> LossConfig:
     )
 
 
-def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Tensor) -> Tensor:
+def decoupled_loss(inputs: TokenInputs, settings: TrustRegionSettings, weight: Tensor) -> Tensor:
     """float [N]: ``weight * ppo_term(logp, proximal, A)``, exactly 0 with zero gradient (never
     NaN, even for a log-prob of -inf) where ``weight`` is 0. ``weight`` is a detached behaviour
     weight computed from ``pi_prox / mu``.
@@ -286,11 +296,10 @@ def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Ten
     term is ``-A`` with REINFORCE's gradient, so the gradient is ``-weight A grad logp``.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> inputs = TokenInputs(logp=torch.tensor([-1.0, -1.0], requires_grad=True),
         ...     sampler_logp=torch.tensor([-1.0, -1.0]), advantages=torch.tensor([2.0, 2.0]),
         ...     sample_index=torch.tensor([0, 1]), entropy=torch.zeros(2))
-        >>> decoupled_loss(inputs, example_settings(), torch.tensor([0.5, 0.0])).tolist()
+        >>> decoupled_loss(inputs, TrustRegionSettings(), torch.tensor([0.5, 0.0])).tolist()
         [-1.0, 0.0]
     """
     kept = weight > 0
@@ -304,7 +313,7 @@ def decoupled_loss(inputs: TokenInputs, settings: ObjectiveSettings, weight: Ten
 
 def decoupled_metrics(
     inputs: TokenInputs,
-    settings: ObjectiveSettings,
+    settings: TrustRegionSettings,
     weight: Tensor,
     extra: dict[str, Tensor],
 ) -> dict[str, float]:
@@ -313,11 +322,10 @@ def decoupled_metrics(
     ``proximal_gap``, then ``extra`` (name to 0-d tensor). Empty when N = 0.
 
     Example:
-        >>> from asyncgrpo.core.loss.objectives import example_settings
         >>> inputs = TokenInputs(logp=torch.tensor([-1.0, -1.0]),
         ...     sampler_logp=torch.tensor([-1.0, -1.0]), advantages=torch.tensor([2.0, 2.0]),
         ...     sample_index=torch.tensor([0, 1]), entropy=torch.zeros(2))
-        >>> decoupled_metrics(inputs, example_settings(), torch.tensor([0.5, 0.0]), {})
+        >>> decoupled_metrics(inputs, TrustRegionSettings(), torch.tensor([0.5, 0.0]), {})
         {'objective/is_weight_mean': 0.25, 'objective/is_weight_max': 0.5, \
 'objective/clipped_fraction': 0.0, 'objective/proximal_gap': 0.0}
     """
@@ -354,38 +362,43 @@ def plain_needs(whole_samples: bool) -> Needs:
     )
 
 
+TrustRegionT = TypeVar("TrustRegionT", bound=TrustRegionSettings)
+
+
 @attrs.frozen
-class MaskedWeightObjective:
+class MaskedWeightObjective(Generic[TrustRegionT]):
     """A decoupled loss whose detached weight is the behaviour ratio at ``level`` where it lies
     in ``bounds(settings)`` and 0 elsewhere: ``loss_t = w_t * ppo_t``. MIS
     (:mod:`~asyncgrpo.core.loss.objectives.mis`), IcePop and decoupled PPO are instances; their
-    modules hold the formulas and sources.
+    modules hold the formulas, the sources and the settings record.
 
     Attributes:
         name: registry key.
         level: how token ratios combine into the weight.
         needs: what the shell provides.
         bounds: the keep range ``(low, high)`` of the ratio, from the settings.
+        settings_type: the objective's settings record (with the trust region).
     """
 
     name: str
     level: Level
     needs: Needs
-    bounds: Callable[[ObjectiveSettings], tuple[float, float]]
+    bounds: Callable[[TrustRegionT], tuple[float, float]]
+    settings_type: type[TrustRegionT]
 
-    def weight(self, inputs: TokenInputs, settings: ObjectiveSettings) -> tuple[Tensor, Tensor]:
+    def weight(self, inputs: TokenInputs, settings: TrustRegionT) -> tuple[Tensor, Tensor]:
         """``(w, keep)``: float [N] detached ratio inside the keep range (0 outside) and bool
         [N] whether the token is kept."""
         log_ratio = level_log_ratio(behaviour_log_ratio(inputs), inputs.sample_index, self.level)
         keep = keep_in_range(log_ratio, *self.bounds(settings))
         return masked_weight(log_ratio, keep), keep
 
-    def per_token_loss(self, inputs: TokenInputs, settings: ObjectiveSettings) -> Tensor:
+    def per_token_loss(self, inputs: TokenInputs, settings: TrustRegionT) -> Tensor:
         """float [N]: ``w * ppo_t``."""
         return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: ObjectiveSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TrustRegionT) -> dict[str, float]:
         """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
         weight, keep = self.weight(inputs, settings)
         return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
