@@ -128,6 +128,8 @@ def failures_outrank_signals() -> Iterator[Callable[[BaseException], None]]:
     """
 
     def failing(error: BaseException) -> None:
+        if _Deferral.failing is error:  # told again (the teardown goes on): keep what was noted
+            return
         _Deferral.failing, _Deferral.noted = error, False
 
     try:

@@ -140,7 +140,7 @@ class RunPushes:
         """Wait until the servers hold the weights of every push made; raise if the push
         thread found a server frozen."""
         self.pusher.wait_landed()
-        self.pusher.raise_if_silent()
+        self.pusher.raise_if_failed()
 
     def close(self) -> None:
         """Stop watching the servers; a transfer the server takes part in is never cut (the

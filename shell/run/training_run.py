@@ -29,14 +29,18 @@ the :class:`~asyncgrpo.shell.rollout.RolloutProcess` and the run's checkpoints a
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import structlog
 from transformers import TrainerControl
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from asyncgrpo.adapters.process_group import decided_on_rank0, scattered_from_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
@@ -92,17 +96,194 @@ class TrainOutput:
     metrics: dict[str, float]
 
 
-class TrainingRun:
-    """The state of one ``train()`` call (the shell's side; every decision is the core's)."""
+class OpenWindow:
+    """The run's metric window since the last logged one: the run and its parts record into it,
+    the step loop logs and empties it every ``logging_steps``."""
 
-    def __init__(self, inputs: RunInputs, learner: Learner, checkpoint: Path | None):
+    def __init__(self) -> None:
+        self.window = metrics.MetricWindow()
+
+    def observe(self, *observations: metrics.Observation) -> None:
+        """Record ``observations`` in the open window."""
+        self.window = metrics.record(self.window, observations)
+
+
+@attrs.frozen
+class RunBooks:
+    """What one ``train()`` call keeps its accounts in, made before anything starts (no
+    process, thread, connection or file of the run's is open yet; :meth:`open` loads the
+    checkpoint into the learner).
+
+    Attributes:
+        inputs: what the run takes of its trainer.
+        learner: the trainer's model and optimizer, set up.
+        open_window: the metrics since the last logged window.
+        window_log: writes each logged window (its file opens when the run starts).
+        evaluations: when evaluations are due and what came of them.
+        servers: rank 0's records of the run's servers, shared with the rollout process
+            (None on other ranks).
+        pin: rank 0's pin of the version an evaluation reads (None on other ranks).
+        ledger: the version each server holds.
+        spread: stops the run when no reward spread is left.
+        nonfinite: stops the run on a non-finite step.
+        intake: the rollout process's messages into the step queue and the prompt cursor.
+    """
+
+    inputs: RunInputs
+    learner: Learner
+    open_window: OpenWindow
+    window_log: WindowLog
+    evaluations: Evaluations
+    servers: SharedServers | None
+    pin: VersionPin | None
+    ledger: PushLedger
+    spread: SpreadGuard
+    nonfinite: NonfiniteGuard
+    intake: SampleIntake
+
+    @classmethod
+    def open(cls, inputs: RunInputs, learner: Learner, checkpoint: Path | None) -> RunBooks:
+        """The books of a fresh run (``checkpoint`` None), or of one resumed from
+        ``checkpoint``: its learner state is loaded into ``learner`` and its rollout state
+        (prompt cursor, groups split by the save, the last evaluation) into the books.
+
+        Raises:
+            CheckpointError: the checkpoint does not load (names the file).
+        """
+        args = inputs.args
+        rank0 = learner.rank == 0
+        saved = None
+        if checkpoint is not None:
+            learner.load_checkpoint(checkpoint)
+            saved = checkpoints.load_rollout_state(checkpoint)
+        open_window = OpenWindow()
+        window_log = WindowLog(args.output_path, args.num_completions_to_print)
+
+        def evaluated(version: int, figures: dict[str, float]) -> None:
+            """Rank 0: an evaluation of ``version`` arrived; it is logged at step ``version``."""
+            window_log.evaluation(version, figures)
+            inputs.callbacks.evaluate(figures, step=version)
+
+        evaluating = inputs.eval_datasets and args.eval_strategy == "steps"
+        every = args.eval_steps if args.eval_steps is not None else args.logging_steps
+        evaluations = Evaluations(
+            schedule.interval_steps(every, args.max_steps) if evaluating else None,
+            bool(inputs.eval_datasets) and args.eval_on_start,
+            None if saved is None else saved.last_evaluated,
+            on_metrics=evaluated,
+        )
+        # rank 0: outages of each server and whom the weights were pushed to, from the first
+        # push, and the version that landed on each
+        servers = SharedServers(args.server_urls) if rank0 else None
+        ledger = PushLedger(open_window.observe, servers, on_version=evaluations.landed)
+        spread = SpreadGuard(args.stop_after_spreadless_steps, args.num_generations)
+        intake = SampleIntake(
+            cursor.PromptCursor() if saved is None else saved.cursor,
+            lambda: learner.step,
+            open_window.observe,
+            spread,
+            evaluations.outcome,
+        )
+        if saved is not None:
+            intake.drop_split_groups(saved.split_groups)
+        return cls(
+            inputs,
+            learner,
+            open_window,
+            window_log,
+            evaluations,
+            servers,
+            VersionPin() if rank0 else None,
+            ledger,
+            spread,
+            NonfiniteGuard(args, learner.step),
+            intake,
+        )
+
+
+@attrs.frozen
+class RolloutSide:
+    """Rank 0's started parts of a run: the rollout process and what the steps it feeds are
+    measured against.
+
+    Attributes:
+        process: the rollout process, started.
+        flops: the model FLOPs of the rows and the device's peak (``perf/fwd_bwd_mfu``).
+        token_budget: a packed row's tokens (``token_budget``, else the server's
+            ``max_model_len``).
+    """
+
+    process: RolloutProcess
+    flops: FlopsMeter
+    token_budget: int
+
+
+@attrs.frozen
+class RunParts:
+    """The parts :meth:`TrainingRun.start` starts, on every rank.
+
+    Attributes:
+        weights: the weight sync path, started.
+        pushes: the run's pushes (the push at start made).
+        parity: the check that the servers serve the trainer's weights.
+        rollout: the rollout side (rank 0; None on other ranks, which have none).
+    """
+
+    weights: WeightSync
+    pushes: RunPushes
+    parity: ParityGuard
+    rollout: RolloutSide | None
+
+
+def _tear_down(
+    books: RunBooks,
+    pushes: RunPushes | None,
+    process: RolloutProcess | None,
+    weights: WeightSync | None,
+) -> None:
+    """Close what a run started, in this order (each given part; None: not started): release
+    a push held for an evaluation, let the push in flight land and stop watching the servers,
+    stop the rollout process, close the sync path, close the logs."""
+    books.evaluations.release()  # a push held for an evaluation goes now
+    if pushes is not None:
+        pushes.close()
+    if process is not None:
+        process.stop()
+    if weights is not None:
+        weights.close()
+    books.window_log.close()
+    if books.evaluations.file is not None:
+        books.evaluations.file.close()
+
+
+def new_step_queue(token_budget: int, learner: Learner, args: Any) -> step_queue.StepQueue:
+    """An empty step queue of rows of ``token_budget`` tokens, one per process and
+    accumulation step (``gradient_accumulation_steps``), dropping samples more than
+    ``max_staleness`` versions old."""
+    return step_queue.StepQueue(
+        step_queue.QueueSettings(
+            token_budget,
+            learner.world_size,
+            args.gradient_accumulation_steps,
+            args.max_staleness,
+        )
+    )
+
+
+class TrainingRun:
+    """The state of one ``train()`` call (the shell's side; every decision is the core's),
+    built whole: :meth:`start` starts its parts and returns it; :meth:`close` closes them."""
+
+    def __init__(self, books: RunBooks, parts: RunParts) -> None:
+        inputs, learner = books.inputs, books.learner
         self.inputs = inputs
         self.args = inputs.args
         self.learner = learner
         self.callbacks = inputs.callbacks
         self.rank0 = learner.rank == 0
-        self.output_dir = Path(self.args.output_dir)
-        self.window = metrics.MetricWindow()
+        self.output_dir = self.args.output_path
+        self.books = books
+        self.open_window = books.open_window
         self.forwarded_total = 0
         self.last_loss = math.nan
         self.dataset_size = None if inputs.dataset is None else len(inputs.dataset)
@@ -110,160 +291,121 @@ class TrainingRun:
             1, schedule.interval_steps(self.args.logging_steps, self.args.max_steps)
         )
         self.save_every = schedule.interval_steps(self.args.save_steps, self.args.max_steps)
-        saved = None
-        if checkpoint is not None:
-            learner.load_checkpoint(checkpoint)
-            saved = checkpoints.load_rollout_state(checkpoint)
-        evaluating = inputs.eval_datasets and self.args.eval_strategy == "steps"
-        every = (
-            self.args.eval_steps if self.args.eval_steps is not None else self.args.logging_steps
-        )
-        self.evaluations = Evaluations(
-            schedule.interval_steps(every, self.args.max_steps) if evaluating else None,
-            bool(inputs.eval_datasets) and self.args.eval_on_start,
-            None if saved is None else saved.last_evaluated,
-            on_metrics=self._evaluated,
-        )
-        self.pin = VersionPin() if self.rank0 else None
-        self.process: RolloutProcess | None = None
-        # rank 0: outages of each server and whom the weights were pushed to, from the first
-        # push, and the version that landed on each
-        self.servers = SharedServers(self.args.server_urls) if self.rank0 else None
-        self.trust = self.servers.trusts[0] if self.servers is not None else None
-        self.ledger = PushLedger(self._observe, self.servers, on_version=self.evaluations.landed)
-        self.weights: WeightSync | None = None
-        self.pushes: RunPushes | None = None
-        self.window_log = WindowLog(self.output_dir, self.args.num_completions_to_print)
-        self.flops: FlopsMeter | None = None
+        self.evaluations = books.evaluations
+        self.servers = books.servers
+        self.ledger = books.ledger
+        self.window_log = books.window_log
+        self.spread = books.spread
+        self.nonfinite = books.nonfinite
+        self.intake = books.intake
+        self.weights = parts.weights
+        self.pushes = parts.pushes
+        self.parity = parts.parity
+        self.rollout = parts.rollout
         self.step_flops = 0.0
-        self.parity: ParityGuard | None = None
-        self.spread = SpreadGuard(self.args.stop_after_spreadless_steps, self.args.num_generations)
-        self.nonfinite = NonfiniteGuard(self.args, learner.step)
-        self.intake = SampleIntake(
-            cursor.PromptCursor() if saved is None else saved.cursor,
-            lambda: self.learner.step,
-            self._observe,
-            self.spread,
-            self.evaluations.outcome,
-        )
-        if saved is not None:
-            self.intake.drop_split_groups(saved.split_groups)
         self.last_entropy = math.nan
 
-    def start(self) -> None:
+    @classmethod
+    def start(
+        cls,
+        books: RunBooks,
+        on_failure: Callable[[BaseException], None] = lambda error: None,
+    ) -> TrainingRun:
         """Connect to the servers (several: check that they can stand in for each other),
-        push the trainer's weights, start the rollout process; what this opens, :meth:`close`
-        closes, also when it fails half way."""
-        self._check_servers()
-        self.weights = open_weight_sync(
-            self.learner, self.args, self.inputs.model_name, self.output_dir
-        )
-        self.weights.start()
-        pusher = WeightPusher(
-            self.weights,
-            self.learner,
-            self.servers,
-            self._client,
-            self.args.vllm_server_timeout,
-            uninterruptible=interrupts_deferred,
-            hold=None if self.pin is None else self.pin.hold,
-        )
-        self.pushes = RunPushes(
-            pusher, self.weights, self.ledger, self.args, self.rank0, self.servers, self._observe
-        )
-        self.parity = ParityGuard.for_run(self.learner, self.args, self._client)
-        if self.rank0:
-            self.max_model_len = ServerSettings.of(self.args).max_model_len(self.inputs.model_name)
-            self.token_budget = self.args.token_budget or self.max_model_len
-            self.intake.queue = self._new_queue()
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            checkpoints.remove_partials(self.output_dir)
-            if self.learner.step > 0:  # resumed: the steps after the checkpoint are trained again
-                drop_rows_after(self.output_dir, self.learner.step)
-            self.window_log.file = MetricsFile(self.output_dir)
-            self.evaluations.file = MetricsFile(self.output_dir, EVALUATIONS_FILE)
-            self.evaluations.started = time.monotonic()
-        self.pushes.start(self.inputs.model_name)
-        if self.rank0:
-            self.flops = FlopsMeter(
-                self.inputs.model_config, self.learner.device, self.learner.bf16
+        push the trainer's weights, start the rollout process (rank 0), and return the run
+        holding them.
+
+        When a part fails to start, ``on_failure`` is called with the error (the trainer's
+        ``failing``: a signal during the teardown must not hide it), then the parts started
+        before it are closed (as :meth:`close` closes them) and the error is raised: nothing
+        is left running."""
+        inputs, learner = books.inputs, books.learner
+        args = inputs.args
+        rank0 = learner.rank == 0
+        output_dir = args.output_path
+        pin, servers = books.pin, books.servers
+        evaluations, intake = books.evaluations, books.intake
+
+        def client(server: int = 0, **options: Any) -> VLLMClient:
+            return ServerSettings.of(args).client(inputs.model_name, server, **options)
+
+        weights: WeightSync | None = None
+        pushes: RunPushes | None = None
+        process: RolloutProcess | None = None
+        try:
+            _check_servers(inputs)
+            weights = open_weight_sync(learner, args, inputs.model_name, output_dir)
+            weights.start()
+            pusher = WeightPusher(
+                weights,
+                learner,
+                servers,
+                client,
+                args.vllm_server_timeout,
+                uninterruptible=interrupts_deferred,
+                hold=None if pin is None else pin.hold,
             )
+            pushes = RunPushes(
+                pusher, weights, books.ledger, args, rank0, servers, books.open_window.observe
+            )
+            parity = ParityGuard.for_run(learner, args, client)
+            max_model_len = token_budget = 0
+            if rank0:
+                max_model_len = ServerSettings.of(args).max_model_len(inputs.model_name)
+                token_budget = args.token_budget or max_model_len
+                intake.queue = new_step_queue(token_budget, learner, args)
+                output_dir.mkdir(parents=True, exist_ok=True)
+                checkpoints.remove_partials(output_dir)
+                if learner.step > 0:  # resumed: the steps after the checkpoint are trained again
+                    drop_rows_after(output_dir, learner.step)
+                books.window_log.file = MetricsFile(output_dir)
+                evaluations.file = MetricsFile(output_dir, EVALUATIONS_FILE)
+                evaluations.started = time.monotonic()
+            pushes.start(inputs.model_name)
+            if not rank0:
+                return cls(books, RunParts(weights, pushes, parity, None))
+            assert servers is not None  # rank 0 keeps the servers' records
+            flops = FlopsMeter(inputs.model_config, learner.device, learner.bf16)
             log.info(
                 "mfu peak",
-                peak_tflops=round(self.flops.peak_flops / 1e12, 4),
-                source=self.flops.peak_source,
+                peak_tflops=round(flops.peak_flops / 1e12, 4),
+                source=flops.peak_source,
             )
-            cpu_plan = self.inputs.cpu_plan
-            self.process = RolloutProcess(
-                self._loop_spec(),
-                self.args.rollout_worker_timeout,
-                self.trust,
-                self.servers,
-                pin=self.pin,
-                restarts=self.args.rollout_worker_restarts,  # from the trainer's prompt cursor
-                resume_cursor=lambda: self.intake.cursor,
+            cpu_plan = inputs.cpu_plan
+            process = RolloutProcess(
+                _loop_spec(inputs, learner, max_model_len, token_budget, intake, weights),
+                args.rollout_worker_timeout,
+                servers.trusts[0],
+                servers,
+                pin=pin,
+                restarts=args.rollout_worker_restarts,  # from the trainer's prompt cursor
+                resume_cursor=lambda: intake.cursor,
                 on_start=lambda pid: release_process(pid, cpu_plan),
             )
-            self.ledger.process = self.intake.process = self.process
-            self.process.start()
-            for server in range(len(self.args.server_urls)):
-                self.process.set_server_version(server, self.ledger.version)
-            self.process.set_model_version(self.ledger.version)
-            self.process.set_steps_taken(self.learner.step)
-            self.evaluations.process = self.process
-            self.evaluations.landed(self.ledger.version, at_start=True)
-            self.window_log.open_bar(
-                self.learner.step, self.args.max_steps, bool(self.args.disable_tqdm)
-            )
+            books.ledger.process = intake.process = process
+            process.start()
+            for server in range(len(args.server_urls)):
+                process.set_server_version(server, books.ledger.version)
+            process.set_model_version(books.ledger.version)
+            process.set_steps_taken(learner.step)
+            evaluations.process = process
+            evaluations.landed(books.ledger.version, at_start=True)
+            books.window_log.open_bar(learner.step, args.max_steps, bool(args.disable_tqdm))
+            rollout = RolloutSide(process, flops, token_budget)
+            return cls(books, RunParts(weights, pushes, parity, rollout))
+        except BaseException as error:
+            on_failure(error)
+            _tear_down(books, pushes, process, weights)
+            raise
 
-    def _new_queue(self) -> step_queue.StepQueue:
-        return step_queue.StepQueue(
-            step_queue.QueueSettings(
-                self.token_budget,
-                self.learner.world_size,
-                self.args.gradient_accumulation_steps,
-                self.args.max_staleness,
-            )
-        )
+    @property
+    def window(self) -> metrics.MetricWindow:
+        """The metrics since the last logged window."""
+        return self.open_window.window
 
-    def _check_servers(self) -> None:
-        """Several servers: rank 0 checks that each can stand in for the first
-        (:func:`~asyncgrpo.shell.servers.check_servers_match`); every process raises the
-        mismatch, naming the server and the flag."""
-        if len(self.args.server_urls) < 2:
-            return
-        decided_on_rank0(
-            lambda: check_servers_match(
-                ServerSettings.of(self.args),
-                self.inputs.model_name,
-                self.args.top_k > 0 or self.args.top_p < 1.0,
-            ),
-            refusals=(ValueError,),
-        )
-
-    def _client(self, server: int = 0, **options: Any) -> VLLMClient:
-        return ServerSettings.of(self.args).client(self.inputs.model_name, server, **options)
-
-    def _loop_spec(self) -> LoopSpec:
-        given = self.inputs
-        return LoopSpec(
-            loop_cls=given.loop_cls,
-            config=self.args,
-            model_name=given.model_name,
-            dataset=given.dataset,
-            reward_funcs=given.reward_funcs,
-            processing_class=given.processing_class,
-            max_model_len=self.max_model_len,
-            token_budget=self.token_budget,
-            rows_per_step=self.args.gradient_accumulation_steps * self.learner.world_size,
-            tools=given.tools,
-            environment_factory=given.environment_factory,
-            start_cursor=self.intake.cursor,
-            lora_name=self.weights.lora_name if self.weights is not None else None,
-            eval_datasets=given.eval_datasets,
-            eval_reward_funcs=given.eval_reward_funcs,
-            loop_options=given.loop_options,
-        )
+    @window.setter
+    def window(self, window: metrics.MetricWindow) -> None:
+        self.open_window.window = window
 
     # ----------------------------------------------------------------- the loop
 
@@ -281,8 +423,7 @@ class TrainingRun:
                 break
             self.callbacks.step_begin()
             out = self.learner.train_step(rows)
-            if self.parity is not None:
-                self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
+            self.parity.check(out.metrics.get(STALENESS0_GAP), self.learner.step)
             self.last_loss = out.metrics.get("loss", math.nan)
             self.window = metrics.merge(self.window, out.window)
             if self.nonfinite.after_step(out, self.intake):  # diverged: keep the last finite
@@ -293,7 +434,6 @@ class TrainingRun:
             self.last_entropy = out.metrics.get("entropy", math.nan)
             sync_start = time.monotonic()
             if self.learner.step % self.args.weight_sync_steps == 0:
-                assert self.pushes is not None
                 self.pushes.after_step()
             step_end = time.monotonic()
             self.ledger.record_landed()
@@ -304,15 +444,15 @@ class TrainingRun:
                 metrics.mean("perf/checkpoint_s", after_step[1]),
                 metrics.mean("perf/step_s", step_end - step_start),
                 *(
-                    self.flops.mfu(self.step_flops, fwd_bwd_s, self.learner.world_size)
-                    if self.flops is not None
+                    self.rollout.flops.mfu(self.step_flops, fwd_bwd_s, self.learner.world_size)
+                    if self.rollout is not None
                     else ()
                 ),
             )
             self.window_log.step_done()
             epochs_after = self._epochs()
             save = schedule.due(
-                self.args.save_strategy.value,
+                SaveStrategy(self.args.save_strategy).value,
                 self.learner.step,
                 self.save_every,
                 epochs_before,
@@ -349,8 +489,8 @@ class TrainingRun:
             summary = self._log_window()
         with interrupts_deferred():
             self.learner.export.save_pretrained(self.output_dir, self.inputs.processing_class)
-        if self.parity is not None:  # a run that sampled foreign weights is not a success
-            self.parity.after_training(self.learner.step, str(self.output_dir))
+        # a run that sampled foreign weights is not a success
+        self.parity.after_training(self.learner.step, str(self.output_dir))
         return TrainOutput(self.learner.step, self.last_loss, summary)
 
     def _agree(self, control: TrainerControl) -> TrainerControl:
@@ -370,11 +510,15 @@ class TrainingRun:
         step = self.learner.step
         first = self.args.logging_first_step and step == 1
         return first or schedule.due(
-            self.args.logging_strategy.value, step, self.logging_every, epochs_before, epochs_after
+            IntervalStrategy(self.args.logging_strategy).value,
+            step,
+            self.logging_every,
+            epochs_before,
+            epochs_after,
         )
 
     def _observe(self, *observations: metrics.Observation) -> None:
-        self.window = metrics.record(self.window, observations)
+        self.open_window.observe(*observations)
 
     def _finished(self) -> bool:
         if self.args.max_steps > 0:
@@ -393,13 +537,12 @@ class TrainingRun:
         while True:
             plan_began = time.monotonic()
             step: planner.PackedStep | str | None = None
-            if self.rank0 and not self._finished():
-                step = self._plan_next_step()
+            if self.rollout is not None and not self._finished():
+                step = self._plan_next_step(self.rollout)
             send_start = time.monotonic()
-            assert self.pushes is not None
             what = STEP if isinstance(step, planner.PackedStep) else step
             told = (what, self.pushes.resync_servers)
-            control = decided_on_rank0(lambda told=told: told)  # rank 0's, on every rank
+            control = decided_on_rank0(functools.partial(copy.copy, told))  # rank 0's, on all
             if control[0] != RESYNC:
                 break
             self.pushes.resync(control[1])
@@ -424,37 +567,38 @@ class TrainingRun:
         )
         return scattered_from_rank0(per_rank)
 
-    def _plan_next_step(self) -> planner.PackedStep | str:
+    def _plan_next_step(self, rollout: RolloutSide) -> planner.PackedStep | str:
         """Wait until the step queue is ready, take its step and pack the rows (rank 0);
         :data:`RESYNC` instead when the server went away and the weights must be pushed."""
-        intake = self.intake
-        assert self.process is not None and intake.queue is not None
+        intake, process = self.intake, rollout.process
         waited_from, intake.waited_s = time.monotonic(), 0.0
-        if self.pushes is not None and self.pushes.servers_back():
+        if self.pushes.servers_back():
             return RESYNC
+        assert intake.queue is not None  # rank 0 made it when the run opened
         intake.apply(step_queue.advance(intake.queue, self.learner.step))
         intake.drain(wait_s=0.0)
 
         def ready() -> bool:
+            assert intake.queue is not None
             return step_queue.ready(
                 intake.queue,
-                self.process.in_flight(),
+                process.in_flight(),
                 behind=self.learner.step - self.ledger.version,
             )
 
         while True:
             while not ready():
-                if (interrupted := self._wait_for_samples()) is not None:
+                if (interrupted := self._wait_for_samples(process)) is not None:
                     return interrupted
             # announce the step, then look again: the rollout loop reports a group in flight
             # before its last look at the steps taken, so a group it admitted against the old
             # count shows here, and is waited for instead of arriving stale (step_queue.ready:
             # a short step waits for any group in flight, a full one for older ones)
-            self.process.set_steps_taken(self.learner.step + 1)
+            process.set_steps_taken(self.learner.step + 1)
             if ready():
                 break
-            if (interrupted := self._wait_for_samples()) is not None:
-                self.process.set_steps_taken(self.learner.step)
+            if (interrupted := self._wait_for_samples(process)) is not None:
+                process.set_steps_taken(self.learner.step)
                 return interrupted
         step = intake.take_step()
         self.spread.groups_per_step = len({s.group_id for s in step.samples})
@@ -470,23 +614,20 @@ class TrainingRun:
         intake.trained(step.samples)
         self._observe(
             *planner.step_observations(
-                packed, self.learner.step, time.monotonic(), self.token_budget
+                packed, self.learner.step, time.monotonic(), rollout.token_budget
             )
         )
-        if self.flops is not None:
-            self.step_flops = self.flops.of_rows(packed.rows)
+        self.step_flops = rollout.flops.of_rows(packed.rows)
         self._observe(metrics.mean("perf/pack_s", time.monotonic() - pack_start))
         return packed
 
-    def _wait_for_samples(self) -> str | None:
+    def _wait_for_samples(self, process: RolloutProcess) -> str | None:
         """Wait a moment for the rollout process's messages; :data:`RESYNC` or
         :data:`SPREADLESS` when the step must not be taken now (else None). Raises when the
         push thread found the server frozen."""
-        if self.pushes is not None:
-            assert self.process is not None
-            self.pushes.pusher.raise_if_silent()  # the push thread found the server frozen
-            if self.pushes.resync_due(self.process):
-                return RESYNC
+        self.pushes.pusher.raise_if_failed()  # the push thread failed (the server frozen)
+        if self.pushes.resync_due(process):
+            return RESYNC
         self.intake.drain(wait_s=0.2)
         if self.spread.step_due() and self._close_spread_step():
             return SPREADLESS
@@ -505,9 +646,8 @@ class TrainingRun:
     def _await_pushes(self) -> None:
         """Rank 0: wait until the server holds the weights of every push made (the run's end)
         and the evaluation asked for meanwhile has arrived, and record them."""
-        if self.pushes is not None:
-            self.pushes.wait_landed()
-        if self.process is not None and self.intake.queue is not None:
+        self.pushes.wait_landed()
+        if self.rollout is not None:
             self.evaluations.wait_for_last(self.intake.drain, self.args.rollout_worker_timeout)
         if len(self.window):  # else the last window was logged: nothing joins it now
             self.ledger.record_landed()
@@ -531,11 +671,6 @@ class TrainingRun:
         self.callbacks.log(summary)
         return summary
 
-    def _evaluated(self, version: int, figures: dict[str, float]) -> None:
-        """Rank 0: an evaluation of ``version`` arrived; it is logged at step ``version``."""
-        self.window_log.evaluation(version, figures)
-        self.callbacks.evaluate(figures, step=version)
-
     def _save_checkpoint(self) -> None:
         checkpoints.save_run(
             self.output_dir,
@@ -549,13 +684,58 @@ class TrainingRun:
         )
 
     def close(self) -> None:
-        self.evaluations.release()  # a push held for an evaluation goes now
-        if self.pushes is not None:
-            self.pushes.close()
-        if self.process is not None:
-            self.process.stop()
-        if self.weights is not None:
-            self.weights.close()
-        self.window_log.close()
-        if self.evaluations.file is not None:
-            self.evaluations.file.close()
+        """Close what :meth:`start` started (:func:`_tear_down`)."""
+        _tear_down(
+            self.books,
+            self.pushes,
+            None if self.rollout is None else self.rollout.process,
+            self.weights,
+        )
+
+
+def _check_servers(inputs: RunInputs) -> None:
+    """Several servers: rank 0 checks that each can stand in for the first
+    (:func:`~asyncgrpo.shell.servers.check_servers_match`); every process raises the
+    mismatch, naming the server and the flag."""
+    args = inputs.args
+    if len(args.server_urls) < 2:
+        return
+    decided_on_rank0(
+        lambda: check_servers_match(
+            ServerSettings.of(args),
+            inputs.model_name,
+            args.top_k > 0 or args.top_p < 1.0,
+        ),
+        refusals=(ValueError,),
+    )
+
+
+def _loop_spec(
+    given: RunInputs,
+    learner: Learner,
+    max_model_len: int,
+    token_budget: int,
+    intake: SampleIntake,
+    weights: WeightSync,
+) -> LoopSpec:
+    """What the rollout process runs: the trainer's inputs, the server's ``max_model_len``
+    and the step's ``token_budget`` (tokens), from the intake's prompt cursor."""
+    args = given.args
+    return LoopSpec(
+        loop_cls=given.loop_cls,
+        config=args,
+        model_name=given.model_name,
+        dataset=given.dataset,
+        reward_funcs=given.reward_funcs,
+        processing_class=given.processing_class,
+        max_model_len=max_model_len,
+        token_budget=token_budget,
+        rows_per_step=args.gradient_accumulation_steps * learner.world_size,
+        tools=given.tools,
+        environment_factory=given.environment_factory,
+        start_cursor=intake.cursor,
+        lora_name=weights.lora_name,
+        eval_datasets=given.eval_datasets,
+        eval_reward_funcs=given.eval_reward_funcs,
+        loop_options=given.loop_options,
+    )

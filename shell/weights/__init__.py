@@ -1,7 +1,7 @@
 """How the trainer's weights reach the vLLM server: the sync paths (disk reload and the
 weight-transfer engines, :mod:`.paths`; LoRA adapters, :mod:`.lora_path`), the choice among
-them (:mod:`.choice`), the push (:mod:`.push`) and the check that the server serves the
-trainer's weights (:mod:`.parity`).
+them (:mod:`.choice`), the push (:mod:`.push`; beside the step, by :mod:`.push_thread`) and
+the check that the server serves the trainer's weights (:mod:`.parity`).
 """
 
 from __future__ import annotations

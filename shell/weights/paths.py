@@ -104,8 +104,11 @@ class WeightSync(Protocol):
         lora_name: the adapter prefix rollouts must name in their requests, else ``None``.
     """
 
-    backend: str
-    lora_name: str | None
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def lora_name(self) -> str | None: ...
 
     def start(self) -> None:
         """Open what the path needs for the run (collective)."""
@@ -316,7 +319,8 @@ class EngineWeights:
         return engine is None or engine.parallel_sends
 
     def snapshot_size(self) -> tuple[int, str]:
-        on_device = weight_sync.engine_named(self.backend).needs_cuda
+        engine = weight_sync.engine_named(self.backend)  # None for a path without an engine
+        on_device = engine is not None and engine.needs_cuda
         where = str(self.learner.device) if on_device else HOST_MEMORY
         return _synced_bytes(self.learner), where
 

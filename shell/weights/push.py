@@ -17,17 +17,17 @@ every push rank 0 reads the server's identity: a server that restarted since the
 the same resync; after the push it reads the identity again, so a restart during the push is
 not taken for a landed push. Every push is collective over the trainer's processes; rank 0
 talks to the server and records the timings, and every process learns each stage's outcome,
-so that all of them go on, push again or fail together.
+so that all of them go on, push again or fail together. A push beside the step is sent by rank
+0's push thread (:mod:`asyncgrpo.shell.weights.push_thread`), one snapshot at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import attrs
@@ -42,6 +42,7 @@ from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner, LoraPrecisionError
 from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers_out
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
+from asyncgrpo.shell.weights.push_thread import PushThread
 
 log = structlog.get_logger("asyncgrpo.trainer")
 
@@ -106,6 +107,11 @@ class Pushed:
 class WeightPusher:
     """Pushes the learner's weights to the servers; every method is collective.
 
+    It coordinates each push across the trainer's processes (every process learns each
+    stage's outcome), reads the servers' identities around it and retries a resync; a push
+    beside the step goes to rank 0's :class:`~asyncgrpo.shell.weights.push_thread.PushThread`,
+    which sends each snapshot through :meth:`_send_snapshot`.
+
     Args:
         weights: the run's sync path, started.
         learner: whose step names the version and whose processes take part.
@@ -138,10 +144,9 @@ class WeightPusher:
         self.server_timeout_s = server_timeout_s
         self._uninterruptible = uninterruptible
         self._hold = hold or (lambda version: 0.0)
-        self._queue_lock = threading.Lock()
-        self._waiting: Snapshot | None = None  # the next snapshot to send
-        self._sender: threading.Thread | None = None  # rank 0's push thread, while it sends
-        self._silent: ServerNotAnswering | None = None  # met by the thread: fails the run
+        self._thread: PushThread[Pushed] = PushThread(self._send_snapshot)  # rank 0's
+        # rank 0: why a server's identity could not be read before the first push, by server
+        self._unread_at_start: dict[int, Exception] = {}
 
     @property
     def count(self) -> int:
@@ -225,86 +230,61 @@ class WeightPusher:
         Returns:
             whether a waiting snapshot was replaced (rank 0).
         """
-        self.raise_if_silent()  # the thread met the only server silent: no push follows
+        self.raise_if_failed()  # a push failed on the thread: no push follows
         with self._uninterruptible():  # the snapshot's gathers are collectives
             snapshot = self.weights.snapshot(self.learner.step)
         if not self.rank0:
             return False
         assert snapshot is not None
-        with self._queue_lock:
-            replaced = self._waiting is not None
-            self._waiting = snapshot
-            if self._sender is None:
-                self._sender = threading.Thread(
-                    target=self._send_waiting,
-                    args=(on_landed,),
-                    name="asyncgrpo-weight-push",
-                    daemon=True,
-                )
-                self._sender.start()
-        return replaced
+        return self._thread.hand(snapshot, on_landed)
 
-    def _send_waiting(self, on_landed: Callable[[Pushed], None]) -> None:
-        """Rank 0's push thread: send the waiting snapshots in order until none waits; check
-        that one server took each push on each server; report each that landed."""
-        while True:
-            with self._queue_lock:
-                snapshot, self._waiting = self._waiting, None
-                if snapshot is None:
-                    self._sender = None
-                    return
-            held_s = self._hold(snapshot.version)  # an evaluation reads an older version
-            began, started = time.time(), time.monotonic()
-            try:
-                targets = self._targets(at_start=False)
-            except ServerNotAnswering as silent:
-                self._silent = silent
-                self._stop_sending()
-                return
-            if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
-                self._stop_sending()
-                return
-            assert isinstance(targets, dict)
-            try:
-                landing = self._check_landing(
-                    targets, self.weights.send(snapshot, tuple(targets)), at_start=False
-                )
-            except Exception as error:  # outside the servers (a write): it reached none
-                landing = dict.fromkeys(targets, error)
-            silent = [outcome for outcome in landing.values() if self._ends_run(outcome)]
-            if silent:
-                self._silent = silent[0]
-                self._stop_sending()
-                return
-            landed = self._record_failures(landing, "trainer weight push", since=began)
-            if not landed:
-                self._stop_sending()  # the resync pushes anew
-                return
-            on_landed(
-                Pushed(
-                    snapshot.version,
-                    landed_timings(landing),
-                    push_s=time.monotonic() - started,
-                    servers=landed,
-                    held_s=held_s,
-                )
+    def _send_snapshot(self, snapshot: Snapshot) -> Pushed | None:
+        """Rank 0's push thread: push one snapshot to the servers in routing and check that
+        it landed on each (the identity read before it is still there after it).
+
+        Returns:
+            what landed, or None when it landed nowhere (the servers that restarted or that
+            the push failed on are recorded as outages: the resync pushes anew).
+
+        Raises:
+            ServerNotAnswering: the run's only server stayed silent (the run ends).
+        """
+        held_s = self._hold(snapshot.version)  # an evaluation reads an older version
+        began, started = time.time(), time.monotonic()
+        targets = self._targets(at_start=False)
+        if targets == _RESTARTED:  # recorded as outages: the resync pushes anew
+            return None
+        assert isinstance(targets, dict)
+        try:
+            landing = self._check_landing(
+                targets, self.weights.send(snapshot, tuple(targets)), at_start=False
             )
+        except Exception as error:  # outside the servers (a write): it reached none
+            landing = dict.fromkeys(targets, error)
+        silent = [outcome for outcome in landing.values() if self._ends_run(outcome)]
+        if silent:
+            raise silent[0]
+        landed = self._record_failures(landing, "trainer weight push", since=began)
+        if not landed:
+            return None  # the resync pushes anew
+        return Pushed(
+            snapshot.version,
+            landed_timings(landing),
+            push_s=time.monotonic() - started,
+            servers=landed,
+            held_s=held_s,
+        )
 
-    def _stop_sending(self) -> None:
-        with self._queue_lock:
-            self._waiting, self._sender = None, None
+    def raise_if_failed(self) -> None:
+        """Rank 0: raise the error a push raised on the push thread, if one did.
 
-    def raise_if_silent(self) -> None:
-        """Rank 0: raise the :class:`ServerNotAnswering` the push thread met, if it met one.
+        Mostly :class:`ServerNotAnswering`: the run's only server answered nothing for
+        ``vllm_server_timeout`` seconds (frozen or wedged). That is the end of the run, as it is
+        when a step's own push meets it, not an outage to wait out for as long again. With
+        several servers a silent one leaves routing instead."""
+        self._thread.raise_if_failed()
 
-        The run's only server answered nothing for ``vllm_server_timeout`` seconds (frozen or
-        wedged): that is the end of the run, as it is when a step's own push meets it, not an
-        outage to wait out for as long again. With several servers a silent one leaves
-        routing instead."""
-        if self._silent is not None:
-            raise self._silent
-
-    def _ends_run(self, outcome: object) -> bool:
+    def _ends_run(self, outcome: object) -> TypeGuard[ServerNotAnswering]:
         """Whether what a server did is the run's only server staying silent (which ends the
         run; with several servers a silent one is an outage and leaves routing)."""
         return self.count == 1 and isinstance(outcome, ServerNotAnswering)
@@ -312,13 +292,7 @@ class WeightPusher:
     def wait_landed(self) -> float:
         """Rank 0: wait until every push handed to the thread has landed or failed; the
         seconds waited (0 elsewhere)."""
-        started = time.monotonic()
-        while True:
-            with self._queue_lock:
-                sender = self._sender
-            if sender is None:
-                return time.monotonic() - started
-            sender.join()
+        return self._thread.wait_landed()
 
     def _targets(self, at_start: bool) -> dict[int, float | None] | str:
         """Rank 0: the servers a push goes to, each with its identity read now: at start every
@@ -328,11 +302,22 @@ class WeightPusher:
         Raises only :class:`ServerNotAnswering`, when the run's only server is silent."""
         assert self.servers is not None
         targets: dict[int, float | None] = {}
+        if at_start:
+            self._unread_at_start.clear()
         for index in range(self.count):
             if at_start:
                 try:
                     targets[index] = self._read_identity(index)
-                except Exception:
+                except Exception as error:
+                    # the push goes there and reports the server if it fails too; if it lands,
+                    # the landing check fails naming this error (_check_landing)
+                    log.warning(
+                        "reading the vLLM server's identity before the first weight push failed",
+                        server=self.servers.urls[index],
+                        cause=f"{type(error).__name__}: {error}",
+                        exc_info=error,
+                    )
+                    self._unread_at_start[index] = error
                     targets[index] = None
                 continue
             if not self.servers.routable(index):
@@ -365,6 +350,14 @@ class WeightPusher:
             try:
                 after = self._read_identity(index)
                 if not server_outage.push_landed(targets.get(index), after):
+                    unread = self._unread_at_start.get(index) if at_start else None
+                    if unread is not None:
+                        raise VLLMError(
+                            "the vLLM server's identity could not be read before the first "
+                            f"weight push ({type(unread).__name__}: {unread}), so the push is not "
+                            "known to have landed on the server that answers now: make the "
+                            "server answer GET /metrics, then start the run again"
+                        ) from unread
                     raise VLLMError("the vLLM server restarted during the weight push")
             except Exception as error:
                 checked[index] = error

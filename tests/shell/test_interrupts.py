@@ -131,3 +131,21 @@ def test_a_second_signal_during_a_failing_teardown_is_raised_at_once() -> None:
         send(signal.SIGTERM)
         send(signal.SIGINT)
     assert raised.value.signum == signal.SIGINT
+
+
+def test_a_failure_named_again_keeps_the_signal_noted_on_it() -> None:
+    """A run whose part failed to start names the error before closing what started
+    (``TrainingRun.start``) and the trainer names it again: a signal noted in between still
+    counts, so the next one is raised at once."""
+    error = RuntimeError("rollout process did not start")
+    with (
+        pytest.raises(Interrupted) as raised,
+        signals_interrupt(),
+        failures_outrank_signals() as failing,
+    ):
+        failing(error)
+        send(signal.SIGTERM)  # noted on the error: the teardown goes on
+        failing(error)
+        send(signal.SIGINT)
+    assert raised.value.signum == signal.SIGINT
+    assert len(error.__notes__) == 1

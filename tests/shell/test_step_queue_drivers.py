@@ -7,6 +7,7 @@ real rollout process cannot replay a fixed stream), so no server or model is inv
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,8 +26,15 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, _take_step
 from asyncgrpo.shell.experiments.simulation_state import Pipeline
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, GroupOutcome
+from asyncgrpo.shell.run.flops import FlopsMeter
 from asyncgrpo.shell.run.inputs import RunInputs
-from asyncgrpo.shell.run.training_run import TrainingRun
+from asyncgrpo.shell.run.training_run import (
+    RolloutSide,
+    RunBooks,
+    RunParts,
+    TrainingRun,
+    new_step_queue,
+)
 from asyncgrpo.shell.servers import SharedTrust
 
 
@@ -90,7 +98,16 @@ def streams(draw):
     return ticks
 
 
-def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> TrainingRun:
+@functools.cache
+def _cpu_flops() -> FlopsMeter:
+    return FlopsMeter(tiny_config("qwen3", vocab_size=64), torch.device("cpu"), False)
+
+
+def _trainer_run(
+    tmp: Path, budget: int, rows: int, max_staleness: int, process: FakeRolloutProcess
+) -> TrainingRun:
+    """A run on rank 0 whose rollout side is ``process``; its servers never go away (no
+    resync is due) and nothing is pushed (planning steps touches neither weights nor parity)."""
     args = AsyncGRPOConfig(
         output_dir=str(tmp),
         max_staleness=max_staleness,
@@ -113,10 +130,16 @@ def _trainer_run(tmp: Path, budget: int, rows: int, max_staleness: int) -> Train
         after_checkpoint=lambda step, rank0: None,
     )
     learner = SimpleNamespace(rank=0, world_size=1, step=0, device=torch.device("cpu"), bf16=False)
-    run = TrainingRun(inputs, learner, None)
-    run.token_budget = budget
-    run.intake.queue = run._new_queue()
-    return run
+    books = RunBooks.open(inputs, learner, None)
+    books.intake.queue = new_step_queue(budget, learner, args)
+    books.intake.process = process
+    pushes = SimpleNamespace(
+        servers_back=lambda: False,
+        resync_due=lambda process: False,
+        pusher=SimpleNamespace(raise_if_failed=lambda: None),
+    )
+    rollout = RolloutSide(process, _cpu_flops(), budget)
+    return TrainingRun(books, RunParts(weights=None, pushes=pushes, parity=None, rollout=rollout))
 
 
 @settings(max_examples=25, deadline=None)
@@ -154,12 +177,11 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
             state.policy = state.version  # its weights land before the next step
 
     # The trainer's side: the same groups, built at the versions the simulator saw.
-    run = _trainer_run(tmp, budget, rows, ms)
     process = FakeRolloutProcess([outcomes(v, t) for v, t in zip(versions, ticks, strict=True)])
-    run.process = run.intake.process = process
+    run = _trainer_run(tmp, budget, rows, ms, process)
     trainer_steps = []
     for _ in sim_steps:
-        rows_of_step = run._plan_next_step()
+        rows_of_step = run._plan_next_step(run.rollout)
         trainer_steps.append([s.rollout_id for r in rows_of_step.rows for s in r.samples])
         run.learner.step += 1
         run.ledger.version = run.learner.step  # its weights land before the next step, as simulated
@@ -171,11 +193,10 @@ def test_trainer_and_simulator_take_the_same_steps(tmp_path_factory, ticks, budg
 
 
 def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) -> None:
-    run = _trainer_run(tmp_path, budget=16, rows=1, max_staleness=1)
     long = [_group(p, 0, [40] * 8) for p in range(8)]
-    run.process = run.intake.process = FakeRolloutProcess([long] * 10)
+    run = _trainer_run(tmp_path, 16, 1, 1, FakeRolloutProcess([long] * 10))
     with pytest.raises(ValueError, match="token_budget=16 is too small"):
-        run._plan_next_step()
+        run._plan_next_step(run.rollout)
 
 
 @pytest.mark.parametrize(
@@ -232,11 +253,11 @@ def test_a_group_admitted_as_a_short_step_is_taken_waits_for_it_instead_of_going
     the step is announced, a group admitted against the old count shows in flight, and the
     trainer takes it into the step, where it is fresh. Taken without it, it would arrive one
     step late and be dropped as stale."""
-    run = _trainer_run(tmp_path, budget=64, rows=1, max_staleness=0)
     first, slipped = _group(0, 0, [20, 20]), _group(1, 0, [3, 3])
-    run.process = run.intake.process = SlippedInProcess([[first], [], [], []], slipped)
-    step = run._plan_next_step()
+    process = SlippedInProcess([[first], [], [], []], slipped)
+    run = _trainer_run(tmp_path, 64, 1, 0, process)
+    step = run._plan_next_step(run.rollout)
     taken = {s.rollout_id for r in step.rows for s in r.samples}
     assert taken == {"0-0", "0-1", "1-0", "1-1"}
     assert metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0) == 0.0
-    assert run.process.steps == 1
+    assert process.steps == 1
