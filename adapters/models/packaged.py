@@ -17,12 +17,13 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
 import attrs
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncgrpo.adapters.atomic_files import replaced_whole
 
 SOURCE_FILE = "asyncgrpo_source.json"
 """Written last into a finished checkpoint: what it was made from (its presence marks it done)."""
@@ -139,15 +140,12 @@ def gguf_checkpoint(
     target = cache / f"{gguf.stem}-{digest[:16]}"
     if (target / SOURCE_FILE).is_file():
         return target
-    partial = cache / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    _convert(gguf, partial)
     source = {"gguf": str(gguf), "sha256": digest, "description": description or gguf.name}
-    (partial / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
     try:
-        partial.rename(target)
+        with replaced_whole(target, unique=True) as partial:
+            _convert(gguf, partial)
+            (partial / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
     except OSError:  # another process finished the same checkpoint first
-        shutil.rmtree(partial, ignore_errors=True)
         if not (target / SOURCE_FILE).is_file():
             raise
     return target

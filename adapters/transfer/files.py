@@ -17,6 +17,7 @@ import attrs
 import torch
 from safetensors.torch import save_file
 
+from asyncgrpo.adapters.atomic_files import replaced_whole
 from asyncgrpo.adapters.vllm.client import VLLMClient
 
 WEIGHTS_FILE = "model.safetensors"
@@ -62,10 +63,9 @@ def write_safetensors(state_dict: Mapping[str, torch.Tensor], directory: str | P
             tensor = tensor.clone()
         storages.add(storage)
         tensors[name] = tensor
-    partial = directory / f".{WEIGHTS_FILE}.partial"
-    save_file(tensors, str(partial), metadata={"format": "pt"})
     final = directory / WEIGHTS_FILE
-    partial.replace(final)
+    with replaced_whole(final) as partial:
+        save_file(tensors, str(partial), metadata={"format": "pt"})
     return final
 
 

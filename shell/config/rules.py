@@ -52,8 +52,10 @@ USED: dict[str, str] = {
     "logging_steps": "a window every N optimizer steps; < 1 is a fraction of max_steps",
     "logging_first_step": "also log the window of the first step",
     "log_on_each_node": "rank 0 writes the logs either way",
-    "log_level": "transformers' logging verbosity on rank 0",
-    "log_level_replica": "transformers' logging verbosity on the other ranks",
+    "log_level": "the level of the 'asyncgrpo' and 'transformers' loggers on rank 0 "
+    "(passive: asyncgrpo's stays as set, info if unset; docs/metrics.md#console-logs)",
+    "log_level_replica": "the level of the 'asyncgrpo' and 'transformers' loggers on the other "
+    "ranks; asyncgrpo's also in the rollout process",
     "disable_tqdm": "hide the progress bar",
     "report_to": "transformers' reporting integrations (tensorboard, wandb, trackio, mlflow, ...), "
     "all or none; each logged window goes to them, under transformers' names (train/<metric>)",
@@ -160,7 +162,7 @@ SCRIPT_ONLY: dict[str, str] = {
     "local_rank": "set by launchers; the learner reads LOCAL_RANK from the environment",
 }
 
-CHOICES: dict[str, tuple[str, ...]] = {
+CHOICES: dict[str, tuple[str | int | bool, ...]] = {
     "optim": ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor"),
     "lr_scheduler_type": (
         "constant",

@@ -32,6 +32,7 @@ import attrs
 import structlog
 import torch
 
+from asyncgrpo.adapters.atomic_files import replaced_whole
 from asyncgrpo.adapters.checkpoint_files import DamagedFile, check_safetensors
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named, load_causal_lm
 from asyncgrpo.adapters.models.packaged import resolve_model
@@ -91,39 +92,37 @@ def _exported_checkpoint(path: Path, dtype: str) -> ServedModel:
         from peft import LoraConfig
         from transformers import AutoTokenizer
 
-        partial = path / f"{EXPORTED}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        config = AsyncGRPOConfig(
-            output_dir=str(partial), dtype=dtype, use_cpu=True, gradient_checkpointing=False
-        )
-        lora = (
-            LoraConfig(
-                **{
-                    k: v
-                    for k, v in peft.items()
-                    if k in LoraConfig.__dataclass_fields__
-                    and k
-                    not in (
-                        "peft_type",
-                        "task_type",
-                        "base_model_name_or_path",
-                        "revision",
-                        "auto_mapping",
-                    )
-                },
-                task_type="CAUSAL_LM",
+        with replaced_whole(out) as partial:
+            config = AsyncGRPOConfig(
+                output_dir=str(partial), dtype=dtype, use_cpu=True, gradient_checkpointing=False
             )
-            if peft
-            else None
-        )
-        with Learner(
-            load_causal_lm(base, dtype), config, peft_config=lora, device=torch.device("cpu")
-        ) as learner:
-            learner.load_checkpoint(path)
-            learner.export.save_pretrained(
-                partial, AutoTokenizer.from_pretrained(base), adapter_only=lora is not None
+            lora = (
+                LoraConfig(
+                    **{
+                        k: v
+                        for k, v in peft.items()
+                        if k in LoraConfig.__dataclass_fields__
+                        and k
+                        not in (
+                            "peft_type",
+                            "task_type",
+                            "base_model_name_or_path",
+                            "revision",
+                            "auto_mapping",
+                        )
+                    },
+                    task_type="CAUSAL_LM",
+                )
+                if peft
+                else None
             )
-        partial.rename(out)
+            with Learner(
+                load_causal_lm(base, dtype), config, peft_config=lora, device=torch.device("cpu")
+            ) as learner:
+                learner.load_checkpoint(path)
+                learner.export.save_pretrained(
+                    partial, AutoTokenizer.from_pretrained(base), adapter_only=lora is not None
+                )
     if (out / "adapter_config.json").is_file():
         return ServedModel(base, str(out))
     return ServedModel(str(out))
@@ -162,7 +161,7 @@ def evaluation_servers(
                 ServerSettings.of(args),
                 name,
                 weights,
-                Path(config.output_dir) / ".vllm_weights",
+                config.output_path / ".vllm_weights",
             )
         yield args, name
         return
@@ -176,7 +175,7 @@ def evaluation_servers(
     if served.adapter is not None:
         rank = json.loads((Path(served.adapter) / "adapter_config.json").read_text()).get("r", 8)
         spec = attrs.evolve(spec, enable_lora=True, max_lora_rank=max(spec.max_lora_rank, rank))
-    out = Path(config.output_dir)
+    out = config.output_path
     out.mkdir(parents=True, exist_ok=True)
     with local_servers(spec, servers_cpus_for(config, 1), out) as started:
         yield (

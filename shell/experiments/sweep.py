@@ -74,6 +74,7 @@ from typing import Any
 import attrs
 import structlog
 
+from asyncgrpo.adapters.atomic_files import write_text_whole
 from asyncgrpo.core.experiments.sweep_plan import Action, PlannedRun, Status, next_action, plan_runs
 from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import (
@@ -333,7 +334,7 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     (out / SWEEP_COPY).write_text(json.dumps(sweep.as_json(), indent=1))
     index = _Index(out, sweep)
-    todo = []
+    todo: list[tuple[PlannedRun, Action]] = []
     for run in sweep.runs:
         run_dir = out / run.name
         action = next_action(
@@ -565,9 +566,7 @@ class _Index:
             self._write()
 
     def _write(self) -> None:
-        partial = self.path.with_name(f".{INDEX}.partial")
-        partial.write_text(json.dumps({"runs": list(self.runs.values())}, indent=1))
-        partial.replace(self.path)
+        write_text_whole(self.path, json.dumps({"runs": list(self.runs.values())}, indent=1))
 
 
 def read_index(sweep_dir: str | Path) -> list[dict[str, Any]]:

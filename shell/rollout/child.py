@@ -9,7 +9,9 @@ runs it, its failure's traceback going back to the trainer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing as mp
+import multiprocessing.context
 import os
 import pickle
 import signal
@@ -22,7 +24,8 @@ import setproctitle
 
 from asyncgrpo.adapters.parent_death import die_with_forking_parent
 from asyncgrpo.core.run.step_queue import InFlight
-from asyncgrpo.shell.rollout.messages import GroupOutcome, LoopReport
+from asyncgrpo.shell.config import use_log_levels
+from asyncgrpo.shell.rollout.messages import EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.spec import LoopSpec, RolloutWorkerError
 from asyncgrpo.shell.servers import (
     EvalRequest,
@@ -32,7 +35,6 @@ from asyncgrpo.shell.servers import (
     VersionPin,
 )
 
-CONTEXT = mp.get_context("forkserver")
 PRELOADED = (
     "__main__",
     "asyncgrpo.shell.rollout.child",
@@ -44,7 +46,37 @@ PRELOADED = (
 (about 5 s here, mostly transformers and torch): each rollout process after it, a restart or
 the next ``train()`` in the same process, is forked ready in well under a second. Like spawn,
 the server imports the main script without its ``if __name__ == "__main__":`` block."""
-CONTEXT.set_forkserver_preload(list(PRELOADED))
+
+
+@functools.cache
+def _preload_fork_server() -> None:
+    """Give the fork server its :data:`PRELOADED` modules, once, before it starts.
+
+    The list is process-wide: Python 3.11 has one fork server per process, shared by every
+    ``multiprocessing`` forkserver context (a context of one's own would need a copy of
+    ``popen_forkserver.Popen._launch``, a private function that changes between Python
+    versions). So it is set here, when the first rollout process starts, not when asyncgrpo is
+    imported: a program that imports asyncgrpo and starts no run keeps its own list. A fork
+    server already running (started by the program) keeps the modules it was started with."""
+    mp.get_context("forkserver").set_forkserver_preload(list(PRELOADED))
+
+
+class RolloutProcessStart(multiprocessing.context.ForkServerProcess):
+    """A process forked by the fork server that preloads :data:`PRELOADED` first."""
+
+    def start(self) -> None:
+        _preload_fork_server()
+        super().start()
+
+
+class RolloutContext(multiprocessing.context.ForkServerContext):
+    """The forkserver context whose processes preload :data:`PRELOADED` (see
+    :func:`_preload_fork_server`)."""
+
+    Process = RolloutProcessStart
+
+
+CONTEXT = RolloutContext()
 PROCESS_TITLE = "asyncgrpo: rollout process"
 """The rollout process's command line as ``ps`` and ``top`` show it (forked by the fork server,
 it would show the fork server's)."""
@@ -140,7 +172,8 @@ class SharedState:
         """The trainer's side, once the child holds its copies: close the queues' write ends
         (the trainer only reads them)."""
         for q in (self.messages, self.errors):
-            q._writer.close()  # mp.Queue keeps no public handle on it
+            # mp.Queue keeps no public handle on it (a private attribute typeshed does not declare)
+            q._writer.close()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         for q in (self.messages, self.errors):
@@ -156,7 +189,7 @@ class ProcessChannels:
 
     shared: SharedState
 
-    def publish(self, message: GroupOutcome | LoopReport) -> None:
+    def publish(self, message: GroupOutcome | LoopReport | EvalOutcome) -> None:
         self.shared.messages.put(message)
 
     def model_version(self) -> int:
@@ -231,6 +264,7 @@ def child_main(
     adopt_environment(environment)
     try:
         spec = load_spec(pickled_spec)
+        use_log_levels(spec.config, main_process=False)  # log_level_replica
         loop = spec.loop_cls(
             spec.config,
             spec.model_name,

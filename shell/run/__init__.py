@@ -4,6 +4,7 @@ callbacks, checkpoints, interrupts, hub uploads and the metrics log.
 
 from __future__ import annotations
 
+from asyncgrpo.shell.config import configure_logging
 from asyncgrpo.shell.run import checkpoints
 from asyncgrpo.shell.run.inputs import eval_datasets_of
 from asyncgrpo.shell.run.interrupts import (
@@ -15,7 +16,6 @@ from asyncgrpo.shell.run.interrupts import (
 from asyncgrpo.shell.run.metrics_log import (
     EVALUATIONS_FILE,
     MetricsFile,
-    configure_logging,
     read_metrics,
 )
 from asyncgrpo.shell.run.trainer import AsyncGRPOTrainer

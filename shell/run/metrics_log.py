@@ -1,11 +1,18 @@
-"""Console logs (structlog) and the metrics files of a run: ``metrics.jsonl`` (a row per logged
-window and per evaluation, in step order, :class:`WindowLog`) and ``evaluations.jsonl`` (a row
-per evaluation, keyed by its weight version)."""
+"""The metrics files of a run: ``metrics.jsonl`` (rows of logged windows and evaluations, each
+carrying its optimizer ``step``, :class:`WindowLog`) and ``evaluations.jsonl`` (a row per
+evaluation, keyed by its weight version).
+
+Both files are append-only while a run trains: a row is never rewritten, so ``tail -f`` and log
+shippers follow them. What arrives for a step after its row was written (an evaluation that
+finished late, the rest of a window) is appended as a row of its own with that ``step``;
+:func:`read_metrics` joins the rows of a step into one, in step order. (A run resumed from a
+checkpoint is the one exception: :func:`drop_rows_after` removes the rows of the steps it logs
+again.)
+"""
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -15,40 +22,11 @@ from typing import IO, Any
 import structlog
 from tqdm import tqdm
 
+from asyncgrpo.adapters.atomic_files import write_text_whole
 from asyncgrpo.core import metrics as windows
 from asyncgrpo.core.run import step_time
 
 log = structlog.get_logger("asyncgrpo.trainer")
-
-
-class _CurrentStderr:
-    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
-def configure_logging(json_logs: bool = False) -> None:
-    """Send structlog lines at info level and above to stderr: key=value for people, or JSON
-    for machines."""
-    renderer = (
-        structlog.processors.JSONRenderer()
-        if json_logs
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
-        cache_logger_on_first_use=False,
-    )
 
 
 def _json_number(value: Any) -> Any:
@@ -68,7 +46,8 @@ class MetricsFile:
     ``metrics.jsonl``, an evaluation to ``evaluations.jsonl``.
 
     Non-finite numbers are written as ``null`` (JSON has no NaN), so every line parses with
-    any JSON reader.
+    any JSON reader. The file only grows: a second row of a step joins the first when read
+    (:func:`read_metrics`).
     """
 
     def __init__(self, output_dir: str | Path, name: str = METRICS_FILE) -> None:
@@ -79,37 +58,6 @@ class MetricsFile:
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         self._file.write(_row(step, metrics))
         self._file.flush()
-
-    def place(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Put ``metrics`` in the row of ``step``: joined to that row where the file has one,
-        else a row of its own after the last row of an earlier step (rows stay in step order).
-        The file is rewritten beside itself and renamed into place."""
-        self._file.close()
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        steps = [_row_step(line) for line in lines]
-        if step in steps:
-            at = steps.index(step)
-            lines[at] = _row(step, {**json.loads(lines[at]), **metrics, "step": step})
-        else:
-            at = sum(1 for s in steps if s < step)
-            lines.insert(at, _row(step, metrics))
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text("".join(lines), encoding="utf-8")
-        partial.replace(self.path)
-        self._file = self.path.open("a", encoding="utf-8")
-
-    def replace_last(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Write ``metrics`` in place of the last row, which must be ``step``'s (a step's
-        window completed after it was logged: each step keeps one row). The file is rewritten
-        beside itself and renamed into place."""
-        self._file.close()
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        if not lines or _row_step(lines[-1]) != step:
-            raise ValueError(f"{self.path}: the last row is not step {step}'s")
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text("".join([*lines[:-1], _row(step, metrics)]), encoding="utf-8")
-        partial.replace(self.path)
-        self._file = self.path.open("a", encoding="utf-8")
 
     def close(self) -> None:
         self._file.close()
@@ -125,13 +73,14 @@ class WindowLog:
     """The run's logged windows: each a row of ``metrics.jsonl`` for its step, a console line,
     the progress bar's reward and the window's completions (rank 0 writes them; every rank gets
     the summary). What arrives after a step's row was written (at the end: a push that
-    landed, the groups of a step that never came) joins that row, which is written again: each
-    step keeps one row.
+    landed, the groups of a step that never came) is merged into that step's window, whose
+    summary is appended as a second row of the step: read back (:func:`read_metrics`), each
+    step has one row, the merged window's.
 
-    An evaluation of weight version ``v`` goes in the row of step ``v`` (:meth:`evaluation`),
-    whenever its result arrives: joined to that row if it was written, else held until that
-    row is written; a step that logs no window gets a row of its own for it, in step order.
-    Evaluations never enter a window, so no window mixes two of them.
+    An evaluation of weight version ``v`` is a row of step ``v`` (:meth:`evaluation`), appended
+    when its result arrives, before or after that step's window row, or for a step that logs
+    no window; read back, it is joined to that step's row. Evaluations never enter a window, so
+    no window mixes two of them.
 
     Attributes:
         file: ``metrics.jsonl``; None until the run opens it, and on the other ranks.
@@ -143,9 +92,7 @@ class WindowLog:
         self.num_completions_to_print = num_completions_to_print
         self.file: MetricsFile | None = None
         self.bar: tqdm | None = None
-        # the last row written: its step, window and the evaluation figures joined to it
-        self._logged: tuple[int, windows.MetricWindow, dict[str, float]] | None = None
-        self._held: dict[int, dict[str, float]] = {}  # evaluations of steps not written yet
+        self._logged: tuple[int, windows.MetricWindow] | None = None  # the last window row
 
     def open_bar(self, step: int, max_steps: int, disable: bool) -> None:
         """The progress bar, a tick per step from ``step`` (to ``max_steps`` when > 0)."""
@@ -161,23 +108,15 @@ class WindowLog:
     ) -> dict[str, float]:
         """Log ``step``'s window with ``extra`` figures (``epoch``, ``num_tokens``) and the
         rates they give; return its summary."""
-        evaluated = self._held.pop(step, {})
-        again = self._logged is not None and self._logged[0] == step
-        if again:
-            assert self._logged is not None
-            window = windows.merge(self._logged[1], window)
-            evaluated = {**self._logged[2], **evaluated}
-        self._logged = (step, window, evaluated)
+        if self._logged is not None and self._logged[0] == step:
+            window = windows.merge(self._logged[1], window)  # its second row supersedes the first
+        self._logged = (step, window)
         summary = windows.summarize(window)
         summary.update(extra)
         summary.update(step_time.window_rates(summary))
         if self.file is None:
             return summary
-        if again:
-            self.file.replace_last(step, {**summary, **evaluated})
-        else:
-            self._place_held(before=step)
-            self.file.write(step, {**summary, **evaluated})
+        self.file.write(step, summary)
         log.info(
             "step",
             step=step,
@@ -193,23 +132,10 @@ class WindowLog:
         return summary
 
     def evaluation(self, version: int, figures: Mapping[str, float]) -> None:
-        """An evaluation of weight version ``version`` arrived: its figures go in the row of
-        step ``version`` (rank 0; see the class)."""
-        if self.file is None:
-            return
-        if self._logged is not None and self._logged[0] == version:
-            self._logged[2].update(figures)  # kept when the row is written again
-        elif self._logged is None or version > self._logged[0]:
-            self._held[version] = {**self._held.get(version, {}), **figures}
-            return
-        self.file.place(version, figures)
-
-    def _place_held(self, before: float = math.inf) -> None:
-        """Write the held evaluations of steps before ``before`` (steps that logged no window
-        before it) in the rows of their steps."""
-        assert self.file is not None
-        for version in sorted(v for v in self._held if v < before):
-            self.file.place(version, self._held.pop(version))
+        """An evaluation of weight version ``version`` arrived: its figures are appended as a
+        row of step ``version`` (rank 0; see the class)."""
+        if self.file is not None:
+            self.file.write(version, figures)
 
     def step_done(self) -> None:
         """A step was trained: the progress bar moves on."""
@@ -220,7 +146,6 @@ class WindowLog:
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:
-            self._place_held()
             self.file.close()
 
 
@@ -233,18 +158,44 @@ def _row(step: int, metrics: Mapping[str, Any]) -> str:
 
 
 def read_metrics(output_dir: str | Path, name: str = METRICS_FILE) -> list[dict[str, Any]]:
-    """All rows of ``<output_dir>/<name>`` (the windows of ``metrics.jsonl``, or the
-    evaluations of ``evaluations.jsonl``), in order."""
+    """The rows of ``<output_dir>/<name>`` (the windows and evaluations of ``metrics.jsonl``, or
+    the evaluations of ``evaluations.jsonl``), one per ``step``, in step order: the rows a step
+    has in the file are joined, a later row's value of a name replacing an earlier one's.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp())
+        >>> _ = (out / METRICS_FILE).write_text(
+        ...     '{"step": 2, "reward": 0.5}\\n{"step": 1, "reward": 0.25}\\n'
+        ...     '{"step": 2, "eval/reward": 0.75}\\n'
+        ... )
+        >>> read_metrics(out)
+        [{'step': 1, 'reward': 0.25}, {'step': 2, 'reward': 0.5, 'eval/reward': 0.75}]
+
+    Raises:
+        ValueError: a row has no ``step`` (every row asyncgrpo writes has one).
+    """
     path = Path(output_dir) / name
+    rows: dict[Any, dict[str, Any]] = {}
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "step" not in row:
+                raise ValueError(
+                    f'{path}, line {number}: the row has no "step"; each row of a metrics '
+                    "file names the optimizer step it belongs to"
+                )
+            rows[row["step"]] = {**rows.get(row["step"], {}), **row}
+    return sorted(rows.values(), key=lambda row: row["step"])
 
 
 def drop_rows_after(output_dir: str | Path, step: int) -> None:
     """Remove the rows of ``metrics.jsonl``, ``completions.jsonl``, ``positions.jsonl`` and
     ``evaluations.jsonl`` logged after ``step`` (an evaluation by its version): a run resumed
     from checkpoint ``step`` logs those steps again, and each step is kept once. Each file is
-    rewritten beside itself and renamed into place."""
+    replaced whole (:func:`~asyncgrpo.adapters.atomic_files.write_text_whole`)."""
     for name in (METRICS_FILE, "completions.jsonl", POSITIONS_FILE, EVALUATIONS_FILE):
         path = Path(output_dir) / name
         if not path.is_file():
@@ -253,9 +204,7 @@ def drop_rows_after(output_dir: str | Path, step: int) -> None:
         kept = [line for line in lines if line.strip() and _row_step(line) <= step]
         if len(kept) == len(lines):
             continue
-        partial = path.with_name(f".{name}.partial")
-        partial.write_text("".join(kept), encoding="utf-8")
-        partial.replace(path)
+        write_text_whole(path, "".join(kept))
 
 
 def _row_step(line: str) -> float:

@@ -8,6 +8,10 @@ sets torch's intra-op threads to match. ``asyncgrpo demo`` and ``asyncgrpo train
 :func:`server_cpus_for` to start their server on the complementary cores. The rollout process
 is spawned after the pinning and given every core back (:func:`release_process`): it mostly
 waits on HTTP and should run wherever a core is idle.
+
+Pinning needs ``os.sched_getaffinity`` and ``os.sched_setaffinity`` (Linux; macOS and Windows
+have neither): without them the plan counts every core of the machine, torch's threads are
+still set by it, and no process is pinned (:func:`can_pin`).
 """
 
 from __future__ import annotations
@@ -44,10 +48,23 @@ def server_on_host(base_url: str) -> bool:
     return is_local_host(host, (socket.gethostname(), socket.getfqdn()))
 
 
+def can_pin() -> bool:
+    """Whether this platform lets a process choose the cores it runs on."""
+    return hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")
+
+
+def visible_cpus() -> list[int]:
+    """The cores this process may run on: its affinity where the platform has one, else every
+    core of the machine."""
+    if can_pin():
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def plan_for(config: AsyncGRPOConfig, server_local: bool) -> CpuPlan:
     """The plan from this process's visible cores and the config's settings."""
     return plan_cpus(
-        sorted(os.sched_getaffinity(0)),
+        visible_cpus(),
         local_ranks(),
         server_local,
         config.cpu_sharing,
@@ -71,12 +88,14 @@ def cpus_shared_with_server(
     config: AsyncGRPOConfig, device: torch.device
 ) -> Iterator[CpuPlan | None]:
     """:func:`share_cpus_with_server` for the duration of a ``with`` block; this process's
-    affinity and torch threads are restored after it."""
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    affinity (where it has one) and torch threads are restored after it."""
+    affinity = os.sched_getaffinity(0) if can_pin() else None
+    threads = torch.get_num_threads()
     try:
         yield share_cpus_with_server(config, device)
     finally:
-        os.sched_setaffinity(0, affinity)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
 
 
@@ -88,7 +107,8 @@ def share_cpus_with_server(config: AsyncGRPOConfig, device: torch.device) -> Cpu
         return None
     plan = plan_for(config, any(server_on_host(url) for url in config.server_urls))
     rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if plan.rank_cpus:
+    pinned = can_pin()
+    if plan.rank_cpus and pinned:
         os.sched_setaffinity(0, plan.rank_cpus[rank])
     if plan.rank_threads[rank] > 0:
         torch.set_num_threads(plan.rank_threads[rank])
@@ -96,7 +116,11 @@ def share_cpus_with_server(config: AsyncGRPOConfig, device: torch.device) -> Cpu
         "cpu sharing",
         plan=plan.reason,
         local_rank=rank,
-        trainer_cpus=format_cpu_list(sorted(os.sched_getaffinity(0))),
+        trainer_cpus=(
+            format_cpu_list(visible_cpus())
+            if pinned
+            else "any (this platform has no os.sched_setaffinity: not pinned)"
+        ),
         torch_threads=torch.get_num_threads(),
         vllm_cpu_omp_threads_bind=plan.vllm_bind(),
     )
@@ -111,5 +135,5 @@ def share_cpus_with_server(config: AsyncGRPOConfig, device: torch.device) -> Cpu
 
 def release_process(pid: int | None, plan: CpuPlan | None) -> None:
     """Let a child spawned by a pinned trainer run on every core of the plan."""
-    if pid is not None and plan is not None and plan.rank_cpus:
+    if pid is not None and plan is not None and plan.rank_cpus and can_pin():
         os.sched_setaffinity(pid, set(plan.server_cpus).union(*plan.rank_cpus))

@@ -8,11 +8,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from asyncgrpo.adapters.vllm.server import ServerSpec
 from asyncgrpo.core.servers.cpu_plan import plan_cpus
 from asyncgrpo.shell.config import AsyncGRPOConfig
-from asyncgrpo.shell.servers.cpu_sharing import server_cpus_for, server_on_host
+from asyncgrpo.shell.servers.cpu_sharing import (
+    can_pin,
+    cpus_shared_with_server,
+    release_process,
+    server_cpus_for,
+    server_on_host,
+)
 
 CHILD = """
 import json, os, sys, torch
@@ -73,3 +80,23 @@ def test_bad_cpu_settings_name_the_field() -> None:
         AsyncGRPOConfig(cpu_sharing="always")
     with pytest.raises(ValueError, match="server_cpus"):
         AsyncGRPOConfig(server_cpus=0)
+
+
+def test_a_platform_without_cpu_affinity_trains_unpinned(monkeypatch) -> None:
+    """As on macOS (no ``os.sched_getaffinity`` / ``os.sched_setaffinity``): the plan counts
+    every core, torch's threads follow it and are restored after, nothing is pinned."""
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.delattr(os, "sched_setaffinity")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    config = AsyncGRPOConfig(vllm_server_base_url="http://127.0.0.1:8000", cpu_sharing="auto")
+    threads = torch.get_num_threads()
+    assert not can_pin()
+    with cpus_shared_with_server(config, torch.device("cpu")) as plan:
+        assert plan is not None
+        assert plan == plan_cpus(list(range(os.cpu_count() or 1)), 1, server_on_host=True)
+        if plan.rank_threads[0] > 0:
+            assert torch.get_num_threads() == plan.rank_threads[0]
+        release_process(os.getpid(), plan)
+    assert torch.get_num_threads() == threads
+    assert server_cpus_for(config) == plan.server_cpus

@@ -1,9 +1,10 @@
-"""``metrics.jsonl``'s rows: one per step, in step order, each evaluation in the row of its
-weight version's step whenever its result arrives (before that row, after it, or for a step
-that logs no window), none dropped."""
+"""``metrics.jsonl``'s rows as read back: one per step, in step order, each evaluation in the
+row of its weight version's step whenever its result arrives (before that row, after it, or for
+a step that logs no window), none dropped; and the file itself only grows."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from asyncgrpo.core import metrics
@@ -65,3 +66,29 @@ def test_an_evaluation_of_a_step_without_a_row_gets_a_row_of_its_own(tmp_path) -
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [2, 3, 4, 6, 8]
     assert [r.get("eval/held/version") for r in rows] == [2, None, 4, None, 8]
+
+
+def test_the_file_only_grows_across_late_evaluations_and_windows(tmp_path) -> None:
+    """A late evaluation (of step 1, after step 2's row), the rest of step 2's window and an
+    evaluation of a step without a window (4) are appended: the bytes written before never
+    change, and read back each step is one row with everything it got."""
+    log = window_log(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    write(log, 1)
+    write(log, 2)
+    before = path.read_bytes()
+    log.evaluation(1, evaluated(1))
+    write(log, 2)
+    grown = path.read_bytes()
+    assert grown.startswith(before) and len(grown) > len(before)
+    log.evaluation(4, evaluated(4))
+    write(log, 3)
+    log.close()
+    assert path.read_bytes().startswith(grown)
+    written = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert written == [1, 2, 1, 2, 4, 3]
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["eval/held/version"] == 1 and rows[0]["reward"] == 1 / 8
+    assert rows[1]["reward"] == 2 / 8 and "eval/held/version" not in rows[1]
+    assert rows[3] == {"step": 4, **evaluated(4)}

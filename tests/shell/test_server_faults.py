@@ -178,7 +178,7 @@ def frozen_run(server, model_path, tmp_path, callback, **overrides) -> AsyncGRPO
     )
 
 
-def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, capfd) -> None:
+def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, capfd, caplog) -> None:
     """The session's server, frozen then thawed (a frozen server comes back as it was)."""
     own_server, tiny_qwen3 = served
     freeze = FreezeServerAfterFirstStep(own_server, frozen_s=8.0)
@@ -188,12 +188,14 @@ def test_a_server_frozen_for_a_while_is_named_and_survived(served, tmp_path, cap
     finally:
         freeze.thaw()
     logged = capfd.readouterr()
-    text = logged.out + logged.err
+    text = logged.out + logged.err + caplog.text  # the rollout process's, and the trainer's
     assert f"the vLLM server at {own_server.base_url} has not answered for" in text
 
 
 @pytest.mark.slow(reason="waits out vllm_server_timeout (12 s) on a frozen server: about 30 s")
-def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_path, capfd) -> None:
+def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(
+    served, tmp_path, capfd, caplog
+) -> None:
     """The session's server, frozen until the run has failed, then thawed. Its silence ends
     the run (it is the run's only server): no outage is recorded and waited out for as long
     again, wherever the trainer meets it (here, in the thread that pushes beside the step)."""
@@ -211,4 +213,4 @@ def test_a_server_that_stays_frozen_fails_the_run_in_bounded_time(served, tmp_pa
     assert "vllm_server_timeout=12" in message and "--resume" in message
     assert took < 60.0, took  # 12 s of silence, then the run stops; never 1800 s x 5 tries
     logged = capfd.readouterr()
-    assert "vLLM server unreachable" not in logged.out + logged.err
+    assert "vLLM server unreachable" not in logged.out + logged.err + caplog.text
