@@ -36,7 +36,23 @@ CORE_FORBIDDEN_STDLIB = {
 TORCH_FORBIDDEN = ("torch.distributed", "torch.multiprocessing", "torch.cuda", "torch.utils.data")
 
 
-def imported_modules(path: Path) -> list[str]:
+HOMES = {"core": "asyncgrpo.core", "adapters": "asyncgrpo.adapters"}
+"""The folders checked here and the package each one is (pyproject's package-dir)."""
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a module of core/ or adapters/ (a package's is its ``__init__``'s)."""
+    top, *inside = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join((HOMES[top], *inside)).removesuffix(".__init__")
+
+
+def imported_modules(path: Path, module: str | None = None) -> list[str]:
+    """The modules that the file at ``path``, the module named ``module`` (default: its name
+    under ROOT), imports. A relative import counts as the module it names: ``from ..x import
+    y`` as ``<package two up>.x``, ``from .. import y`` as ``<package two up>.y``; one that
+    climbs above the top-level package stays relative (a leading dot), a violation."""
+    module = module or module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     tree = ast.parse(path.read_text(), filename=str(path))
     names: list[str] = []
     for node in ast.walk(tree):
@@ -44,15 +60,22 @@ def imported_modules(path: Path) -> list[str]:
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.level > 0:
-            names.append("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > len(package):
+                names.append("." * node.level + (node.module or ""))
+                continue
+            base = ".".join(package[: len(package) - node.level + 1])
+            if node.module:
+                names.append(f"{base}.{node.module}")
+            else:
+                names.extend(f"{base}.{alias.name}" for alias in node.names)
     return names
 
 
 def core_violation(module: str) -> str | None:
     top = module.split(".")[0]
     if module.startswith("."):
-        return None
+        return "a relative import above the top-level package"
     if module.startswith("asyncgrpo."):
         return None if module.startswith("asyncgrpo.core") else "imports the shell or adapters"
     if top == "asyncgrpo":
@@ -124,17 +147,19 @@ def package_of(top: str, dotted: str) -> str | None:
     return ""
 
 
-def order_violations(top: str, path: Path) -> list[str]:
-    rel = path.relative_to(ROOT / top).parts
-    own = rel[0] if len(rel) > 1 else ""
+def order_violations(top: str, path: Path, module: str | None = None) -> list[str]:
+    """What the file at ``path``, the module named ``module`` (default: its name under ROOT)
+    of ``asyncgrpo.<top>``, imports against :data:`PACKAGE_ORDER`."""
+    module = module or module_name(path)
+    own = package_of(top, module)
     order = PACKAGE_ORDER[top]
     bad = []
-    for module in imported_modules(path):
-        target = package_of(top, module)
+    for imported in imported_modules(path, module):
+        target = package_of(top, imported)
         if target is None or target == own:
             continue
         if target not in order or own not in order or order.index(target) > order.index(own):
-            bad.append(f"{module}: {own or 'the root'} may not import {target} (order {order})")
+            bad.append(f"{imported}: {own or 'the root'} may not import {target} (order {order})")
     return bad
 
 
@@ -150,12 +175,43 @@ def test_every_sub_package_has_a_place_in_the_order() -> None:
         assert found == set(order) - {""}, top
 
 
+def probe(tmp_path: Path, source: str, filename: str = "_probe.py") -> Path:
+    """A module with ``source``, written under ``tmp_path`` (never into the source tree)."""
+    path = tmp_path / filename
+    path.write_text(source)
+    return path
+
+
 def test_the_order_checker_catches_violations(tmp_path: Path) -> None:
-    upward = ROOT / "core" / "packing" / "_probe_upward.py"
-    try:
-        upward.write_text("from asyncgrpo.core.rollout.pacing import ServerLoad\n")
-        assert "packing may not import rollout" in order_violations("core", upward)[0]
-        upward.write_text("from asyncgrpo.core.records import TrainingSample\n")
-        assert order_violations("core", upward) == []
-    finally:
-        upward.unlink(missing_ok=True)
+    upward = "asyncgrpo.core.packing._probe_upward"
+    path = probe(tmp_path, "from asyncgrpo.core.rollout.pacing import ServerLoad\n")
+    assert "packing may not import rollout" in order_violations("core", path, upward)[0]
+    path = probe(tmp_path, "from asyncgrpo.core.records import TrainingSample\n")
+    assert order_violations("core", path, upward) == []
+
+
+def test_relative_imports_count_as_what_they_name(tmp_path: Path) -> None:
+    """``from ..x import y`` inside asyncgrpo.core is checked as an import of what it names."""
+    pacing = "asyncgrpo.core.rollout._probe_relative"
+    upward = probe(tmp_path, "from ..run.step_queue import StepQueue\n")
+    assert imported_modules(upward, pacing) == ["asyncgrpo.core.run.step_queue"]
+    assert "rollout may not import run" in order_violations("core", upward, pacing)[0]
+    named = probe(tmp_path, "from .. import run, records\n")
+    assert imported_modules(named, pacing) == ["asyncgrpo.core.run", "asyncgrpo.core.records"]
+    assert "rollout may not import run" in order_violations("core", named, pacing)[0]
+    outside = probe(tmp_path, "from ...shell.run import AsyncGRPOTrainer\nfrom . import cursor\n")
+    found = imported_modules(outside, pacing)
+    assert found == ["asyncgrpo.shell.run", "asyncgrpo.core.rollout.cursor"]
+    assert [core_violation(m) for m in found] == ["imports the shell or adapters", None]
+    package = probe(tmp_path, "from .pacing import ServerLoad\n", "__init__.py")
+    assert imported_modules(package, "asyncgrpo.core.rollout") == ["asyncgrpo.core.rollout.pacing"]
+    above = probe(tmp_path, "from .... import anything\n")
+    assert [core_violation(m) for m in imported_modules(above, pacing)] == [
+        "a relative import above the top-level package"
+    ]
+
+
+def test_module_names_follow_the_package_dir() -> None:
+    assert module_name(ROOT / "core" / "records.py") == "asyncgrpo.core.records"
+    assert module_name(ROOT / "core" / "rollout" / "__init__.py") == "asyncgrpo.core.rollout"
+    assert module_name(ROOT / "adapters" / "vllm" / "client.py") == "asyncgrpo.adapters.vllm.client"

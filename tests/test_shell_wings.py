@@ -32,10 +32,11 @@ MAX_LEVELS = 6
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(SHELL).with_suffix("").parts
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(("asyncgrpo.shell", *parts))
+    """The dotted name of a module of the shell or of the public package."""
+    in_shell = path.is_relative_to(SHELL)
+    home, package = (SHELL, "asyncgrpo.shell") if in_shell else (PUBLIC, "asyncgrpo")
+    parts = path.relative_to(home).with_suffix("").parts
+    return ".".join((package, *parts)).removesuffix(".__init__")
 
 
 def module_path(name: str) -> Path | None:
@@ -65,45 +66,52 @@ def public_names(wing: str) -> set[str]:
     return set()
 
 
-def shell_imports(path: Path) -> list[tuple[str, list[str]]]:
-    """``(module, names)`` of every import of a shell module in ``path`` (names empty for
-    ``import x.y``)."""
+def shell_imports(path: Path, module: str | None = None) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of every import of a shell module in the file at ``path``, the
+    module named ``module`` (default: its name under ROOT); names are empty for ``import x.y``.
+    A relative import counts as the module it names, and ``from asyncgrpo.shell import run``
+    (or ``from .. import run`` in a wing) as an import of the wing ``run`` itself."""
+    module = module or module_name(path)
     found: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found += [(a.name, []) for a in node.names if a.name.startswith("asyncgrpo.shell")]
         elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
+            source = node.module or ""
             if node.level:  # relative: from the module's package, one level up per extra dot
-                package = module_name(path).split(".")
+                package = module.split(".")
                 if path.name != "__init__.py":
                     package = package[:-1]
                 package = package[: len(package) - node.level + 1]
-                module = ".".join([*package, module] if module else package)
-            if module.startswith("asyncgrpo.shell"):
-                found.append((module, [a.name for a in node.names]))
+                source = ".".join([*package, source] if source else package)
+            if source == "asyncgrpo.shell":  # names wings: each is imported whole
+                found += [(f"{source}.{a.name}", []) for a in node.names]
+            elif source.startswith("asyncgrpo.shell"):
+                found.append((source, [a.name for a in node.names]))
     return found
 
 
-def wing_violations(path: Path) -> list[str]:
-    """What a module of a wing, or of the public package, imports against the rules."""
-    public = path.is_relative_to(PUBLIC)
-    own = "the public package" if public else wing_of(module_name(path))
+def wing_violations(path: Path, module: str | None = None) -> list[str]:
+    """What a module of a wing, or of the public package, imports against the rules (the file
+    at ``path``, the module named ``module``; default: its name under ROOT)."""
+    module = module or module_name(path)
+    public = module != "asyncgrpo.shell" and not module.startswith("asyncgrpo.shell.")
+    own = "the public package" if public else wing_of(module)
     bad: list[str] = []
-    for module, names in shell_imports(path):
-        target = wing_of(module)
+    for imported, names in shell_imports(path, module):
+        target = wing_of(imported)
         if target is None or target == own:
             continue
         if target not in WINGS or (
             not public and (own is None or WINGS.index(target) > WINGS.index(own))
         ):
-            bad.append(f"{module}: {own} may not import {target} (order {WINGS})")
-        elif module != f"asyncgrpo.shell.{target}" or not names:
-            bad.append(f"{module}: import from the wing itself, asyncgrpo.shell.{target}")
+            bad.append(f"{imported}: {own} may not import {target} (order {WINGS})")
+        elif imported != f"asyncgrpo.shell.{target}" or not names:
+            bad.append(f"{imported}: import from the wing itself, asyncgrpo.shell.{target}")
         else:
             private = sorted(set(names) - public_names(target))
             if private:
-                bad.append(f"{module}: {private} are not in asyncgrpo.shell.{target}.__all__")
+                bad.append(f"{imported}: {private} are not in asyncgrpo.shell.{target}.__all__")
     return bad
 
 
@@ -183,27 +191,46 @@ def test_a_wing_is_at_most_six_import_levels_deep(wing: str) -> None:
     assert levels(import_graph(), wing) <= MAX_LEVELS
 
 
+def probe(tmp_path: Path, source: str) -> Path:
+    """A module with ``source``, written under ``tmp_path`` (never into the source tree)."""
+    path = tmp_path / "_probe.py"
+    path.write_text(source)
+    return path
+
+
 def test_the_wing_checker_catches_violations(tmp_path: Path) -> None:
     assert find_loop({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_loop({"a": {"b"}, "b": set()}) is None
-    upward = SHELL / "learner" / "_probe_upward.py"
-    private = SHELL / "run" / "_probe_private.py"
-    past_the_door = PUBLIC / "_probe_public.py"
-    try:
-        past_the_door.write_text("from asyncgrpo.shell.experiments.sweep import run_sweep\n")
-        assert "from the wing itself" in wing_violations(past_the_door)[0]
-        past_the_door.write_text("from asyncgrpo.shell.experiments import run_sweep\n")
-        assert wing_violations(past_the_door) == []
-        upward.write_text("from asyncgrpo.shell.run import AsyncGRPOTrainer\n")
-        private.write_text("from asyncgrpo.shell.learner.learner import _MicroBatch\n")
-        assert wing_violations(upward) and "may not import" in wing_violations(upward)[0]
-        assert wing_violations(private) and "from the wing itself" in wing_violations(private)[0]
-        private.write_text("from asyncgrpo.shell.learner import _MicroBatch\n")
-        assert "__all__" in wing_violations(private)[0]
-    finally:
-        upward.unlink(missing_ok=True)
-        private.unlink(missing_ok=True)
-        past_the_door.unlink(missing_ok=True)
+    upward, private, public = (
+        "asyncgrpo.shell.learner._probe_upward",
+        "asyncgrpo.shell.run._probe_private",
+        "asyncgrpo._probe_public",
+    )
+    past_the_door = probe(tmp_path, "from asyncgrpo.shell.experiments.sweep import run_sweep\n")
+    assert "from the wing itself" in wing_violations(past_the_door, public)[0]
+    through_it = probe(tmp_path, "from asyncgrpo.shell.experiments import run_sweep\n")
+    assert wing_violations(through_it, public) == []
+    path = probe(tmp_path, "from asyncgrpo.shell.run import AsyncGRPOTrainer\n")
+    assert "may not import" in wing_violations(path, upward)[0]
+    path = probe(tmp_path, "from asyncgrpo.shell.learner.learner import _MicroBatch\n")
+    assert "from the wing itself" in wing_violations(path, private)[0]
+    path = probe(tmp_path, "from asyncgrpo.shell.learner import _MicroBatch\n")
+    assert "__all__" in wing_violations(path, private)[0]
+
+
+def test_relative_imports_and_whole_wings_are_checked(tmp_path: Path) -> None:
+    upward = "asyncgrpo.shell.learner._probe_upward"
+    for source in (
+        "from ..run import AsyncGRPOTrainer\n",
+        "from .. import run\n",
+        "from asyncgrpo.shell import run\n",
+    ):
+        path = probe(tmp_path, source)
+        assert "learner may not import run" in wing_violations(path, upward)[0], source
+    path = probe(tmp_path, "from ..config.fields import AsyncGRPOConfig\n")
+    assert "from the wing itself" in wing_violations(path, upward)[0]
+    path = probe(tmp_path, "from .learner import Learner\nfrom ..config import AsyncGRPOConfig\n")
+    assert wing_violations(path, upward) == []
 
 
 def test_pyproject_lists_every_package() -> None:

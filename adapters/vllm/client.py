@@ -59,6 +59,11 @@ class ResponsesCut(VLLMError):
     connections are cut by something between the trainer and the server."""
 
 
+class ServerAuthError(VLLMError):
+    """The server refused the request's API key (HTTP 401 or 403): the run's key is missing
+    or is not the server's."""
+
+
 class _Aborted(VLLMError):
     """The server returned an aborted (partial) completion."""
 
@@ -93,6 +98,36 @@ NONFINITE_REPLY = "Out of range float values are not JSON compliant"
 serves overflow float32 in the forward (diverged weights)."""
 
 
+REFUSED_KEY_STATUSES = (401, 403)
+"""HTTP statuses of a server that refuses the request's ``Authorization`` (its ``--api-key``
+or ``VLLM_API_KEY`` check: vLLM's and asyncgrpo's answer 401 ``{"error": "Unauthorized"}``)."""
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The reason an error answer gives, for every shape vLLM answers in: its OpenAI-style
+    ``{"error": {"message": ...}}``, the API-key check's ``{"error": "Unauthorized"}``,
+    FastAPI's ``{"detail": ...}``, or a body that is not JSON (a proxy's page): then the body
+    itself.
+
+    >>> error_detail(httpx.Response(401, json={"error": "Unauthorized"}))
+    'Unauthorized'
+    >>> error_detail(httpx.Response(400, json={"error": {"message": "too long", "code": 400}}))
+    'too long'
+    >>> error_detail(httpx.Response(502, text="<html>Bad Gateway</html>"))
+    '<html>Bad Gateway</html>'
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text
+    if not isinstance(body, dict):
+        return response.text
+    error = body.get("error", body.get("detail"))
+    if isinstance(error, dict):
+        error = error.get("message")
+    return str(error) if error else response.text
+
+
 def _too_long(detail: str) -> bool:
     return (
         "maximum context length" in detail
@@ -110,7 +145,8 @@ class VLLMClient:
         timeout_s: the config's ``vllm_server_timeout``: one call's tries together, and the
             longest the server may stay silent.
         max_retries: retries of a timed-out, dropped or 5xx request before raising.
-        backoff_s: first backoff; doubles per retry, capped at 30 s.
+        backoff_s: first backoff in seconds; doubles per retry, capped at 30 s, each with a
+            random jitter of up to half of it (:mod:`asyncgrpo.adapters.vllm.retries`).
         max_connections: connection pool size (about ``max_concurrent_rollouts``).
         gate: hands requests that find the server gone to a :class:`ServerGate` instead of
             retrying them, and re-issues generations that crossed an outage; ``None``: plain
@@ -181,10 +217,15 @@ class VLLMClient:
     def _raise_for_client_error(response: httpx.Response, what: str) -> None:
         if response.status_code < 400:
             return
-        try:
-            detail = str(response.json().get("error", {}).get("message") or response.text)
-        except ValueError:
-            detail = response.text
+        detail = error_detail(response)
+        if response.status_code in REFUSED_KEY_STATUSES:
+            raise ServerAuthError(
+                f"{what}: the server refused the request's API key (HTTP "
+                f"{response.status_code}: {detail[:200]}): the server was started with an API "
+                "key (--api-key or VLLM_API_KEY) and the run sent none or another. Give the run "
+                "the server's key: set AsyncGRPOConfig's vllm_server_api_key (also a key of an "
+                "asyncgrpo train --config file), or VLLM_API_KEY in the trainer's environment"
+            )
         if _too_long(detail):
             raise PromptTooLongError(
                 f"{what}: the server rejected the request as too long: {detail[:400]} -- raise "

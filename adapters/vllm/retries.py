@@ -3,8 +3,11 @@
 A call is tried again after a failure its caller names retryable, with a backoff that doubles
 from ``first_backoff_s`` up to ``max_backoff_s``, until it succeeds, ``max_attempts`` tries
 were made, or ``deadline_s`` seconds passed since the first try (all tries together: a server
-that stops answering is given ``vllm_server_timeout`` in total, never that much per try). The
-last failure is raised as it was. Each retry is counted and, at most every ``log_every_s``, logged
+that stops answering is given ``vllm_server_timeout`` in total, never that much per try; no
+wait is begun that would end past it). Each wait is its backoff plus a random jitter of up to
+half of it (:data:`JITTER_FRACTION`), so that the requests a server restart failed together
+(up to ``max_concurrent_rollouts``) do not all come back in the same instant. The last failure
+is raised as it was. Each retry is counted and, at most every ``log_every_s``, logged
 with what is being retried and for how long.
 
 Used by the HTTP client's requests and aborted generations
@@ -25,6 +28,9 @@ import tenacity
 
 log = structlog.get_logger("asyncgrpo.retries")
 
+JITTER_FRACTION = 0.5
+"""A wait is its backoff times 1 to 1 + this, drawn uniformly (``random``'s global state)."""
+
 
 @attrs.frozen
 class RetryPolicy:
@@ -33,8 +39,10 @@ class RetryPolicy:
     Attributes:
         deadline_s: seconds from the first try after which no try starts (all tries together).
         max_attempts: tries at most (the first included); ``None``: until the deadline.
-        first_backoff_s: the wait before the second try; doubles per try.
-        max_backoff_s: the longest wait between tries.
+        first_backoff_s: the backoff before the second try; doubles per try. Each wait is
+            its backoff plus a random jitter of up to :data:`JITTER_FRACTION` of it.
+        max_backoff_s: the longest backoff, before its jitter (a wait is at most
+            ``(1 + JITTER_FRACTION) * max_backoff_s``).
         log_every_s: a retry is logged at most this often.
     """
 
@@ -120,10 +128,23 @@ def _arguments(
         stop = stop | tenacity.stop_after_attempt(policy.max_attempts)
     return {
         "stop": stop,
-        "wait": tenacity.wait_exponential(
-            multiplier=policy.first_backoff_s, max=policy.max_backoff_s
-        ),
+        "wait": jittered_backoff(policy),
         "retry": tenacity.retry_if_exception(retry_on),
         "before_sleep": counter,
         "reraise": True,
     }
+
+
+def jittered_backoff(policy: RetryPolicy) -> tenacity.wait.wait_base:
+    """The wait before retry ``k`` (0 for the first), in seconds: the backoff
+    ``b = min(first_backoff_s * 2 ** k, max_backoff_s)`` plus a jitter drawn uniformly from
+    ``[0, JITTER_FRACTION * b]`` (tenacity's ``wait_random_exponential``, full jitter, over the
+    same doubling). The waits are never shorter than without jitter, so a call is given at
+    least the time it was before its ``max_attempts`` run out; ``deadline_s`` still bounds
+    every call's tries together."""
+    return tenacity.wait_exponential(
+        multiplier=policy.first_backoff_s, max=policy.max_backoff_s
+    ) + tenacity.wait_random_exponential(
+        multiplier=JITTER_FRACTION * policy.first_backoff_s,
+        max=JITTER_FRACTION * policy.max_backoff_s,
+    )

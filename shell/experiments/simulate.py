@@ -180,9 +180,12 @@ def _generate(state: Pipeline) -> bool:
     seconds = c.tick_s * c.contention.generation_rate(state.training)
     before, generated = requests.generated, requests.generated.copy()
     for server in range(c.num_servers):
-        on = slice(None) if c.num_servers == 1 else requests.server == server
-        if c.num_servers > 1 and not on.any():
-            continue
+        on: slice | np.ndarray = slice(None)
+        if c.num_servers > 1:
+            on_this_server = requests.server == server
+            if not on_this_server.any():
+                continue
+            on = on_this_server
         counters.busy_server_ticks += 1
         prefill = min(state.prefill_left_s[server], seconds)
         state.prefill_left_s[server] -= prefill
@@ -306,12 +309,14 @@ def simulate(
     With ``progress`` it shows a progress bar and logs each window (else windows log at debug
     level: a caller simulating many settings reports them itself).
 
-    Example:
+    Example (ten steps in windows of five; quiet, so the windows log at debug level):
         >>> import tempfile
-        >>> windows = simulate(SimulationConfig(max_steps=10), tempfile.mkdtemp(),
-        ...                    progress=False)
-        >>> len(windows), windows[-1]["step"]
-        (2, 10)
+        >>> from structlog.testing import capture_logs
+        >>> config = SimulationConfig(max_steps=10, logging_steps=5)
+        >>> with tempfile.TemporaryDirectory() as output_dir, capture_logs() as logged:
+        ...     windows = simulate(config, output_dir, progress=False)
+        >>> [window["step"] for window in windows], [entry["log_level"] for entry in logged]
+        ([5, 10], ['debug', 'debug'])
     """
     rng = np.random.default_rng(config.seed)
     state = Pipeline(config, rng, rng.normal(0.0, 1.0, config.dataset_size))

@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import structlog
 
@@ -70,7 +71,7 @@ from asyncgrpo.shell.rollout.heartbeat import Heartbeat
 from asyncgrpo.shell.rollout.messages import Channels, EvalOutcome, GroupOutcome, LoopReport
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import GroupScorer, PendingGroup
-from asyncgrpo.shell.rollout.tools import ToolLoop
+from asyncgrpo.shell.rollout.tools import EnvironmentFactory, ToolLoop
 from asyncgrpo.shell.servers import (
     EvalRequest,
     RolloutGate,
@@ -83,6 +84,10 @@ log = structlog.get_logger("asyncgrpo.rollout")
 
 METRICS_POLL_S = 4.5  # off vLLM's 5 s keep-alive boundary
 EVAL_PRIORITY = 1  # vLLM schedules lower values first; training's requests have 0
+REJECTIONS_WITHOUT_DATASET = 10_000
+"""Without a train_dataset (an environment makes every prompt) there is no epoch to pass over:
+this many prompts rejected by ``filter_prompt`` in a row stand for one and end the run, as a
+whole epoch rejected ends a run with a dataset."""
 
 
 def root_cause(group: BaseExceptionGroup) -> BaseException:
@@ -116,9 +121,7 @@ class AsyncRolloutLoop:
         token_budget: int,
         rows_per_step: int = 1,
         tools: Sequence[Callable[..., Any]] | None = None,
-        environment_factory: Callable[[], object]
-        | Mapping[str, Callable[[], object]]
-        | None = None,
+        environment_factory: EnvironmentFactory | None = None,
         score_queue_maxsize: int = 16,
         lora_name: str | None = None,
         start_cursor: cursor.PromptCursor | None = None,
@@ -397,9 +400,17 @@ class AsyncRolloutLoop:
                         f"filter_prompt rejected all {size} prompts of an epoch; no batch can "
                         "reach the trainer"
                     )
+                if size is None and rejected_in_a_row >= REJECTIONS_WITHOUT_DATASET:
+                    raise RuntimeError(
+                        f"filter_prompt rejected {rejected_in_a_row} prompts in a row of a run "
+                        "without a train_dataset (the environment makes every prompt; each row "
+                        "is {} at epoch 0), so no batch can reach the trainer: make "
+                        "filter_prompt accept some of them"
+                    )
                 self.heartbeat.publish(
                     GroupOutcome(position, row_index, (), (), dropped=sample_wait.FILTERED)
                 )
+                await anyio.lowlevel.checkpoint()  # rejecting never blocks the loop's other tasks
                 continue
             rejected_in_a_row = 0
             assert self.pool is not None

@@ -20,15 +20,36 @@ if TYPE_CHECKING:
     from asyncgrpo.shell.run.callbacks import Callbacks
 
 
-def reject_reward_models(reward_funcs: Sequence[Any]) -> None:
-    """Raise a ``TypeError`` for a reward model given by id or as a model: only callables."""
-    for fn in reward_funcs:
-        if isinstance(fn, (str, PreTrainedModel)) or not callable(fn):
+REWARD_MODEL_REFUSAL = (
+    "reward models given as a model id, a path or a PreTrainedModel are not supported (as in "
+    "TRL's AsyncGRPOTrainer): pass a Python callable, e.g. a picklable reward function that "
+    "scores with the model (see docs/rollouts.md)"
+)
+
+
+def reward_function_list(reward_funcs: Any, argument: str) -> list[Callable[..., Any]]:
+    """``reward_funcs`` (or ``eval_reward_funcs``, named by ``argument``) as a list: ``None``
+    is none, one reward function or one string is one entry (a string is not split into its
+    characters), a list or tuple is its entries.
+
+    Raises:
+        TypeError: an entry is a reward model given by id, path or as a ``PreTrainedModel``, or
+            is not callable (naming ``argument`` and the entry).
+    """
+    if reward_funcs is None:
+        return []
+    one = isinstance(reward_funcs, (str, bytes)) or not isinstance(reward_funcs, Sequence)
+    funcs = [reward_funcs] if one else list(reward_funcs)
+    for fn in funcs:
+        if isinstance(fn, (str, bytes, PreTrainedModel)):
+            raise TypeError(f"{argument} entry {fn!r}: {REWARD_MODEL_REFUSAL}")
+        if not callable(fn):
             raise TypeError(
-                f"reward_funcs entry {fn!r} is not a Python callable; reward models given as a "
-                "model id or PreTrainedModel are not supported: wrap the model in a picklable "
-                "reward function (see docs/rollouts.md)"
+                f"{argument} entry {fn!r} is not a Python callable: pass functions called "
+                "with the prompts and completions that return a list of rewards, None where one "
+                "does not apply (see docs/rollouts.md)"
             )
+    return funcs
 
 
 def eval_datasets_of(
@@ -130,7 +151,7 @@ def check_rows(
     """Check every row (:func:`~asyncgrpo.shell.rollout.check_row`): its prompt and, with a
     dict of environment factories, its ``environment`` column; the message names the row, the
     column, the value's type and, for a ``datasets.Dataset``, the column's schema."""
-    checked = [c for c in ("prompt", "environment") if c in columns]
+    checked: list[str] = [c for c in ("prompt", "environment") if c in columns]
     if not checked:
         return
     for index, row in enumerate(_rows(dataset, checked)):

@@ -33,10 +33,11 @@ from transformers.utils import logging as transformers_logging
 from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.models.packaged import resolve_model
+from asyncgrpo.adapters.models.tool_parsers import check_tool_template
 from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.core.experiments.evaluation import evaluation_metrics
 from asyncgrpo.core.names import did_you_mean
-from asyncgrpo.shell.config import AsyncGRPOConfig, field_names
+from asyncgrpo.shell.config import AsyncGRPOConfig, field_names, use_log_levels
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.rollout import AsyncRolloutLoop, evaluate_now
 from asyncgrpo.shell.run import checkpoints, hub
@@ -46,7 +47,7 @@ from asyncgrpo.shell.run.inputs import (
     RunInputs,
     check_dataset,
     eval_datasets_of,
-    reject_reward_models,
+    reward_function_list,
 )
 from asyncgrpo.shell.run.interrupts import (
     TrainingInterrupted,
@@ -56,7 +57,7 @@ from asyncgrpo.shell.run.interrupts import (
     signum_of,
 )
 from asyncgrpo.shell.run.publishing import FinalModel, Publisher
-from asyncgrpo.shell.run.training_run import TrainingRun, TrainOutput
+from asyncgrpo.shell.run.training_run import RunBooks, TrainingRun, TrainOutput
 from asyncgrpo.shell.servers import ServerSettings, cpus_shared_with_server
 
 if TYPE_CHECKING:
@@ -112,12 +113,8 @@ class AsyncGRPOTrainer:
         self.args = args or AsyncGRPOConfig()
         seed_everything(self.args)
         transformers_logging.set_verbosity(self.args.get_process_log_level())
-        funcs = (
-            []
-            if reward_funcs is None
-            else (list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs])
-        )
-        reject_reward_models(funcs)
+        use_log_levels(self.args)  # the "asyncgrpo" logger: log_level / log_level_replica
+        funcs = reward_function_list(reward_funcs, "reward_funcs")
         tasks = self._task_maker(environment_factory)
         if not funcs and tasks is None:
             raise ValueError(
@@ -125,16 +122,7 @@ class AsyncGRPOTrainer:
             )
         check_dataset(train_dataset, tasks, self.args)
         self.eval_datasets = eval_datasets_of(eval_dataset, tasks, self.args)
-        self.eval_reward_funcs = (
-            []
-            if eval_reward_funcs is None
-            else (
-                list(eval_reward_funcs)
-                if isinstance(eval_reward_funcs, Sequence)
-                else [eval_reward_funcs]
-            )
-        )
-        reject_reward_models(self.eval_reward_funcs)
+        self.eval_reward_funcs = reward_function_list(eval_reward_funcs, "eval_reward_funcs")
         if self.eval_reward_funcs and not self.eval_datasets:
             raise ValueError("eval_reward_funcs score evaluations: give the eval_dataset too")
         self.reward_funcs = funcs
@@ -146,7 +134,7 @@ class AsyncGRPOTrainer:
         if isinstance(model, str):
             self.model_name = resolve_model(model)  # a packaged model's name, a .gguf file
             self.model = load_causal_lm(
-                self.model_name, self.args.dtype, self.args.model_init_kwargs
+                self.model_name, self.args.dtype, self.args.keyword_arguments("model_init_kwargs")
             )
         else:
             self.model_name = str(model.config._name_or_path)
@@ -157,7 +145,13 @@ class AsyncGRPOTrainer:
         )
         if self.processing_class.pad_token is None:
             self.processing_class.pad_token = self.processing_class.eos_token
-        self.output_dir = Path(self.args.output_dir)
+        if self.tools or environment_factory is not None:  # the tool loop reads its replies
+            check_tool_template(
+                self.processing_class,
+                self.args.tool_call_parser,
+                self.args.keyword_arguments("chat_template_kwargs"),
+            )
+        self.output_dir = self.args.output_path
         trackers = get_reporting_integration_callbacks(self.args.report_to)  # report_to
         self._callbacks = Callbacks(
             [*trackers, *(callbacks or [])], self.args, self.model, self.processing_class
@@ -211,11 +205,19 @@ class AsyncGRPOTrainer:
                 max_model_len=lambda: ServerSettings.of(self.args).max_model_len(self.model_name),
             ) as learner,
         ):
-            run = TrainingRun(self._run_inputs(), learner, checkpoint)
+            books = RunBooks.open(self._run_inputs(), learner, checkpoint)
             self._publisher.learner = learner
             self._served = None
+
+            def failing_unless_interrupted(error: BaseException) -> None:
+                """A part failed to start: name the error before the teardown, as the
+                handlers below do (a signal that stopped the run is not named)."""
+                if not isinstance(error, KeyboardInterrupt):
+                    failing(error)
+
+            run: TrainingRun | None = None  # built whole by start(), which closes it on failure
             try:
-                run.start()
+                run = TrainingRun.start(books, on_failure=failing_unless_interrupted)
                 self._callbacks.train_begin(
                     optimizer=learner.optimizer,
                     lr_scheduler=learner.scheduler,
@@ -227,8 +229,7 @@ class AsyncGRPOTrainer:
                 )
                 output = run.loop()
                 self._publisher.final = FinalModel.of(learner, run.output_dir)
-                lora = run.weights.lora_name if run.weights is not None else None
-                self._served = (run.ledger.version, lora)
+                self._served = (run.ledger.version, run.weights.lora_name)
                 self._callbacks.train_end()
                 return output
             except KeyboardInterrupt as error:
@@ -238,7 +239,8 @@ class AsyncGRPOTrainer:
                 raise
             finally:
                 self._publisher.learner = None
-                run.close()
+                if run is not None:
+                    run.close()
 
     def _run_inputs(self) -> RunInputs:
         return RunInputs(
@@ -371,7 +373,7 @@ class AsyncGRPOTrainer:
                     "model is loaded): build a trainer per value"
                 )
         self.args = dataclasses.replace(self.args, **params)
-        self.output_dir = Path(self.args.output_dir)
+        self.output_dir = self.args.output_path
         self._callbacks.args = self.args
         self._publisher.args = self.args
         self._callbacks.state.trial_params = params

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from datasets import Dataset
@@ -15,6 +16,7 @@ from side_by_side import BackgroundStart
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.vllm.auth import bearer, configured_keys, new_api_key
+from asyncgrpo.adapters.vllm.client import ServerAuthError, VLLMClient
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
 from asyncgrpo.shell.commands.demo import digit_fraction_reward
 from asyncgrpo.shell.run import read_metrics
@@ -100,6 +102,34 @@ def test_without_the_key_dev_and_weight_routes_answer_401(keyed_server) -> None:
         assert client.get("/is_paused", headers=bearer(key)).status_code == 200
         assert client.get("/is_paused").status_code == 401
     assert key not in " ".join(server.spec.command(server.port))  # passed in the environment
+
+
+def test_the_client_names_the_key_setting_when_the_server_refuses_it(keyed_server) -> None:
+    """Through :class:`VLLMClient`: without the key or with another one, an OpenAI route
+    (vLLM's own check) and a dev route (asyncgrpo's) raise an error naming the settings that
+    carry the key; with the key both answer."""
+    server, key, _ = keyed_server
+    for headers in ({}, bearer("wrong")):
+        with pytest.raises(ServerAuthError) as raised:
+            anyio.run(_served_models_then_resume, server, headers)
+        message = str(raised.value)
+        assert message.startswith("/v1/models: the server refused the request's API key (HTTP 401")
+        assert "vllm_server_api_key" in message and "VLLM_API_KEY" in message
+        with pytest.raises(ServerAuthError, match=r"^/resume: .*HTTP 401: Unauthorized"):
+            anyio.run(_resume, server, headers)
+    assert anyio.run(_served_models_then_resume, server, bearer(key)) == [server.spec.name]
+
+
+async def _served_models_then_resume(server: VLLMServer, headers: dict[str, str]) -> list[str]:
+    async with VLLMClient(server.base_url, server.spec.name, 60.0, headers=headers) as client:
+        served = await client.served_models()
+        await client.admin.resume()
+        return served
+
+
+async def _resume(server: VLLMServer, headers: dict[str, str]) -> None:
+    async with VLLMClient(server.base_url, server.spec.name, 60.0, headers=headers) as client:
+        await client.admin.resume()
 
 
 @pytest.mark.parametrize("backend", ["asyncgrpo_gloo", "disk"])

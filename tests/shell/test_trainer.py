@@ -305,7 +305,9 @@ def test_a_dead_server_raises_after_retries_with_the_cause(tiny_qwen3, tmp_path)
 
 def test_bad_arguments_fail_at_construction_or_train(served, tmp_path) -> None:
     server, path = served
-    with pytest.raises(TypeError, match="not a Python callable"):
+    with pytest.raises(
+        TypeError, match="reward_funcs entry .some/reward-model.: reward models given as a model id"
+    ):
         AsyncGRPOTrainer(
             model=str(path),
             reward_funcs="some/reward-model",
