@@ -63,7 +63,8 @@ def die_with_forking_parent(sig: signal.Signals, trainer_pid: int) -> bool:
     server = forkserver._forkserver  # the pipe's end has no public handle
     if (alive := getattr(server, "_forkserver_alive_fd", None)) is not None:
         os.close(alive)
-        server._forkserver_alive_fd = None
+        # a private attribute, which typeshed does not declare
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
     if not die_with_parent(sig, os.getppid()):
         return False
     try:
@@ -120,6 +121,7 @@ def end_group(child: subprocess.Popen | None, grace_s: float) -> NoReturn:
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=grace_s)
     os.killpg(os.getpgrp(), signal.SIGKILL)
+    raise SystemExit(128 + signal.SIGKILL)  # not reached: the SIGKILL ends this process too
 
 
 def main(argv: Sequence[str]) -> None:

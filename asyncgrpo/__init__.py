@@ -10,14 +10,18 @@ not pull in the trainer.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from asyncgrpo.core.records import Rollout, RolloutGroup, TrainingSample, TurnRecord
-    from asyncgrpo.shell.config import AsyncGRPOConfig
+    from asyncgrpo.shell.config import AsyncGRPOConfig, configure_logging
     from asyncgrpo.shell.harness import HarnessAsyncGRPOTrainer, capture_url
     from asyncgrpo.shell.rollout import AsyncRolloutLoop
     from asyncgrpo.shell.run import AsyncGRPOTrainer
+
+__version__ = importlib.metadata.version("asyncgrpo")
+"""The installed distribution's version (pyproject.toml's ``version``)."""
 
 _HOMES = {
     "AsyncGRPOConfig": "asyncgrpo.shell.config",
@@ -25,6 +29,7 @@ _HOMES = {
     "AsyncRolloutLoop": "asyncgrpo.shell.rollout",
     "HarnessAsyncGRPOTrainer": "asyncgrpo.shell.harness",
     "capture_url": "asyncgrpo.shell.harness",
+    "configure_logging": "asyncgrpo.shell.config",
     "Rollout": "asyncgrpo.core.records",
     "RolloutGroup": "asyncgrpo.core.records",
     "TrainingSample": "asyncgrpo.core.records",
@@ -41,6 +46,7 @@ __all__ = [
     "TrainingSample",
     "TurnRecord",
     "capture_url",
+    "configure_logging",
 ]
 
 
@@ -50,3 +56,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_HOMES[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The module's names with the public ones that :func:`__getattr__` imports on first use."""
+    return sorted(set(globals()) | set(__all__))

@@ -88,13 +88,13 @@ def _problems(
     large to list."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     space = len(numbers) ** operands * len(operations) ** (operands - 1)
-    if space > ENUMERATED and count is None:
-        raise ValueError(
-            f"count=None lists the whole split, but this difficulty has {space} "
-            f"problems (over {ENUMERATED}): give a count"
-        )
     if space > ENUMERATED:
-        found = []
+        if count is None:
+            raise ValueError(
+                f"count=None lists the whole split, but this difficulty has {space} "
+                f"problems (over {ENUMERATED}): give a count"
+            )
+        found: list[tuple[Any, ...]] = []
         while len(found) < count:
             problem = _draw(rng, numbers, operations, operands)
             if _valid(problem, split):

@@ -216,11 +216,15 @@ class Stat:
         return self.total / self.weight if self.weight > 0 else math.nan
 
 
+def _frozen_stats(stats: Mapping[str, Stat]) -> FrozenMap[str, Stat]:
+    return FrozenMap(stats)
+
+
 @attrs.frozen
 class MetricWindow:
     """Everything recorded since the last log, one :class:`Stat` per metric name."""
 
-    stats: Mapping[str, Stat] = attrs.field(factory=dict, converter=FrozenMap)
+    stats: Mapping[str, Stat] = attrs.field(factory=dict, converter=_frozen_stats)
 
     def __len__(self) -> int:
         return len(self.stats)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any
 
 import attrs
@@ -45,13 +45,29 @@ def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def _sampling_masks(values: Sequence[Sequence[int] | None] | None) -> CandidateSets | None:
+def _any_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
+def _messages(values: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(values)
+
+
+def _optional_float_tuple(values: Iterable[float | None]) -> tuple[float | None, ...]:
+    return tuple(values)
+
+
+def _sampling_masks(
+    values: Sequence[Sequence[int] | None] | CandidateSets | None,
+) -> CandidateSets | None:
     if values is None or isinstance(values, CandidateSets):
         return values
     return CandidateSets.from_sets(values)
 
 
-def _top_logprobs(values: Sequence[Mapping[int, float] | None] | None) -> TopLogprobs | None:
+def _top_logprobs(
+    values: Sequence[Mapping[int, float] | None] | TopLogprobs | None,
+) -> TopLogprobs | None:
     if values is None or isinstance(values, TopLogprobs):
         return values
     return TopLogprobs.from_tables(values)
@@ -63,7 +79,7 @@ def _check_binary(record: str, field: str, values: Sequence[int]) -> None:
         raise _fail(record, field, f"must hold only 0 and 1, found {bad[0]!r}")
 
 
-def _check_same_length(record: str, field: str, values: Sequence[Any] | None, n: int) -> None:
+def _check_same_length(record: str, field: str, values: Sized | None, n: int) -> None:
     if values is not None and len(values) != n:
         raise _fail(record, field, f"has {len(values)} entries but output_ids has {n}")
 
@@ -166,6 +182,10 @@ def _new_rollout_id() -> str:
     return uuid.uuid4().hex
 
 
+def _turns(values: Iterable[TurnRecord]) -> tuple[TurnRecord, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class Rollout:
     """One completed rollout, as returned by ``AsyncRolloutLoop.generate_one``.
@@ -183,9 +203,9 @@ class Rollout:
         rollout_id: identifies the rollout in training rows, for debugging.
     """
 
-    completion: tuple[Mapping[str, Any], ...] = attrs.field(converter=tuple, eq=False)
+    completion: tuple[Mapping[str, Any], ...] = attrs.field(converter=_messages, eq=False)
     completion_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    turns: tuple[TurnRecord, ...] = attrs.field(converter=tuple)
+    turns: tuple[TurnRecord, ...] = attrs.field(converter=_turns)
     tool_call_count: int = 0
     tool_failure_count: int = 0
     reward: float | None = None
@@ -338,6 +358,12 @@ def _nested_tuples(values: Sequence[Sequence[Any]]) -> tuple[tuple[Any, ...], ..
     return tuple(tuple(v) for v in values)
 
 
+def _env_rewards(
+    values: Iterable[tuple[type, float] | None],
+) -> tuple[tuple[type, float] | None, ...]:
+    return tuple(values)
+
+
 def _rewards_array(values: Sequence[float] | np.ndarray | None) -> np.ndarray | None:
     return None if values is None else _f64_array(values)
 
@@ -352,9 +378,9 @@ class RolloutGroup:
     (``attrs.evolve``) before calling ``compute_advantages``.
     """
 
-    prompts: tuple[Any, ...] = attrs.field(converter=tuple, eq=False)
+    prompts: tuple[Any, ...] = attrs.field(converter=_any_tuple, eq=False)
     reward_kwargs: Mapping[str, Sequence[Any]] = attrs.field(eq=False)
-    completions: tuple[Any, ...] = attrs.field(converter=tuple, eq=False)
+    completions: tuple[Any, ...] = attrs.field(converter=_any_tuple, eq=False)
     completions_ids: tuple[tuple[int, ...], ...] = attrs.field(converter=_nested_int_tuples)
     completions_sequences: tuple[tuple[TrainingSequence, ...], ...] = attrs.field(
         converter=_nested_tuples
@@ -364,8 +390,8 @@ class RolloutGroup:
     model_version: int
     group_id: int
     row_index: int
-    env_rewards: tuple[tuple[type, float] | None, ...] = attrs.field(converter=tuple)
-    rollout_rewards: tuple[float | None, ...] = attrs.field(converter=tuple)
+    env_rewards: tuple[tuple[type, float] | None, ...] = attrs.field(converter=_env_rewards)
+    rollout_rewards: tuple[float | None, ...] = attrs.field(converter=_optional_float_tuple)
     queued_at: float = 0.0
     rewards: np.ndarray | None = attrs.field(default=None, converter=_rewards_array, eq=_ARRAY_EQ)
 

@@ -65,7 +65,7 @@ def _valid(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _padded(arrays: Sequence[np.ndarray], width: int, dtype: type) -> np.ndarray:
-    out = np.zeros((sum(len(a) for a in arrays), width), dtype)
+    out: np.ndarray = np.zeros((sum(len(a) for a in arrays), width), dtype)
     start = 0
     for array in arrays:
         out[start : start + len(array), : array.shape[1]] = array

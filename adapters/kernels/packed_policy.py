@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from peft import PeftModel
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
@@ -43,7 +44,7 @@ class PackedPolicy(nn.Module):
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | PeftModel,
         temperature: float,
         chunk_size: int,
         backend: Backend | BackendChoice | None,

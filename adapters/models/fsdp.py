@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from peft import PeftModel
@@ -36,7 +37,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
 from asyncgrpo.core.packing.precision import (
     BF16_MIN_PARAMETERS,
@@ -45,9 +48,9 @@ from asyncgrpo.core.packing.precision import (
 )
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
     """The decoder layers of a causal LM (or of the base model of a ``PeftModel``)."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    base = base_model(model)
     layers = getattr(base.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(
@@ -76,7 +79,9 @@ def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolic
             module.set_force_sum_reduction_for_comms(True)
 
 
-def precision_for(bf16: bool | None, device: torch.device, model: nn.Module) -> PrecisionChoice:
+def precision_for(
+    bf16: bool | None, device: torch.device, model: PreTrainedModel
+) -> PrecisionChoice:
     """The learner's compute precision (:func:`~asyncgrpo.core.packing.precision.choose_precision`):
     on a CPU, with ``bf16`` unset and a model large enough, the speed of bf16 matrix products
     at the model's hidden and intermediate sizes is measured first (a few hundred ms)."""
@@ -154,7 +159,8 @@ def gathered_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The unsharded state dict on the CPU in the weights' own dtypes (collective: every
     process must call it; rank 0 gets the weights, the others an empty dict)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    # a model's state dict holds tensors only (torch's type spans optimizer states too)
+    return cast(dict[str, Tensor], get_model_state_dict(model, options=options))
 
 
 def iter_full_tensors(

@@ -35,6 +35,7 @@ from peft.utils import ModulesToSaveWrapper
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.models.vision_language import frozen_prefixes
 from asyncgrpo.core.weights.lora_precision import SAMPLED_ENTRIES, UpdateCounts, lost_update
 
@@ -46,12 +47,15 @@ _LM_HEAD_ERROR = (
 )
 
 
-def check_peft_config(peft_config: PeftConfig, output_layer: str = "lm_head") -> None:
+def check_peft_config(peft_config: PeftConfig, output_layer: str = "lm_head") -> LoraConfig:
     """Reject configurations the learner cannot train, before the model is touched.
 
     Args:
         peft_config: the configuration passed as ``peft_config``.
         output_layer: the model's output-layer name (``lm_head`` for transformers' causal LMs).
+
+    Returns:
+        ``peft_config``, which is a :class:`~peft.LoraConfig`.
 
     Raises:
         ValueError: not a :class:`~peft.LoraConfig`, DoRA, or ``output_layer`` listed in
@@ -69,6 +73,7 @@ def check_peft_config(peft_config: PeftConfig, output_layer: str = "lm_head") ->
         names = [names] if isinstance(names, str) else list(names)
         if any(name == output_layer or name.endswith(f".{output_layer}") for name in names):
             raise ValueError(_LM_HEAD_ERROR.format(name=output_layer, field=field))
+    return peft_config
 
 
 def wrap_with_lora(model: PreTrainedModel, peft_config: PeftConfig) -> PeftModel:
@@ -84,12 +89,12 @@ def wrap_with_lora(model: PreTrainedModel, peft_config: PeftConfig) -> PeftModel
             non-linear layer, or in the vision tower.
     """
     output_layer = _output_layer_name(model)
-    check_peft_config(peft_config, output_layer.rsplit(".", 1)[-1])
+    lora_config = check_peft_config(peft_config, output_layer.rsplit(".", 1)[-1])
     frozen = frozen_prefixes(model)
-    if frozen and not peft_config.exclude_modules:
-        peft_config = dataclasses.replace(peft_config, exclude_modules=_under(frozen))
-    peft_model = get_peft_model(model, peft_config)
-    head = peft_model.get_base_model().get_output_embeddings()
+    if frozen and not lora_config.exclude_modules:
+        lora_config = dataclasses.replace(lora_config, exclude_modules=_under(frozen))
+    peft_model = get_peft_model(model, lora_config)
+    head = base_model(peft_model).get_output_embeddings()
     if isinstance(head, BaseTunerLayer | ModulesToSaveWrapper):
         raise ValueError(_LM_HEAD_ERROR.format(name=output_layer, field="target_modules"))
     for name, module in peft_model.named_modules():

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from peft import PeftModel
 from transformers import PretrainedConfig, PreTrainedModel
 
 IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image", "video", "video_url"})
@@ -52,7 +53,7 @@ def freeze_outside_text_model(model: PreTrainedModel) -> tuple[str, ...]:
 
 def frozen_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
     """The prefixes :func:`freeze_outside_text_model` froze on ``model`` (or its PEFT base)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
     return getattr(base, FROZEN_PREFIXES_ATTR, ())
 
 

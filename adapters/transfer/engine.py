@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -354,7 +354,8 @@ class EngineSync:
         handshake."""
         self.engine.shutdown()
         if self.sender:
-            wire = self.engine.client
+            # join() gave the engine this HTTP client; vLLM types it as the bare protocol
+            wire = cast(HTTPVLLMWeightSyncClient, self.engine.client)
             wire.timeout = min(wire.timeout, LEAVE_TIMEOUT_S)
             try:
                 wire.shutdown_weight_transfer_engine()

@@ -18,10 +18,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import torch
 from torch.distributed import PrefixStore, ProcessGroup, TCPStore
@@ -98,6 +98,13 @@ def open_group(
     )
 
 
+@runtime_checkable
+class LoadsWeights(Protocol):
+    """A vLLM model, which loads ``(name, tensor)`` pairs (every vLLM model has the method)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any: ...
+
+
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpdateInfo]):
     """The server-side engine: receives each parameter by broadcast and loads it layerwise."""
 
@@ -142,6 +149,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("asyncgrpo_gloo: update_weights before init_weight_transfer_engine")
+        model = self.model
+        if not isinstance(model, LoadsWeights):
+            raise TypeError(
+                f"asyncgrpo_gloo: the server's model ({type(model).__name__}) has no "
+                "load_weights to receive the weights with"
+            )
         metas = [
             (name, getattr(torch, dtype), tuple(shape))
             for name, dtype, shape in zip(
@@ -152,7 +165,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         for start, stop in chunk_bounds(sizes, self.chunk_bytes):
             buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
             self.group.broadcast(buffer, 0).wait()
-            self.model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
+            model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
 
     def shutdown(self) -> None:
         if self.group is not None:

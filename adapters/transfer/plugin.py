@@ -12,6 +12,11 @@ probes and metrics, the dev-mode and weight-transfer routes included
 (:func:`asyncgrpo.adapters.vllm.auth.guard_every_route`); and a CPU server asyncgrpo starts
 forks its engine and worker processes instead of spawning them
 (:func:`asyncgrpo.adapters.vllm.fork_start.fork_cpu_processes`).
+
+Each of these patches a private part of vLLM 0.32; where one is missing (another vLLM release),
+:func:`register` raises :class:`~asyncgrpo.adapters.vllm.patch_targets.VLLMPatchTargetMissing`
+naming it, the vLLM version and the supported range, and the server does not start, rather
+than serve with the patch silently undone.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from asyncgrpo.adapters.vllm.auth import guard_every_route
 from asyncgrpo.adapters.vllm.fork_start import fork_cpu_processes
+from asyncgrpo.adapters.vllm.patch_targets import patch_target
 from asyncgrpo.core.weights.sync import ENGINES
 
 PATCHED = "_asyncgrpo_repacks_cpu_experts"
@@ -30,24 +36,24 @@ LEAVES = "_asyncgrpo_leaves_earlier_group"
 def register() -> None:
     """Register asyncgrpo's engines with vLLM's worker and trainer factories, fix the CPU experts'
     weight updates, make the NCCL engine leave an earlier group before it joins a new one and
-    guard every route with the server's API key, start a CPU server's processes by fork where
-    asked (idempotent; a vLLM without weight-transfer engines is left alone)."""
+    guard every route with the server's API key where it has one, start a CPU server's
+    processes by fork where asked (idempotent).
+
+    Raises:
+        VLLMPatchTargetMissing: a part of vLLM that one of these patches is missing.
+    """
     guard_every_route()
     fork_cpu_processes()
-    try:
-        from vllm.distributed.weight_transfer.factory import (
-            WeightTransferEngineFactory,
-            WeightTransferTrainerFactory,
-        )
-    except ImportError:
-        return
-    factories = (WeightTransferEngineFactory, WeightTransferTrainerFactory)
+    registers = tuple(  # the worker's factory, then the trainer's (classmethods)
+        patch_target("vllm.distributed.weight_transfer.factory", f"{factory}.register_engine")
+        for factory in ("WeightTransferEngineFactory", "WeightTransferTrainerFactory")
+    )
     for engine in ENGINES:
         if engine.vllm_classes is None:  # one of vLLM's own
             continue
-        for factory, name in zip(factories, engine.vllm_classes, strict=True):
+        for register_engine, name in zip(registers, engine.vllm_classes, strict=True):
             with suppress(ValueError):  # already registered in this process
-                factory.register_engine(engine.backend, engine.module, name)
+                register_engine(engine.backend, engine.module, name)
     repack_cpu_experts_on_update()
     leave_earlier_group_on_init()
 
@@ -59,12 +65,15 @@ def leave_earlier_group_on_init() -> None:
     without destroying it, so every trainer that restarts (or reconnects after an outage)
     leaks one NCCL communicator, and its buffers, on each of the server's GPUs. This wraps it
     to call the engine's own ``shutdown()`` first, as asyncgrpo's gloo engine does.
-    Idempotent; a no-op on a vLLM without that engine."""
-    try:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-    except ImportError:
-        return
-    original = NCCLWeightTransferEngine.init_transfer_engine
+    Idempotent.
+
+    Raises:
+        VLLMPatchTargetMissing: vLLM has no such engine, method or ``shutdown``.
+    """
+    engine_module = "vllm.distributed.weight_transfer.nccl_engine"
+    engine = patch_target(engine_module, "NCCLWeightTransferEngine")
+    patch_target(engine_module, "NCCLWeightTransferEngine.shutdown")
+    original = patch_target(engine_module, "NCCLWeightTransferEngine.init_transfer_engine")
     if getattr(original, LEAVES, False):
         return
 
@@ -73,7 +82,7 @@ def leave_earlier_group_on_init() -> None:
         original(self, init_info)
 
     setattr(init_transfer_engine, LEAVES, True)
-    NCCLWeightTransferEngine.init_transfer_engine = init_transfer_engine  # type: ignore[method-assign]
+    engine.init_transfer_engine = init_transfer_engine
 
 
 def repack_cpu_experts_on_update() -> None:
@@ -85,16 +94,17 @@ def repack_cpu_experts_on_update() -> None:
     packing, so every MoE model (Qwen3-Next, Qwen3-MoE, ...) silently samples from scrambled
     experts after the first sync (measured: log-prob gap 0.05-0.5 instead of 0.005). This
     wraps ``UnquantizedFusedMoEMethod._setup_kernel`` to run the CPU experts' packing again on
-    updates. Idempotent; a no-op on other platforms or a vLLM without that method."""
-    try:
-        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
-            UnquantizedFusedMoEMethod,
-        )
-        from vllm.platforms import current_platform
-    except ImportError:
+    updates. Idempotent; a no-op on other platforms.
+
+    Raises:
+        VLLMPatchTargetMissing: on the CPU platform, vLLM has no such method.
+    """
+    if not patch_target("vllm.platforms", "current_platform").is_cpu():
         return
-    original = getattr(UnquantizedFusedMoEMethod, "_setup_kernel", None)
-    if original is None or getattr(original, PATCHED, False) or not current_platform.is_cpu():
+    method_module = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
+    method = patch_target(method_module, "UnquantizedFusedMoEMethod")
+    original = patch_target(method_module, "UnquantizedFusedMoEMethod._setup_kernel")
+    if getattr(original, PATCHED, False):
         return
 
     def setup_kernel(self: Any, layer: Any, w13: Any, w2: Any) -> None:
@@ -104,4 +114,4 @@ def repack_cpu_experts_on_update() -> None:
             self.moe_kernel.fused_experts.process_weights_after_loading(layer)
 
     setattr(setup_kernel, PATCHED, True)
-    UnquantizedFusedMoEMethod._setup_kernel = setup_kernel
+    method._setup_kernel = setup_kernel

@@ -27,6 +27,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from asyncgrpo.adapters.vllm.patch_targets import patch_target
+
 PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics", "/load")
 """Routes that stay open: liveness and readiness probes, the version, Prometheus metrics."""
 PATCHED = "_asyncgrpo_guards_every_route"
@@ -134,19 +136,24 @@ class DevRoutesAuth:
         return self.app(scope, receive, send)
 
 
-def guard_every_route() -> None:
-    """Make vLLM's key middleware (added when the server has ``--api-key`` or
-    ``VLLM_API_KEY``) guard every route but :data:`PUBLIC_PATHS`, not only ``/v1`` and the
-    like. vLLM imports that class when it builds the app, after its plugins are loaded, so
-    the subclass put in its place is the one used. Idempotent; a no-op where vLLM has no such
-    middleware."""
-    try:
-        from vllm.entrypoints.serve.middleware import authenticate
-    except ImportError:
+def guard_every_route(argv: Sequence[str] | None = None) -> None:
+    """On a server given an API key (``--api-key`` in ``argv``, default :data:`sys.argv`, or
+    ``VLLM_API_KEY``: :func:`configured_keys`), make vLLM's key middleware guard every route
+    but :data:`PUBLIC_PATHS`, not only ``/v1`` and the like. vLLM imports that class when it
+    builds the app, after its plugins are loaded, so the subclass put in its place is the one
+    used. Idempotent; a process without a key (a server not asked for one, or a process that
+    only imports vLLM) is left as it is.
+
+    Raises:
+        VLLMPatchTargetMissing: the server has a key and vLLM has no such middleware.
+    """
+    if not configured_keys(argv):
         return
-    original = getattr(authenticate, "AuthenticationMiddleware", None)
-    if original is None or getattr(original, PATCHED, False):
+    module = "vllm.entrypoints.serve.middleware.authenticate"
+    original = patch_target(module, "AuthenticationMiddleware")
+    if getattr(original, PATCHED, False):
         return
+    authenticate = sys.modules[module]  # imported by patch_target
 
     class EveryRouteAuthentication(original):  # type: ignore[misc, valid-type]
         """vLLM's ``AuthenticationMiddleware`` over every route but the public ones."""
@@ -157,4 +164,5 @@ def guard_every_route() -> None:
             return self.app(scope, receive, send)
 
     setattr(EveryRouteAuthentication, PATCHED, True)
-    authenticate.AuthenticationMiddleware = EveryRouteAuthentication
+    # into the module's namespace (a ModuleType declares none of its names to the type checker)
+    vars(authenticate)["AuthenticationMiddleware"] = EveryRouteAuthentication

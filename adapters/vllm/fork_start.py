@@ -20,18 +20,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from asyncgrpo.adapters.vllm.patch_targets import patch_target
+
 FORK_ENV = "ASYNCGRPO_VLLM_CPU_FORK"
 FORKS = "_asyncgrpo_forks_cpu_processes"
 
 
 def fork_cpu_processes() -> None:
     """Make vLLM's CPU platform leave its processes to be started by fork (idempotent; does
-    nothing unless ``ASYNCGRPO_VLLM_CPU_FORK=1``)."""
+    nothing unless ``ASYNCGRPO_VLLM_CPU_FORK=1``).
+
+    Raises:
+        VLLMPatchTargetMissing: asked to fork, and vLLM's CPU platform has no such check.
+    """
     if os.environ.get(FORK_ENV) != "1":
         return
-    from vllm.platforms.cpu import CpuPlatform
-
-    original = CpuPlatform.check_and_update_config
+    platform = patch_target("vllm.platforms.cpu", "CpuPlatform")
+    original = patch_target("vllm.platforms.cpu", "CpuPlatform.check_and_update_config")
     if getattr(original, FORKS, False):
         return
 
@@ -40,4 +45,4 @@ def fork_cpu_processes() -> None:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 
     setattr(check_and_update_config, FORKS, True)
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
+    platform.check_and_update_config = classmethod(check_and_update_config)

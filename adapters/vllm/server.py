@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -47,6 +48,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 @attrs.frozen
@@ -108,11 +117,11 @@ class ServerSpec:
     max_lora_rank: int = 16
     max_loras: int = 6
     weight_transfer_backend: str | None = None
-    cpus: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    cpus: tuple[int, ...] = attrs.field(default=(), converter=_ints)
     enforce_eager: bool = False
     fork_processes: bool = True
     mmap_threshold_bytes: int | None = 64 * 1024
-    extra_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    extra_args: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     startup_timeout_s: float = 600.0
     api_key: str | None = attrs.field(default=None, repr=False)
 

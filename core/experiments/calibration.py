@@ -171,8 +171,9 @@ def fit_training(windows: Sequence[Window]) -> TrainingFit:
         "fixed_s": np.ones(len(usable)),
     }
     dropped: list[str] = []
-    if all(w.samples is not None for w in usable):
-        columns["per_sample_s"] = np.array([float(w.samples) for w in usable])  # type: ignore[arg-type]
+    samples = [w.samples for w in usable if w.samples is not None]
+    if len(samples) == len(usable):
+        columns["per_sample_s"] = np.array([float(count) for count in samples])
     else:
         dropped.append(f"per_sample_s: no {SAMPLES}")
     while True:
@@ -310,11 +311,11 @@ def fit_generation(
             "calibrate from a run at max_staleness 0"
         )
         return RateFit(None, math.nan, len(rows), why)
-    tokens, busy, steps = (np.array(column) for column in zip(*rows, strict=True))
-    value = float(np.sum(tokens * steps) / np.sum(busy * steps))
+    token_counts, busy_s, steps = (np.array(column) for column in zip(*rows, strict=True))
+    value = float(np.sum(token_counts * steps) / np.sum(busy_s * steps))
     how = f"{WAIT}" if max_staleness == 0 else f"{STEP} - {SYNC} in windows the trainer waited"
     note = f"generated tokens per step over {how}"
-    return RateFit(value, _spread(tokens / busy, steps, value), len(rows), note)
+    return RateFit(value, _spread(token_counts / busy_s, steps, value), len(rows), note)
 
 
 PAUSE_PARTS = ("perf/weight_sync_pause_s", "perf/weight_sync_transfer_s")

@@ -106,6 +106,10 @@ class CurvePoint:
         return self.metrics.get(name, math.nan)
 
 
+def _points(values: Iterable[CurvePoint]) -> tuple[CurvePoint, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class RunCurve:
     """A run's logged points, in order: steps strictly increasing, wall time never decreasing.
@@ -117,7 +121,7 @@ class RunCurve:
         ValueError: RunCurve.points: steps must increase, got step 1 after step 2
     """
 
-    points: tuple[CurvePoint, ...] = attrs.field(converter=tuple)
+    points: tuple[CurvePoint, ...] = attrs.field(converter=_points)
 
     def __attrs_post_init__(self) -> None:
         for before, after in zip(self.points, self.points[1:], strict=False):

@@ -78,6 +78,18 @@ class Statistic:
             raise ValueError(f"Statistic {self.name}: takes no argument, got {self.argument}")
 
     @property
+    def threshold(self) -> float:
+        """The reward threshold of a statistic of :data:`_NEEDS_THRESHOLD` (``time_to``,
+        ``steps_to``).
+
+        Raises:
+            ValueError: this statistic takes no threshold.
+        """
+        if self.argument is None or isinstance(self.argument, str):
+            raise ValueError(f"Statistic {self.name}: has no reward threshold")
+        return float(self.argument)
+
+    @property
     def is_count(self) -> bool:
         """Whether it is a yes/no per run, summed over runs (``collapsed``)."""
         return self.name == "collapsed"
@@ -137,9 +149,9 @@ def run_statistic(
     """
     name, argument = statistic.name, statistic.argument
     if name == "time_to":
-        return time_to(curve, float(argument))  # type: ignore[arg-type]
+        return time_to(curve, statistic.threshold)
     if name == "steps_to":
-        steps = steps_to(curve, float(argument))  # type: ignore[arg-type]
+        steps = steps_to(curve, statistic.threshold)
         return steps if isinstance(steps, Censored) else float(steps)
     if name == "final_reward":
         return final_reward(curve, int(argument or DEFAULT_FINAL_POINTS))

@@ -52,7 +52,7 @@ StatisticName = Literal["median", "mean"]
 RandomSource = np.random.Generator | int
 
 
-def as_numbers(values: Sequence[float | Censored]) -> np.ndarray:
+def as_numbers(values: Sequence[float | Censored] | np.ndarray) -> np.ndarray:
     """The values as a float array, censored ones as +inf; NaN is refused (a run without the
     value is a bug upstream, not a number).
 
@@ -97,7 +97,7 @@ def _statistic(samples: np.ndarray, statistic: StatisticName) -> np.ndarray:
 
 
 def bootstrap_replicates(
-    values: Sequence[float | Censored],
+    values: Sequence[float | Censored] | np.ndarray,
     statistic: StatisticName = "median",
     resamples: int = DEFAULT_RESAMPLES,
     rng: RandomSource = 0,
@@ -144,7 +144,7 @@ def percentile_bounds(replicates: np.ndarray, confidence: float) -> tuple[float,
 
 
 def bootstrap_interval(
-    values: Sequence[float | Censored],
+    values: Sequence[float | Censored] | np.ndarray,
     statistic: StatisticName = "median",
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
@@ -192,7 +192,7 @@ class Summary:
 
 
 def summarize(
-    values: Sequence[float | Censored],
+    values: Sequence[float | Censored] | np.ndarray,
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
     rng: RandomSource = 0,

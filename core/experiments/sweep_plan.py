@@ -49,6 +49,10 @@ def setting_label(settings: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={setting_text(v)}" for k, v in settings.items()) or "base"
 
 
+def _frozen_settings(settings: Mapping[str, Any]) -> FrozenMap[str, Any]:
+    return FrozenMap(settings)
+
+
 @attrs.frozen
 class PlannedRun:
     """One run of a sweep.
@@ -60,7 +64,7 @@ class PlannedRun:
         name: its directory under the sweep's, ``<label>/seed=<seed>``, filesystem-safe.
     """
 
-    settings: FrozenMap[str, Any] = attrs.field(converter=FrozenMap)
+    settings: FrozenMap[str, Any] = attrs.field(converter=_frozen_settings)
     seed: int
 
     @property

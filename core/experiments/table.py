@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -133,11 +133,15 @@ def count_cell(count: int, total: int) -> str:
     return f"{count}/{total}"
 
 
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class Table:
     """A table of strings: a header and rows of the same width."""
 
-    header: tuple[str, ...] = attrs.field(converter=tuple)
+    header: tuple[str, ...] = attrs.field(converter=_strings)
     rows: tuple[tuple[str, ...], ...] = attrs.field(converter=lambda rows: tuple(map(tuple, rows)))
 
     def __attrs_post_init__(self) -> None:

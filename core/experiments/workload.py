@@ -345,7 +345,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
     model_name, model = _model(tables["model"])
     cluster = tables["cluster"]
     gpu_name = cluster.get("gpu")
-    if gpu_name not in GPUS:
+    if not isinstance(gpu_name, str) or gpu_name not in GPUS:
         raise WorkloadError(
             f"[cluster] gpu: {gpu_name!r} is not one of {spoken_list(GPUS)}"
             f"{did_you_mean(str(gpu_name), GPUS)}"

@@ -103,7 +103,9 @@ def model_shape(config: Any) -> ModelShape:
     )
 
 
-def query_key_pairs(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int]) -> int:
+def query_key_pairs(
+    cu_seqlens_q: Sequence[int] | np.ndarray, cu_seqlens_k: Sequence[int] | np.ndarray
+) -> int:
     """(query, key) pairs a tree-packed row attends: per segment of ``q`` queries whose path
     holds ``k`` keys (itself last, causal), ``q (k - q) + q (q + 1) / 2``.
 

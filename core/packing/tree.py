@@ -26,13 +26,15 @@ prediction indices and attention sets; the learner's tests check the numbers).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 import attrs
 import numpy as np
 
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
+
+Table = TypeVar("Table", CandidateSets, TopLogprobs)
 
 _ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
 
@@ -194,14 +196,12 @@ def _trained_columns(
     }
 
 
-def _per_token(
-    samples: Sequence[TrainingSample], field: str, kind: type[CandidateSets] | type[TopLogprobs]
-) -> Any:
+def _per_token(samples: Sequence[TrainingSample], field: str, kind: type[Table]) -> Table | None:
     """The ``field`` tables of the trained tokens, sample by sample (none where a sample has
     none), or None when no sample has them."""
     if all(getattr(s.sequence, field) is None for s in samples):
         return None
-    parts = []
+    parts: list[Table] = []
     for sample in samples:
         column = getattr(sample.sequence, field)
         positions = np.flatnonzero(sample.sequence.trained_mask)

@@ -46,6 +46,10 @@ def _frozen_counts(values: Mapping[int, int]) -> Mapping[int, int]:
     return FrozenMap(values)
 
 
+def _positions(values: Iterable[int]) -> frozenset[int]:
+    return frozenset(values)
+
+
 @attrs.frozen
 class PromptCursor:
     """Which prompt positions the trainer has consumed.
@@ -58,7 +62,7 @@ class PromptCursor:
     """
 
     next_untrained: int = 0
-    consumed_after: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    consumed_after: frozenset[int] = attrs.field(default=frozenset(), converter=_positions)
     pending: Mapping[int, int] = attrs.field(factory=dict, converter=_frozen_counts)
     taken: Mapping[int, int] = attrs.field(factory=dict, converter=_frozen_counts)
 

@@ -82,10 +82,10 @@ class _Builder:
         for keep, logprob in zip(mask, logprobs, strict=True):
             self.mask.append(keep)
             self.logprobs.append(logprob if keep else 0.0)
-        keep = np.array(mask, dtype=np.int8)
+        kept = np.array(mask, dtype=np.int8)
         sampling, top = turn.output_sampling_mask, turn.output_sampler_logprobs
-        self.sampling.append(CandidateSets.missing(n) if sampling is None else sampling.drop(keep))
-        self.top.append(TopLogprobs.missing(n) if top is None else top.drop(keep))
+        self.sampling.append(CandidateSets.missing(n) if sampling is None else sampling.drop(kept))
+        self.top.append(TopLogprobs.missing(n) if top is None else top.drop(kept))
         self.ids.extend(turn.output_ids)
         self.has_sampling |= sampling is not None
         self.has_top |= top is not None

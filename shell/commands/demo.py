@@ -21,7 +21,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from asyncgrpo.adapters.models.causal_lm import save_tiny_model
+from asyncgrpo.adapters.models.causal_lm import Architecture, save_tiny_model
 from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import record_run_settings
@@ -130,7 +130,7 @@ def run_demo(
     if model_family not in MODEL_FAMILIES:
         raise ValueError(f"model_family must be one of {MODEL_FAMILIES}, got {model_family!r}")
     output_dir = Path(output_dir)
-    architecture = "qwen3_next" if model_family == "qwen3-next" else "qwen3"
+    architecture: Architecture = "qwen3_next" if model_family == "qwen3-next" else "qwen3"
     model_dir = save_tiny_model(output_dir / "initial-model", architecture, seed=0)
     config = dataclasses.replace(
         demo_config(output_dir, max_steps, base_url="http://127.0.0.1", eval_steps=eval_steps),

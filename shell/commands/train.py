@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from transformers import HfArgumentParser
+from transformers.hf_argparser import DataClassType
 
 from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import (
@@ -160,7 +160,8 @@ def build_parser() -> HfArgumentParser:
     """``HfArgumentParser`` over :class:`TrainScriptArguments` and :class:`AsyncGRPOConfig`;
     the help of a ``TrainingArguments`` field says what this trainer does with it."""
     parser = HfArgumentParser(
-        (TrainScriptArguments, AsyncGRPOConfig),
+        # transformers declares the dataclasses as its NewType DataClassType
+        (DataClassType(TrainScriptArguments), DataClassType(AsyncGRPOConfig)),
         prog="asyncgrpo train",
         description="Train with AsyncGRPOTrainer. Starts a local vLLM server for the model "
         "unless --vllm_url is given. Every AsyncGRPOConfig field is a flag.",
@@ -363,7 +364,7 @@ def run_train(argv: Sequence[str]) -> Any:
         api_key=new_api_key(),  # every route of the servers the run starts needs it
         lora_rank=peft_config.r if peft_config is not None else None,
     )
-    output_dir = Path(config.output_dir)
+    output_dir = config.output_path
     output_dir.mkdir(parents=True, exist_ok=True)
     cpus = servers_cpus_for(config, settings.script.vllm_servers)
     with local_servers(spec, cpus, output_dir) as servers:

@@ -72,7 +72,7 @@ SETTINGS_READ = (
 
 def record_run_settings(config: AsyncGRPOConfig) -> Path:
     """Write the settings a calibration reads into ``config.output_dir``/:data:`RUN_SETTINGS`."""
-    out = Path(config.output_dir)
+    out = config.output_path
     out.mkdir(parents=True, exist_ok=True)
     values = {name: getattr(config, name) for name in SETTINGS_READ}
     (out / RUN_SETTINGS).write_text(json.dumps({"config": values}, indent=1))
@@ -137,7 +137,7 @@ def simulation_of(
         min_completion_tokens=shortest,
         max_completion_tokens=longest,
         mean_completion_tokens=min(max(completion, shortest), longest),
-        logging_steps=config.logging_steps if config.logging_steps >= 1 else 1,
+        logging_steps=int(config.logging_steps) if config.logging_steps >= 1 else 1,
         seed=seed,
         num_servers=servers or len(config.server_urls),
         **fitted,

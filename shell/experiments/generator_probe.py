@@ -392,7 +392,7 @@ def probe_sweep(
         headers=bearer(config.server_api_key),
         training=training,
     )
-    return write_probe(Path(config.output_dir), probe)
+    return write_probe(config.output_path, probe)
 
 
 def write_probe(out: Path, probe: Probe) -> Path:

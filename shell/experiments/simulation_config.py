@@ -10,6 +10,7 @@ the calibration, and take precedence over the numbers they refine.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import attrs
 
@@ -18,7 +19,7 @@ from asyncgrpo.core.experiments import lengths
 from asyncgrpo.core.experiments.parts import Contention
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
-_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
+_CONFIG_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
 """The simulator's knobs named after config fields take the config's defaults."""
 RECORD = {"flag": False}
 """Metadata of a knob that is a record, not a flag."""

@@ -124,6 +124,7 @@ def simulation_config(
     from the part models, counted in units of several tokens (the module's docstring).
     ``colocated``: the trainer and the servers on the same GPUs (:func:`colocated_config`)."""
     shape = gpu_plan.step_shape(workload, split)
+    where: gpu_plan.Layout | None
     if colocated:
         where = gpu_plan.colocated_layout(split, workload.gpus_per_node)
     else:

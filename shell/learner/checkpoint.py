@@ -76,7 +76,7 @@ def load_learner(
             "directory written by Learner.save_checkpoint"
         )
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(path / CHECKPOINT_WEIGHTS))
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
@@ -113,7 +113,13 @@ def check_learner_files(path: str | Path) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Python, numpy, torch CPU and CUDA generator states (loadable with ``weights_only``)."""
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state()
+    if not isinstance(legacy, tuple):  # a dict only for a generator other than MT19937
+        raise TypeError(
+            "numpy's global random state is not MT19937's, which checkpoints save; "
+            "do not replace np.random's bit generator"
+        )
+    kind, keys, position, has_gauss, gauss = legacy
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(keys.copy()), position, has_gauss, gauss),

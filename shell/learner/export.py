@@ -26,8 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from peft import PeftModel
-from torch import Tensor, nn
+from torch import Tensor
+from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named, save_weights_as_model
 from asyncgrpo.adapters.models.fsdp import gathered_state_dict, iter_full_tensors, meta_state_dict
 from asyncgrpo.adapters.models.lora import (
@@ -59,7 +61,9 @@ class WeightExport:
         bf16: bf16 mixed-precision training: exports are in bf16.
     """
 
-    def __init__(self, model: nn.Module, rank: int, device: torch.device, bf16: bool) -> None:
+    def __init__(
+        self, model: PreTrainedModel | PeftModel, rank: int, device: torch.device, bf16: bool
+    ) -> None:
         self.model = model
         self.rank = rank
         self.device = device
@@ -88,7 +92,7 @@ class WeightExport:
         full = gathered_state_dict(self.model)
         if self.rank != 0:
             return {}
-        if self.is_peft:
+        if isinstance(self.model, PeftModel):
             full = merged_state_dict(self.model, full)
         return {k: self._exported(v) for k, v in full.items()}
 
@@ -126,7 +130,9 @@ class WeightExport:
         counts = UpdateCounts()
         if self.rank == 0:
             server = TORCH_DTYPES[dtype_name(self.server_dtype)]
-            merged, counts = merged_with_lost_update(self.model, full, (self.export_dtype, server))
+            merged, counts = merged_with_lost_update(
+                self._peft_model(), full, (self.export_dtype, server)
+            )
         check = decided_on_rank0(
             lambda: check_merged_sync(counts, self.server_dtype, str(self.export_dtype))
         )
@@ -135,16 +141,14 @@ class WeightExport:
         return {k: self._exported(v) for k, v in merged.items()}
 
     def _checkpoint_named(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        return checkpoint_named(
-            self.model.get_base_model() if self.is_peft else self.model, weights
-        )
+        return checkpoint_named(base_model(self.model), weights)
 
     def weight_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         """``(name, dtype, full shape)`` of each tensor :meth:`iter_weights` yields, in order,
         without gathering anything (the same keys, dtypes and order as
         :meth:`synced_state_dict`). Local: any process may call it alone."""
         shapes = meta_state_dict(self.model, self._is_synced)
-        if self.is_peft:
+        if isinstance(self.model, PeftModel):
             shapes = merged_state_dict(self.model, shapes)
         return [
             (converted_name, self._exported(converted).dtype, tuple(converted.shape))
@@ -176,10 +180,21 @@ class WeightExport:
 
     def adapter_state_dict(self) -> dict[str, Tensor]:
         """The LoRA adapter weights under peft's saved keys (collective; rank 0 gets them)."""
-        if not self.is_peft:
-            raise ValueError("adapter_state_dict needs a Learner built with peft_config")
-        full = gathered_state_dict(self.model)
-        return adapter_state_dict(self.model, full) if self.rank == 0 else {}
+        model = self._peft_model()
+        full = gathered_state_dict(model)
+        return adapter_state_dict(model, full) if self.rank == 0 else {}
+
+    def _peft_model(self) -> PeftModel:
+        """The model, which must be a ``PeftModel``.
+
+        Raises:
+            ValueError: the learner trains the whole model (no ``peft_config``).
+        """
+        if not isinstance(self.model, PeftModel):
+            raise ValueError(
+                "the adapters and their merge need a Learner built with peft_config (LoRA)"
+            )
+        return self.model
 
     def save_pretrained(
         self, path: str | Path, tokenizer: Any = None, *, adapter_only: bool = False
@@ -197,7 +212,7 @@ class WeightExport:
         else:
             weights = self.full_state_dict()
             if self.rank == 0:
-                base = self.model.get_base_model() if self.is_peft else self.model
+                base = base_model(self.model)
                 save_weights_as_model(base, weights, path, self.export_dtype)
         if self.rank == 0 and tokenizer is not None:
             tokenizer.save_pretrained(str(path))

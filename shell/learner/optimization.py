@@ -61,7 +61,7 @@ def build_scheduler(optimizer: Optimizer, config: AsyncGRPOConfig) -> LRSchedule
         optimizer,
         num_warmup_steps=int(warmup),
         num_training_steps=total,
-        scheduler_specific_kwargs=config.lr_scheduler_kwargs or None,
+        scheduler_specific_kwargs=config.keyword_arguments("lr_scheduler_kwargs") or None,
     )
 
 
@@ -165,7 +165,7 @@ def optimizer_step(
     optimizer.zero_grad(set_to_none=True)
     if finite and not weights_finite(model):
         message = weights_diverged_message(
-            step, config.learning_rate, config.max_grad_norm, config.output_dir
+            step, config.learning_rate, config.max_grad_norm, str(config.output_path)
         )
         raise DivergedError(message)
     return AppliedStep(loss, grad_norm, skipped=not finite)

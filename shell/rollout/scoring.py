@@ -207,7 +207,7 @@ def scored_outcome(
             bool(r.completion and r.completion[-1].get("tool_calls")) for r in pending.rollouts
         ],
     )
-    texts = ()
+    texts: tuple[tuple[str, str, float], ...] = ()
     if log_completions:
         prompt = str(pending.prompt[-1].get("content", "")) if pending.prompt else ""
         texts = tuple(

@@ -73,15 +73,30 @@ def _parse(path: Path) -> tuple[int, bool] | None:
     return (int(number), name.endswith(PARTIAL_SUFFIX)) if number.isdigit() else None
 
 
+def _parsed(path: Path) -> tuple[int, bool]:
+    """:func:`_parse` of a checkpoint directory's path.
+
+    Raises:
+        ValueError: ``path`` is not named as a checkpoint directory.
+    """
+    parsed = _parse(path)
+    if parsed is None:
+        raise ValueError(
+            f"{path} is not a checkpoint directory: its name must be "
+            f"{CHECKPOINT_PREFIX}<step> or {CHECKPOINT_PREFIX}<step>{PARTIAL_SUFFIX}"
+        )
+    return parsed
+
+
 def _saves(output_dir: str | Path) -> list[Path]:
     """Every checkpoint directory, ``.partial`` ones included, oldest first."""
     found = [p for p in Path(output_dir).glob(f"{CHECKPOINT_PREFIX}*") if _parse(p)]
-    return sorted(found, key=_parse)
+    return sorted(found, key=_parsed)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
     """The run's checkpoint directories (complete or not, no ``.partial``), oldest first."""
-    return [p for p in _saves(output_dir) if not _parse(p)[1]]
+    return [p for p in _saves(output_dir) if not _parsed(p)[1]]
 
 
 def check_loads(path: Path) -> None:
@@ -125,7 +140,7 @@ def _listed_sizes(listed: Any, state: Path) -> dict[str, int]:
 def survey(path: Path) -> SavedCheckpoint:
     """What the core needs to know of checkpoint directory ``path``: its step, whether its
     save finished and, when it did, what is wrong with its files (:func:`check_loads`)."""
-    step, unfinished = _parse(path)
+    step, unfinished = _parsed(path)
     if unfinished:
         return SavedCheckpoint(step, finished=False)
     try:

@@ -57,15 +57,18 @@ def upload(
     repo = repo_id(args)
     try:
         api.create_repo(repo, private=args.hub_private_repo, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo,
-            folder_path=str(folder),
-            path_in_repo=path_in_repo,
-            commit_message=commit_message,
-            revision=revision or args.hub_revision,
-            ignore_patterns=None if path_in_repo else IGNORED,
-            run_as_future=not blocking,
-        )
+        upload_arguments: dict[str, Any] = {
+            "repo_id": repo,
+            "folder_path": str(folder),
+            "path_in_repo": path_in_repo,
+            "commit_message": commit_message,
+            "revision": revision or args.hub_revision,
+            "ignore_patterns": None if path_in_repo else IGNORED,
+        }
+        # huggingface_hub overloads run_as_future on its literal values, True or False
+        if blocking:
+            return api.upload_folder(**upload_arguments, run_as_future=False)
+        return api.upload_folder(**upload_arguments, run_as_future=True)
     except (OSError, HTTPError) as error:  # no connection, or the hub refused
         raise HubError(
             f"push_to_hub could not upload {folder} to {repo!r} on {api.endpoint}: {error} "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from transformers.trainer_utils import HubStrategy
 
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
@@ -59,7 +60,7 @@ class Publisher:
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.args.output_dir)
+        return self.args.output_path
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Write the policy so ``from_pretrained`` loads it, with the tokenizer; rank 0 writes.
@@ -67,7 +68,7 @@ class Publisher:
         The model (``AutoModelForCausalLM.from_pretrained(output_dir)``), or with a
         ``peft_config`` the adapter (``PeftModel.from_pretrained``). Inside ``train()`` it is
         collective: every rank calls it."""
-        path = Path(output_dir or self.args.output_dir)
+        path = Path(output_dir) if output_dir else self.args.output_path
         if self.learner is not None:
             self.learner.export.save_pretrained(
                 path, self.processing_class, adapter_only=self.learner.is_peft
@@ -122,7 +123,7 @@ class Publisher:
         """Push to the hub after a checkpoint as ``hub_strategy`` says (``push_to_hub``)."""
         if not self.args.push_to_hub:
             return
-        strategy = self.args.hub_strategy.value
+        strategy = HubStrategy(self.args.hub_strategy).value
         if strategy == "end":
             return
         self.save_model(self.args.output_dir)

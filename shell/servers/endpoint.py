@@ -4,6 +4,7 @@ process's)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -12,6 +13,10 @@ import attrs
 from asyncgrpo.adapters.vllm.auth import bearer
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.shell.config import AsyncGRPOConfig
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 @attrs.frozen
@@ -28,7 +33,7 @@ class ServerSettings:
             (docs/security.md).
     """
 
-    urls: tuple[str, ...] = attrs.field(converter=tuple)
+    urls: tuple[str, ...] = attrs.field(converter=_strings)
     timeout_s: float
     stall_s: float
     api_key: str | None = attrs.field(default=None, repr=False)

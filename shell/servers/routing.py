@@ -12,7 +12,8 @@ with several servers it adds per-server metrics under ``rollout/server/<i>/...``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 import attrs
@@ -165,13 +166,13 @@ class ServerPool:
 
         await self._each(scrape)
 
-    async def _each(self, call: Callable[[PooledServer], object]) -> None:
+    async def _each(self, call: Callable[[PooledServer], Coroutine[Any, Any, None]]) -> None:
         if len(self.servers) == 1:
-            await call(self.servers[0])  # type: ignore[misc]
+            await call(self.servers[0])
             return
         async with anyio.create_task_group() as group:
             for server in self.servers:
-                group.start_soon(call, server)  # type: ignore[arg-type]
+                group.start_soon(call, server)
 
     def report(self, elapsed_s: float, generated_tokens: int) -> list[Observation]:
         """The ``rollout/*`` metrics since the last report, ``elapsed_s`` seconds ago:

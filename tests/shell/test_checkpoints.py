@@ -104,6 +104,13 @@ def test_resume_takes_the_newest_complete_checkpoint_and_names_the_skipped(tmp_p
     assert checkpoints.latest(tmp_path) == tmp_path / "checkpoint-2"
 
 
+def test_surveying_a_directory_not_named_as_a_checkpoint_names_the_pattern(tmp_path) -> None:
+    (tmp_path / "checkpoint-2").mkdir()
+    assert checkpoints.survey(tmp_path / "checkpoint-2").step == 2
+    with pytest.raises(ValueError, match=r"not a checkpoint directory.*checkpoint-<step>"):
+        checkpoints.survey(tmp_path / "final-model")
+
+
 def test_resume_without_a_complete_checkpoint_says_so(tmp_path) -> None:
     (tmp_path / "checkpoint-5").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no complete checkpoint that loads.*checkpoint-5"):
