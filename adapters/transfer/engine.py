@@ -85,6 +85,7 @@ class WeightStream(WeightSource):
         self._metadata = metadata
         self._weights = weights
         self._round: Iterator[tuple[str, torch.Tensor]] | None = None
+        self._begun: Iterator[tuple[str, torch.Tensor]] | None = None  # not yet iterated
         self._replay: list[tuple[str, torch.Tensor]] | None = None
         self._ready: torch.cuda.Event | None = None
 
@@ -97,7 +98,10 @@ class WeightStream(WeightSource):
         if self._replay is not None:
             replay, self._replay = self._replay, None
             return stream_ordered(replay, self._ready)
-        self._round = stream_ordered(self._weights(), self._ready)
+        if self._begun is not None:  # the round new_round began
+            self._round, self._begun = self._begun, None
+        else:
+            self._round = stream_ordered(self._weights(), self._ready)
         return self._round
 
     def replay(
@@ -110,16 +114,19 @@ class WeightStream(WeightSource):
         self._replay, self._ready = weights, ready
 
     def new_round(self, ready: torch.cuda.Event | None = None) -> None:
-        """Forget the last round: the next :meth:`finish_round` runs a whole one unless this
-        push iterates the stream first. ``ready`` completes once the last write to the weights
-        (the optimizer step) has run."""
-        self._round, self._ready = None, ready
+        """Forget the last round and begin the next: ``weights`` is called here, before the
+        send starts, so whatever it decides when called (a PEFT merge refused for the
+        server's dtype) raises before anything reaches the server; the next iteration (or
+        :meth:`finish_round`) runs that round. ``ready`` completes once the last write to the
+        weights (the optimizer step) has run."""
+        self._round, self._begun, self._ready = None, None, ready
+        self._begun = stream_ordered(self._weights(), ready)
 
     def finish_round(self) -> None:
         """Run to its end the round this push began (a whole round if it began none), so that
         this rank takes part in every collective gather of it, as the other ranks do."""
         if self._round is None:
-            self._round = iter(self._weights())
+            self._round, self._begun = self._begun or iter(self._weights()), None
         for _ in self._round:
             pass
 
@@ -131,14 +138,14 @@ LEAVE_TIMEOUT_S = 5.0
 # (NCCL's abort ends the kernels it waits in; gloo's shutdown fails its pending broadcast)
 ABORT_GRACE_S = 10.0
 # seconds the engine's HTTP calls (``/start_weight_update``, ``/update_weights``...) wait past
-# ``vllm_server_timeout``: a server (or a link) that answers nothing is named by the send's
+# ``weight_sync_timeout``: a server (or a link) that answers nothing is named by the send's
 # watchdog (WeightSendTimeout), never by a bare ``requests`` read timeout that races it, and
 # the call then gives up within ABORT_GRACE_S
 WIRE_LEAD_S = 2.0
 
 
 class WeightSendTimeout(TimeoutError):
-    """A weight send to a server did not finish within ``vllm_server_timeout``; its transfer
+    """A weight send to a server did not finish within ``weight_sync_timeout``; its transfer
     group was aborted. The push takes it as that server's outage (retried after the server
     answers, the group opened anew)."""
 
@@ -182,9 +189,10 @@ def send_within(
         freed = finished.wait(ABORT_GRACE_S)
         timeout = WeightSendTimeout(
             f"the weight send to the vLLM server at {server} did not finish within "
-            f"vllm_server_timeout={timeout_s:g} s; its transfer group was aborted and is opened "
+            f"weight_sync_timeout={timeout_s:g} s; its transfer group was aborted and is opened "
             "anew when the server answers. If the server is healthy but the send is slow "
-            "(a large model, a slow link), raise vllm_server_timeout"
+            "(a large model, a slow link), raise weight_sync_timeout (and ddp_timeout with it "
+            "when several trainer processes run)"
         )
         if not freed:
             timeout.add_note(f"the send was still blocked {ABORT_GRACE_S:g} s after the abort")
@@ -230,8 +238,8 @@ class EngineSync:
         client: makes a :class:`VLLMClient` for it (rank 0 pauses and resumes the server).
         engine: the trainer's side of the engine, joined with the server's workers
             (:meth:`join`); its ``source`` is a :class:`WeightStream`.
-        timeout_s: longest wait for one send (``vllm_server_timeout``): past it the group is
-            aborted and the send raises :class:`WeightSendTimeout`.
+        timeout_s: longest wait for one send, in seconds (``weight_sync_timeout``): past it the
+            group is aborted and the send raises :class:`WeightSendTimeout`.
         device: the learner's device; on CUDA every send waits for the writes queued on its
             current stream before reading the weights.
     """
@@ -340,7 +348,7 @@ class EngineSync:
 
     async def _resume_within(self, timeout_s: float) -> None:
         """Resume the server after a failed send: a courtesy bounded by ``timeout_s``, not by
-        ``vllm_server_timeout`` again (the send has waited that long already; a server that
+        ``weight_sync_timeout`` again (the send has waited that long already; a server that
         stays paused is pushed to again, which resumes it, once it answers)."""
         with anyio.fail_after(timeout_s):
             await self._client.admin.resume()
@@ -349,7 +357,7 @@ class EngineSync:
         """Leave the group; the server keeps serving and accepts a new trainer.
 
         Telling the server is a courtesy bounded by ``LEAVE_TIMEOUT_S``, not the run's
-        ``vllm_server_timeout``: a run that ends because its server went silent does not wait
+        ``weight_sync_timeout``: a run that ends because its server went silent does not wait
         that long again, and a server never told replaces the group at the next trainer's
         handshake."""
         self.engine.shutdown()

@@ -24,6 +24,35 @@ KEYWORD_FIELDS = (
 """Fields of keyword arguments: a dict or None (a JSON object string is read as a dict)."""
 
 
+WEIGHT_SYNC_MARGIN_S = 60.0
+"""Seconds ``weight_sync_timeout`` must stay below ``ddp_timeout``: after a send outlives its
+watchdog, rank 0 aborts the transfer group (up to 10 s for the send to give up), resumes the
+server (up to 5 s) and runs the gathers the other ranks are in; all of that must end before
+the other ranks' collective watchdog (``ddp_timeout``) fires."""
+
+
+def check_weight_sync_timeout(weight_sync_timeout: float, ddp_timeout: float) -> None:
+    """Refuse a ``weight_sync_timeout`` (seconds) that is not > 0, or that leaves less than
+    :data:`WEIGHT_SYNC_MARGIN_S` before ``ddp_timeout`` (seconds).
+
+    Example:
+        >>> check_weight_sync_timeout(600.0, 1800)
+    """
+    if not weight_sync_timeout > 0:
+        raise ValueError(
+            f"AsyncGRPOConfig.weight_sync_timeout must be > 0 seconds, got {weight_sync_timeout}"
+        )
+    if weight_sync_timeout > ddp_timeout - WEIGHT_SYNC_MARGIN_S:
+        raise ValueError(
+            f"AsyncGRPOConfig.weight_sync_timeout={weight_sync_timeout:g} s leaves less than "
+            f"{WEIGHT_SYNC_MARGIN_S:g} s before ddp_timeout={ddp_timeout:g} s: with several "
+            "trainer processes the others wait for a weight send in a collective, and their "
+            "watchdog would fire before rank 0 has aborted a hung send. Lower "
+            f"weight_sync_timeout to at most {ddp_timeout - WEIGHT_SYNC_MARGIN_S:g} or raise "
+            f"ddp_timeout to at least {weight_sync_timeout + WEIGHT_SYNC_MARGIN_S:g}"
+        )
+
+
 def check_values(config: Any) -> None:
     """The fields' values, each and across fields (``config`` an ``AsyncGRPOConfig``, whose
     ``__post_init__`` calls this); a bad value raises naming the field and the fix."""
@@ -61,6 +90,7 @@ def check_values(config: Any) -> None:
             "AsyncGRPOConfig.vllm_server_timeout and vllm_server_stall_timeout must be > 0 "
             f"seconds, got {config.vllm_server_timeout} and {config.vllm_server_stall_timeout}"
         )
+    check_weight_sync_timeout(config.weight_sync_timeout, config.ddp_timeout)
     if not config.harness_timeout_s > 0:
         raise ValueError(
             f"AsyncGRPOConfig.harness_timeout_s must be > 0 seconds, got {config.harness_timeout_s}"

@@ -210,6 +210,16 @@ class AsyncGRPOConfig(TrainingArguments):
             "for one of them to come back when none is left."
         ),
     )
+    weight_sync_timeout: float = field(
+        default=600.0,
+        metadata=_help(
+            "Not in TRL. Seconds one weight send to a vLLM server may take through a "
+            "weight-transfer engine (nccl, asyncgrpo_gloo) before its transfer group is "
+            "aborted and the push counts as that server's outage. Must stay at least "
+            "60 s below ddp_timeout: the other trainer processes wait for the send in a "
+            "collective, and rank 0's abort must end before their watchdog fires."
+        ),
+    )
     vllm_server_stall_timeout: float = field(
         default=10.0,
         metadata=_help(

@@ -13,8 +13,10 @@ weight sync calls :meth:`WeightExport.check_merged_pushes` with the server's dty
 push counts the entries of the LoRA update that rounding to the export dtype and the server's
 dtype loses, and raises :class:`LoraPrecisionError` when more than half are lost
 (:mod:`asyncgrpo.core.weights.lora_precision`): the server would sample from a policy the
-trainer does not hold. The count adds two casts and two comparisons of at most 65,536 sampled
-entries per adapted matrix to the merge (costs in docs/weight_sync.md).
+trainer does not hold. The refusal comes before the push sends anything (:meth:`iter_weights`
+merges when called, and the engine's stream calls it before its send starts), so a server is
+never left waiting mid-receive. The count adds two casts and two comparisons of at most
+65,536 sampled entries per adapted matrix to the merge (costs in docs/weight_sync.md).
 """
 
 from __future__ import annotations
@@ -162,13 +164,20 @@ class WeightExport:
         whole model.
 
         Collective: every process iterates it to the end in step (each tensor is all-gathered);
-        rank 0 gets the weights. With PEFT the merged weights are built whole first, and only
-        rank 0 yields them.
+        rank 0 gets the weights. With PEFT the merged weights are built whole by this call,
+        before it returns (a collective every process makes here), and only rank 0 yields them.
+
+        Raises:
+            LoraPrecisionError: from this call itself, not from the iteration, on every rank,
+                where :meth:`synced_state_dict` refuses the merge: a weight sync that calls it
+                before its send refuses before anything reaches a server.
         """
         if self.is_peft:
-            for name, tensor in self.synced_state_dict().items():
-                yield name, tensor.to(self.device)
-            return
+            merged = self.synced_state_dict()
+            return ((name, tensor.to(self.device)) for name, tensor in merged.items())
+        return self._iter_full_weights()
+
+    def _iter_full_weights(self) -> Iterator[tuple[str, Tensor]]:
         for name, full in iter_full_tensors(self.model, self._is_synced):
             yield from self._checkpoint_named({name: self._exported(full)}).items()
 

@@ -6,8 +6,8 @@ one's outcome (:data:`Landing`); with several servers the weights are gathered o
 path writes one file that every server reloads, the engines have one transfer group per
 server, an adapter is written once and loaded on each) and reach the servers in parallel,
 except through vLLM's NCCL engine, whose sends go one after another
-(:attr:`~asyncgrpo.core.weights.sync.Engine.parallel_sends`); each send is bounded by
-``vllm_server_timeout``, so a hung server costs the others at most that:
+(:attr:`~asyncgrpo.core.weights.sync.Engine.parallel_sends`); each engine send is bounded by
+``weight_sync_timeout``, so a hung server costs the others at most that:
 
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
   (:class:`~asyncgrpo.adapters.transfer.files.DiskReload`);
@@ -274,7 +274,7 @@ class EngineWeights:
             source,
             workers=self.server_workers,
             rank=self.learner.rank,
-            timeout_s=self.args.vllm_server_timeout,
+            timeout_s=self.args.weight_sync_timeout,
             api_key=self.args.server_api_key,
             device=self.learner.device,
         )

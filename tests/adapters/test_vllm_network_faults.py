@@ -300,7 +300,7 @@ def test_a_gloo_push_into_a_black_hole_is_named_within_the_timeout(served, proxy
         except Exception as error:  # the goodbye cannot reach the server: expected
             assert proxy.url in str(error) or "Connection" in type(error).__name__, error
     assert isinstance(raised.value, WeightSendTimeout), raised.value
-    assert proxy.url in str(raised.value) and f"vllm_server_timeout={TIMEOUT_S:g}" in str(
+    assert proxy.url in str(raised.value) and f"weight_sync_timeout={TIMEOUT_S:g}" in str(
         raised.value
     )
     assert took < NAMED_IN_S + 10.0, took  # the send's abort has ABORT_GRACE_S to free it

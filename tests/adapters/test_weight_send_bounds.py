@@ -25,6 +25,7 @@ from asyncgrpo.adapters.transfer.engine import (
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core.weights.sync import GLOO
+from asyncgrpo.shell.config.checks import WEIGHT_SYNC_MARGIN_S
 from asyncgrpo.shell.weights.paths import EngineWeights, Snapshot, each_server
 
 TENSORS = 6
@@ -98,7 +99,7 @@ def test_a_send_that_finishes_in_time_returns_and_one_that_fails_raises_its_own_
 
 def test_a_send_blocked_until_the_abort_is_aborted_and_named(short_grace) -> None:
     engine = FakeStuckEngine(small_stream([]), abort_frees=True)
-    with pytest.raises(WeightSendTimeout, match=r"http://x:1.*vllm_server_timeout=0.2 s") as err:
+    with pytest.raises(WeightSendTimeout, match=r"http://x:1.*weight_sync_timeout=0.2 s") as err:
         send_within(engine.send_weights, 0.2, engine.shutdown, "http://x:1")
     assert engine.shutdowns == 1
     assert not getattr(err.value, "__notes__", None)  # the abort freed it
@@ -113,6 +114,126 @@ def test_a_send_the_abort_cannot_free_still_returns_control(short_grace) -> None
         assert "still blocked" in err.value.__notes__[0]
     finally:
         engine.released.set()
+
+
+def test_the_config_margin_covers_what_rank_0_does_after_a_hung_send() -> None:
+    """weight_sync_timeout stays WEIGHT_SYNC_MARGIN_S below ddp_timeout; past the send's
+    watchdog rank 0 still waits for the abort, the server's resume and the HTTP call that
+    races the watchdog, all inside that margin."""
+    after_the_watchdog_s = (
+        engine_module.ABORT_GRACE_S + engine_module.LEAVE_TIMEOUT_S + engine_module.WIRE_LEAD_S
+    )
+    assert after_the_watchdog_s < WEIGHT_SYNC_MARGIN_S
+
+
+def test_engine_sends_are_bounded_by_weight_sync_timeout_not_vllm_server_timeout(
+    monkeypatch,
+) -> None:
+    joined: list[dict] = []
+
+    def join(base_url, client, backend, source, **settings):
+        joined.append({"base_url": base_url, **settings})
+        return SimpleNamespace()
+
+    monkeypatch.setattr(EngineSync, "join", staticmethod(join))
+    export = SimpleNamespace(weight_metadata=list, iter_weights=lambda: iter(()))
+    weights = EngineWeights(
+        learner=SimpleNamespace(export=export, rank=0, device=torch.device("cpu")),
+        args=SimpleNamespace(
+            server_urls=["http://a:1", "http://b:2"],
+            weight_sync_timeout=123.0,
+            vllm_server_timeout=1800.0,
+            server_api_key=None,
+        ),
+        client=lambda index: None,
+        backend=GLOO,
+        server_workers=1,
+    )
+    weights.start()
+    assert [(j["base_url"], j["timeout_s"]) for j in joined] == [
+        ("http://a:1", 123.0),
+        ("http://b:2", 123.0),
+    ]
+
+
+class RefusedMerge(RuntimeError):
+    """Stands for LoraPrecisionError: the learner's export refuses when called."""
+
+
+class FakeRecordingEngine:
+    """Fake of a trainer engine that records each send; a send iterates the source, as
+    vLLM's engines do after ``/start_weight_update``."""
+
+    def __init__(self, source: WeightStream, is_sender: bool) -> None:
+        self.source, self.is_sender = source, is_sender
+        self.client = SimpleNamespace(timeout=60.0, shutdown_weight_transfer_engine=lambda: None)
+        self.sends = 0
+
+    def send_weights(self) -> None:
+        self.sends += 1
+        for _ in self.source:
+            pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class FakeAdminClient:
+    """Fake of :class:`VLLMClient` recording the server's pauses and resumes."""
+
+    def __init__(self, calls: list[str]) -> None:
+        async def record(name: str) -> None:
+            calls.append(name)
+
+        self.admin = SimpleNamespace(
+            pause=lambda: record("pause"),
+            resume=lambda: record("resume"),
+            reset_prefix_cache=lambda: record("reset_prefix_cache"),
+        )
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sender", [True, False])
+def test_a_push_refused_by_the_export_raises_before_the_server_is_paused_or_sent_to(
+    sender,
+) -> None:
+    """A PEFT merge refused for the server's dtype (LoraPrecisionError) raises when the export
+    is called; the stream calls it before the send starts, so no server is left paused or
+    waiting mid-receive, on the sending rank as on the others."""
+
+    def refusing_export():
+        raise RefusedMerge("the server's dtype loses the LoRA update")
+
+    source = WeightStream(lambda: [("w", torch.float32, (2,))], refusing_export)
+    engine = FakeRecordingEngine(source, is_sender=sender)
+    calls: list[str] = []
+    sync = EngineSync("http://x:1", lambda: FakeAdminClient(calls), engine, timeout_s=5.0)
+    try:
+        with pytest.raises(RefusedMerge):
+            sync.sync()
+    finally:
+        sync.close()
+    assert engine.sends == 0 and calls == []
+
+
+def test_a_stream_begun_before_the_send_runs_that_round_once() -> None:
+    """new_round calls the export once; the send's iteration, or finish_round after a failed
+    send, runs that same round, never a second one."""
+    rounds: list[int] = []
+
+    def export():
+        rounds.append(len(rounds))
+        yield "w", torch.zeros(2)
+
+    source = WeightStream(lambda: [("w", torch.float32, (2,))], export)
+    source.new_round()
+    assert [name for name, _ in source] == ["w"] and rounds == [0]
+    source.finish_round()
+    source.new_round()
+    source.finish_round()
+    assert rounds == [0, 1]
 
 
 def is_paused(base_url: str) -> bool:

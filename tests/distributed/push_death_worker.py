@@ -83,7 +83,12 @@ def main() -> None:
     if rank == 0:
         die_at(signals, points)
     trainer = tiny_run(
-        model, base_url, output_dir, save_steps=1000, vllm_server_timeout=float(server_timeout)
+        model,
+        base_url,
+        output_dir,
+        save_steps=1000,
+        vllm_server_timeout=float(server_timeout),
+        weight_sync_timeout=float(server_timeout),  # a send to the killed server is bounded alike
     )
     outcome = signals / f"outcome-{rank}"
     try:

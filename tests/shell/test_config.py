@@ -25,6 +25,7 @@ from asyncgrpo.shell.commands.train import (
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.config import docs as config_docs
 from asyncgrpo.shell.config import rules as config_rules
+from asyncgrpo.shell.config.checks import WEIGHT_SYNC_MARGIN_S
 from asyncgrpo.shell.learner.optimization import build_optimizer, build_scheduler
 from asyncgrpo.shell.servers import dtype_as_trainer, local_server_spec
 
@@ -97,6 +98,37 @@ def test_trl_arguments_are_accepted_with_trl_defaults() -> None:
 def test_fields_the_trainer_cannot_honour_fail_with_the_reason(values, message) -> None:
     with pytest.raises(ValueError, match=message):
         AsyncGRPOConfig(**values)
+
+
+def test_the_weight_send_timeout_defaults_well_below_the_collective_timeout() -> None:
+    """A hung send is aborted on rank 0 before the other ranks' NCCL watchdog (ddp_timeout)
+    ends the run: the defaults keep at least the margin between the two."""
+    config = AsyncGRPOConfig()
+    assert config.weight_sync_timeout == 600.0
+    assert config.weight_sync_timeout + WEIGHT_SYNC_MARGIN_S <= config.ddp_timeout
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"weight_sync_timeout": 1800.0},
+            r"weight_sync_timeout=1800 s leaves less than 60 s before ddp_timeout=1800 s.*"
+            r"Lower weight_sync_timeout to at most 1740 or raise ddp_timeout to at least 1860",
+        ),
+        (
+            {"weight_sync_timeout": 600.0, "ddp_timeout": 650},
+            "weight_sync_timeout=600 s leaves less than 60 s before ddp_timeout=650 s",
+        ),
+        ({"weight_sync_timeout": 0.0}, "weight_sync_timeout must be > 0 seconds, got 0.0"),
+    ],
+)
+def test_a_weight_send_timeout_without_a_margin_below_ddp_timeout_is_refused(
+    values, message
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        AsyncGRPOConfig(**values)
+    assert AsyncGRPOConfig(weight_sync_timeout=1740.0).weight_sync_timeout == 1740.0
 
 
 @pytest.mark.parametrize(

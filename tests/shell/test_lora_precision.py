@@ -69,6 +69,10 @@ def test_a_small_lora_update_vanishes_in_bf16_and_its_merged_push_is_refused(tin
     assert f"of the {changed:,} weight entries" in str(refused.value)
     assert f"({fraction:.1%}" in str(refused.value)
     assert "the vLLM server's dtype is bfloat16" in str(refused.value)
+    # the engine's stream calls iter_weights before its send starts: the call itself refuses,
+    # before a first tensor is asked for (and so before anything reaches the server)
+    with pytest.raises(LoraPrecisionError, match="--enable-lora"):
+        learner.export.iter_weights()
     # a float32 server holds every change: the same push goes through, unchanged
     learner.export.check_merged_pushes("torch.float32")
     pushed = learner.export.synced_state_dict()
