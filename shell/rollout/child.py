@@ -44,8 +44,11 @@ PRELOADED = (
 )
 """What the fork server imports once, at the first rollout process a Python process starts
 (about 5 s here, mostly transformers and torch): each rollout process after it, a restart or
-the next ``train()`` in the same process, is forked ready in well under a second. Like spawn,
-the server imports the main script without its ``if __name__ == "__main__":`` block."""
+the next ``train()`` in the same process, is forked ready in well under a second. Python 3.11's
+fork server skips ``__main__`` here (it looks for a ``main_path`` that
+``spawn.get_preparation_data`` never sets), so each rollout process imports the main script
+itself, as spawn does, without its ``if __name__ == "__main__":`` block: a script that builds
+the trainer at its top level is refused there (``asyncgrpo.shell.run.trainer``)."""
 
 
 @functools.cache

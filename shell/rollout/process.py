@@ -28,6 +28,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,6 +60,17 @@ LONG_WAIT_LOG_S = 60.0  # log a wait for samples this long, and every this often
 WAIT_GAP_S = 5.0  # a pause between two get() calls this long: the trainer was busy, not waiting
 FAILED_STOP_GRACE_S = 1.0  # a child that failed or hung is not waited for longer than this
 TRACEBACK_WAIT_S = 1.0  # after the child exited, how long its traceback may take to arrive
+
+
+STARTUP_FAILURE_EXIT_CODE = 1
+"""A child's exit code when Python raised before :func:`child_main` caught anything (importing
+the main script, unpickling the process): the same start would raise again, so it is not
+restarted. A signal gives a negative code; a failure in the loop sends its traceback."""
+
+
+def _main_script() -> str:
+    """The path of the trainer's main script, which the rollout process imports."""
+    return str(getattr(sys.modules["__main__"], "__file__", None) or "(none: interactive)")
 
 
 def _exit_description(code: int | None) -> str:
@@ -291,6 +303,15 @@ class RolloutProcess:
             error = self._child_error(wait_s=TRACEBACK_WAIT_S)  # written just before it exited
             if error is not None:
                 raise RolloutWorkerError(f"the rollout process failed:\n{error}")
+            if self._process.exitcode == STARTUP_FAILURE_EXIT_CODE:
+                raise RolloutWorkerError(
+                    f"the rollout process exited with code {STARTUP_FAILURE_EXIT_CODE} before "
+                    "its loop started (no traceback came back): it failed while importing the "
+                    f"main script {_main_script()} or what the trainer sent it, and its error "
+                    "is printed above, on stderr. A script that builds or trains the trainer at "
+                    "its top level does this: the rollout process imports the script, running "
+                    'its top level again. Put that under `if __name__ == "__main__":`'
+                )
             how = _exit_description(self._process.exitcode)
             if self.restarted < self.restarts and self._resume_cursor is not None:
                 return self._restart(how)

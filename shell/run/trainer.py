@@ -12,6 +12,7 @@ transformers' ``Trainer`` offers them.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,38 @@ def seed_everything(config: AsyncGRPOConfig) -> None:
         set_seed(config.seed)
 
 
+REIMPORTED_MAIN = "__mp_main__"
+"""The name ``multiprocessing`` runs the main script under when a child process imports it
+(spawn, and the fork server's children: the rollout process)."""
+
+
+def refuse_top_level_run(action: str) -> None:
+    """Raise when called, however deep, from the top level of the main script while a child
+    process of ``multiprocessing`` imports it (as ``__mp_main__``): the rollout process does,
+    and a script without its ``if __name__ == "__main__":`` guard would ``action`` there again,
+    loading the model a second time and, under torchrun, waiting on a rendezvous that no other
+    rank joins. A trainer built inside a function the child calls after that import (a
+    guarded script's worker) is not refused.
+
+    Raises:
+        RuntimeError: naming the script and the guard to put around ``action``.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == (
+            REIMPORTED_MAIN
+        ):
+            script = frame.f_code.co_filename
+            raise RuntimeError(
+                f"{script} {action} at its top level, and a child process (the rollout "
+                "process) imports that script, running its top level again. Put the "
+                f'trainer\'s construction and train() under `if __name__ == "__main__":` in '
+                f"{script}; keep reward functions, tools and environment factories at module "
+                "level, above it"
+            )
+        frame = frame.f_back
+
+
 class AsyncGRPOTrainer:
     """Asynchronous GRPO: rollouts stream from a vLLM server while the learner trains.
 
@@ -110,6 +143,7 @@ class AsyncGRPOTrainer:
         eval_dataset: Any = None,
         eval_reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     ) -> None:
+        refuse_top_level_run(f"builds {type(self).__name__}(...)")
         self.args = args or AsyncGRPOConfig()
         seed_everything(self.args)
         transformers_logging.set_verbosity(self.args.get_process_log_level())
@@ -187,6 +221,7 @@ class AsyncGRPOTrainer:
             TrainingInterrupted: SIGINT or SIGTERM stopped the run (the rollout process is
                 stopped first); the message names the step and the last checkpoint.
         """
+        refuse_top_level_run(f"calls {type(self).__name__}.train()")
         if ignore_keys_for_eval is not None:
             raise ValueError("ignore_keys_for_eval: AsyncGRPOTrainer has no evaluation loop")
         if trial is not None:
