@@ -201,17 +201,24 @@ async def _measure(
     vocab_size: int,
     seed: int,
 ) -> ProbePoint:
-    """Keep ``concurrency`` requests in flight; tokens/s over the window after the warm-up."""
+    """Keep ``concurrency`` requests in flight; tokens/s over the window after the warm-up.
+
+    The window is ``seconds`` long, or runs on until a request ends in it (on a loaded machine
+    a request can outlast a short window: a window with no request ended measures nothing)."""
     rng = np.random.default_rng(seed)
     ended: list[tuple[float, int]] = []  # (monotonic end time, completion tokens)
     finished_first = [False] * concurrency
     warm = anyio.Event()
+    window: list[float] = []  # the window's start, once it started
+    ended_in_window = anyio.Event()
 
     async def slot(index: int) -> None:
         while True:
             prompt = rng.integers(0, vocab_size, prompt_tokens).tolist()
             generation = await client.generate(prompt, params, seed=int(rng.integers(2**31)))
             ended.append((time.monotonic(), len(generation.output_ids)))
+            if window:
+                ended_in_window.set()
             if not finished_first[index]:
                 finished_first[index] = True
                 if all(finished_first):
@@ -223,14 +230,17 @@ async def _measure(
         with anyio.fail_after(WARMUP_TIMEOUT_S):
             await warm.wait()
         start = time.monotonic()
+        window.append(start)
         await anyio.sleep(seconds)
+        with anyio.move_on_after(WARMUP_TIMEOUT_S):
+            await ended_in_window.wait()
         end = time.monotonic()
         group.cancel_scope.cancel()
     tokens = [n for t, n in ended if start < t <= end]
     if not tokens:
         raise ProbeError(
-            f"no request ended within the {seconds} s window at {concurrency} "
-            "requests in flight: raise [probe] seconds"
+            f"no request ended within {end - start:.0f} s at {concurrency} requests in flight "
+            "(the server stalled): check the server's log"
         )
     return ProbePoint(concurrency, sum(tokens) / (end - start), len(tokens), end - start)
 

