@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,8 +44,26 @@ DEFAULT_KV_CACHE_BYTES = 256 * 1024**2
 SHUTDOWN_GRACE_S = 10.0
 
 
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_LISTEN_PORT = 10000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
+    """A TCP port that was free a moment ago on ``host``, below the kernel's ephemeral range
+    where the platform tells it (Linux): a port from that range can be handed to any outgoing
+    connection (a collective's store, an HTTP client) between a server's stop and its restart
+    on the same port, which then fails with "Address already in use"."""
+    with contextlib.suppress(OSError, ValueError):
+        low = int(EPHEMERAL_PORTS_FILE.read_text().split()[0])
+        candidates = list(range(LOWEST_LISTEN_PORT, low))
+        random.shuffle(candidates)
+        for port in candidates[:200]:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
