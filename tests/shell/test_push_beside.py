@@ -6,10 +6,10 @@ server: a client that answers from a list, a sync path that records what it sent
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
+from scripted_identity import ScriptedIdentity
 
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
@@ -19,26 +19,6 @@ from asyncgrpo.shell.weights.paths import Snapshot
 
 URL = "http://127.0.0.1:9"
 TIMINGS = SyncTimings(pause_s=0.1, barrier_s=0.0, transfer_s=0.2)
-
-
-class ScriptedIdentity:
-    """A client of one server whose identity readings are, in turn, ``answers`` (an exception
-    is raised)."""
-
-    def __init__(self, answers: Iterator[float | Exception]) -> None:
-        self.answers = answers
-
-    async def __aenter__(self) -> ScriptedIdentity:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-    async def server_identity(self) -> float | None:
-        answer = next(self.answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
 
 class RecordingSync:

@@ -5,10 +5,10 @@ of a bare "restarted during the weight push" (no server: a client that answers f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import httpx
+from scripted_identity import ScriptedIdentity
 from structlog.testing import capture_logs
 
 from asyncgrpo.adapters.transfer.files import SyncTimings
@@ -17,26 +17,6 @@ from asyncgrpo.shell.servers import SharedServers
 from asyncgrpo.shell.weights.push import WeightPusher
 
 URL = "http://127.0.0.1:9"
-
-
-class ScriptedIdentity:
-    """A client of one server whose identity readings are, in turn, ``answers`` (an exception
-    is raised)."""
-
-    def __init__(self, answers: Iterator[float | Exception]) -> None:
-        self.answers = answers
-
-    async def __aenter__(self) -> ScriptedIdentity:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-    async def server_identity(self) -> float | None:
-        answer = next(self.answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
 
 def pusher_reading(answers: list[float | Exception]) -> WeightPusher:
