@@ -349,8 +349,11 @@ def test_the_documented_example_trains_on_the_calculators_reward(replying_served
     # step logged next.
     assert sum(r.get("tools/multiply/call_count", 0) for r in rows) > 0
     assert sum(r.get("tools/unknown_name_count", 0) for r in rows) > 0
+    # Which rollouts fall into which report window is the scheduler's choice (a window can
+    # hold only unrewarded rollouts), so the windows are checked for range; each step's
+    # reward, over the samples it trained on, is the verified reward that rose above 0.
     verified = [r["harness/reward_mean"] for r in rows if "harness/reward_mean" in r]
-    assert all(0 <= v < 1 for v in verified) and any(v > 0 for v in verified)  # per window
+    assert all(0 <= v < 1 for v in verified)
     assert all(r["harness/unscored_frac"] == 0 for r in rows if "harness/unscored_frac" in r)
     assert all(0 < r["reward"] < 1 for r in rows)
 
@@ -379,4 +382,4 @@ def test_the_documented_black_box_agent_trains_on_its_reward(replying_served, tm
     assert [r["step"] for r in rows] == [1]
     assert all(0 < r["reward"] < 1 for r in rows)
     verified = [r["harness/reward_mean"] for r in rows if "harness/reward_mean" in r]
-    assert all(0 <= v < 1 for v in verified) and any(v > 0 for v in verified)  # per window
+    assert all(0 <= v < 1 for v in verified)  # per report window, as above
