@@ -27,7 +27,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
 import attrs
 import structlog
 import torch
@@ -49,6 +48,7 @@ from asyncgrpo.shell.servers import (
     local_servers,
     servers_cpus_for,
 )
+from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.evaluate")
 
@@ -153,10 +153,10 @@ def evaluation_servers(
     with ``served``'s weights pushed to it."""
     if vllm_url:
         args = dataclasses.replace(config, vllm_server_base_url=vllm_url)
-        name = anyio.run(_served_name, ServerSettings.of(args))
+        name = run_async(_served_name, ServerSettings.of(args))
         if served.adapter is None:
             weights = load_causal_lm(served.model, config.dtype)
-            anyio.run(
+            run_async(
                 _push,
                 ServerSettings.of(args),
                 name,
@@ -259,7 +259,7 @@ def _load_adapter(args: AsyncGRPOConfig, model: str, adapter: str, name: str) ->
             async with settings.client(model, server) as client:
                 await client.admin.load_lora_adapter(name, str(Path(adapter).resolve()))
 
-    anyio.run(load)
+    run_async(load)
 
 
 def evaluation_table(figures: Mapping[str, float]) -> str:

@@ -53,6 +53,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import read_metrics
+from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.probe")
 
@@ -272,7 +273,7 @@ def probe_server(
         async with VLLMClient(base_url, "", headers=headers) as client:
             return (await client.served_models())[0]
 
-    model = anyio.run(served)
+    model = run_async(served)
 
     async def measure(concurrency: int) -> ProbePoint:
         async with VLLMClient(base_url, model, headers=headers) as client:
@@ -293,7 +294,7 @@ def probe_server(
         )
         return point
 
-    points = tuple(anyio.run(measure, c) for c in settings.concurrency)
+    points = tuple(run_async(measure, c) for c in settings.concurrency)
     shape = {"prompt_tokens": prompt_tokens, "max_completion_tokens": max_completion_tokens}
     if training is None:
         return Probe(points, note="contention not measured", **shape)
@@ -305,7 +306,7 @@ def probe_server(
             alone_start = time.monotonic()
             time.sleep(settings.seconds)
             alone_end = time.monotonic()
-            beside = anyio.run(measure, settings.concurrency[-1])
+            beside = run_async(measure, settings.concurrency[-1])
             beside_end = time.monotonic()
             lines = steps_file.read_text().splitlines()
         finally:  # never left behind: terminated, else killed

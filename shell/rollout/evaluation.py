@@ -35,6 +35,7 @@ from asyncgrpo.shell.rollout.messages import EvalOutcome
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns
 from asyncgrpo.shell.servers import EvalRequest
+from asyncgrpo.shell.servers.bridge import run_async
 
 
 class VersionGone(RuntimeError):
@@ -265,4 +266,4 @@ def evaluate_now(spec: Any, version: int, step: int) -> EvalOutcome:
         async with loop.opened():
             return await loop.evaluate(EvalRequest(1, version, step))
 
-    return anyio.run(run)
+    return run_async(run)

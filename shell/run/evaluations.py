@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import structlog
 
 from asyncgrpo.adapters.models.causal_lm import checkpoint_named
@@ -42,6 +41,7 @@ from asyncgrpo.shell.rollout import EvalOutcome, LoopSpec, RolloutProcess
 from asyncgrpo.shell.run.inputs import RunInputs
 from asyncgrpo.shell.run.metrics_log import MetricsFile
 from asyncgrpo.shell.servers import ServerSettings
+from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.evaluation")
 EVAL_WEIGHTS = ".vllm_eval_weights"  # under output_dir: the weights an evaluation pushes first
@@ -156,7 +156,7 @@ def evaluation_spec(inputs: RunInputs, args: AsyncGRPOConfig) -> LoopSpec:
         async with ServerSettings.of(args).client(inputs.model_name) as client:
             return await client.max_model_len()
 
-    longest = anyio.run(max_model_len)
+    longest = run_async(max_model_len)
     return LoopSpec(
         loop_cls=inputs.loop_cls,
         config=args,
@@ -186,5 +186,5 @@ def push_to_servers(model: Any, args: AsyncGRPOConfig, model_name: str, output_d
             async with settings.client(model_name, server) as client:
                 await DiskReload(client, output_dir / EVAL_WEIGHTS).sync(weights)
 
-    anyio.run(push)
+    run_async(push)
     return 0

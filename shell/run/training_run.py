@@ -74,6 +74,7 @@ from asyncgrpo.shell.servers import (
     check_servers_match,
     release_process,
 )
+from asyncgrpo.shell.servers.bridge import stop_event_loop
 from asyncgrpo.shell.weights import (
     ParityGuard,
     WeightPusher,
@@ -243,7 +244,8 @@ def _tear_down(
 ) -> None:
     """Close what a run started, in this order (each given part; None: not started): release
     a push held for an evaluation, let the push in flight land and stop watching the servers,
-    stop the rollout process, close the sync path, close the logs."""
+    stop the rollout process, close the sync path, close the logs, end the event loop of the
+    calls to the servers (:func:`~asyncgrpo.shell.servers.bridge.stop_event_loop`)."""
     books.evaluations.release()  # a push held for an evaluation goes now
     if pushes is not None:
         pushes.close()
@@ -254,6 +256,7 @@ def _tear_down(
     books.window_log.close()
     if books.evaluations.file is not None:
         books.evaluations.file.close()
+    stop_event_loop()
 
 
 def new_step_queue(token_budget: int, learner: Learner, args: Any) -> step_queue.StepQueue:

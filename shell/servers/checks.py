@@ -7,9 +7,8 @@ and flag that differ; the run fails there, before any weight is pushed.
 
 from __future__ import annotations
 
-import anyio
-
 from asyncgrpo.core.servers.match import ServerFlags, check_servers
+from asyncgrpo.shell.servers.bridge import each_server_async
 from asyncgrpo.shell.servers.endpoint import ServerSettings
 
 
@@ -19,16 +18,13 @@ def check_servers_match(settings: ServerSettings, model: str, candidate_sets: bo
     (``candidate_sets``: the run samples under top-k/top-p, so the token endpoint counts)."""
     if settings.count < 2:
         return
-    flags: list[ServerFlags | None] = [None] * settings.count
 
-    async def read(index: int) -> None:
+    async def read(index: int) -> ServerFlags:
         async with settings.client(model, index) as client:
-            flags[index] = await client.server_flags(probe_token_endpoint=candidate_sets)
+            return await client.server_flags(probe_token_endpoint=candidate_sets)
 
-    async def read_all() -> None:
-        async with anyio.create_task_group() as group:
-            for index in range(settings.count):
-                group.start_soon(read, index)
-
-    anyio.run(read_all)
-    check_servers(settings.urls, [f for f in flags if f is not None], model)
+    flags = each_server_async(range(settings.count), read)
+    failed = [error for error in flags.values() if isinstance(error, Exception)]
+    if failed:
+        raise failed[0]
+    check_servers(settings.urls, [f for f in flags.values() if isinstance(f, ServerFlags)], model)

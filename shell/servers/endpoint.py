@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import anyio
 import attrs
 
 from asyncgrpo.adapters.vllm.auth import bearer
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.shell.config import AsyncGRPOConfig
+from asyncgrpo.shell.servers.bridge import run_async
 
 
 def _strings(values: Iterable[str]) -> tuple[str, ...]:
@@ -76,4 +76,4 @@ class ServerSettings:
             async with self.client(model) as client:
                 return await client.max_model_len()
 
-        return anyio.run(ask)
+        return run_async(ask)

@@ -36,6 +36,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient, VLLMError
 from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.core.servers.outage import OutageClock, ServerTrust
+from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.server_watch")
 _CONTEXT = mp.get_context("spawn")
@@ -369,6 +370,6 @@ def wait_for_servers_out(
                 for client in clients:
                     await client.aclose()
 
-    answered, down_s = anyio.run(wait)
+    answered, down_s = run_async(wait)
     back = tuple(out[i] for i in answered)
     return back, {i: covering[i] for i in back}, down_s

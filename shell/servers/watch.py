@@ -1,4 +1,4 @@
-"""Rank 0 of a run with several servers: a thread that watches the servers out of routing.
+"""Rank 0 of a run with several servers: a task that watches the servers out of routing.
 
 A server goes out of routing when a request, a probe or a push finds it gone (its
 :class:`~asyncgrpo.shell.servers.outages.SharedTrust` has an outage pending). While the run goes
@@ -12,10 +12,12 @@ the identity, as after a first push.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 import anyio
 import structlog
 
+from asyncgrpo.shell.servers.bridge import start_async
 from asyncgrpo.shell.servers.endpoint import ServerSettings
 from asyncgrpo.shell.servers.outages import SharedServers
 
@@ -25,7 +27,8 @@ PROBE_TIMEOUT_S = 5.0
 
 
 class ServerWatch:
-    """Probes the servers out of routing from a thread of its own (see the module doc).
+    """Probes the servers out of routing, a task on the trainer's event loop
+    (:mod:`asyncgrpo.shell.servers.bridge`; see the module doc).
 
     Args:
         settings: the run's servers.
@@ -43,14 +46,12 @@ class ServerWatch:
         self._back: set[int] = set()
         self._announced: dict[int, int] = {}  # server -> the outage its return was logged for
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._task: Future[object] | None = None
 
     def start(self) -> ServerWatch:
-        self._thread = threading.Thread(
-            target=lambda: anyio.run(self._watch), name="asyncgrpo-server-watch", daemon=True
-        )
-        self._thread.start()
+        self._stopped.clear()
+        self._task = start_async(self._watch)
         return self
 
     def take_back(self) -> tuple[int, ...]:
@@ -61,10 +62,11 @@ class ServerWatch:
         return tuple(i for i in back if not self.servers.routable(i))
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.poll_s + PROBE_TIMEOUT_S + 5.0)
-            self._thread = None
+        """Cancel the probes and wait until their clients are closed."""
+        if self._task is not None:
+            self._task.cancel()
+            self._stopped.wait(PROBE_TIMEOUT_S + 5.0)
+            self._task = None
 
     async def _watch(self) -> None:
         clients = [self.settings.client(self.model, i) for i in range(self.settings.count)]
@@ -76,7 +78,7 @@ class ServerWatch:
             )
 
         try:
-            while not self._stop.is_set():
+            while True:
                 with self._lock:
                     waiting = [i for i in self.servers.out() if i not in self._back]
                 answered.clear()
@@ -99,3 +101,4 @@ class ServerWatch:
             with anyio.CancelScope(shield=True):
                 for client in clients:
                     await client.aclose()
+            self._stopped.set()

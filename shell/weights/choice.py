@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import structlog
 
 from asyncgrpo.adapters.process_group import decided_on_rank0
@@ -17,6 +16,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer
 from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.shell.servers import ServerSettings
+from asyncgrpo.shell.servers.bridge import run_async
 from asyncgrpo.shell.weights.lora_path import AdapterWeights
 from asyncgrpo.shell.weights.paths import DiskWeights, EngineWeights, WeightSync
 
@@ -37,7 +37,7 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str, output_dir: P
         return settings.client(model_name, server, stall_outage=settings.count > 1)
 
     def choose() -> tuple[weight_sync.TransferChoice, int]:
-        server = anyio.run(_describe_server, client)
+        server = run_async(_describe_server, client)
         choice = weight_sync.choose_weight_transfer(
             args.weight_transfer_backend,
             server.backend if server else None,

@@ -10,14 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import structlog
 import torch.distributed as dist
 
 from asyncgrpo.adapters.process_group import HOST_MEMORY
 from asyncgrpo.adapters.transfer.files import AdapterSync, SyncTimings
 from asyncgrpo.adapters.vllm.replies import VLLMError
-from asyncgrpo.shell.weights.paths import Client, Landing, Snapshot, WeightSync, each_server
+from asyncgrpo.shell.servers.bridge import each_server_async, run_async
+from asyncgrpo.shell.weights.paths import Client, Landing, Snapshot, WeightSync
 
 if TYPE_CHECKING:
     from asyncgrpo.shell.learner import Learner
@@ -110,7 +110,7 @@ class AdapterWeights:
             async with self.client(index) as client:
                 return await self.loaded[index].sync(client, version, barrier_s)
 
-        landing = each_server(servers, lambda index: anyio.run(load, index))
+        landing = each_server_async(servers, load)
         self._prune()
         return landing
 
@@ -167,7 +167,7 @@ class AdapterWeights:
                 config = await client.server_config()
             return str((config or {}).get("model_config", {}).get("dtype") or "") or None
 
-        return anyio.run(read)
+        return run_async(read)
 
     def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         """Open the merged path again and (rank 0) load the kept adapter versions again: a
@@ -184,7 +184,7 @@ class AdapterWeights:
                 await self.loaded[index].restore(client)
 
         for index in servers:
-            anyio.run(restore, index)
+            run_async(restore, index)
 
     def close(self) -> None:
         self.merged.close()

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import structlog
 
 from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core.weights import parity as weight_parity
+from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.foreign_weights")
 
@@ -72,7 +72,7 @@ class ParityGuard:
             trainer_dtype = (
                 "bfloat16" if learner.bf16 else str(next(learner.model.parameters()).dtype)
             )
-            return weight_parity.parity_limit(trainer_dtype, anyio.run(served_dtype))
+            return weight_parity.parity_limit(trainer_dtype, run_async(served_dtype))
 
         return cls(
             float(decided_on_rank0(limit)),

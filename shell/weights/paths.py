@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import anyio
 import attrs
 import structlog
 from torch import Tensor
@@ -47,6 +46,7 @@ from asyncgrpo.adapters.transfer.streams import record_ready
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.core.weights import sync as weight_sync
+from asyncgrpo.shell.servers.bridge import each_server_async
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.transfer.engine import EngineSync
@@ -212,7 +212,7 @@ class DiskWeights:
             async with self.client(index) as client:
                 return await DiskReload(client, self.directory).reload(barrier_s, write_s)
 
-        return each_server(servers, lambda index: anyio.run(reload, index))
+        return each_server_async(servers, reload)
 
     def reconnect(self, servers: Sequence[int] = (0,)) -> None:
         pass

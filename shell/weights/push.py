@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
-import anyio
 import attrs
 import structlog
 
@@ -41,6 +40,7 @@ from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner, LoraPrecisionError
 from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers_out
+from asyncgrpo.shell.servers.bridge import run_async
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
 from asyncgrpo.shell.weights.push_thread import PushThread
 
@@ -420,7 +420,7 @@ class WeightPusher:
             async with self._client(server, **options) as client:
                 return await client.server_identity()
 
-        return anyio.run(read)
+        return run_async(read)
 
     def resync(self, servers: Sequence[int] | None = None, attempts: int = 3) -> Pushed | None:
         """Push the current weights to servers back from an outage, then cover the outages
