@@ -15,6 +15,7 @@ backend is used.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -162,15 +163,30 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             )
         ]
         sizes = [padded_nbytes(dtype, shape) for _, dtype, shape in metas]
-        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
-            buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
-            self.group.broadcast(buffer, 0).wait()
-            model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
+        try:
+            for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+                buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
+                self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
+                model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
+        except BaseException:
+            # the trainer went away, or a receive outlived timeout_s: leave its group, so the
+            # trainer's side fails too and the next trainer's handshake starts afresh
+            self.shutdown()
+            raise
 
     def shutdown(self) -> None:
-        if self.group is not None:
-            self.group.shutdown()
-            self.group = None
+        close_group(self)
+
+
+def close_group(engine: GlooWeightTransferEngine | GlooTrainerWeightTransferEngine) -> None:
+    """Drop ``engine``'s group. gloo's ``shutdown()`` and ``abort()`` leave the connections
+    open; they close when the group is freed, and only then does the other side's receive
+    fail (``Connection closed by peer``) instead of waiting out the group's timeout."""
+    group, engine.group = engine.group, None
+    if group is not None:
+        group.shutdown()
+        del group
+        gc.collect()  # a reference cycle (a kept traceback's frames) may still hold it
 
 
 @dataclass
@@ -264,8 +280,15 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         )
         self.client.start_weight_update()
         receiving = Background(lambda: self.client.update_weights(asdict(update)))
-        self._broadcast(checked(self.source, meta), meta, receiving)
-        receiving.result(self.timeout_s)
+        try:
+            self._broadcast(checked(self.source, meta), meta, receiving)
+            receiving.result(self.timeout_s)
+        except BaseException:
+            # The workers wait for the rest of the round: closing the group's connections
+            # fails their receive now, instead of after the group's timeout (while it lasted,
+            # the next trainer's handshake would queue behind it). Join again to send again.
+            self.shutdown()
+            raise
         self.client.finish_weight_update()
 
     def _broadcast(
@@ -276,7 +299,11 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     ) -> None:
         """Broadcast the tensors packed into chunks, from this (the calling) thread, which the
         source's collective gathers need; stop at once if the server's side fails."""
-        assert self.group is not None, "trainer_init() must run before send_weights()"
+        if self.group is None:
+            raise RuntimeError(
+                "asyncgrpo_gloo: no transfer group (closed after a failed send, or never "
+                "joined): join again (trainer_init) before sending"
+            )
         sizes = [padded_nbytes(m.dtype, m.shape) for m in meta]
         for start, stop in chunk_bounds(sizes, self.chunk_bytes):
             chunk = [tensor for _, tensor in itertools.islice(pairs, stop - start)]
@@ -286,17 +313,23 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     def _wait(self, work: Any, receiving: Background) -> None:
         deadline = time.monotonic() + self.timeout_s
-        while not work.is_completed():
-            receiving.raise_if_failed()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"a weight broadcast took longer than {self.timeout_s} s")
-            time.sleep(0.001)
-        work.wait()
+        try:
+            while not work.is_completed():
+                receiving.raise_if_failed()
+                if self.group is None:  # aborted by the send's watchdog (shutdown)
+                    raise RuntimeError("asyncgrpo_gloo: the transfer group was closed mid-send")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"a weight broadcast took longer than {self.timeout_s} s")
+                time.sleep(0.001)
+            work.wait()
+        except BaseException:
+            del work  # it holds the group's connections open while the traceback is kept
+            raise
 
     def shutdown(self) -> None:
-        if self.group is not None:
-            self.group.shutdown()
-            self.group = None
+        """Leave the group: its connections close (gloo closes them only when the last
+        reference to the group goes), so a worker still receiving fails at once."""
+        close_group(self)
 
 
 def checked(source: WeightSource, meta: list[ParamMeta]) -> Iterator[tuple[str, torch.Tensor]]:
