@@ -46,9 +46,9 @@ from asyncgrpo.shell.servers import (
     ServerSettings,
     local_server_spec,
     local_servers,
+    run_async,
     servers_cpus_for,
 )
-from asyncgrpo.shell.servers.bridge import run_async
 
 log = structlog.get_logger("asyncgrpo.evaluate")
 

@@ -53,7 +53,7 @@ from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.run import read_metrics
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import run_async
 
 log = structlog.get_logger("asyncgrpo.probe")
 

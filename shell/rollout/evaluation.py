@@ -34,8 +34,7 @@ from asyncgrpo.core.run.step_queue import InFlight
 from asyncgrpo.shell.rollout.messages import EvalOutcome
 from asyncgrpo.shell.rollout.prompts import PromptRows
 from asyncgrpo.shell.rollout.scoring import PendingGroup, reward_columns
-from asyncgrpo.shell.servers import EvalRequest
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import EvalRequest, run_async
 
 
 class VersionGone(RuntimeError):

@@ -40,8 +40,7 @@ from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import EvalOutcome, LoopSpec, RolloutProcess
 from asyncgrpo.shell.run.inputs import RunInputs
 from asyncgrpo.shell.run.metrics_log import MetricsFile
-from asyncgrpo.shell.servers import ServerSettings
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import ServerSettings, run_async
 
 log = structlog.get_logger("asyncgrpo.evaluation")
 EVAL_WEIGHTS = ".vllm_eval_weights"  # under output_dir: the weights an evaluation pushes first

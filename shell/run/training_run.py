@@ -73,8 +73,8 @@ from asyncgrpo.shell.servers import (
     VersionPin,
     check_servers_match,
     release_process,
+    stop_event_loop,
 )
-from asyncgrpo.shell.servers.bridge import stop_event_loop
 from asyncgrpo.shell.weights import (
     ParityGuard,
     WeightPusher,

@@ -4,11 +4,17 @@ this host (:mod:`.cpu_sharing`), how to reach them (:class:`ServerSettings`, the
 clients), starting them on this host (:mod:`.local`), whether they can stand in for each other
 (:mod:`.checks`), which one a group goes to (:mod:`.routing`) and, with several, the watch over
 those out of routing (:mod:`.watch`); the version an evaluation pins
-(:mod:`.pins`).
+(:mod:`.pins`); the one event loop the trainer's calls to them run on (:mod:`.bridge`).
 """
 
 from __future__ import annotations
 
+from asyncgrpo.shell.servers.bridge import (
+    each_server_async,
+    run_async,
+    start_async,
+    stop_event_loop,
+)
 from asyncgrpo.shell.servers.checks import check_servers_match
 from asyncgrpo.shell.servers.cpu_sharing import (
     cpus_shared_with_server,
@@ -53,12 +59,16 @@ __all__ = [
     "check_servers_match",
     "cpus_shared_with_server",
     "dtype_as_trainer",
+    "each_server_async",
     "local_server_spec",
     "local_servers",
     "release_process",
+    "run_async",
     "server_cpus_for",
     "server_on_host",
     "servers_cpus_for",
+    "start_async",
+    "stop_event_loop",
     "wait_for_server",
     "wait_for_servers_out",
 ]

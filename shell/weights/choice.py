@@ -15,8 +15,7 @@ from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer
 from asyncgrpo.core.weights import sync as weight_sync
-from asyncgrpo.shell.servers import ServerSettings
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import ServerSettings, run_async
 from asyncgrpo.shell.weights.lora_path import AdapterWeights
 from asyncgrpo.shell.weights.paths import DiskWeights, EngineWeights, WeightSync
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from asyncgrpo.adapters.process_group import HOST_MEMORY
 from asyncgrpo.adapters.transfer.files import AdapterSync, SyncTimings
 from asyncgrpo.adapters.vllm.replies import VLLMError
-from asyncgrpo.shell.servers.bridge import each_server_async, run_async
+from asyncgrpo.shell.servers import each_server_async, run_async
 from asyncgrpo.shell.weights.paths import Client, Landing, Snapshot, WeightSync
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import structlog
 from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core.weights import parity as weight_parity
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import run_async
 
 log = structlog.get_logger("asyncgrpo.foreign_weights")
 

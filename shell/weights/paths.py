@@ -46,7 +46,7 @@ from asyncgrpo.adapters.transfer.streams import record_ready
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.core.weights import sync as weight_sync
-from asyncgrpo.shell.servers.bridge import each_server_async
+from asyncgrpo.shell.servers import each_server_async
 
 if TYPE_CHECKING:
     from asyncgrpo.adapters.transfer.engine import EngineSync

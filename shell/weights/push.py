@@ -39,8 +39,7 @@ from asyncgrpo.adapters.vllm.retries import RetryCounter, RetryPolicy, retrying_
 from asyncgrpo.adapters.vllm.transport import ServerNotAnswering
 from asyncgrpo.core.servers import outage as server_outage
 from asyncgrpo.shell.learner import Learner, LoraPrecisionError
-from asyncgrpo.shell.servers import ServerGone, SharedServers, wait_for_servers_out
-from asyncgrpo.shell.servers.bridge import run_async
+from asyncgrpo.shell.servers import ServerGone, SharedServers, run_async, wait_for_servers_out
 from asyncgrpo.shell.weights.paths import Landing, Snapshot, WeightSync, landed_timings
 from asyncgrpo.shell.weights.push_thread import PushThread
 
