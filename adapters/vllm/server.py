@@ -118,6 +118,10 @@ class ServerSpec:
         extra_args: further command-line flags, passed as they are.
         startup_timeout_s: how long :meth:`VLLMServer.start` waits for ``/health`` and a
             first generation.
+        cuda_devices: the GPU the server runs on, as ``CUDA_VISIBLE_DEVICES`` names it in the
+            trainer's process (:func:`~asyncgrpo.core.servers.gpu_plan.server_devices`: one the
+            trainer does not use); ``None`` leaves the variable as the trainer's environment
+            has it (no GPU, or a trainer on the CPU).
         api_key: every route but the probes and metrics needs it
             (:mod:`asyncgrpo.adapters.vllm.auth`; passed in ``VLLM_API_KEY``, not on the
             command line where every user of the machine sees it); ``None``: no key.
@@ -142,6 +146,7 @@ class ServerSpec:
     mmap_threshold_bytes: int | None = 64 * 1024
     extra_args: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     startup_timeout_s: float = 600.0
+    cuda_devices: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
 
     @property
@@ -209,6 +214,8 @@ class ServerSpec:
         env |= server_allocator_environment(self.mmap_threshold_bytes, tuple(env))
         if self.cpus:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(self.cpus))
+        if self.cuda_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda_devices
         return env
 
     def pin(self) -> None:

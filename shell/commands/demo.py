@@ -26,7 +26,12 @@ from asyncgrpo.adapters.vllm.auth import new_api_key
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import record_run_settings
 from asyncgrpo.shell.run import AsyncGRPOTrainer, TrainOutput
-from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
+from asyncgrpo.shell.servers import (
+    local_server_spec,
+    local_servers,
+    servers_cpus_for,
+    servers_gpus_for,
+)
 
 QUESTIONS = (
     "Write a number.",
@@ -146,7 +151,12 @@ def run_demo(
         enforce_eager=enforce_eager,
         api_key=key,
     )
-    with local_servers(spec, servers_cpus_for(config, servers), output_dir) as started:
+    with local_servers(
+        spec,
+        servers_cpus_for(config, servers),
+        output_dir,
+        servers_gpus_for(config, servers),
+    ) as started:
         urls = [server.base_url for server in started]
         base_url: str | list[str] = urls[0] if servers == 1 else urls
         args = dataclasses.replace(config, vllm_server_base_url=base_url, vllm_server_api_key=key)

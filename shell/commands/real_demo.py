@@ -30,6 +30,7 @@ from asyncgrpo.shell.servers import (
     local_server_spec,
     local_servers,
     servers_cpus_for,
+    servers_gpus_for,
 )
 from asyncgrpo.tasks import answer_reward, arithmetic
 
@@ -116,7 +117,9 @@ def run_real_demo(
     )
     key = new_api_key()
     spec = real_demo_server(model_dir, config, api_key=key)
-    with local_servers(spec, servers_cpus_for(config, 1), output_dir) as started:
+    with local_servers(
+        spec, servers_cpus_for(config, 1), output_dir, servers_gpus_for(config, 1)
+    ) as started:
         args = dataclasses.replace(
             config, vllm_server_base_url=started[0].base_url, vllm_server_api_key=key
         )

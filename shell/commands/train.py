@@ -320,13 +320,27 @@ def run_train(argv: Sequence[str]) -> Any:
     """Run ``asyncgrpo train`` with its command-line arguments; returns the TrainOutput."""
     from asyncgrpo.adapters.models.packaged import resolve_model
     from asyncgrpo.adapters.vllm.auth import new_api_key
+    from asyncgrpo.core.servers.gpu_plan import GpuPlanError
     from asyncgrpo.shell.experiments import record_run_settings
     from asyncgrpo.shell.run import AsyncGRPOTrainer
-    from asyncgrpo.shell.servers import local_server_spec, local_servers, servers_cpus_for
+    from asyncgrpo.shell.servers import (
+        local_server_spec,
+        local_servers,
+        servers_cpus_for,
+        servers_gpus_for,
+    )
 
     settings = parse_train_args(argv)
     config = build_config(settings)  # fail at the door, before a server starts
     check_evaluation(settings, config)
+    try:  # a server on the trainer's own GPU would take 0.9 of its memory
+        gpus = (
+            None
+            if settings.script.vllm_url
+            else servers_gpus_for(config, settings.script.vllm_servers)
+        )
+    except GpuPlanError as error:
+        raise TrainCommandError(str(error)) from None
     try:
         reward_funcs = [import_named(spec, "reward function") for spec in settings.rewards]
         eval_reward_funcs = [
@@ -367,5 +381,5 @@ def run_train(argv: Sequence[str]) -> Any:
     output_dir = config.output_path
     output_dir.mkdir(parents=True, exist_ok=True)
     cpus = servers_cpus_for(config, settings.script.vllm_servers)
-    with local_servers(spec, cpus, output_dir) as servers:
+    with local_servers(spec, cpus, output_dir, gpus) as servers:
         return train(",".join(server.base_url for server in servers), spec.api_key)

@@ -48,6 +48,7 @@ from asyncgrpo.shell.servers import (
     local_servers,
     run_async,
     servers_cpus_for,
+    servers_gpus_for,
 )
 
 log = structlog.get_logger("asyncgrpo.evaluate")
@@ -177,7 +178,9 @@ def evaluation_servers(
         spec = attrs.evolve(spec, enable_lora=True, max_lora_rank=max(spec.max_lora_rank, rank))
     out = config.output_path
     out.mkdir(parents=True, exist_ok=True)
-    with local_servers(spec, servers_cpus_for(config, 1), out) as started:
+    with local_servers(
+        spec, servers_cpus_for(config, 1), out, servers_gpus_for(config, 1)
+    ) as started:
         yield (
             dataclasses.replace(
                 config, vllm_server_base_url=started[0].base_url, vllm_server_api_key=spec.api_key

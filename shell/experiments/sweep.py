@@ -511,6 +511,7 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
         local_server_spec,
         local_servers,
         servers_cpus_for,
+        servers_gpus_for,
     )
 
     config = AsyncGRPOConfig(
@@ -529,7 +530,9 @@ def _servers(sweep: Sweep, model: str, out: Path, urls: Sequence[str]) -> Iterat
         enforce_eager=bool(options.get("enforce_eager", False)),
         extra_args=options.get("extra_args", ()),
     )
-    with local_servers(spec, servers_cpus_for(config, 1), out) as servers:
+    with local_servers(
+        spec, servers_cpus_for(config, 1), out, servers_gpus_for(config, 1)
+    ) as servers:
         yield [servers[0].base_url]
 
 

@@ -29,6 +29,7 @@ from asyncgrpo.shell.servers.local import (
     dtype_as_trainer,
     local_server_spec,
     local_servers,
+    servers_gpus_for,
 )
 from asyncgrpo.shell.servers.outages import (
     RolloutGate,
@@ -67,6 +68,7 @@ __all__ = [
     "server_cpus_for",
     "server_on_host",
     "servers_cpus_for",
+    "servers_gpus_for",
     "start_async",
     "stop_event_loop",
     "wait_for_server",

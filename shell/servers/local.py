@@ -18,18 +18,21 @@ generated 0.1 tokens/s.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
 import structlog
+import torch
 
 from asyncgrpo.adapters.models.causal_lm import context_length, meta_model
 from asyncgrpo.adapters.models.fsdp import precision_for
 from asyncgrpo.adapters.process_group import default_device
 from asyncgrpo.adapters.vllm.client import PRIORITY_POLICY
 from asyncgrpo.adapters.vllm.server import ServerSpec, VLLMServer
+from asyncgrpo.core.servers.gpu_plan import server_devices, visible_devices
 from asyncgrpo.core.weights.sync import local_server_engine
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
@@ -94,20 +97,44 @@ def local_server_spec(
     )
 
 
+def servers_gpus_for(config: AsyncGRPOConfig, servers: int) -> tuple[str, ...] | None:
+    """The GPU of each of ``servers`` local servers (a ``CUDA_VISIBLE_DEVICES`` entry): one
+    the trainer's processes (``LOCAL_WORLD_SIZE``, one without torchrun) do not train on
+    (:func:`~asyncgrpo.core.servers.gpu_plan.server_devices`); None where the trainer does
+    not train on a GPU (none here, or ``use_cpu``).
+
+    Raises:
+        GpuPlanError: too few GPUs, naming ``CUDA_VISIBLE_DEVICES`` and the ways out.
+    """
+    if default_device(config.use_cpu).type != "cuda":
+        return None
+    visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
+    trainer_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    chosen = server_devices(visible, trainer_processes, servers)
+    log.info("server gpus", servers=list(chosen), trainer=list(visible[:trainer_processes]))
+    return chosen
+
+
 @contextlib.contextmanager
 def local_servers(
-    spec: ServerSpec, cpus: Sequence[tuple[int, ...]], log_dir: Path
+    spec: ServerSpec,
+    cpus: Sequence[tuple[int, ...]],
+    log_dir: Path,
+    gpus: Sequence[str] | None = None,
 ) -> Iterator[list[VLLMServer]]:
-    """Start one server per entry of ``cpus`` (its cores); yields them running, stops them
-    all on exit. One server logs to ``vllm-server.log``, several to ``vllm-server-<i>.log``.
+    """Start one server per entry of ``cpus`` (its cores) and, on a GPU host, of ``gpus``
+    (its device: :func:`servers_gpus_for`); yields them running, stops them all on exit. One
+    server logs to ``vllm-server.log``, several to ``vllm-server-<i>.log``.
 
     Raises:
         the first server's start error (the others are stopped).
     """
     single = len(cpus) == 1
+    if gpus is not None and len(gpus) != len(cpus):
+        raise ValueError(f"local_servers: {len(cpus)} servers' cores but {len(gpus)} GPUs")
     servers = [
         VLLMServer(
-            attrs.evolve(spec, cpus=share),
+            attrs.evolve(spec, cpus=share, cuda_devices=None if gpus is None else gpus[i]),
             log_path=log_dir / ("vllm-server.log" if single else f"vllm-server-{i}.log"),
         )
         for i, share in enumerate(cpus)
