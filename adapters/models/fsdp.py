@@ -41,6 +41,7 @@ from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
+from asyncgrpo.core.packing.memory import DecoderShape
 from asyncgrpo.core.packing.precision import (
     BF16_MIN_PARAMETERS,
     PrecisionChoice,
@@ -58,6 +59,37 @@ def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
             "learner supports transformers decoder-only causal LMs (Qwen3, Llama, ...)"
         )
     return layers
+
+
+def decoder_shape(model: PreTrainedModel) -> DecoderShape:
+    """What a packed row's activations depend on, from ``model``'s text config and its first
+    decoder layer as built: the norms over the hidden size in it and whether it norms each
+    query and key head (:func:`~asyncgrpo.core.packing.memory.layer_values_per_token`)."""
+    config = model.config.get_text_config()
+    hidden = int(getattr(config, "hidden_size", 0))
+    heads = int(getattr(config, "num_attention_heads", 1))
+    head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    named = dict(decoder_layers(model)[0].named_modules())
+    qk_norm = any(name.endswith(("q_norm", "k_norm")) for name in named)
+    hidden_norms = sum(
+        1
+        for name, module in named.items()
+        if name.rsplit(".", 1)[-1].endswith("norm")
+        and not name.endswith(("q_norm", "k_norm"))
+        and tuple(getattr(getattr(module, "weight", None), "shape", ())) == (hidden,)
+    )
+    return DecoderShape(
+        int(getattr(config, "num_hidden_layers", 1)),
+        hidden,
+        kv_heads * head_dim,
+        int(getattr(config, "intermediate_size", 4 * hidden)),
+        heads,
+        q_width=heads * head_dim,
+        head_dim=head_dim,
+        hidden_norms=hidden_norms or 2,
+        qk_norm=qk_norm,
+    )
 
 
 def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolicy) -> None:

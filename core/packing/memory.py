@@ -6,27 +6,40 @@ server's ``max_model_len`` (the trainer asks the server); a learner without eith
 model's own context length, which is what ``vllm serve`` serves by default
 (:func:`row_tokens`).
 
-**What a row keeps.** Without checkpointing a decoder layer keeps, per forwarded token, about
-``7 x hidden + 2 x kv_width + 3 x intermediate`` values for its backward (the norms' outputs,
-the query, key and value projections, the attention output, the MLP's gate, up and activation),
-plus what its attention keeps, which depends on the backend that runs (each backend declares
-its kind where it is implemented, :mod:`asyncgrpo.adapters.kernels.backends`):
+**What a row keeps.** Without checkpointing a decoder layer keeps, per forwarded token, the
+values :func:`layer_values_per_token` counts for its backward: the inputs of its projections
+and norms, the query/key/value projections and their rotary embedding, the attention output,
+the MLP's gate, up and activation. The counts follow the layer as built (its norms over the
+hidden size, a norm over each query and key head as Qwen3 has, the compute dtype: a norm
+computes in fp32 and keeps that copy too in a bf16 layer); they are the bytes torch's
+saved-tensor hooks see kept by transformers' Llama and Qwen3 layers on this CPU
+(``tests/core/test_layer_activations.py`` measures them). What the attention keeps depends
+on the backend that runs (each backend declares its kind where it is implemented,
+:mod:`asyncgrpo.adapters.kernels.backends`):
 
 * :data:`QUADRATIC` (``"dense"``, ``"segments"``: SDPA keeps its attention weights)
   ``heads x T x T`` values per layer (``"segments"``: at most that, for one long sample);
 * :data:`LINEAR` (``"flash_varlen"``, ``"torch_varlen"``, ``"flex"``: the kernel recomputes
   the weights in its backward) ``heads x T`` values, the softmax's log-sum-exp.
 
+**What else the device holds.** The training state comes on top of the rows: each trained
+parameter's fp32 master copy, gradient and two AdamW moments, and the compute copy FSDP
+gathers (:data:`TRAINED_PARAMETER_BYTES` per parameter, sharded over the processes), a frozen
+parameter in its dtype; and the snapshot an overlapped weight push keeps where it lives.
+:func:`training_state_bytes` counts what of it is not in memory yet when the decision is made
+(the optimizer's moments exist only after the first step), and the activations are weighed
+against the memory left free after it (:class:`Reserved`).
+
 With checkpointing a layer keeps only its input. ``gradient_checkpointing=None`` (the default)
-turns it on only when the row would keep more than :data:`ACTIVATION_SHARE` of the free
-memory without it: small models on CPUs train without recomputation (a third faster), large
-ones on GPUs keep it, as TRL's default does.
+turns it on only when the row would keep more than :data:`ACTIVATION_SHARE` of the memory
+left free after the training state and the snapshot: small models on CPUs train without
+recomputation (a third faster), large ones on GPUs keep it, as TRL's default does.
 
 Example (SmolLM2-135M's shape, a 1,024-token row on CPU, dense tree attention):
     >>> smollm2 = DecoderShape(layers=30, hidden=576, kv_width=192, intermediate=1536, heads=9)
     >>> row = ActivationRow(1024, "token_budget", "dense", QUADRATIC, bytes_per_value=2)
     >>> round(activation_bytes(row, smollm2) / 2**30, 2)
-    1.04
+    1.24
     >>> choose_checkpointing(None, row, smollm2, DeviceMemory("cpu", 20 * 2**30)).enabled
     False
     >>> choice = choose_checkpointing(None, row, smollm2, DeviceMemory("cpu", 2 * 2**30))
@@ -34,7 +47,7 @@ Example (SmolLM2-135M's shape, a 1,024-token row on CPU, dense tree attention):
     True
     >>> print(choice.reason)
     on: a 1,024-token row (token_budget) with 'dense' attention (heads x T x T) would keep
-    1.04 GiB, over 25% of the 2.0 GiB free on cpu
+    1.24 GiB, over 50% of the 2.0 GiB free on cpu
 """
 
 from __future__ import annotations
@@ -43,7 +56,13 @@ from typing import Literal
 
 import attrs
 
-ACTIVATION_SHARE = 0.25
+ACTIVATION_SHARE = 0.5
+"""The share of the memory left free after the training state and the push snapshot that a
+row's activations may keep without checkpointing; the other half is for the log-prob head's
+logits, the layers FSDP gathers and the allocator's fragmentation."""
+TRAINED_PARAMETER_BYTES = 18
+"""A trained parameter's bytes on its process: fp32 master copy, gradient and two AdamW
+moments (16), and its bf16 compute copy while FSDP has its layer gathered (2)."""
 
 AttentionMemory = Literal["quadratic", "linear"]
 QUADRATIC: AttentionMemory = "quadratic"
@@ -55,7 +74,8 @@ _TERMS = {QUADRATIC: "heads x T x T", LINEAR: "heads x T"}
 
 @attrs.frozen
 class DecoderShape:
-    """The sizes of a decoder that set what a row keeps (a model config's numbers).
+    """The sizes of a decoder that set what a row keeps (a model config's numbers, and what
+    its layers are built of).
 
     Attributes:
         layers: decoder layers.
@@ -63,6 +83,11 @@ class DecoderShape:
         kv_width: key/value heads x head_dim.
         intermediate: the MLP's intermediate size.
         heads: query heads.
+        q_width: query heads x head_dim (``None``: the hidden size, as in Llama).
+        head_dim: one head's width (``None``: hidden / heads).
+        hidden_norms: norms over the hidden size in a layer (2 in Llama and Qwen3; Gemma 2
+            and 3 have 4).
+        qk_norm: a norm over each query and key head (Qwen3, OLMo 2, Gemma 3).
     """
 
     layers: int
@@ -70,6 +95,10 @@ class DecoderShape:
     kv_width: int
     intermediate: int
     heads: int
+    q_width: int | None = None
+    head_dim: int | None = None
+    hidden_norms: int = 2
+    qk_norm: bool = False
 
 
 @attrs.frozen
@@ -131,6 +160,31 @@ def row_tokens(
     return None, "unknown"
 
 
+def layer_values_per_token(shape: DecoderShape, bytes_per_value: int) -> int:
+    """Values (of ``bytes_per_value`` bytes) one decoder layer keeps per token for its
+    backward, the attention's own aside: ``4 h`` (the inputs of the attention output and MLP
+    projections, the residual sums) ``+ n h`` per norm over the hidden size (``2 n h`` in bf16:
+    the norm's fp32 copy too) ``+ 2 q + 2 kv`` (queries, keys, values, after the rotary
+    embedding) ``+ 2 q + 2 kv`` more with per-head query/key norms (``3 q + 3 kv`` in bf16)
+    ``+ 4 i`` (the MLP's gate, up, activation, product) ``+ 2 head_dim`` (the rotary cos/sin).
+
+    Example (Qwen3-8B's layer in bf16: 8 h + 5 q + 5 kv + 4 i + 2 head_dim):
+        >>> qwen3_8b = DecoderShape(36, 4096, 1024, 12288, 32, q_width=4096, qk_norm=True)
+        >>> layer_values_per_token(qwen3_8b, 2)
+        107776
+    """
+    upcast = 2 if bytes_per_value < 4 else 1  # a norm's fp32 copy, in compute values
+    q_width = shape.hidden if shape.q_width is None else shape.q_width
+    head_dim = shape.head_dim or shape.hidden // max(shape.heads, 1)
+    per_head_norm = (1 + upcast) if shape.qk_norm else 0
+    return (
+        (4 + upcast * shape.hidden_norms) * shape.hidden
+        + (2 + per_head_norm) * (q_width + shape.kv_width)
+        + 4 * shape.intermediate
+        + 2 * head_dim
+    )
+
+
 def activation_bytes(row: ActivationRow, shape: DecoderShape) -> int:
     """Bytes ``row`` keeps for the backward without checkpointing (see above).
 
@@ -140,17 +194,50 @@ def activation_bytes(row: ActivationRow, shape: DecoderShape) -> int:
     if row.tokens is None:
         raise ValueError("activation_bytes needs the row's tokens; got None")
     tokens = row.tokens
-    per_token = 7 * shape.hidden + 2 * shape.kv_width + 3 * shape.intermediate
+    per_token = layer_values_per_token(shape, row.bytes_per_value)
     attention = shape.heads * tokens * (tokens if row.attention == QUADRATIC else 1)
     return shape.layers * (tokens * per_token + attention) * row.bytes_per_value
 
 
+@attrs.frozen
+class Reserved:
+    """Memory of the device that the rows cannot have: what the training state still takes
+    (:func:`training_state_bytes`) and the snapshot of an overlapped weight push kept there."""
+
+    training_state: int = 0
+    snapshot: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.training_state + self.snapshot
+
+
+def training_state_bytes(
+    trained: int, frozen: int, frozen_bytes: int, processes: int, resident: int = 0
+) -> int:
+    """Bytes the training state takes on one process once training runs, less ``resident``
+    (what of it the free memory measured already excludes: on the CPU, the model loaded into
+    host memory): ``trained`` parameters at :data:`TRAINED_PARAMETER_BYTES` and ``frozen``
+    ones (a LoRA run's base model) at ``frozen_bytes``, sharded over ``processes`` by FSDP.
+
+    Example (Qwen3-4B trained whole on one GPU; 4.02e9 parameters):
+        >>> round(training_state_bytes(4_022_468_096, 0, 2, 1) / 2**30, 1)
+        67.4
+    """
+    whole = trained * TRAINED_PARAMETER_BYTES + frozen * frozen_bytes
+    return max(0, -(-whole // max(processes, 1)) - resident)
+
+
 def choose_checkpointing(
-    requested: bool | None, row: ActivationRow, shape: DecoderShape, device: DeviceMemory
+    requested: bool | None,
+    row: ActivationRow,
+    shape: DecoderShape,
+    device: DeviceMemory,
+    reserved: Reserved = Reserved(),
 ) -> CheckpointingChoice:
     """Checkpointing as requested, or (``None``) on when the activations ``row`` keeps without
-    it exceed :data:`ACTIVATION_SHARE` of ``device``'s free memory (on when the free memory or
-    the row's length is unknown)."""
+    it exceed :data:`ACTIVATION_SHARE` of ``device``'s free memory less ``reserved`` (on when
+    the free memory or the row's length is unknown)."""
     if requested is not None:
         return CheckpointingChoice(requested, f"gradient_checkpointing={requested} (config)")
     if row.tokens is None:
@@ -170,8 +257,14 @@ def choose_checkpointing(
         return CheckpointingChoice(
             True, f"on: {what} keeps {gib:.2f} GiB, free memory on {device.kind} unknown"
         )
-    share = f"{ACTIVATION_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device.kind}"
-    if kept > ACTIVATION_SHARE * free:
+    left = max(0, free - reserved.total)
+    share = f"{ACTIVATION_SHARE:.0%} of the {left / 2**30:.1f} GiB free on {device.kind}"
+    if reserved.total:
+        share += (
+            f" after the training state ({reserved.training_state / 2**30:.1f} GiB to come) "
+            f"and the push snapshot ({reserved.snapshot / 2**30:.1f} GiB)"
+        )
+    if kept > ACTIVATION_SHARE * left:
         return CheckpointingChoice(True, f"on: {what} would keep {gib:.2f} GiB, over {share}")
     return CheckpointingChoice(False, f"off: {what} keeps {gib:.2f} GiB, within {share}")
 

@@ -110,7 +110,8 @@ class AsyncGRPOConfig(TrainingArguments):
         metadata=_help(
             "Activation checkpointing of the decoder layers. None: on only when a row "
             "of token_budget tokens (unset: the server's max_model_len) would keep "
-            "more than a quarter of the free memory without it, with what the "
+            "more than half the memory left free after the training state and the push "
+            "snapshot without it, counted for the layers as built and what the "
             "attention backend keeps (logged at start); TRL's default is True."
         ),
     )

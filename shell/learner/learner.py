@@ -62,6 +62,7 @@ from asyncgrpo.adapters.kernels.packed_policy import (
     sampler_topk,
 )
 from asyncgrpo.adapters.models.fsdp import (
+    decoder_shape,
     mixed_precision,
     precision_for,
     shard,
@@ -93,10 +94,11 @@ from asyncgrpo.core.packing.host_memory import trim_due
 from asyncgrpo.core.packing.memory import (
     ActivationRow,
     CheckpointingChoice,
-    DecoderShape,
     DeviceMemory,
+    Reserved,
     choose_checkpointing,
     row_tokens,
+    training_state_bytes,
 )
 from asyncgrpo.core.packing.tree import PackedRow
 from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
@@ -249,7 +251,8 @@ class Learner:
         enable_tree_attention(model)
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
         checkpointing = decided_on_rank0(
-            lambda: self._checkpointing(model, max_model_len), refusals=(RuntimeError,)
+            lambda: self._checkpointing(model, max_model_len, peft_config is not None),
+            refusals=(RuntimeError,),
         )
         if self.rank == 0:
             log.info(
@@ -270,33 +273,37 @@ class Learner:
         return prepared.train()
 
     def _checkpointing(
-        self, model: PreTrainedModel, max_model_len: Callable[[], int] | None
+        self, model: PreTrainedModel, max_model_len: Callable[[], int] | None, lora: bool
     ) -> CheckpointingChoice:
         """``gradient_checkpointing``, or (None) by the activations the longest row keeps with
-        the run's attention backend against the free memory
-        (:mod:`asyncgrpo.core.packing.memory`): a row of ``token_budget`` tokens, or of the
-        server's ``max_model_len`` when it is unset (rows are filled up to it)."""
+        the run's attention backend against the memory left free after the training state and
+        the push snapshot (:mod:`asyncgrpo.core.packing.memory`): a row of ``token_budget``
+        tokens, or of the server's ``max_model_len`` when it is unset (rows are filled up to
+        it). The model is still on the host here, whole: on a GPU none of its state is on the
+        device yet; in host memory this process's copy of it is already taken."""
         requested = self.config.gradient_checkpointing
+        shape = decoder_shape(model)
         config = model.config.get_text_config()
-        hidden = int(getattr(config, "hidden_size", 0))
-        heads = int(getattr(config, "num_attention_heads", 1))
-        head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        shape = DecoderShape(
-            int(getattr(config, "num_hidden_layers", 1)),
-            hidden,
-            kv_heads * head_dim,
-            int(getattr(config, "intermediate_size", 4 * hidden)),
-            heads,
-        )
         budget, context = self.config.token_budget, getattr(config, "max_position_embeddings", 0)
         served = max_model_len() if requested is None and not budget and max_model_len else None
         tokens, source = row_tokens(budget, served, context)
-        width = 2 if self.bf16 else next(model.parameters()).element_size()
+        loaded = next(model.parameters()).element_size()
+        width = 2 if self.bf16 else loaded
         row = ActivationRow(tokens, source, self.attention.name, self.attention.memory, width)
         where = str(self.device) if self.device.type == "cuda" else HOST_MEMORY
         device = DeviceMemory(self.device.type, free_bytes(where))
-        return choose_checkpointing(requested, row, shape, device)
+        parameters = sum(p.numel() for p in model.parameters())
+        on_host = self.device.type != "cuda"
+        state = training_state_bytes(
+            0 if lora else parameters,
+            parameters if lora else 0,
+            width,
+            self.world_size,
+            resident=parameters * loaded if on_host else 0,
+        )
+        # the overlapped push's snapshot of the merged weights lives in host memory
+        snapshot = parameters * width if on_host and not lora else 0
+        return choose_checkpointing(requested, row, shape, device, Reserved(state, snapshot))
 
     # --- training ------------------------------------------------------------------------
 

@@ -78,7 +78,9 @@ def test_a_row_keeps_more_with_more_tokens_and_layers(
     assert activation_bytes(row_of(count, attention), attrs.evolve(shape, layers=2 * layers)) == (
         2 * kept
     )
-    assert activation_bytes(row_of(count, attention, bytes_per_value=4), shape) == 2 * kept
+    # fp32 values take twice the bytes, but a bf16 layer keeps its norms' fp32 copies too
+    fp32 = activation_bytes(row_of(count, attention, bytes_per_value=4), shape)
+    assert kept < fp32 <= 2 * kept
 
 
 kept_bytes = st.integers(0, 2**40)
