@@ -142,12 +142,60 @@ ABORT_GRACE_S = 10.0
 # watchdog (WeightSendTimeout), never by a bare ``requests`` read timeout that races it, and
 # the call then gives up within ABORT_GRACE_S
 WIRE_LEAD_S = 2.0
+# seconds a handshake (joining a server's transfer group) may take, at most (less when
+# weight_sync_timeout is less): a server whose workers are stuck would otherwise hold each
+# try of the handshake for the whole send timeout (and the group's store wait) before the
+# push may try again; a healthy server's workers join in seconds
+HANDSHAKE_TIMEOUT_S = 120.0
 
 
 class WeightSendTimeout(TimeoutError):
     """A weight send to a server did not finish within ``weight_sync_timeout``; its transfer
     group was aborted. The push takes it as that server's outage (retried after the server
     answers, the group opened anew)."""
+
+
+class WeightHandshakeTimeout(WeightSendTimeout):
+    """Joining a server's transfer group did not finish within its bound
+    (:data:`HANDSHAKE_TIMEOUT_S`, or ``weight_sync_timeout`` when less); taken as that
+    server's outage, as a send that timed out is."""
+
+
+def handshake_within(join: Callable[[], Any], timeout_s: float, server: str) -> Any:
+    """``join()`` (the handshake that makes a transfer group with a server's workers) on a
+    daemon thread, waited for at most ``timeout_s`` seconds: its engine, or its error.
+
+    Raises:
+        WeightHandshakeTimeout: the handshake took longer (the thread is left to its own
+            timeouts; it never keeps the process alive).
+
+    Example:
+        >>> handshake_within(lambda: "engine", 1.0, server="http://127.0.0.1:8000")
+        'engine'
+    """
+    outcome: list[Any] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, join()))
+        except BaseException as error:  # handed to the caller below
+            outcome.append((False, error))
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="asyncgrpo-weight-handshake", daemon=True).start()
+    if not finished.wait(timeout_s):
+        raise WeightHandshakeTimeout(
+            f"joining the weight-transfer group of the vLLM server at {server} did not finish "
+            f"within {timeout_s:g} s (the handshake's bound: at most {HANDSHAKE_TIMEOUT_S:g} s, "
+            "or weight_sync_timeout when less); the push tries again once the server answers. "
+            "Its log says whether its workers are still busy with an earlier transfer"
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def send_within(
@@ -287,10 +335,18 @@ class EngineSync:
         """Join a transfer group with the server's ``workers`` (``ServerTransfer.workers``)
         through ``backend`` (``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started
         with); ``rank`` is this trainer process's rank (rank 0 sends, the others only gather);
-        ``timeout_s`` bounds the handshake and each send."""
+        ``timeout_s`` bounds each send, and the handshake too where it is under
+        :data:`HANDSHAKE_TIMEOUT_S`.
+
+        Raises:
+            WeightHandshakeTimeout: the handshake outlived its bound."""
         info = _init_info(backend, address_towards(base_url), workers + 1, rank, timeout_s)
         wire = ResumingWeightSyncClient(base_url, timeout=timeout_s + WIRE_LEAD_S, api_key=api_key)
-        engine = WeightTransferTrainerFactory.trainer_init(info, client=wire, source=source)
+        engine = handshake_within(
+            lambda: WeightTransferTrainerFactory.trainer_init(info, client=wire, source=source),
+            min(timeout_s, HANDSHAKE_TIMEOUT_S),
+            base_url,
+        )
         return cls(base_url, client, engine, timeout_s=timeout_s, device=device)
 
     def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:

@@ -18,6 +18,7 @@ import torch
 from asyncgrpo.adapters.transfer import engine as engine_module
 from asyncgrpo.adapters.transfer.engine import (
     EngineSync,
+    WeightHandshakeTimeout,
     WeightSendTimeout,
     WeightStream,
     send_within,
@@ -114,6 +115,38 @@ def test_a_send_the_abort_cannot_free_still_returns_control(short_grace) -> None
         assert "still blocked" in err.value.__notes__[0]
     finally:
         engine.released.set()
+
+
+def test_a_handshake_whose_server_never_joins_is_bounded_apart_from_the_send(
+    monkeypatch,
+) -> None:
+    """A server whose workers are stuck (in an earlier transfer, say) never joins the group:
+    each try of the handshake ends at its own bound, not after weight_sync_timeout (600 s
+    here) and the group's store wait."""
+    released = threading.Event()
+
+    def never_joins(*args, **kwargs):  # fake of vLLM's trainer factory facing such a server
+        released.wait(60)
+
+    monkeypatch.setattr(engine_module, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(
+        engine_module, "WeightTransferTrainerFactory", SimpleNamespace(trainer_init=never_joins)
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(WeightHandshakeTimeout, match="did not finish within 0.5 s"):
+            EngineSync.join(
+                "http://127.0.0.1:9",
+                lambda: None,
+                GLOO,
+                small_stream([]),
+                workers=1,
+                rank=0,
+                timeout_s=600,
+            )
+        assert time.monotonic() - started < 30
+    finally:
+        released.set()
 
 
 def test_the_config_margin_covers_what_rank_0_does_after_a_hung_send() -> None:
