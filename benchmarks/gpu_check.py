@@ -926,6 +926,25 @@ def checks(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Check]:
     return units
 
 
+def print_plan(units: Sequence[Check], budget_s: float) -> float:
+    """Print the planned time of each check (its budget, and when it would end if every check
+    before it used its whole budget) against the total ``budget_s``; return the planned sum.
+    A check planned to end past the total runs only if those before it finish early."""
+    print(f"plan: {len(units)} checks in at most {budget_s:.0f} s")
+    print("| check | dtype | backend | budget s | ends by s | within the total |")
+    print("|---|---|---|---|---|---|")
+    ends = 0.0
+    for unit in units:
+        ends += unit.budget_s
+        within = "yes" if ends <= budget_s else "only if earlier checks finish early"
+        print(
+            f"| {unit.check} | {unit.dtype} | {unit.backend} | {unit.budget_s:.0f} "
+            f"| {ends:.0f} | {within} |"
+        )
+    print(f"planned: {ends:.0f} s of budgets against {budget_s:.0f} s in all", flush=True)
+    return ends
+
+
 def run_all(units: Sequence[Check], budget_s: float) -> list[Row]:
     """Run ``units`` one after another, each in a daemon thread waited for at most its own
     budget (and what is left of ``budget_s``): a unit that raises is a failing row with its
@@ -1041,7 +1060,9 @@ def main() -> int:
     if args.dry_run:
         torch.set_num_threads(1)  # tiny operations: threads only spin, more so on a busy CPU
     budget_s = args.budget_s or (1200.0 if args.dry_run else 480.0)
-    rows = run_all(checks(device, sizes, args.dry_run), budget_s)
+    units = checks(device, sizes, args.dry_run)
+    print_plan(units, budget_s)
+    rows = run_all(units, budget_s)
     print_table(rows, device)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 

@@ -35,10 +35,15 @@ def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
         [sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=1500
     )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    table = [
+        line for line in done.stdout.split("device ", 1)[-1].splitlines() if line.startswith("| ")
+    ]
     rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line for line in table[1:]}
     missing = [key for key in EVERY_ROW if key not in rows]
     assert not missing, f"rows missing: {missing}\n{done.stdout}"
     assert all(line.rstrip().endswith("| yes |") for line in table[2:]), done.stdout
+    plan = [line for line in done.stdout.splitlines() if line.startswith("planned: ")]
+    assert plan and "s of budgets against 1200 s in all" in plan[0], done.stdout
+    assert "| fwd+bwd | float32 | dense | 300 |" in done.stdout  # each check's planned time
     assert "bit-equal" in rows[("weights round trip", "bf16", "-")]
     assert "(100.0%)" in rows[("fsdp step checkpointing on", "float32", BY_ROW)]

@@ -246,6 +246,11 @@ async def _measure(
     return ProbePoint(concurrency, sum(tokens) / (end - start), len(tokens), end - start)
 
 
+LOAD_WINDOW_MAX_S = 120.0
+"""The longest a window of the contention measurement runs on, waiting for the training load's
+2 steps."""
+
+
 def _load_rate(lines: Sequence[str], start: float, end: float) -> float | None:
     """The training load's median step seconds among the steps that ended in [start, end]."""
     steps = [float(s) for t, s in (line.split() for line in lines) if start <= float(t) <= end]
@@ -275,12 +280,12 @@ def probe_server(
 
     model = run_async(served)
 
-    async def measure(concurrency: int) -> ProbePoint:
+    async def measure(concurrency: int, seconds: float = settings.seconds) -> ProbePoint:
         async with VLLMClient(base_url, model, headers=headers) as client:
             point = await _measure(
                 client,
                 concurrency,
-                settings.seconds,
+                seconds,
                 prompt_tokens,
                 params,
                 vocab_size,
@@ -303,12 +308,23 @@ def probe_server(
         load = subprocess.Popen(training.argv(steps_file))
         try:
             _wait_for_steps(load, steps_file, 3)
+            # each window runs on until the load took 2 steps in it (a loaded machine steps
+            # slower than the window), up to LOAD_WINDOW_MAX_S
             alone_start = time.monotonic()
             time.sleep(settings.seconds)
-            alone_end = time.monotonic()
-            beside = run_async(measure, settings.concurrency[-1])
-            beside_end = time.monotonic()
-            lines = steps_file.read_text().splitlines()
+            alone_end = _after_two_steps(load, steps_file, alone_start)
+            window = settings.seconds
+            while True:
+                beside = run_async(measure, settings.concurrency[-1], window)
+                beside_end = time.monotonic()
+                lines = steps_file.read_text().splitlines()
+                start = beside_end - beside.seconds
+                if (
+                    _load_rate(lines, start, beside_end) is not None
+                    or 2 * window > LOAD_WINDOW_MAX_S
+                ):
+                    break
+                window *= 2
         finally:  # never left behind: terminated, else killed
             load.terminate()
             try:
@@ -319,7 +335,7 @@ def probe_server(
     alone_s = _load_rate(lines, alone_start, alone_end)
     beside_s = _load_rate(lines, beside_end - beside.seconds, beside_end)
     if alone_s is None or beside_s is None:
-        why = f"the training load took fewer than 2 steps in {settings.seconds} s"
+        why = f"the training load took fewer than 2 steps in {LOAD_WINDOW_MAX_S:.0f} s"
         return Probe(points, note=f"contention not measured: {why}; raise [probe] seconds", **shape)
     alone = points[-1].tokens_per_s
     return Probe(
@@ -333,6 +349,17 @@ def probe_server(
         ),
         **shape,
     )
+
+
+def _after_two_steps(load: subprocess.Popen[bytes], steps_file: Path, start: float) -> float:
+    """The time once the training load has ended 2 steps since ``start`` (at most
+    :data:`LOAD_WINDOW_MAX_S` after it, or when the load ends)."""
+    while time.monotonic() < start + LOAD_WINDOW_MAX_S and load.poll() is None:
+        lines = steps_file.read_text().splitlines()
+        if _load_rate(lines, start, time.monotonic()) is not None:
+            break
+        time.sleep(0.1)
+    return time.monotonic()
 
 
 def _wait_for_steps(
