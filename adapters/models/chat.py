@@ -73,17 +73,34 @@ def tool_call_id(number: int) -> str:
 
 
 def assistant_message(
-    content: str, calls: Sequence[ToolCall], first_call_number: int = 0
+    content: str,
+    calls: Sequence[ToolCall],
+    first_call_number: int = 0,
+    arguments_as_string: bool = False,
 ) -> dict[str, Any]:
     """The assistant message for the conversation, with its tool calls; the calls' ids are
-    :func:`tool_call_id` from ``first_call_number`` on (the conversation's calls before)."""
+    :func:`tool_call_id` from ``first_call_number`` on (the conversation's calls before).
+    Each call's arguments are a dict, or its JSON text with ``arguments_as_string`` (for the
+    templates that write them as a string, DeepSeek-V3's:
+    :func:`~asyncgrpo.adapters.models.tool_parsers.template_takes_string_arguments`).
+
+    Example:
+        >>> call = ToolCall("add", {"a": 2})
+        >>> assistant_message("", [call], arguments_as_string=True)["tool_calls"][0]["function"]
+        {'name': 'add', 'arguments': '{"a": 2}'}
+    """
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
             {
                 "id": tool_call_id(first_call_number + i),
                 "type": "function",
-                "function": {"name": c.name, "arguments": dict(c.arguments)},
+                "function": {
+                    "name": c.name,
+                    "arguments": (
+                        json.dumps(dict(c.arguments)) if arguments_as_string else dict(c.arguments)
+                    ),
+                },
             }
             for i, c in enumerate(calls)
         ]

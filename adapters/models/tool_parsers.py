@@ -336,6 +336,52 @@ PROBE_CONVERSATIONS: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
 template writes an empty reasoning block in the last turn only)."""
 
 
+def _with_string_arguments(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each tool call's arguments as their JSON text."""
+    changed = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {
+                    **call,
+                    "function": {
+                        **call["function"],
+                        "arguments": json.dumps(call["function"]["arguments"]),
+                    },
+                }
+                for call in message["tool_calls"]
+            ]
+        changed.append(message)
+    return changed
+
+
+def template_takes_string_arguments(
+    tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether the chat template writes a tool call's arguments as a string it is given
+    (DeepSeek-V3's concatenates them into its json block) rather than serialising a dict
+    itself, as most do: True when the probe's tool call renders with its arguments as JSON
+    text and not as a dict. The tool loop then gives the template the text
+    (:func:`~asyncgrpo.adapters.models.chat.assistant_message`)."""
+
+    def renders(messages: Sequence[Mapping[str, Any]]) -> bool:
+        try:
+            tokenizer.apply_chat_template(
+                list(messages),
+                tools=[PROBE_TOOL],
+                tokenize=False,
+                add_generation_prompt=False,
+                **dict(chat_template_kwargs or {}),
+            )
+        except Exception:  # jinja's errors: this form is not the template's
+            return False
+        return True
+
+    probe = PROBE_CONVERSATION[:2]
+    return not renders(probe) and renders(_with_string_arguments(probe))
+
+
 def check_prefix_preserving(
     tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
 ) -> None:
@@ -353,10 +399,12 @@ def check_prefix_preserving(
             probe.
     """
 
+    as_string = template_takes_string_arguments(tokenizer, chat_template_kwargs)
+
     def render(messages: Sequence[Mapping[str, Any]]) -> str:
         try:
             return tokenizer.apply_chat_template(
-                list(messages),
+                _with_string_arguments(messages) if as_string else list(messages),
                 tools=[PROBE_TOOL],
                 tokenize=False,
                 add_generation_prompt=False,
@@ -366,8 +414,9 @@ def check_prefix_preserving(
             raise ValueError(
                 f"the chat template of {_template_name(tokenizer)!r} could not render a tool "
                 f"conversation as the tool loop builds it ({type(error).__name__}: {error}); "
-                "the tool loop sends tool-call arguments as a JSON object and the tool's answer "
-                "as a 'tool' message. Give the tokenizer a template that renders them"
+                "the tool loop sends tool-call arguments as a JSON object (or its JSON text, "
+                "to a template that takes a string) and the tool's answer as a 'tool' message. "
+                "Give the tokenizer a template that renders them"
             ) from error
 
     for probe_name, probe in PROBE_CONVERSATIONS:

@@ -34,7 +34,11 @@ from asyncgrpo.adapters.models.chat import (
     tool_call_id,
     tool_schema,
 )
-from asyncgrpo.adapters.models.tool_parsers import ParsedReply, ToolCallParser
+from asyncgrpo.adapters.models.tool_parsers import (
+    ParsedReply,
+    ToolCallParser,
+    template_takes_string_arguments,
+)
 from asyncgrpo.core.metrics import mean
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout.metrics import (
@@ -152,7 +156,12 @@ class ToolLoop:
             turns.append(turn)
             text = self.decode(turn.output_ids)
             content, calls = self.parse_reply(text, schemas) if tools else (text, ())
-            reply = assistant_message(content, calls, first_call_number=calls_made)
+            reply = assistant_message(
+                content,
+                calls,
+                first_call_number=calls_made,
+                arguments_as_string=self.arguments_as_string,
+            )
             messages.append(reply)
             completion.append(reply)
             if not calls or (limit is not None and rounds >= limit):
@@ -309,6 +318,15 @@ class ToolLoop:
         """The reader of the model's tool calls (``config.tool_call_parser``, else the format
         the chat template renders), made on the first reply with tools."""
         return ToolCallParser(self.tokenizer, self.config.tool_call_parser)
+
+    @functools.cached_property
+    def arguments_as_string(self) -> bool:
+        """The chat template takes each tool call's arguments as JSON text (DeepSeek-V3's),
+        not as a dict: :func:`~asyncgrpo.adapters.models.tool_parsers.
+        template_takes_string_arguments`."""
+        return template_takes_string_arguments(
+            self.tokenizer, self.config.keyword_arguments("chat_template_kwargs")
+        )
 
     def parse_reply(
         self, text: str, tools: Sequence[Mapping[str, Any]] | None = None

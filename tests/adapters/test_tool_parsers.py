@@ -24,12 +24,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from asyncgrpo.adapters.models.causal_lm import CHAT_TEMPLATE, build_tokenizer
+from asyncgrpo.adapters.models.chat import ToolCall, assistant_message
 from asyncgrpo.adapters.models.tool_parsers import (
     PROBE_TOOL,
     ToolCallParser,
     check_prefix_preserving,
     check_tool_template,
     detect_tool_call_format,
+    template_takes_string_arguments,
 )
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
@@ -220,20 +222,19 @@ FAMILIES: dict[str, Any] = {
 }
 
 
-def tool_call_message(family: str) -> dict[str, Any]:
-    # DeepSeek's template concatenates the arguments: they must be a JSON string there.
-    arguments = json.dumps(ARGUMENTS) if family == "deepseek_v3" else ARGUMENTS
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call00001",
-                "type": "function",
-                "function": {"name": "add", "arguments": arguments},
-            }
-        ],
-    }
+def tool_call_message(tokenizer: Any) -> dict[str, Any]:
+    """The assistant message the tool loop builds for a call of ``add(**ARGUMENTS)``: its
+    arguments as a dict, or as JSON text for a template that concatenates them (DeepSeek's)."""
+    as_string = template_takes_string_arguments(tokenizer)
+    return assistant_message("", [ToolCall("add", ARGUMENTS)], 1, arguments_as_string=as_string)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_only_deepseeks_template_takes_the_arguments_as_a_string(family: str) -> None:
+    as_string = template_takes_string_arguments(FAMILIES[family]())
+    assert as_string == (family == "deepseek_v3")
+    arguments = tool_call_message(FAMILIES[family]())["tool_calls"][0]["function"]["arguments"]
+    assert (json.loads(arguments) if as_string else arguments) == ARGUMENTS
 
 
 def rendered_reply(tokenizer: Any, family: str) -> str:
@@ -247,7 +248,7 @@ def rendered_reply(tokenizer: Any, family: str) -> str:
         )
 
     prompt = render(user, True)
-    whole = render([*user, tool_call_message(family)], False)
+    whole = render([*user, tool_call_message(tokenizer)], False)
     assert whole.startswith(prompt), (prompt, whole)
     ids = tokenizer(whole[len(prompt) :], add_special_tokens=False)["input_ids"]
     return tokenizer.decode(ids, skip_special_tokens=False).replace(tokenizer.eos_token, "")
@@ -403,14 +404,18 @@ def test_qwen3s_empty_reasoning_block_in_the_last_turn_only_is_refused() -> None
     assert "<think>\\n\\n</think>" in str(raised.value)
 
 
-@pytest.mark.parametrize("family", [f for f in sorted(FAMILIES) if f != "deepseek_v3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_family_templates_keep_their_prefix(family: str) -> None:
+    """DeepSeek-V3's too: the probe gives it its tool calls' arguments as JSON text."""
     check_prefix_preserving(FAMILIES[family]())
 
 
 def test_a_template_the_probe_cannot_render_is_refused_naming_it() -> None:
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = "{%- for m in messages %}{{ m.content + m.tool_calls }}{%- endfor %}"
+    assert not template_takes_string_arguments(tokenizer)
     with pytest.raises(ValueError, match="could not render a tool conversation"):
-        check_prefix_preserving(FAMILIES["deepseek_v3"]())
+        check_prefix_preserving(tokenizer)
 
 
 def add(a: int, b: int) -> int:
