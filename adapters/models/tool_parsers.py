@@ -16,6 +16,8 @@ openai          gpt-oss harmony: ``<|channel|>commentary to=functions.NAME      
                 <|constrain|>json<|message|>{...}<|call|>``
 deepseek_v3     ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>     vLLM
                 NAME`` and the arguments in a json code block
+deepseek_v31    ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}``   vLLM
+                (DeepSeek-V3.1: told from V3 by rendering a call)
 qwen3_coder     ``<tool_call><function=NAME><parameter=P>value</parameter>...``   vLLM
 ==============  ==============================================================  ================
 
@@ -79,6 +81,9 @@ TOOL_CALL_FORMATS: tuple[ToolCallFormat, ...] = (
         "DeepSeek-V3/R1",
         ("tool▁calls▁begin",),
         re.compile(r"<｜tool▁calls?▁begin｜>"),
+    ),
+    ToolCallFormat(  # no marker of its own: a DeepSeek template that renders a call this way
+        "deepseek_v31", "DeepSeek-V3.1", (), re.compile(r"<｜tool▁calls?▁begin｜>")
     ),
     ToolCallFormat("mistral", "Mistral", ("[TOOL_CALLS]",), re.compile(r"\[TOOL_CALLS\]")),
     ToolCallFormat(
@@ -159,6 +164,8 @@ class ToolCallParser:
                 f"one of {', '.join(TOOL_CALL_PARSER_NAMES)}, or give the tokenizer a chat "
                 "template that renders tool calls"
             )
+        if name is None and found.name == "deepseek_v3" and _renders_deepseek_v31(tokenizer):
+            found = _BY_NAME["deepseek_v31"]
         self.format = found
         self._tokenizer = tokenizer
         self._lock = threading.Lock()  # vLLM's parsers keep state while parsing one reply
@@ -354,6 +361,19 @@ def _with_string_arguments(messages: Sequence[Mapping[str, Any]]) -> list[dict[s
             ]
         changed.append(message)
     return changed
+
+
+def _renders_deepseek_v31(tokenizer: Any) -> bool:
+    """The DeepSeek template writes a call as V3.1 does (the name right after the call's
+    begin token, no ``function`` type and no json code block)."""
+    probe = list(PROBE_CONVERSATION[:2])
+    if template_takes_string_arguments(tokenizer):
+        probe = _with_string_arguments(probe)
+    try:
+        text = tokenizer.apply_chat_template(probe, tools=[PROBE_TOOL], tokenize=False)
+    except Exception:  # jinja's errors: not a template that renders this probe
+        return False
+    return "<｜tool▁call▁begin｜>add<｜tool▁sep｜>" in text
 
 
 def template_takes_string_arguments(
