@@ -42,8 +42,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import structlog
 
 from asyncgrpo.adapters.models.chat import ToolCall, parse_tool_calls
+
+log = structlog.get_logger("asyncgrpo.tools")
 
 ParsedReply = tuple[str, tuple[ToolCall, ...]]
 
@@ -462,18 +465,65 @@ def check_prefix_preserving(
             earlier = later
 
 
+_LAST_TURN_REASONING = re.compile(r"\{%-?\s*if loop\.last or \(not loop\.last and \w+\)\s*-?%\}")
+"""Qwen3's condition on an assistant turn after the last query: write its reasoning block only
+when the turn is the last message or has reasoning."""
+
+
+def training_chat_template(template: str) -> str | None:
+    """The training form of a Qwen3-style chat template, or None for any other template.
+
+    Qwen3's template (and those built on it) writes an assistant turn's reasoning block, after
+    the conversation's last query, only while the turn is the last message or has reasoning:
+    a turn without reasoning loses its empty ``<think>`` block once a tool answer follows it.
+    TRL's AsyncGRPOTrainer swaps in a patched training template for such families; this one
+    writes the block for every such turn, empty or not, and changes nothing else (the first
+    prompt and the generation prompt render as before).
+
+    Example:
+        >>> qwen3 = "{%- if loop.last or (not loop.last and reasoning_content) %}<think>"
+        >>> training_chat_template(qwen3)
+        '{%- if true %}<think>'
+        >>> training_chat_template("{{ message.content }}") is None
+        True
+    """
+    patched, count = _LAST_TURN_REASONING.subn("{%- if true %}", template)
+    return patched if count else None
+
+
 def check_tool_template(
     tokenizer: Any,
     tool_call_parser: str | None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> ToolCallParser:
     """The checks of a run with tools or an environment, at construction: a tool-call format
-    fits the template (or is named), and the template is prefix-preserving.
+    fits the template (or is named), and the template is prefix-preserving. A Qwen3-style
+    template that is not gets its training form (:func:`training_chat_template`), logged, when
+    that form is.
 
     Raises:
         ValueError: as :class:`ToolCallParser` and :func:`check_prefix_preserving` do.
     """
     parser = ToolCallParser(tokenizer, tool_call_parser)
     parser.load()
-    check_prefix_preserving(tokenizer, chat_template_kwargs)
+    try:
+        check_prefix_preserving(tokenizer, chat_template_kwargs)
+    except ValueError:
+        template = getattr(tokenizer, "chat_template", None)
+        training = training_chat_template(template) if isinstance(template, str) else None
+        if training is None:
+            raise
+        tokenizer.chat_template = training
+        try:
+            check_prefix_preserving(tokenizer, chat_template_kwargs)
+        except ValueError:
+            tokenizer.chat_template = template
+            raise
+        log.info(
+            "chat template swapped for its training form",
+            template=_template_name(tokenizer),
+            reason="it wrote an assistant turn's empty reasoning block only while the turn was "
+            "the last message; the training form writes it in every turn after the last query "
+            "(prefix-preserving, as the tool loop needs)",
+        )
     return parser

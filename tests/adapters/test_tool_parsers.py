@@ -15,6 +15,7 @@ generation prompt exactly as the family's published template does.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from asyncgrpo.adapters.models.tool_parsers import (
     check_tool_template,
     detect_tool_call_format,
     template_takes_string_arguments,
+    training_chat_template,
 )
 from asyncgrpo.shell.config import AsyncGRPOConfig
 
@@ -421,7 +423,9 @@ QWEN3_REASONING = CHAT_TEMPLATE.replace(
 )
 
 
-def test_qwen3s_empty_reasoning_block_in_the_last_turn_only_is_refused() -> None:
+def test_an_empty_reasoning_block_in_the_last_turn_only_is_refused() -> None:
+    """A paraphrase of Qwen3's condition that its training form does not recognise: refused
+    (the published condition is swapped: the test of the training form below)."""
     assert "ns.last_query_index" in QWEN3_REASONING and "loop.last or reasoning" in QWEN3_REASONING
     tokenizer = build_tokenizer()
     tokenizer.chat_template = QWEN3_REASONING
@@ -474,3 +478,44 @@ def test_the_trainer_refuses_a_tool_run_on_a_template_that_drops_earlier_turns(t
     with pytest.raises(ValueError, match="not prefix-preserving"):
         AsyncGRPOTrainer(**arguments, tools=[add])
     AsyncGRPOTrainer(**arguments)  # without tools the template's history does not matter
+
+
+def qwen3_derived_template() -> str:
+    """MiniCPM-V 4.5's chat template as vLLM ships it: Qwen3's, reasoning condition included
+    (a real Qwen3-style template in an installed package)."""
+    import vllm
+
+    folder = Path(vllm.__file__).parent / "transformers_utils" / "chat_templates"
+    return (folder / "template_minicpmv45.jinja").read_text()
+
+
+def test_a_qwen3_template_is_swapped_for_its_training_form_which_keeps_the_prefix() -> None:
+    template = qwen3_derived_template()
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = template
+    with pytest.raises(ValueError, match="not prefix-preserving"):
+        check_prefix_preserving(tokenizer)  # as published
+    first_prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        tools=[PROBE_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    check_tool_template(tokenizer, None)
+    assert tokenizer.chat_template == training_chat_template(template) != template
+    check_prefix_preserving(tokenizer)
+    assert first_prompt == tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        tools=[PROBE_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+
+
+def test_a_template_without_qwen3s_condition_is_refused_unchanged() -> None:
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = DROPS_EARLIER_REASONING
+    assert training_chat_template(DROPS_EARLIER_REASONING) is None
+    with pytest.raises(ValueError, match="not prefix-preserving"):
+        check_tool_template(tokenizer, None)
+    assert tokenizer.chat_template == DROPS_EARLIER_REASONING
