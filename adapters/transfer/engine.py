@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -38,6 +37,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
+from asyncgrpo.adapters.transfer.background import Background
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.transfer.plugin import register
 from asyncgrpo.adapters.transfer.streams import record_ready, stream_ordered
@@ -155,7 +155,7 @@ class WeightSendTimeout(TimeoutError):
     answers, the group opened anew)."""
 
 
-class WeightHandshakeTimeout(WeightSendTimeout):
+class WeightHandshakeTimeout(TimeoutError):
     """Joining a server's transfer group did not finish within its bound
     (:data:`HANDSHAKE_TIMEOUT_S`, or ``weight_sync_timeout`` when less); taken as that
     server's outage, as a send that timed out is."""
@@ -173,29 +173,15 @@ def handshake_within(join: Callable[[], Any], timeout_s: float, server: str) -> 
         >>> handshake_within(lambda: "engine", 1.0, server="http://127.0.0.1:8000")
         'engine'
     """
-    outcome: list[Any] = []
-    finished = threading.Event()
-
-    def run() -> None:
-        try:
-            outcome.append((True, join()))
-        except BaseException as error:  # handed to the caller below
-            outcome.append((False, error))
-        finally:
-            finished.set()
-
-    threading.Thread(target=run, name="asyncgrpo-weight-handshake", daemon=True).start()
-    if not finished.wait(timeout_s):
+    joining = Background(join, name="asyncgrpo-weight-handshake")
+    if not joining.wait(timeout_s):
         raise WeightHandshakeTimeout(
             f"joining the weight-transfer group of the vLLM server at {server} did not finish "
             f"within {timeout_s:g} s (the handshake's bound: at most {HANDSHAKE_TIMEOUT_S:g} s, "
             "or weight_sync_timeout when less); the push tries again once the server answers. "
             "Its log says whether its workers are still busy with an earlier transfer"
         )
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    return joining.result(0.0)
 
 
 def send_within(
@@ -217,24 +203,16 @@ def send_within(
         >>> send_within(lambda: None, 1.0, abort=lambda: None, server="http://127.0.0.1:8000")
     """
     device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-    outcome: list[BaseException | None] = []
-    finished = threading.Event()
 
-    def run() -> None:
-        try:
-            if device is not None:
-                torch.cuda.set_device(device)
-            send()
-            outcome.append(None)
-        except BaseException as error:  # handed to the caller below
-            outcome.append(error)
-        finally:
-            finished.set()
+    def on_device() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        send()
 
-    threading.Thread(target=run, name="asyncgrpo-weight-send", daemon=True).start()
-    if not finished.wait(timeout_s):
+    sending = Background(on_device, name="asyncgrpo-weight-send")
+    if not sending.wait(timeout_s):
         abort()
-        freed = finished.wait(ABORT_GRACE_S)
+        freed = sending.wait(ABORT_GRACE_S)
         timeout = WeightSendTimeout(
             f"the weight send to the vLLM server at {server} did not finish within "
             f"weight_sync_timeout={timeout_s:g} s; its transfer group was aborted and is opened "
@@ -245,8 +223,7 @@ def send_within(
         if not freed:
             timeout.add_note(f"the send was still blocked {ABORT_GRACE_S:g} s after the abort")
         raise timeout
-    if outcome[0] is not None:
-        raise outcome[0]
+    sending.raise_if_failed()
 
 
 class ResumingWeightSyncClient(HTTPVLLMWeightSyncClient):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from asyncgrpo.adapters.transfer.background import Background
 from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
 from asyncgrpo.core.weights.sync import GLOO, chunk_bounds
 
@@ -348,39 +348,6 @@ def checked(source: WeightSource, meta: list[ParamMeta]) -> Iterator[tuple[str, 
         yield name, tensor
     if sent != len(meta):
         raise ValueError(f"WeightSource yielded {sent} tensors, metadata() declared {len(meta)}")
-
-
-class Background:
-    """A blocking call on a daemon thread (it may stay blocked in a collective whose other side
-    failed, and must not keep the process alive then)."""
-
-    def __init__(self, call: Callable[[], Any]) -> None:
-        self._finished = threading.Event()
-        self._ok = False
-        self._value: Any = None
-        threading.Thread(target=self._run, args=(call,), daemon=True).start()
-
-    def _run(self, call: Callable[[], Any]) -> None:
-        try:
-            self._value, self._ok = call(), True
-        except BaseException as error:  # handed to the caller by result()
-            self._value = error
-        self._finished.set()
-
-    @property
-    def done(self) -> bool:
-        return self._finished.is_set()
-
-    def raise_if_failed(self) -> None:
-        if self.done and not self._ok:
-            raise self._value
-
-    def result(self, timeout_s: float) -> Any:
-        """The call's return value; its exception is raised here."""
-        if not self._finished.wait(timeout_s):
-            raise TimeoutError(f"the server's side of the weight transfer took over {timeout_s} s")
-        self.raise_if_failed()
-        return self._value
 
 
 def concurrently(
