@@ -228,6 +228,36 @@ def training_state_bytes(
     return max(0, -(-whole // max(processes, 1)) - resident)
 
 
+def reserved_for_training(
+    parameters: int,
+    lora: bool,
+    compute_bytes: int,
+    loaded_bytes: int,
+    processes: int,
+    on_host: bool,
+) -> Reserved:
+    """What the device keeps from the rows when the learner decides, its model still whole on
+    the host: the training state still to come (:func:`training_state_bytes`: every parameter
+    trained, or, with ``lora``, the base frozen in ``compute_bytes``; host memory already holds
+    the loaded model, ``loaded_bytes`` a parameter) and, in host memory, the snapshot of the
+    merged weights an overlapped push keeps (none for LoRA, which pushes adapters from disk).
+
+    Example (Qwen3-4B trained whole on one GPU):
+        >>> reserved = reserved_for_training(4_022_468_096, False, 2, 4, 1, on_host=False)
+        >>> round(reserved.training_state / 2**30, 1), reserved.snapshot
+        (67.4, 0)
+    """
+    state = training_state_bytes(
+        0 if lora else parameters,
+        parameters if lora else 0,
+        compute_bytes,
+        processes,
+        resident=parameters * loaded_bytes if on_host else 0,
+    )
+    snapshot = parameters * compute_bytes if on_host and not lora else 0
+    return Reserved(state, snapshot)
+
+
 def choose_checkpointing(
     requested: bool | None,
     row: ActivationRow,

@@ -95,10 +95,9 @@ from asyncgrpo.core.packing.memory import (
     ActivationRow,
     CheckpointingChoice,
     DeviceMemory,
-    Reserved,
     choose_checkpointing,
+    reserved_for_training,
     row_tokens,
-    training_state_bytes,
 )
 from asyncgrpo.core.packing.tree import PackedRow
 from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
@@ -292,18 +291,15 @@ class Learner:
         row = ActivationRow(tokens, source, self.attention.name, self.attention.memory, width)
         where = str(self.device) if self.device.type == "cuda" else HOST_MEMORY
         device = DeviceMemory(self.device.type, free_bytes(where))
-        parameters = sum(p.numel() for p in model.parameters())
-        on_host = self.device.type != "cuda"
-        state = training_state_bytes(
-            0 if lora else parameters,
-            parameters if lora else 0,
+        reserved = reserved_for_training(
+            sum(p.numel() for p in model.parameters()),
+            lora,
             width,
+            loaded,
             self.world_size,
-            resident=parameters * loaded if on_host else 0,
+            on_host=self.device.type != "cuda",
         )
-        # the overlapped push's snapshot of the merged weights lives in host memory
-        snapshot = parameters * width if on_host and not lora else 0
-        return choose_checkpointing(requested, row, shape, device, Reserved(state, snapshot))
+        return choose_checkpointing(requested, row, shape, device, reserved)
 
     # --- training ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from asyncgrpo.core.packing.memory import (
     Reserved,
     activation_bytes,
     choose_checkpointing,
+    reserved_for_training,
     row_tokens,
     training_state_bytes,
 )
@@ -196,3 +197,23 @@ def test_a_row_of_unknown_length_is_checkpointed(shape, kind, device) -> None:
     row = ActivationRow(None, "unknown", BACKENDS[kind][0], kind, bytes_per_value=2)
     choice = choose_checkpointing(None, row, shape, device)
     assert choice.enabled and "unknown" in choice.reason
+
+
+@given(
+    st.integers(0, 10**10),
+    st.booleans(),
+    st.sampled_from([2, 4]),
+    st.sampled_from([2, 4]),
+    st.integers(1, 64),
+    st.booleans(),
+)
+def test_what_the_rows_cannot_have_follows_where_the_model_lives(
+    parameters, lora, compute, loaded, processes, on_host
+) -> None:
+    reserved = reserved_for_training(parameters, lora, compute, loaded, processes, on_host)
+    on_gpu = reserved_for_training(parameters, lora, compute, loaded, processes, False)
+    assert reserved.training_state <= on_gpu.training_state  # the host holds the model already
+    assert on_gpu.snapshot == 0  # the snapshot lives in host memory
+    assert (reserved.snapshot > 0) == (on_host and not lora and parameters > 0)
+    if not lora:
+        assert on_gpu.training_state == training_state_bytes(parameters, 0, compute, processes)
