@@ -93,14 +93,17 @@ GPT_OSS_TEMPLATE = (  # gpt-oss harmony: the recipient in the header, arguments 
     "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
 )
 
-DEEPSEEK_V3_TEMPLATE = (  # DeepSeek-V3/R1: arguments are a JSON string in a json code block
+DEEPSEEK_OPENING = (  # DeepSeek-V3 and V3.1 alike: the user turn, the start of the calls
     "{{- bos_token }}"
     "{%- for message in messages %}"
     "{%- if message.role == 'user' %}{{- '<｜User｜>' + message.content }}"
     "{%- elif message.role == 'assistant' and message.tool_calls %}"
     "{{- '<｜Assistant｜><｜tool▁calls▁begin｜>' }}"
     "{%- for tool in message.tool_calls %}"
-    "{%- if not loop.first %}{{- '\\n' }}{%- endif %}"
+)
+
+DEEPSEEK_V3_TEMPLATE = (  # DeepSeek-V3/R1: arguments are a JSON string in a json code block
+    DEEPSEEK_OPENING + "{%- if not loop.first %}{{- '\\n' }}{%- endif %}"
     "{{- '<｜tool▁call▁begin｜>' + tool.type + '<｜tool▁sep｜>' + tool.function.name + '\\n'"
     " + '```json' + '\\n' + tool.function.arguments + '\\n' + '```' + '<｜tool▁call▁end｜>' }}"
     "{%- endfor %}"
@@ -115,13 +118,7 @@ DEEPSEEK_V3_TEMPLATE = (  # DeepSeek-V3/R1: arguments are a JSON string in a jso
 )
 
 DEEPSEEK_V31_TEMPLATE = (  # DeepSeek-V3.1: the name, then the arguments' JSON text, no block
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' %}{{- '<｜User｜>' + message.content }}"
-    "{%- elif message.role == 'assistant' and message.tool_calls %}"
-    "{{- '<｜Assistant｜><｜tool▁calls▁begin｜>' }}"
-    "{%- for tool in message.tool_calls %}"
-    "{{- '<｜tool▁call▁begin｜>' + tool.function.name + '<｜tool▁sep｜>'"
+    DEEPSEEK_OPENING + "{{- '<｜tool▁call▁begin｜>' + tool.function.name + '<｜tool▁sep｜>'"
     " + tool.function.arguments + '<｜tool▁call▁end｜>' }}"
     "{%- endfor %}"
     "{{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}"

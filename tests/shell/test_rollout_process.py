@@ -6,8 +6,6 @@ import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -25,6 +23,7 @@ from asyncgrpo.shell.rollout import (
     RolloutProcess,
     RolloutWorkerError,
 )
+from scripts import run_script
 
 PROMPTS = [{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(4)]
 
@@ -333,14 +332,6 @@ if __name__ == "__main__":
 def test_a_reward_function_defined_under_the_main_guard_is_named_with_the_fix(
     tiny_qwen3, tmp_path
 ) -> None:
-    script = tmp_path / "train_script.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_qwen3)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = run_script(SCRIPT, tmp_path, "train_script.py", str(tiny_qwen3), timeout_s=300)
     assert "could not load what the trainer sent it" in done.stdout, done.stdout + done.stderr
     assert "reward_in_main" in done.stdout and "Define them at module level" in done.stdout

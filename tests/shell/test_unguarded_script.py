@@ -8,12 +8,10 @@ the script, before it would contact one)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from asyncgrpo.shell.run.trainer import refuse_top_level_run
+from scripts import run_script
 
 UNGUARDED_SCRIPT = """
 import sys, time
@@ -49,14 +47,7 @@ def test_a_script_that_builds_the_trainer_at_top_level_fails_naming_the_guard(
     tiny_qwen3, tmp_path
 ) -> None:
     script = tmp_path / "train_unguarded.py"
-    script.write_text(UNGUARDED_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tiny_qwen3)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = run_script(UNGUARDED_SCRIPT, tmp_path, script.name, str(tiny_qwen3), timeout_s=120)
     told = done.stdout + done.stderr
     assert done.returncode != 0, told
     # the rollout process: the trainer's constructor refuses to run there
