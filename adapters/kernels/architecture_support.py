@@ -14,9 +14,9 @@ forwarding each sample alone only when every token-mixing layer knows the tree:
 * gated DeltaNet (Qwen3.5/3.6, Qwen3-Next), through
   :mod:`asyncgrpo.adapters.kernels.gated_delta_net`.
 
-Anything else would compute something different without an error, so
-:func:`check_tree_packing_support` refuses it up front (trainer construction and
-``enable_tree_attention``), naming the model type, the layer class and why:
+Anything else would compute something different without an error on the tree, so
+:func:`check_tree_packing_support` refuses it there (``enable_tree_attention``), naming the
+model type, the layer class and why:
 
 * layer types other than full, sliding, chunked and linear (gated DeltaNet) attention;
 * ``logits_scaling`` after the LM head (Granite divides by it, HyperCLOVA X multiplies);
@@ -24,12 +24,19 @@ Anything else would compute something different without an error, so
   future;
 * other state-space or recurrent layers (Mamba, short convolutions, other linear attentions):
   their state would run from one packed sample into the next.
+
+Such a model still trains: :func:`training_path` (trainer construction, the learner) gives it
+the per-sample forward (:mod:`asyncgrpo.adapters.kernels.per_sample_forward`), exact for any
+causal decoder, with the reasons for the log. Only a decoder that is not causal (bidirectional
+attention) has no exact path and is refused.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
+import attrs
 import torch
 from transformers import PreTrainedModel
 
@@ -53,11 +60,48 @@ class UnsupportedArchitectureError(ValueError):
     """The model has a layer that the tree-packed forward would compute wrongly."""
 
 
+@attrs.frozen
+class TrainingPath:
+    """How the learner forwards a model's rows.
+
+    Attributes:
+        kind: ``"tree"``, the tree-packed forward (shared prefixes computed once), or
+            ``"per_sample"``, each sample its own sequence through the model's own forward.
+        reasons: why the tree cannot compute the model (``"per_sample"`` only), one line each.
+    """
+
+    kind: Literal["tree", "per_sample"]
+    reasons: tuple[str, ...] = ()
+
+
+def training_path(model: PreTrainedModel) -> TrainingPath:
+    """The tree when it computes every layer of ``model`` exactly, else the per-sample forward.
+
+    Raises:
+        UnsupportedArchitectureError: ``model`` is not causal, so neither path computes what
+            sampling token by token does.
+    """
+    decoder = decoder_of(model)
+    non_causal = _non_causal_reasons(decoder.config.get_text_config(), decoder)
+    if non_causal:
+        raise UnsupportedArchitectureError(
+            f"model type {model.config.model_type!r} ({type(model).__name__}) cannot train: "
+            "both the tree-packed and the per-sample forward are causal, as sampling is:\n  "
+            + "\n  ".join(non_causal)
+        )
+    reasons = unsupported_layers(model)
+    return TrainingPath("per_sample", tuple(reasons)) if reasons else TrainingPath("tree")
+
+
 def unsupported_layers(model: PreTrainedModel) -> list[str]:
     """One line per reason ``model`` cannot train on tree-packed rows; empty when it can."""
     decoder = decoder_of(model)
     config = decoder.config.get_text_config()
-    reasons = [*_config_reasons(config, decoder), *_module_reasons(decoder)]
+    reasons = [
+        *_non_causal_reasons(config, decoder),
+        *_config_reasons(config, decoder),
+        *_module_reasons(decoder),
+    ]
     return list(dict.fromkeys(reasons))
 
 
@@ -93,12 +137,17 @@ def _config_reasons(config, decoder: PreTrainedModel) -> list[str]:
             "(Granite divides, HyperCLOVA X multiplies): the packed LM head applies only "
             "logit_scale and final_logit_softcapping"
         )
-    if getattr(config, "use_bidirectional_attention", False):
-        reasons.append(
-            f"{model_type} ({_mixer_names(layers, 0)}) has use_bidirectional_attention=True: "
-            "tree attention is causal along each sample"
-        )
     return reasons
+
+
+def _non_causal_reasons(config, decoder: PreTrainedModel) -> list[str]:
+    if not getattr(config, "use_bidirectional_attention", False):
+        return []
+    layers = list(getattr(decoder, "layers", []))
+    return [
+        f"{config.model_type} ({_mixer_names(layers, 0)}) has use_bidirectional_attention="
+        "True: tokens would see their future"
+    ]
 
 
 def _module_reasons(decoder: PreTrainedModel) -> list[str]:

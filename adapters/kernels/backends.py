@@ -89,7 +89,7 @@ class ModelAttention:
     @classmethod
     def of(cls, model: PreTrainedModel) -> ModelAttention:
         config = model.config.get_text_config()
-        heads = int(config.num_attention_heads)
+        heads = int(getattr(config, "num_attention_heads", None) or 1)  # Mamba: none
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         return cls(heads * head_dim, int(config.num_hidden_layers), model_attention_parts(model))
 

@@ -26,17 +26,21 @@ from peft import PeftModel
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.architecture_support import TrainingPath
 from asyncgrpo.adapters.kernels.backends import BackendChoice
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
+from asyncgrpo.adapters.kernels.per_sample_forward import per_sample_log_probs
 from asyncgrpo.core.loss.inputs import SamplerTopK
+from asyncgrpo.core.packing.sample_batch import sample_batch
 from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.sampler_tables import TopLogprobs
 
 
 class PackedPolicy(nn.Module):
-    """The FSDP2 root: its forward is :func:`packed_log_probs` on one row.
+    """The FSDP2 root: its forward is :func:`packed_log_probs` on one row, or
+    :func:`per_sample_log_probs` for a model on the per-sample ``path``.
 
     Returns ``(logp [N], entropy [N], topk_logp [N, K] or None)`` in nats, as tensors so that
     FSDP2 hooks its backward.
@@ -48,16 +52,23 @@ class PackedPolicy(nn.Module):
         temperature: float,
         chunk_size: int,
         backend: Backend | BackendChoice | None,
+        path: TrainingPath,
     ) -> None:
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.chunk_size = chunk_size
         self.backend = backend
+        self.path = path
 
     def forward(
         self, row: PackedRow, topk: SamplerTopK | None, candidate_mask: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
+        if self.path.kind == "per_sample":
+            out = per_sample_log_probs(
+                self.model, row, self.temperature, topk=topk, candidate_mask=candidate_mask
+            )
+            return out.logp, out.entropy, out.topk_logp
         out = packed_log_probs(
             self.model,
             row,
@@ -68,6 +79,15 @@ class PackedPolicy(nn.Module):
             backend=self.backend,
         )
         return out.logp, out.entropy, out.topk_logp
+
+    def forwarded_tokens(self, row: PackedRow) -> Tensor | None:
+        """long [T]: where ``row``'s real tokens lie among the positions a forward of it runs,
+        flattened (what token-wise outputs such as router logits hold beyond them is padding);
+        None when the forward runs the row's tokens alone (the tree)."""
+        if self.path.kind == "tree":
+            return None
+        device = next(self.model.parameters()).device
+        return torch.tensor(sample_batch(row).real_flat, device=device)
 
 
 # --- MoE router auxiliary loss -------------------------------------------------------------
@@ -88,6 +108,8 @@ class RouterAuxLoss:
         num_experts: experts per layer.
         top_k: experts each token is routed to.
         output_index: where the router logits sit in a router's output tuple.
+        captured: the router logits collected inside :meth:`capture`, None outside it.
+        tokens: the real tokens' rows of the flattened logits inside :meth:`capture`.
     """
 
     coef: float
@@ -96,6 +118,7 @@ class RouterAuxLoss:
     top_k: int
     output_index: int
     captured: list[Tensor] | None = None
+    tokens: Tensor | None = None
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, coef: float | None) -> RouterAuxLoss | None:
@@ -129,16 +152,20 @@ class RouterAuxLoss:
     def _record(self, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.captured is not None:
             logits = output[self.output_index] if isinstance(output, tuple) else output
+            if self.tokens is not None:
+                logits = logits.reshape(-1, logits.shape[-1])[self.tokens]
             self.captured.append(logits)
 
     @contextmanager
-    def capture(self) -> Iterator[list[Tensor]]:
-        """Collect the router logits of the forwards run inside the block."""
-        self.captured = []
+    def capture(self, tokens: Tensor | None = None) -> Iterator[list[Tensor]]:
+        """Collect the router logits [T, E] of the forwards run inside the block; with
+        ``tokens`` (long [T], see :meth:`PackedPolicy.forwarded_tokens`) only those rows of
+        each layer's flattened logits, so that padding is not counted as routed tokens."""
+        self.captured, self.tokens = [], tokens
         try:
             yield self.captured
         finally:
-            self.captured = None
+            self.captured, self.tokens = None, None
 
     def loss(self, router_logits: Sequence[Tensor]) -> Tensor:
         """The unscaled load-balancing loss (a scalar with grad) of one row."""

@@ -49,6 +49,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, set_seed
 
 from asyncgrpo.adapters.host_memory import give_back_freed_memory, keep_freed_memory
+from asyncgrpo.adapters.kernels.architecture_support import training_path
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.kernels.backends import ModelAttention, choose_backend
 from asyncgrpo.adapters.kernels.layout import Backend
@@ -212,13 +213,23 @@ class Learner:
         self.objective_settings = config.objective_settings()
         self.loss_config = trl_loss_config(config.trl_settings())  # for TRL's loss metrics
         self.aux = RouterAuxLoss.for_model(model, config.router_aux_loss_coef)
+        self.path = training_path(model)
+        if self.rank == 0 and self.path.kind == "per_sample":
+            log.warning(
+                "tree packing given up",
+                path="per_sample",
+                reasons=list(self.path.reasons),
+                given_up="each sample forwards its own prompt: batch/packing_ratio of the work",
+            )
         # once, with the parts the model's layers need: every row's
         self.attention = choose_backend(self.device, attention_backend, ModelAttention.of(model))
         if self.rank == 0:
             log.info("attention backend", backend=self.attention.name, reason=self.attention.reason)
         self.model = self._prepare(model, peft_config, max_model_len)
         names = parameter_names(self.model)
-        self.policy = PackedPolicy(self.model, config.temperature, chunk_size, self.attention)
+        self.policy = PackedPolicy(
+            self.model, config.temperature, chunk_size, self.attention, self.path
+        )
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         shard(self.policy, mesh, mixed_precision(self.bf16))
         self.optimizer, self.scheduler = optimizers_for(self.model, config, optimizers, names)
@@ -246,8 +257,10 @@ class Learner:
         peft_config: PeftConfig | None,
         max_model_len: Callable[[], int] | None,
     ) -> PreTrainedModel | PeftModel:
-        """Tree attention, gradient checkpointing, LoRA and the master-weight dtype."""
-        enable_tree_attention(model)
+        """Tree attention (on the tree path), gradient checkpointing, LoRA and the
+        master-weight dtype."""
+        if self.path.kind == "tree":
+            enable_tree_attention(model)
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
         checkpointing = decided_on_rank0(
             lambda: self._checkpointing(model, max_model_len, peft_config is not None),
@@ -365,7 +378,7 @@ class Learner:
             row = self._dummy
         topk = self._topk(row)
         mask = candidate_mask(row, self.vocab_size, self.device)
-        with self._capture_routers() as routers:
+        with self._capture_routers(row) as routers:
             logp, entropy, topk_logp = self.policy(row, topk, mask)
         if not real:
             dummy = logp.sum() + (self._aux_term(routers, 1, 1)[0] if self.aux else 0.0)
@@ -425,11 +438,11 @@ class Learner:
         )
 
     @contextmanager
-    def _capture_routers(self) -> Iterator[list[Tensor]]:
+    def _capture_routers(self, row: PackedRow) -> Iterator[list[Tensor]]:
         if self.aux is None:
             yield []
             return
-        with self.aux.capture() as routers:
+        with self.aux.capture(self.policy.forwarded_tokens(row)) as routers:
             yield routers
 
     def _aux_term(

@@ -31,7 +31,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler
 from transformers.utils import logging as transformers_logging
 
-from asyncgrpo.adapters.kernels.architecture_support import check_tree_packing_support
+from asyncgrpo.adapters.kernels.architecture_support import training_path
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.models.tool_parsers import check_tool_template
@@ -173,7 +173,7 @@ class AsyncGRPOTrainer:
         else:
             self.model_name = str(model.config._name_or_path)
             self.model = model
-        check_tree_packing_support(self.model)
+        training_path(self.model)  # a model no path computes exactly is refused here
         self.processing_class = processing_class or AutoTokenizer.from_pretrained(
             self.model_name, trust_remote_code=self.args.trust_remote_code
         )

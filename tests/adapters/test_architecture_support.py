@@ -1,5 +1,7 @@
-"""Every layer the tree-packed forward cannot compute is refused up front, naming the model
-type, the layer class and why; supported architectures pass (their numbers are checked in
+"""Every layer the tree-packed forward cannot compute is refused on the tree, naming the model
+type, the layer class and why, and sends the model to the per-sample path; only a decoder no
+path computes exactly (bidirectional attention) is refused by the trainer; supported
+architectures take the tree (their numbers are checked in
 test_packed_forward.py, test_hybrid_packed_forward.py and test_packed_attention_parts.py)."""
 
 import pytest
@@ -10,8 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from asyncgrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from asyncgrpo.adapters.kernels.architecture_support import (
+    TrainingPath,
     UnsupportedArchitectureError,
     check_tree_packing_support,
+    training_path,
 )
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.models.causal_lm import tiny_config
@@ -65,24 +69,34 @@ def test_supported_layers_and_attention_parts_are_accepted(config) -> None:
     check_tree_packing_support(build(config))
 
 
-def test_other_state_space_layers_are_refused() -> None:
+def test_other_state_space_layers_are_refused_on_the_tree_and_take_the_per_sample_path() -> None:
     config = tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])
     refused(config, "'lfm2'", "Lfm2ShortConv", "state-space or recurrent", "'conv'")
+    path = training_path(build(config))
+    assert path.kind == "per_sample"
+    assert any("Lfm2ShortConv" in reason for reason in path.reasons)
 
 
-def test_bidirectional_attention_is_refused() -> None:
-    config = tf.Gemma3TextConfig(**SMALL, head_dim=16, use_bidirectional_attention=True)
-    refused(config, "'gemma3_text'", "Gemma3Attention", "use_bidirectional_attention=True")
-
-
-def test_a_logits_scaling_the_head_does_not_apply_is_refused() -> None:
+def test_a_logits_scaling_the_head_does_not_apply_takes_the_per_sample_path() -> None:
     config = tf.GraniteConfig(**SMALL, logits_scaling=4.0)
     refused(config, "'granite'", "logits_scaling=4.0")
+    assert training_path(build(config)).kind == "per_sample"
 
 
-def test_the_trainer_refuses_at_construction(tmp_path) -> None:
-    model = build(tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"]))
-    with pytest.raises(UnsupportedArchitectureError, match="Lfm2ShortConv"):
+def test_supported_layers_take_the_tree() -> None:
+    assert training_path(build(tiny_config("qwen3", 64))) == TrainingPath("tree")
+
+
+def test_bidirectional_attention_has_no_exact_path() -> None:
+    config = tf.Gemma3TextConfig(**SMALL, head_dim=16, use_bidirectional_attention=True)
+    refused(config, "'gemma3_text'", "Gemma3Attention", "use_bidirectional_attention=True")
+    with pytest.raises(UnsupportedArchitectureError, match="tokens would see their future"):
+        training_path(build(config))
+
+
+def test_the_trainer_refuses_a_model_without_an_exact_path_at_construction(tmp_path) -> None:
+    model = build(tf.Gemma3TextConfig(**SMALL, head_dim=16, use_bidirectional_attention=True))
+    with pytest.raises(UnsupportedArchitectureError, match="use_bidirectional_attention"):
         AsyncGRPOTrainer(
             model=model,
             reward_funcs=len,
