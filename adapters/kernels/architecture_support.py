@@ -23,7 +23,11 @@ model type, the layer class and why:
 * bidirectional attention (Gemma 3's ``use_bidirectional_attention``): tokens would see their
   future;
 * other state-space or recurrent layers (Mamba, short convolutions, other linear attentions):
-  their state would run from one packed sample into the next.
+  their state would run from one packed sample into the next;
+* attention the tree attention cannot stand in for: a model that computes it in its own code
+  rather than through transformers' attention functions (Bloom, Falcon, GPT-J), or a decoder
+  layer that calls its attention without passing its keywords on (Nemotron, StableLM), so the
+  row's tree layout would never reach it (both read from the classes' source).
 
 Such a model still trains: :func:`training_path` (trainer construction, the learner) gives it
 the per-sample forward (:mod:`asyncgrpo.adapters.kernels.per_sample_forward`), exact for any
@@ -33,6 +37,7 @@ attention) has no exact path and is refused.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Literal
 
@@ -101,6 +106,7 @@ def unsupported_layers(model: PreTrainedModel) -> list[str]:
         *_non_causal_reasons(config, decoder),
         *_config_reasons(config, decoder),
         *_module_reasons(decoder),
+        *_plumbing_reasons(decoder),
     ]
     return list(dict.fromkeys(reasons))
 
@@ -141,7 +147,8 @@ def _config_reasons(config, decoder: PreTrainedModel) -> list[str]:
 
 
 def _non_causal_reasons(config, decoder: PreTrainedModel) -> list[str]:
-    if not getattr(config, "use_bidirectional_attention", False):
+    # Gemma 4's "vision" is bidirectional among image tokens only: text stays causal
+    if getattr(config, "use_bidirectional_attention", None) not in (True, "all"):
         return []
     layers = list(getattr(decoder, "layers", []))
     return [
@@ -163,6 +170,66 @@ def _module_reasons(decoder: PreTrainedModel) -> list[str]:
                 "gated DeltaNet: its state would run from one packed sample into the next"
             )
     return reasons
+
+
+def _plumbing_reasons(decoder: PreTrainedModel) -> list[str]:
+    """Attention the tree attention would not reach (see the module docstring), judged from
+    the source of each decoder layer class and of its attention modules."""
+    model_type = decoder.config.get_text_config().model_type
+    reasons = []
+    # the decoder's layer list: ``layers`` in most families, ``h`` in Bloom, Falcon, GPT-J
+    stack = next((c for c in decoder.children() if isinstance(c, torch.nn.ModuleList)), [])
+    layers = {type(layer): layer for layer in stack}
+    for layer_class, layer in layers.items():
+        for name, child in layer.named_children():
+            child_class = type(child)
+            if (
+                "attention" not in child_class.__name__.lower()
+                or _RECURRENT_CLASS.search(child_class.__name__)
+                or any(
+                    "attention" in type(m).__name__.lower()
+                    for m in child.modules()
+                    if m is not child
+                )
+            ):
+                continue  # not attention, or a wrapper around it (DBRX's norm-attention-norm)
+            own = _source(child_class.forward)
+            call = _call_source(_source(layer_class.forward), name)
+            if own is not None and "ALL_ATTENTION_FUNCTIONS" not in own:
+                reasons.append(
+                    f"{model_type} {name} ({child_class.__name__}) computes attention in its "
+                    "own code, not through transformers' attention functions: tree attention "
+                    "cannot stand in for it"
+                )
+            elif call is not None and "**" not in call:
+                reasons.append(
+                    f"{model_type} {layer_class.__name__} calls its {name} "
+                    f"({child_class.__name__}) without passing its keywords on: the row's tree "
+                    "layout would not reach the attention"
+                )
+    return reasons
+
+
+def _source(function: object) -> str | None:
+    """The source of ``function``, None when it is not at hand."""
+    try:
+        return inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+
+
+def _call_source(source: str | None, attribute: str) -> str | None:
+    """The first ``self.<attribute>(...)`` call in ``source``, arguments included; None when
+    there is no source or no such call."""
+    start = -1 if source is None else source.find(f"self.{attribute}(")
+    if source is None or start < 0:
+        return None
+    depth = 0
+    for end in range(start + len(attribute) + 5, len(source)):
+        depth += {"(": 1, ")": -1}.get(source[end], 0)
+        if depth == 0:
+            return source[start : end + 1]
+    return None
 
 
 def _mixer_names(layers: list[torch.nn.Module], index: int) -> str:

@@ -29,6 +29,18 @@ SLIDING_LAYER = "sliding_attention"
 CHUNKED_LAYER = "chunked_attention"
 
 
+def config_setting(config: object, name: str) -> object | None:
+    """``config``'s setting ``name``, None when it has none; a setting that varies per layer
+    (Gemma 4's ``head_dim``, which transformers refuses to read model-wide) is its largest
+    value over the layers."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        values = [getattr(layer, name, None) for layer in getattr(config, "per_layer_config", ())]
+        present = [value for value in values if value is not None]
+        return max(present) if present else None  # type: ignore[type-var]
+
+
 @attrs.frozen
 class AttentionParts:
     """One attention layer's parts.

@@ -51,7 +51,11 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 from transformers import PreTrainedModel
 
-from asyncgrpo.adapters.kernels.attention_parts import AttentionParts, model_attention_parts
+from asyncgrpo.adapters.kernels.attention_parts import (
+    AttentionParts,
+    config_setting,
+    model_attention_parts,
+)
 from asyncgrpo.adapters.kernels.layout import BACKENDS, Backend, TreeLayout, path_mask
 from asyncgrpo.core.packing.attention_choice import (
     BACKEND_PARTS,
@@ -89,8 +93,8 @@ class ModelAttention:
     @classmethod
     def of(cls, model: PreTrainedModel) -> ModelAttention:
         config = model.config.get_text_config()
-        heads = int(getattr(config, "num_attention_heads", None) or 1)  # Mamba: none
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        heads = int(config_setting(config, "num_attention_heads") or 1)  # Mamba: none
+        head_dim = int(config_setting(config, "head_dim") or config.hidden_size // heads)
         return cls(heads * head_dim, int(config.num_hidden_layers), model_attention_parts(model))
 
     @property

@@ -328,3 +328,25 @@ def checkpoint_named(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]
     converted names, so weight sync must send these. Works tensor by tensor and on meta
     tensors (for the MoE conversions transformers ships)."""
     return revert_weight_conversion(model, dict(weights))
+
+
+def disable_dropout(model: nn.Module) -> list[str]:
+    """Set every dropout rate in ``model`` to 0 and return the names of those that were not.
+
+    vLLM samples without dropout; a learner that drops activations would compute other
+    log-probs than the sampler's at staleness 0 (and tree attention has no attention dropout).
+    Covers ``nn.Dropout`` modules and the float rates transformers' modules keep as attributes
+    (``attention_dropout``, OPT's ``dropout``, ...); the config is left as it is, so a saved
+    model keeps its settings. Call it before adding LoRA adapters, whose own dropout is the
+    user's setting.
+    """
+    changed = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            module.p = 0.0
+            changed.append(name)
+        for key, value in list(vars(module).items()):
+            if "dropout" in key and isinstance(value, float) and value > 0:
+                setattr(module, key, 0.0)
+                changed.append(f"{name}.{key}" if name else key)
+    return changed

@@ -39,6 +39,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from asyncgrpo.adapters.kernels.attention_parts import config_setting
 from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
 from asyncgrpo.core.packing.memory import DecoderShape
@@ -67,9 +68,9 @@ def decoder_shape(model: PreTrainedModel) -> DecoderShape:
     query and key head (:func:`~asyncgrpo.core.packing.memory.layer_values_per_token`)."""
     config = model.config.get_text_config()
     hidden = int(getattr(config, "hidden_size", 0))
-    heads = int(getattr(config, "num_attention_heads", 1))
-    head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    heads = int(config_setting(config, "num_attention_heads") or 1)
+    head_dim = int(config_setting(config, "head_dim") or hidden // max(heads, 1))
+    kv_heads = int(config_setting(config, "num_key_value_heads") or heads)
     named = dict(decoder_layers(model)[0].named_modules())
     qk_norm = any(name.endswith(("q_norm", "k_norm")) for name in named)
     hidden_norms = sum(
@@ -83,7 +84,7 @@ def decoder_shape(model: PreTrainedModel) -> DecoderShape:
         int(getattr(config, "num_hidden_layers", 1)),
         hidden,
         kv_heads * head_dim,
-        int(getattr(config, "intermediate_size", 4 * hidden)),
+        int(config_setting(config, "intermediate_size") or 4 * hidden),
         heads,
         q_width=heads * head_dim,
         head_dim=head_dim,

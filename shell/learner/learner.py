@@ -62,6 +62,7 @@ from asyncgrpo.adapters.kernels.packed_policy import (
     empty_sampler_topk,
     sampler_topk,
 )
+from asyncgrpo.adapters.models.causal_lm import disable_dropout
 from asyncgrpo.adapters.models.fsdp import (
     decoder_shape,
     mixed_precision,
@@ -257,8 +258,11 @@ class Learner:
         peft_config: PeftConfig | None,
         max_model_len: Callable[[], int] | None,
     ) -> PreTrainedModel | PeftModel:
-        """Tree attention (on the tree path), gradient checkpointing, LoRA and the
-        master-weight dtype."""
+        """Dropout off, tree attention (on the tree path), gradient checkpointing, LoRA and
+        the master-weight dtype."""
+        dropped = disable_dropout(model)
+        if dropped and self.rank == 0:
+            log.info("dropout off", modules=len(dropped), reason="vLLM samples without dropout")
         if self.path.kind == "tree":
             enable_tree_attention(model)
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
