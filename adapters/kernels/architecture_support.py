@@ -12,13 +12,16 @@ forwarding each sample alone only when every token-mixing layer knows the tree:
 * final-logit soft-capping (Gemma 2/3) and logit scales (Cohere) in the packed LM head
   (:mod:`asyncgrpo.adapters.kernels.lm_head_log_probs`);
 * gated DeltaNet (Qwen3.5/3.6, Qwen3-Next), through
-  :mod:`asyncgrpo.adapters.kernels.gated_delta_net`.
+  :mod:`asyncgrpo.adapters.kernels.gated_delta_net`;
+* LFM2's gated short convolutions (``layer_types`` entries ``"conv"``), through
+  :mod:`asyncgrpo.adapters.kernels.short_conv`.
 
 Anything else would compute something different without an error on the tree, so
 :func:`check_tree_packing_support` refuses it there (``enable_tree_attention``), naming the
 model type, the layer class and why:
 
-* layer types other than full, sliding, chunked and linear (gated DeltaNet) attention;
+* layer types other than full, sliding, chunked and linear (gated DeltaNet) attention and
+  LFM2's convolutions;
 * ``logits_scaling`` after the LM head (Granite divides by it, HyperCLOVA X multiplies);
 * bidirectional attention (Gemma 3's ``use_bidirectional_attention``): tokens would see their
   future;
@@ -47,9 +50,10 @@ from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.attention_parts import decoder_of
 from asyncgrpo.adapters.kernels.gated_delta_net import GATED_DELTA_NET_CLASSES
+from asyncgrpo.adapters.kernels.short_conv import SHORT_CONV_CLASSES
 
 SUPPORTED_LAYER_TYPES = frozenset(
-    {"full_attention", "linear_attention", "sliding_attention", "chunked_attention"}
+    {"full_attention", "linear_attention", "sliding_attention", "chunked_attention", "conv"}
 )
 
 _RECURRENT_CLASS = re.compile(
@@ -120,7 +124,8 @@ def check_tree_packing_support(model: PreTrainedModel) -> None:
         raise UnsupportedArchitectureError(
             f"model type {model_type!r} ({type(model).__name__}) cannot train with tree packing, "
             "which supports full, sliding-window and chunked attention (gated or not, with "
-            "sinks or soft-capping) and gated DeltaNet layers only:\n  " + "\n  ".join(reasons)
+            "sinks or soft-capping), gated DeltaNet and LFM2's short convolutions only:\n  "
+            + "\n  ".join(reasons)
         )
 
 
@@ -163,11 +168,12 @@ def _module_reasons(decoder: PreTrainedModel) -> list[str]:
     for name, module in decoder.named_modules():
         cls = type(module).__name__
         if _RECURRENT_CLASS.search(cls) and not any(
-            c.__name__ in GATED_DELTA_NET_CLASSES for c in type(module).__mro__
+            c.__name__ in GATED_DELTA_NET_CLASSES | SHORT_CONV_CLASSES for c in type(module).__mro__
         ):
             reasons.append(
                 f"{model_type} {name} ({cls}) is a state-space or recurrent layer that is not "
-                "gated DeltaNet: its state would run from one packed sample into the next"
+                "gated DeltaNet or LFM2's short convolution: its state would run from one "
+                "packed sample into the next"
             )
     return reasons
 

@@ -36,6 +36,7 @@ from asyncgrpo.adapters.kernels.gated_delta_net import (
 )
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
 from asyncgrpo.adapters.kernels.lm_head_log_probs import LogitTransform, lm_head_log_probs
+from asyncgrpo.adapters.kernels.short_conv import short_conv_kernel_size
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing.tree import PackedRow
@@ -87,6 +88,19 @@ def row_tensors(
         layout=tree_layout(row, device, backend, shape),
         recurrent=None if conv_kernel is None else recurrent_tensors(row, device, conv_kernel),
     )
+
+
+def recurrent_kernel(model: PreTrainedModel) -> int | None:
+    """The convolution width of ``model``'s recurrent layers (gated DeltaNet, LFM2's short
+    convolutions), which the row's recurrent tables are built for; ``None`` without any.
+
+    Raises:
+        ValueError: the layers have convolutions of different widths.
+    """
+    kernels = {k for k in (conv_kernel_size(model), short_conv_kernel_size(model)) if k}
+    if len(kernels) > 1:
+        raise ValueError(f"recurrent layers with different convolution widths {sorted(kernels)}")
+    return kernels.pop() if kernels else None
 
 
 def base_model(model: PreTrainedModel | PeftModel) -> PreTrainedModel:
@@ -164,7 +178,7 @@ def packed_log_probs(
     causal_lm = base_model(model)  # the LoRA layers are inside it
     _check_plain_lm_head(causal_lm)
     inputs = row_tensors(
-        row, causal_lm.device, backend, ModelAttention.of(causal_lm), conv_kernel_size(causal_lm)
+        row, causal_lm.device, backend, ModelAttention.of(causal_lm), recurrent_kernel(causal_lm)
     )
     hidden = decoder_hidden_states(causal_lm, inputs)[inputs.predict_index]
     lm_head, n = causal_lm.get_output_embeddings(), hidden.shape[0]

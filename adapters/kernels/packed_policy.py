@@ -109,7 +109,6 @@ class RouterAuxLoss:
         top_k: experts each token is routed to.
         output_index: where the router logits sit in a router's output tuple.
         captured: the router logits collected inside :meth:`capture`, None outside it.
-        tokens: the real tokens' rows of the flattened logits inside :meth:`capture`.
     """
 
     coef: float
@@ -118,7 +117,6 @@ class RouterAuxLoss:
     top_k: int
     output_index: int
     captured: list[Tensor] | None = None
-    tokens: Tensor | None = None
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, coef: float | None) -> RouterAuxLoss | None:
@@ -144,28 +142,36 @@ class RouterAuxLoss:
         config = model.config
         experts = getattr(config, "num_experts", None) or config.num_local_experts
         aux = cls(float(coef), loss_fn, int(experts), config.num_experts_per_tok, recorder.index)
-        for module in model.modules():
-            if isinstance(module, recorder.target_class):
+        # transformers' own rule: the class, and the layer name where the recorder gives one
+        # (Jamba records every nn.Linear named "router")
+        named = None if recorder.layer_name is None else f".{recorder.layer_name.strip('.')}."
+        for name, module in model.named_modules():
+            if isinstance(module, recorder.target_class) and (
+                named is None or named in f".{name}."
+            ):
                 module.register_forward_hook(aux._record)
         return aux
 
     def _record(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        # no tensor operation here: inside a checkpointed layer it would save tensors that the
+        # recomputation (outside capture) does not, which activation checkpointing refuses
         if self.captured is not None:
-            logits = output[self.output_index] if isinstance(output, tuple) else output
-            if self.tokens is not None:
-                logits = logits.reshape(-1, logits.shape[-1])[self.tokens]
-            self.captured.append(logits)
+            self.captured.append(output[self.output_index] if isinstance(output, tuple) else output)
 
     @contextmanager
     def capture(self, tokens: Tensor | None = None) -> Iterator[list[Tensor]]:
         """Collect the router logits [T, E] of the forwards run inside the block; with
-        ``tokens`` (long [T], see :meth:`PackedPolicy.forwarded_tokens`) only those rows of
-        each layer's flattened logits, so that padding is not counted as routed tokens."""
-        self.captured, self.tokens = [], tokens
+        ``tokens`` (long [T], see :meth:`PackedPolicy.forwarded_tokens`), when the block ends,
+        only those rows of each layer's flattened logits, so that padding is not counted as
+        routed tokens."""
+        captured: list[Tensor] = []
+        self.captured = captured
         try:
-            yield self.captured
+            yield captured
         finally:
-            self.captured, self.tokens = None, None
+            self.captured = None
+        if tokens is not None:
+            captured[:] = [logits.reshape(-1, logits.shape[-1])[tokens] for logits in captured]
 
     def loss(self, router_logits: Sequence[Tensor]) -> Tensor:
         """The unscaled load-balancing loss (a scalar with grad) of one row."""

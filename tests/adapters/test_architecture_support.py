@@ -70,11 +70,17 @@ def test_supported_layers_and_attention_parts_are_accepted(config) -> None:
 
 
 def test_other_state_space_layers_are_refused_on_the_tree_and_take_the_per_sample_path() -> None:
-    config = tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])
-    refused(config, "'lfm2'", "Lfm2ShortConv", "state-space or recurrent", "'conv'")
+    config = tf.JambaConfig(**SMALL, attn_layer_period=2, attn_layer_offset=1, num_experts=2)
+    refused(config, "'jamba'", "JambaMambaMixer", "state-space or recurrent")
     path = training_path(build(config))
     assert path.kind == "per_sample"
-    assert any("Lfm2ShortConv" in reason for reason in path.reasons)
+    assert any("JambaMambaMixer" in reason for reason in path.reasons)
+
+
+def test_lfm2_short_convolutions_take_the_tree() -> None:
+    config = tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])
+    check_tree_packing_support(build(config))
+    assert training_path(build(config)) == TrainingPath("tree")
 
 
 def test_a_logits_scaling_the_head_does_not_apply_takes_the_per_sample_path() -> None:

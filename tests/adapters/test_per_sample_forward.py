@@ -1,4 +1,4 @@
-"""Decoders the tree cannot compute (Mamba, Mamba-2 and short-convolution hybrids, a logit
+"""Decoders the tree cannot compute (Mamba and Mamba-2 hybrids, a logit
 scaling after the head) train on the per-sample forward: its log-probs and gradients equal each
 sample forwarded alone (fp32, CPU), on random tries; the stock forward of the packed row, what
 the tree would compute with these layers, does not."""

@@ -1,5 +1,5 @@
 """The learner on the per-sample path (FSDP2 over a 1-process gloo group, fp32 CPU): a decoder
-with a recurrent state (tiny LFM2, Falcon-H1, Mamba-2, Nemotron-H, Granite 4.0 hybrid with
+with a recurrent state (tiny Jamba, Falcon-H1, Mamba-2, Nemotron-H, Granite 4.0 hybrid with
 experts) takes a step exactly,
 its load-balancing loss counts the samples' tokens and no padding, and the run says once what
 the tree would have saved."""
@@ -47,7 +47,7 @@ def config(**overrides):
 @pytest.mark.parametrize(
     ("family", "layer"),
     [
-        ("lfm2", "Lfm2ShortConv"),
+        ("jamba", "JambaMambaMixer"),
         ("falcon_h1", "FalconH1Mixer"),
         ("mamba2", "Mamba2Mixer"),
         ("nemotron_h", "NemotronHMamba2Mixer"),
@@ -95,3 +95,15 @@ def test_counting_the_padding_would_change_the_load_balancing_loss(tmp_path, mon
         learner = Learner(load_causal_lm(folder), config(router_aux_loss_coef=0.5))
         losses.append(learner.train_step([pack_row(samples)]).metrics["aux_loss"])
     assert abs(losses[1] - losses[0]) > 1e-3 * abs(losses[0])
+
+
+def test_only_the_routers_are_recorded_where_transformers_names_them(tmp_path) -> None:
+    """Jamba records its router logits from every ``nn.Linear`` named ``router``: the other
+    linear layers' outputs are no router logits."""
+    model = load_causal_lm(saved("jamba", tmp_path))
+    aux = RouterAuxLoss.for_model(model, None)
+    with torch.no_grad(), aux.capture() as captured:
+        model(input_ids=torch.tensor([[5, 6, 7, 8]]), use_cache=False)
+    routers = [m for n, m in model.named_modules() if n.endswith(".router")]
+    assert len(captured) == len(routers) >= 1
+    assert all(logits.shape[-1] == model.config.num_experts for logits in captured)

@@ -29,7 +29,7 @@ NO_ATTENTION = dict(
     eos_token_id=None,
 )
 
-RECURRENT = {
+SHORT_CONVOLUTIONS = {
     "lfm2": lambda: tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"]),
     "lfm2_moe": lambda: tf.Lfm2MoeConfig(
         **SMALL,
@@ -39,6 +39,10 @@ RECURRENT = {
         num_dense_layers=1,
         moe_intermediate_size=32,
     ),
+}
+"""LFM2's gated short convolutions: the tree computes them along each token's path."""
+
+RECURRENT = {
     "falcon_h1": lambda: tf.FalconH1Config(
         **SMALL,
         head_dim=16,
@@ -209,13 +213,13 @@ BY_HAND = {
 def tiny_text_config(model_type: str):
     """``model_type``'s text config with :data:`GENERIC`'s sizes where it has those settings,
     and one layer of each of its layer types (two at least); the hand-written configs of
-    :data:`RECURRENT` and the attention-parts families come first where they exist."""
+    :data:`RECURRENT`, :data:`SHORT_CONVOLUTIONS` and :data:`BY_HAND` come first where they
+    exist."""
     default = CONFIG_MAPPING[model_type]().get_text_config()
     for named in (model_type, default.model_type):  # a vision-language family: its text model
-        if named in RECURRENT:
-            return RECURRENT[named]()
-        if named in BY_HAND:
-            return BY_HAND[named]()
+        for configs in (RECURRENT, SHORT_CONVOLUTIONS, BY_HAND):
+            if named in configs:
+                return configs[named]()
     settings = default.to_dict()
     kwargs = {key: value for key, value in GENERIC.items() if key in settings}
     if "kv_lora_rank" in settings:  # MLA: RoPE on each head's rope part, a key per head
