@@ -1,14 +1,15 @@
 """The model table of docs/models.md: each family's tiny model (:mod:`families`) on the path
 the trainer gives it, against each sample forwarded alone.
 
-:func:`measure` builds a family, takes :func:`~asyncgrpo.adapters.kernels.architecture_support.training_path`'s
-path the way the learner does (dropout off, tree attention on the tree), and returns the
+:func:`measure` builds a family, takes the path ``training_path`` gives it the way the learner
+does (dropout off, tree attention on the tree), and returns the
 largest differences over one row of four samples with shared prefixes, longer than the window
 and the chunk. :func:`table` writes the rows as markdown; ``python benchmarks/model_table.py``
 rewrites the table in docs/models.md and ``tests/adapters/test_model_table.py`` checks it.
 """
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,11 +66,7 @@ class Measured:
         )
 
     def markdown(self) -> str:
-        figures = (
-            ("", "")
-            if self.path == "refused"
-            else (f"{self.dlogp:.1e}", f"{self.grad:.1e}")
-        )
+        figures = ("", "") if self.path == "refused" else (f"{self.dlogp:.1e}", f"{self.grad:.1e}")
         return (
             f"| {self.family} | `{self.model_class}` | {self.path} | {self.why} | "
             f"{figures[0]} | {figures[1]} |"
@@ -87,10 +84,32 @@ def reference_log_probs(model, samples, targets):
     return torch.log_softmax(torch.cat(logits), -1).gather(-1, targets[:, None])[:, 0]
 
 
-def _gradients(model):
+def gradients(model) -> list[torch.Tensor]:
+    """Each parameter's gradient (zeros where none), cleared from the model."""
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     return grads
+
+
+def differences(tested, stock, forward, row, seed: int = 0) -> tuple[float, float]:
+    """(largest |log-prob difference|, largest per-parameter gradient difference relative to
+    that parameter's gradient norm) between ``forward(tested, row)`` and each of ``row``'s
+    samples forwarded alone by ``stock`` (a copy of the same weights), for a random weighting
+    of the trained tokens. A parameter's norm counts at least :data:`GRADIENT_NORM_FLOOR` of
+    the largest: a gradient that small is a sum that mostly cancels."""
+    targets = torch.tensor(row.target_ids)
+    weights = torch.randn(len(targets), generator=torch.Generator().manual_seed(seed))
+    got = forward(tested, row)
+    (got.logp * weights.to(got.logp.dtype)).sum().backward()
+    want = reference_log_probs(stock, row.samples, targets)
+    (want * weights.to(want.dtype)).sum().backward()
+    got_grads, want_grads = gradients(tested), gradients(stock)
+    largest = max(max(w.norm() for w in want_grads), torch.finfo(torch.float32).tiny)
+    grad = max(
+        ((g - w).norm() / max(w.norm(), GRADIENT_NORM_FLOOR * largest)).item()
+        for g, w in zip(got_grads, want_grads, strict=True)
+    )
+    return (got.logp - want).abs().max().item(), grad
 
 
 def measure(family: str, model_class: str) -> Measured:
@@ -106,24 +125,17 @@ def measure(family: str, model_class: str) -> Measured:
         return Measured(family, model_class, "refused", _short(str(error).split("\n")[1]), 0, 0)
     disable_dropout(stock)
     tested = copy.deepcopy(stock)
-    targets = torch.tensor(ROW.target_ids)
-    weights = torch.randn(len(targets), generator=torch.Generator().manual_seed(0))
     if path.kind == "tree":
-        got = packed_log_probs(enable_tree_attention(tested), ROW, 1.0, backend="segments")
+        enable_tree_attention(tested)
+
+        def forward(model, row):
+            return packed_log_probs(model, row, 1.0, backend="segments")
+
     else:
-        got = per_sample_log_probs(tested, ROW, 1.0)
-    (got.logp * weights).sum().backward()
-    want = reference_log_probs(stock, ROW.samples, targets)
-    (want * weights).sum().backward()
-    dlogp = (got.logp - want).abs().max().item()
-    got_grads, want_grads = _gradients(tested), _gradients(stock)
-    largest = max(max(w.norm() for w in want_grads), torch.finfo(torch.float32).tiny)
-    grad = max(
-        ((g - w).norm() / max(w.norm(), GRADIENT_NORM_FLOOR * largest)).item()
-        for g, w in zip(got_grads, want_grads, strict=True)
-    )
+        forward = functools.partial(per_sample_log_probs, temperature=1.0)
+    dlogp, grad = differences(tested, stock, forward, ROW)
     why = _short(path.reasons[0]) if path.reasons else ""
-    noise = _own_rounding(stock, targets) if dlogp > LOGP_TOLERANCE else 0.0
+    noise = _own_rounding(stock, torch.tensor(ROW.target_ids)) if dlogp > LOGP_TOLERANCE else 0.0
     return Measured(family, model_class, path.kind, why, dlogp, grad, noise)
 
 
