@@ -14,6 +14,7 @@ import functools
 import math
 
 import attrs
+import families
 import numpy as np
 import pytest
 import structlog
@@ -44,19 +45,7 @@ GRADIENT_TOLERANCE = 5e-5
 GRADIENT_NORM_FLOOR = 1e-2  # of the model's largest gradient norm (see largest_differences)
 CONTROL_DIFFERENCE = 1e-2  # a part left out moves some log-prob by at least this much
 
-SMALL = dict(
-    vocab_size=100,
-    hidden_size=64,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    initializer_range=0.2,  # large enough weights that every part moves the log-probs
-    pad_token_id=0,
-    bos_token_id=None,
-    eos_token_id=None,
-)
+SMALL = {**families.SMALL, "head_dim": 16}
 SLIDING_THEN_FULL = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW)
 
 CONFIGS = {
