@@ -51,7 +51,11 @@ from transformers import PreTrainedModel, set_seed
 from asyncgrpo.adapters.host_memory import give_back_freed_memory, keep_freed_memory
 from asyncgrpo.adapters.kernels.architecture_support import training_path
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
-from asyncgrpo.adapters.kernels.backends import ModelAttention, choose_backend
+from asyncgrpo.adapters.kernels.backends import (
+    BackendUnavailableError,
+    ModelAttention,
+    choose_backend,
+)
 from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import DEFAULT_CHUNK_SIZE
 from asyncgrpo.adapters.kernels.packed_policy import (
@@ -222,8 +226,12 @@ class Learner:
                 reasons=list(self.path.reasons),
                 given_up="each sample forwards its own prompt: batch/packing_ratio of the work",
             )
-        # once, with the parts the model's layers need: every row's
-        self.attention = choose_backend(self.device, attention_backend, ModelAttention.of(model))
+        # once, with the parts the model's layers need: every row's; rank 0's choice for all
+        # (a kernel that loads on one rank and not on another must not split the ranks)
+        self.attention = decided_on_rank0(
+            lambda: choose_backend(self.device, attention_backend, ModelAttention.of(model)),
+            refusals=(BackendUnavailableError,),
+        )
         if self.rank == 0:
             log.info("attention backend", backend=self.attention.name, reason=self.attention.reason)
         self.model = self._prepare(model, peft_config, max_model_len)

@@ -4,7 +4,8 @@ The same micro-batches are laid out for any number of processes: with 2, rank 0 
 0 and 2 and rank 1 holds group 1 (and nothing in the second micro-batch); with 1, the process
 holds every group of a micro-batch in one row. Each micro-batch has the same global trained
 tokens either way, so the updated weights must agree. Rank 0 saves the full state dict and the
-step's metrics to ``--out``.
+step's metrics to ``--out``, and each rank the attention backend it runs to
+``--out.backend-<rank>`` (with ``RANK_BACKENDS=a,b`` each rank's own choice would differ).
 
     torchrun --standalone --nproc_per_node=2 tests/distributed/fsdp_worker.py MODEL OUT
 """
@@ -14,16 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from on_policy import on_policy
 
+from asyncgrpo.adapters.kernels.backends import BackendChoice
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.core.packing.memory import LINEAR
 from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
+from asyncgrpo.shell.learner import learner as learner_module
 
 TOP_K = 4
 GROUPS = {
@@ -66,6 +71,11 @@ def main() -> None:
     parser.add_argument("out")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if os.environ.get("RANK_BACKENDS"):  # each rank would choose its own attention backend
+        chosen = os.environ["RANK_BACKENDS"].split(",")[int(os.environ["RANK"])]
+        learner_module.choose_backend = lambda device, requested, shape: BackendChoice(
+            chosen, LINEAR, f"rank {os.environ['RANK']}'s own choice"
+        )
     config = AsyncGRPOConfig(num_sampler_logprobs=TOP_K, gradient_accumulation_steps=2, seed=0)
     model = load_causal_lm(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -73,6 +83,7 @@ def main() -> None:
         rows = my_rows(args.model, learner.rank, learner.world_size)
         metrics = learner.train_step(rows).metrics
         weights = learner.export.full_state_dict()
+        Path(f"{args.out}.backend-{learner.rank}").write_text(str(learner.attention.backend))
         if learner.rank == 0:
             torch.save({"weights": weights, "metrics": metrics}, args.out)
         dist.barrier()

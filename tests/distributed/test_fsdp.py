@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import RECURRENT
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def run_worker(model: Path, out: Path, processes: int) -> dict:
+def run_worker(model: Path, out: Path, processes: int, **env_vars: str) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={processes}", str(WORKER), str(model), str(out)]
     support = str(Path(__file__).parents[1] / "support")
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": support}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": support, **env_vars}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out, weights_only=True)
@@ -54,5 +56,30 @@ def test_two_processes_update_the_weights_as_one(tiny_qwen3, tmp_path) -> None:
     # The tied embedding's gradient is the sum of its two uses, reduced shard by shard in a
     # different order than one process adds them: fp32 rounding of about 1e-5 relative. A
     # gradient averaged instead of summed over the 2 processes would be off by 2x.
+    grad_norms = sharded["metrics"]["grad_norm"], single["metrics"]["grad_norm"]
+    assert grad_norms[0] == pytest.approx(grad_norms[1], rel=1e-4), grad_norms
+
+
+def test_the_ranks_run_rank_0s_attention_backend(tiny_qwen3, tmp_path) -> None:
+    out = tmp_path / "sharded.pt"
+    run_worker(tiny_qwen3, out, processes=2, RANK_BACKENDS="dense,segments")
+    backends = [Path(f"{out}.backend-{rank}").read_text() for rank in (0, 1)]
+    assert backends == ["dense", "dense"]
+
+
+def test_two_processes_update_a_per_sample_model_as_one(tmp_path) -> None:
+    """A Mamba-2 hybrid on the per-sample path: one forward per row on every rank, whatever
+    its sample count (rank 1 holds a row of 2 samples, then none), so FSDP2's collectives
+    pair up, and the update is the one process's."""
+    model = tmp_path / "falcon-h1"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(RECURRENT["falcon_h1"]()).save_pretrained(model)
+    single = run_worker(model, tmp_path / "single.pt", processes=1)
+    sharded = run_worker(model, tmp_path / "sharded.pt", processes=2)
+    difference = max(
+        (sharded["weights"][name] - tensor).abs().max().item()
+        for name, tensor in single["weights"].items()
+    )
+    assert difference < 1e-6
     grad_norms = sharded["metrics"]["grad_norm"], single["metrics"]["grad_norm"]
     assert grad_norms[0] == pytest.approx(grad_norms[1], rel=1e-4), grad_norms
