@@ -14,7 +14,9 @@ forwarding each sample alone only when every token-mixing layer knows the tree:
 * gated DeltaNet (Qwen3.5/3.6, Qwen3-Next), through
   :mod:`asyncgrpo.adapters.kernels.gated_delta_net`;
 * LFM2's gated short convolutions (``layer_types`` entries ``"conv"``), through
-  :mod:`asyncgrpo.adapters.kernels.short_conv`.
+  :mod:`asyncgrpo.adapters.kernels.short_conv`;
+* Mamba-2 mixers (Mamba-2, Bamba, Granite 4.0 hybrids, Nemotron-H, Falcon-H1), through
+  :mod:`asyncgrpo.adapters.kernels.mamba2`.
 
 Anything else would compute something different without an error on the tree, so
 :func:`check_tree_packing_support` refuses it there (``enable_tree_attention``), naming the
@@ -50,11 +52,16 @@ from transformers import PreTrainedModel
 
 from asyncgrpo.adapters.kernels.attention_parts import decoder_of
 from asyncgrpo.adapters.kernels.gated_delta_net import GATED_DELTA_NET_CLASSES
+from asyncgrpo.adapters.kernels.mamba2 import MAMBA2_CLASSES
 from asyncgrpo.adapters.kernels.short_conv import SHORT_CONV_CLASSES
 
 SUPPORTED_LAYER_TYPES = frozenset(
     {"full_attention", "linear_attention", "sliding_attention", "chunked_attention", "conv"}
 )
+FAMILY_LAYER_TYPES = {"falcon_h1": frozenset({"hybrid"})}
+"""Layer types whose meaning is a family's own: Falcon-H1's ``"hybrid"`` layer runs attention
+and Mamba-2 side by side (Zamba2's ``"hybrid"`` is another layer, with a shared block)."""
+_TREE_MIXERS = GATED_DELTA_NET_CLASSES | SHORT_CONV_CLASSES | MAMBA2_CLASSES
 
 _RECURRENT_CLASS = re.compile(
     # "SSM" only in capitals, where it names a layer: case-blind it would match "GptOssModel".
@@ -124,8 +131,8 @@ def check_tree_packing_support(model: PreTrainedModel) -> None:
         raise UnsupportedArchitectureError(
             f"model type {model_type!r} ({type(model).__name__}) cannot train with tree packing, "
             "which supports full, sliding-window and chunked attention (gated or not, with "
-            "sinks or soft-capping), gated DeltaNet and LFM2's short convolutions only:\n  "
-            + "\n  ".join(reasons)
+            "sinks or soft-capping), gated DeltaNet, LFM2's short convolutions and Mamba-2 "
+            "only:\n  " + "\n  ".join(reasons)
         )
 
 
@@ -135,8 +142,9 @@ def _config_reasons(config, decoder: PreTrainedModel) -> list[str]:
     reasons = []
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
+        supported = SUPPORTED_LAYER_TYPES | FAMILY_LAYER_TYPES.get(model_type, frozenset())
         for index, layer_type in enumerate(layer_types):
-            if layer_type not in SUPPORTED_LAYER_TYPES:
+            if layer_type not in supported:
                 reasons.append(
                     f"{model_type} layer {index} ({_mixer_names(layers, index)}) is "
                     f"{layer_type!r}: the tree backends compute full, sliding-window, chunked "
@@ -167,15 +175,22 @@ def _module_reasons(decoder: PreTrainedModel) -> list[str]:
     reasons = []
     for name, module in decoder.named_modules():
         cls = type(module).__name__
-        if _RECURRENT_CLASS.search(cls) and not any(
-            c.__name__ in GATED_DELTA_NET_CLASSES | SHORT_CONV_CLASSES for c in type(module).__mro__
+        if (
+            _RECURRENT_CLASS.search(cls)
+            and not _is_tree_mixer(module)
+            and "norm" not in cls.lower()  # Mamba2RMSNorm: token-local
+            and not any(_is_tree_mixer(inner) for inner in module.modules())  # a container
         ):
             reasons.append(
                 f"{model_type} {name} ({cls}) is a state-space or recurrent layer that is not "
-                "gated DeltaNet or LFM2's short convolution: its state would run from one "
-                "packed sample into the next"
+                "gated DeltaNet, LFM2's short convolution or Mamba-2: its state would run from "
+                "one packed sample into the next"
             )
     return reasons
+
+
+def _is_tree_mixer(module: torch.nn.Module) -> bool:
+    return any(c.__name__ in _TREE_MIXERS for c in type(module).__mro__)
 
 
 def _plumbing_reasons(decoder: PreTrainedModel) -> list[str]:

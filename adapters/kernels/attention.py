@@ -45,6 +45,7 @@ from asyncgrpo.adapters.kernels.backends import (
 )
 from asyncgrpo.adapters.kernels.gated_delta_net import enable_tree_gated_delta_net
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout, segment_spans, tree_block_mask
+from asyncgrpo.adapters.kernels.mamba2 import enable_tree_mamba2
 from asyncgrpo.adapters.kernels.short_conv import enable_tree_short_conv
 from asyncgrpo.core.packing.tree import PackedRow
 
@@ -136,7 +137,8 @@ def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
     Every forward must then pass ``tree_layout=``; switch back with
     ``model.set_attn_implementation("sdpa")`` to run unpacked batches. Gated DeltaNet layers
     (Qwen3.5, Qwen3-Next) follow the tree too (:mod:`asyncgrpo.adapters.kernels.gated_delta_net`),
-    and so do LFM2's short convolutions (:mod:`asyncgrpo.adapters.kernels.short_conv`).
+    and so do LFM2's short convolutions (:mod:`asyncgrpo.adapters.kernels.short_conv`) and
+    Mamba-2 mixers (:mod:`asyncgrpo.adapters.kernels.mamba2`).
 
     Raises:
         UnsupportedArchitectureError: a layer the tree-packed forward would compute wrongly
@@ -146,6 +148,7 @@ def enable_tree_attention(model: PreTrainedModel) -> PreTrainedModel:
     model.set_attn_implementation(TREE_ATTENTION)
     enable_tree_gated_delta_net(model)
     enable_tree_short_conv(model)
+    enable_tree_mamba2(model)
     return model
 
 

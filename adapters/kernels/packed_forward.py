@@ -36,6 +36,7 @@ from asyncgrpo.adapters.kernels.gated_delta_net import (
 )
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
 from asyncgrpo.adapters.kernels.lm_head_log_probs import LogitTransform, lm_head_log_probs
+from asyncgrpo.adapters.kernels.mamba2 import mamba2_kernel_size
 from asyncgrpo.adapters.kernels.short_conv import short_conv_kernel_size
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
@@ -92,12 +93,13 @@ def row_tensors(
 
 def recurrent_kernel(model: PreTrainedModel) -> int | None:
     """The convolution width of ``model``'s recurrent layers (gated DeltaNet, LFM2's short
-    convolutions), which the row's recurrent tables are built for; ``None`` without any.
+    convolutions, Mamba-2), which the row's recurrent tables are built for; ``None`` without any.
 
     Raises:
         ValueError: the layers have convolutions of different widths.
     """
-    kernels = {k for k in (conv_kernel_size(model), short_conv_kernel_size(model)) if k}
+    widths = (conv_kernel_size(model), short_conv_kernel_size(model), mamba2_kernel_size(model))
+    kernels = {k for k in widths if k}
     if len(kernels) > 1:
         raise ValueError(f"recurrent layers with different convolution widths {sorted(kernels)}")
     return kernels.pop() if kernels else None

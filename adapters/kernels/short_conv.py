@@ -12,33 +12,23 @@ DeltaNet's convolution reads), which is exactly what forwarding its sample alone
 the state of a short convolution is nothing but those predecessors.
 
 LFM2's decoder layer hands its convolution no keywords but ``seq_idx``, so the row's tables
-reach it through the layer: a forward pre-hook on the decoder layer takes
-``recurrent_layout`` from the layer's keywords and leaves it on the convolution for that call
-(again when activation checkpointing recomputes the layer), and a forward hook takes it away.
-Without it the convolution runs transformers' own forward.
+reach it through the layer (:mod:`asyncgrpo.adapters.kernels.recurrent_routing`); without
+them the convolution runs transformers' own forward.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from asyncgrpo.adapters.kernels.gated_delta_net import (
-    RECURRENT_LAYOUT_KWARG,
-    TREE_LAYOUT_KWARG,
-    RecurrentTensors,
-)
+from asyncgrpo.adapters.kernels.gated_delta_net import RecurrentTensors
+from asyncgrpo.adapters.kernels.recurrent_routing import route_to_tree_forward
 
 SHORT_CONV_CLASSES = frozenset({"Lfm2ShortConv", "Lfm2MoeShortConv"})
 """transformers' gated short-convolution layers that :func:`tree_short_conv_forward`
 computes."""
-
-_STOCK_FORWARD = "_asyncgrpo_stock_forward"
-_LAYOUT = "_asyncgrpo_recurrent_layout"
-_NO_LAYOUT = object()  # the layer's call carried a tree layout but no recurrent tables
 
 
 def is_short_conv(module: object) -> bool:
@@ -58,47 +48,7 @@ def enable_tree_short_conv(model: nn.Module) -> int:
     """Route every short convolution of ``model`` through :func:`tree_short_conv_forward`
     whenever its decoder layer's forward carries the row's recurrent tables; returns the
     number of layers switched. Idempotent."""
-    switched = 0
-    for layer in model.modules():
-        convs = [child for child in layer.children() if is_short_conv(child)]
-        for conv in convs:
-            if not hasattr(conv, _STOCK_FORWARD):
-                setattr(conv, _STOCK_FORWARD, conv.forward)
-                conv.forward = types.MethodType(_dispatching_forward, conv)
-                layer.register_forward_pre_hook(_hand_layout(conv), with_kwargs=True)
-                layer.register_forward_hook(_take_layout(conv))
-            switched += 1
-    return switched
-
-
-def _hand_layout(conv: nn.Module):
-    def hook(layer: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        layout = kwargs.get(RECURRENT_LAYOUT_KWARG)
-        if layout is None and kwargs.get(TREE_LAYOUT_KWARG) is not None:
-            layout = _NO_LAYOUT
-        setattr(conv, _LAYOUT, layout)
-
-    return hook
-
-
-def _take_layout(conv: nn.Module):
-    def hook(layer: nn.Module, args: tuple, output: Any) -> None:
-        setattr(conv, _LAYOUT, None)
-
-    return hook
-
-
-def _dispatching_forward(module: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    layout = getattr(module, _LAYOUT, None)
-    if layout is None:
-        return getattr(module, _STOCK_FORWARD)(hidden_states, *args, **kwargs)
-    if not isinstance(layout, RecurrentTensors):
-        raise ValueError(
-            f"{type(module).__name__} got a tree layout without {RECURRENT_LAYOUT_KWARG}="
-            "RecurrentTensors: short convolutions need the row's recurrent tables; build them "
-            "with recurrent_tensors(row, device, conv_kernel) (packed_log_probs does)"
-        )
-    return tree_short_conv_forward(module, hidden_states, layout)
+    return route_to_tree_forward(model, is_short_conv, tree_short_conv_forward)
 
 
 def tree_short_conv_forward(module: Any, hidden_states: Tensor, layout: RecurrentTensors) -> Tensor:

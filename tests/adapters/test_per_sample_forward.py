@@ -1,7 +1,7 @@
-"""Decoders the tree cannot compute (Mamba and Mamba-2 hybrids, a logit
-scaling after the head) train on the per-sample forward: its log-probs and gradients equal each
-sample forwarded alone (fp32, CPU), on random tries; the stock forward of the packed row, what
-the tree would compute with these layers, does not."""
+"""Decoders the tree cannot compute (Mamba, Jamba, Zamba2, a logit scaling after the head)
+train on the per-sample forward: its log-probs and gradients equal each sample forwarded alone
+(fp32, CPU), on random tries, for them and for the Mamba-2 hybrids the tree also computes; the
+stock forward of the packed row, what the tree would compute with these layers, does not."""
 
 import copy
 import functools
@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from families import RECURRENT
+from families import PER_SAMPLE, RECURRENT
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from model_table import ROW, differences, reference_log_probs
@@ -43,7 +43,7 @@ def largest_differences(family, row, seed=0):
     return differences(tested, stock, forward, row, seed)
 
 
-@pytest.mark.parametrize("family", sorted(RECURRENT))
+@pytest.mark.parametrize("family", sorted(PER_SAMPLE))
 def test_the_family_takes_the_per_sample_path(family) -> None:
     path = training_path(models(family)[0])
     assert path.kind == "per_sample"

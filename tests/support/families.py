@@ -42,7 +42,7 @@ SHORT_CONVOLUTIONS = {
 }
 """LFM2's gated short convolutions: the tree computes them along each token's path."""
 
-RECURRENT = {
+MAMBA2 = {
     "falcon_h1": lambda: tf.FalconH1Config(
         **SMALL,
         head_dim=16,
@@ -52,11 +52,9 @@ RECURRENT = {
         mamba_d_state=8,
         mamba_chunk_size=4,
     ),
-    "mamba": lambda: tf.MambaConfig(**NO_ATTENTION, state_size=8),
     "mamba2": lambda: tf.Mamba2Config(
         **NO_ATTENTION, num_heads=8, head_dim=16, state_size=8, chunk_size=4, n_groups=1
     ),
-    "falcon_mamba": lambda: tf.FalconMambaConfig(**NO_ATTENTION, state_size=8),
     "granitemoehybrid": lambda: tf.GraniteMoeHybridConfig(
         **SMALL,
         layer_types=["mamba", "attention"],
@@ -84,13 +82,20 @@ RECURRENT = {
         mamba_d_state=8,
         mamba_chunk_size=4,
     ),
+}
+"""Mamba-2 hybrids: the tree forks their convolution and scan at the trie's branch points."""
+
+PER_SAMPLE = {
+    "mamba": lambda: tf.MambaConfig(**NO_ATTENTION, state_size=8),
+    "falcon_mamba": lambda: tf.FalconMambaConfig(**NO_ATTENTION, state_size=8),
     "jamba": lambda: tf.JambaConfig(
         **SMALL,
         attn_layer_period=2,
         attn_layer_offset=1,
         expert_layer_period=2,
         expert_layer_offset=1,
-        num_experts=2,
+        num_experts=4,
+        num_experts_per_tok=2,
         mamba_d_state=8,
     ),
     "granite_scaled": lambda: tf.GraniteConfig(**SMALL, logits_scaling=4.0),
@@ -104,8 +109,11 @@ RECURRENT = {
         adapter_rank=8,
     ),
 }
-"""Families the tree cannot compute (a recurrent state, a head it does not apply): they train
-on the per-sample forward."""
+"""Families the tree cannot compute (a recurrent state it does not fork, a head it does not
+apply): they train on the per-sample forward."""
+
+RECURRENT = {**MAMBA2, **PER_SAMPLE}
+"""Every family above with a recurrent layer or a head of its own."""
 
 
 GENERIC = dict(
