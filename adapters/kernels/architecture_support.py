@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -199,7 +200,9 @@ def _plumbing_reasons(decoder: PreTrainedModel) -> list[str]:
     model_type = decoder.config.get_text_config().model_type
     reasons = []
     # the decoder's layer list: ``layers`` in most families, ``h`` in Bloom, Falcon, GPT-J
-    stack = next((c for c in decoder.children() if isinstance(c, torch.nn.ModuleList)), [])
+    stack: Iterable[torch.nn.Module] = next(
+        (c for c in decoder.children() if isinstance(c, torch.nn.ModuleList)), []
+    )
     layers = {type(layer): layer for layer in stack}
     for layer_class, layer in layers.items():
         for name, child in layer.named_children():

@@ -19,6 +19,8 @@ function on each call, so the tree computes what the stock layer computes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 from transformers import PreTrainedModel
@@ -29,7 +31,7 @@ SLIDING_LAYER = "sliding_attention"
 CHUNKED_LAYER = "chunked_attention"
 
 
-def config_setting(config: object, name: str) -> object | None:
+def config_setting(config: object, name: str) -> Any:
     """``config``'s setting ``name``, None when it has none; a setting that varies per layer
     (Gemma 4's ``head_dim``, which transformers refuses to read model-wide) is its largest
     value over the layers."""
@@ -38,7 +40,7 @@ def config_setting(config: object, name: str) -> object | None:
     except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
         values = [getattr(layer, name, None) for layer in getattr(config, "per_layer_config", ())]
         present = [value for value in values if value is not None]
-        return max(present) if present else None  # type: ignore[type-var]
+        return max(present) if present else None
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ decoder layers call their mixer without the row's tables, which reach it through
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,7 @@ def is_mamba2(module: object) -> bool:
 
 def mamba2_kernel_size(model: nn.Module) -> int | None:
     """The convolution width ``K`` of ``model``'s Mamba-2 mixers, ``None`` without any."""
-    kernels = {module.conv_kernel_size for module in model.modules() if is_mamba2(module)}
+    kernels = {int(cast(Any, m).conv_kernel_size) for m in model.modules() if is_mamba2(m)}
     if len(kernels) > 1:
         raise ValueError(f"Mamba-2 mixers with different convolution widths {sorted(kernels)}")
     return kernels.pop() if kernels else None

@@ -18,7 +18,7 @@ them the convolution runs transformers' own forward.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,7 @@ def is_short_conv(module: object) -> bool:
 
 def short_conv_kernel_size(model: nn.Module) -> int | None:
     """The width ``K`` of ``model``'s short convolutions, ``None`` without such layers."""
-    kernels = {module.conv_kernel_size for module in model.modules() if is_short_conv(module)}
+    kernels = {int(cast(Any, m).conv_kernel_size) for m in model.modules() if is_short_conv(m)}
     if len(kernels) > 1:
         raise ValueError(f"short convolutions with different kernel sizes {sorted(kernels)}")
     return kernels.pop() if kernels else None

@@ -50,7 +50,7 @@ def loss_metrics(
     sample_index: Tensor,
     config: LossConfig,
     topk: SamplerTopK | None = None,
-) -> dict[str, float]:
+) -> dict[str, Tensor]:
     """The loss metrics of TRL's AsyncGRPOTrainer over the N trained tokens, computed without grad.
 
     * ``sampling/importance_sampling_ratio/{min,mean,max}``: of ``r`` before masking;
@@ -65,8 +65,8 @@ def loss_metrics(
       completion's fraction of its tokens in this micro-batch below (above) the trust region;
     * ``sampling/sampler_mass`` (only with ``topk``): mean of :func:`sampler_mass`.
 
-    With N = 0 every metric is NaN (a metric window ignores it). All values come back in one
-    device-to-host copy.
+    With N = 0 every metric is NaN (a metric window ignores it). Each is a 0-d float64 tensor
+    left where the tokens are: the learner takes a step's metrics to the host at once.
 
     Args:
         logp: float [N] policy log-probs of the targets (nats).
@@ -80,12 +80,13 @@ def loss_metrics(
         >>> m = loss_metrics(torch.log(torch.tensor([0.5, 0.5])),
         ...                  torch.log(torch.tensor([0.25, 0.5])), torch.zeros(2),
         ...                  torch.tensor([7, 9]), LossConfig())
-        >>> m["sampling/importance_sampling_ratio/max"], m["clip_ratio/high_max"]
+        >>> float(m["sampling/importance_sampling_ratio/max"]), float(m["clip_ratio/high_max"])
         (2.0, 1.0)
     """
     names = _BASE_METRICS + ((_SAMPLER_MASS,) if topk is not None else ())
     if logp.shape[0] == 0:
-        return dict.fromkeys(names, math.nan)
+        nan = torch.tensor(math.nan, dtype=torch.float64, device=logp.device)
+        return dict.fromkeys(names, nan)
     logp = logp.detach()
     dtype = logp.dtype
     ratio = importance_ratio(logp, sampler_logp.to(dtype))
@@ -108,7 +109,7 @@ def loss_metrics(
     ]
     if topk is not None:
         values.append(sampler_mass(topk).to(dtype).mean())
-    return dict(zip(names, torch.stack([v.to(dtype) for v in values]).tolist(), strict=True))
+    return {name: v.to(torch.float64) for name, v in zip(names, values, strict=True)}
 
 
 def _fraction_per_sample(flags: Tensor, sample_index: Tensor, dtype: torch.dtype) -> Tensor:

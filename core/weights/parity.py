@@ -78,31 +78,23 @@ def parity_limit(trainer_dtype: str | None, server_dtype: str | None) -> float:
 STALENESS0_GAP = "sampling/staleness0_logp_difference/mean"
 
 
-def staleness0_gap(
-    difference: np.ndarray,
-    sample_index: np.ndarray,
-    sample_versions: Sequence[int],
-    current_version: int,
-) -> tuple[float, int]:
-    """The mean |trainer - sampler| log-prob over the tokens of staleness-0 samples, and how
-    many tokens that is (``(nan, 0)`` when none).
+def staleness0_tokens(
+    sample_index: np.ndarray, sample_versions: Sequence[int], current_version: int
+) -> np.ndarray:
+    """bool [N]: which trained tokens belong to a staleness-0 sample, whose sampler log-probs
+    the trainer must reproduce (the gap over them is :data:`STALENESS0_GAP`).
 
     Args:
-        difference: float [N] per trained token, ``|logp - sampler_logp|`` (nats).
         sample_index: int [N] the sample each token belongs to.
         sample_versions: per sample, the policy version that generated it.
         current_version: the version being trained (staleness 0 means equal).
 
     Example:
-        >>> staleness0_gap(np.array([0.1, 0.3, 9.0]), np.array([0, 0, 1]), [5, 4], 5)
-        (0.2, 2)
+        >>> staleness0_tokens(np.array([0, 0, 1]), [5, 4], 5).tolist()
+        [True, True, False]
     """
     fresh = np.asarray([v == current_version for v in sample_versions], dtype=bool)
-    tokens = fresh[np.asarray(sample_index, dtype=np.int64)] if len(sample_index) else fresh[:0]
-    count = int(tokens.sum())
-    if count == 0:
-        return math.nan, 0
-    return float(np.asarray(difference, dtype=np.float64)[tokens].mean()), count
+    return fresh[np.asarray(sample_index, dtype=np.int64)] if len(sample_index) else fresh[:0]
 
 
 class Verdict(enum.Enum):

@@ -106,7 +106,7 @@ from asyncgrpo.core.packing.memory import (
     row_tokens,
 )
 from asyncgrpo.core.packing.tree import PackedRow
-from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_gap
+from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_tokens
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
 from asyncgrpo.shell.learner.export import WeightExport
@@ -146,12 +146,78 @@ class StepOutput:
     skipped: bool = False
 
 
-@attrs.frozen
+class DeviceClock:
+    """Time on the device's own timeline without waiting for it: on a GPU a mark is a CUDA
+    event recorded on the current stream, read (after the work before it has finished) when
+    the step's figures are taken; elsewhere it is the host clock, in seconds."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        """A point in the work queued so far."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any = None) -> float:
+        """Seconds from ``start`` to ``end`` (a new mark when None); on a GPU this waits for
+        the work up to ``end``."""
+        end = self.mark() if end is None else end
+        if not self.cuda:
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
+@attrs.frozen(eq=False)
 class _MicroBatch:
-    """One micro-batch's loss on this process (with grad) and its metric observations."""
+    """One micro-batch's loss on this process (with grad) and its metrics, still where they
+    were computed (0-d float64 tensors): :func:`_to_host` takes every micro-batch's at once.
+
+    Attributes:
+        loss: the loss term with grad.
+        metrics: the declared metrics (``LEARNER_METRICS``), each over the row's ``tokens``.
+        tokens: the row's trained tokens, the weight of its metrics.
+        staleness0: the summed ``|logp - sampler_logp|`` over the tokens of staleness-0
+            samples, and how many tokens that is; None when there are none.
+        aux: the unscaled load-balancing loss (MoE), or None.
+    """
 
     loss: Tensor
-    observations: tuple[Observation, ...]
+    metrics: dict[str, Tensor] = attrs.field(factory=dict)
+    tokens: int = 0
+    staleness0: tuple[Tensor, int] | None = None
+    aux: Tensor | None = None
+
+
+def _to_host(micro_batches: Sequence[_MicroBatch]) -> list[Observation]:
+    """The micro-batches' metrics as observations, copied to the host in one transfer."""
+    values = [
+        value
+        for micro in micro_batches
+        for value in [
+            *micro.metrics.values(),
+            *([micro.staleness0[0]] if micro.staleness0 else []),
+            *([micro.aux] if micro.aux is not None else []),
+        ]
+    ]
+    if not values:
+        return []
+    floats = iter(torch.stack([v.detach().reshape(()).double() for v in values]).tolist())
+    observations = []
+    for micro in micro_batches:
+        observations += [
+            declared(name, next(floats), micro.tokens, LEARNER_METRICS) for name in micro.metrics
+        ]
+        if micro.staleness0:
+            count = micro.staleness0[1]
+            observations.append(mean(STALENESS0_GAP, next(floats) / count, weight=count))
+        if micro.aux is not None:
+            observations.append(mean("aux_loss", next(floats)))
+    return observations
 
 
 # --- the learner ---------------------------------------------------------------------------
@@ -246,6 +312,7 @@ class Learner:
         self._dummy = dummy_row(self.vocab_size)
         self.export = WeightExport(self.model, self.rank, self.device, self.bf16)
         self.step = 0
+        self._clock = DeviceClock(self.device)
 
     @property
     def is_peft(self) -> bool:
@@ -348,11 +415,11 @@ class Learner:
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch (a row or None)")
         counts = self._global_counts(micro_batches)
-        observations: list[Observation] = []
         loss_sum = torch.zeros((), device=self.device)
-        fwd_s = fwd_bwd_s = 0.0
+        done: list[_MicroBatch] = []
+        marks = []  # (start, forward done, backward done) per micro-batch, read after the loop
         for row, (tokens, rows) in zip(micro_batches, counts, strict=True):
-            start = self._now()
+            start = self._clock.mark()
             with out_of_memory_named(
                 row or self._dummy,
                 self.config.token_budget,
@@ -361,13 +428,15 @@ class Learner:
                 release=lambda: self.optimizer.zero_grad(set_to_none=True),
             ):
                 micro = self._micro_batch(row, tokens, rows, len(micro_batches))
-                forward_done = self._now()
+                forward_done = self._clock.mark()
                 micro.loss.backward()
-            fwd_s += forward_done - start
-            fwd_bwd_s += self._now() - start
+            marks.append((start, forward_done, self._clock.mark()))
             loss_sum += micro.loss.detach()
-            observations.extend(micro.observations)
-        observations += [
+            done.append(micro)
+        fwd_s = sum(self._clock.seconds(start, forward) for start, forward, _ in marks)
+        fwd_bwd_s = sum(self._clock.seconds(start, end) for start, _, end in marks)
+        observations = [
+            *_to_host(done),
             mean("perf/fwd_s", fwd_s),
             mean("perf/bwd_s", fwd_bwd_s - fwd_s),
             mean("perf/fwd_bwd_s", fwd_bwd_s),
@@ -394,7 +463,7 @@ class Learner:
             logp, entropy, topk_logp = self.policy(row, topk, mask)
         if not real:
             dummy = logp.sum() + (self._aux_term(routers, 1, 1)[0] if self.aux else 0.0)
-            return _MicroBatch(dummy * 0.0, ())
+            return _MicroBatch(dummy * 0.0)
         inputs = self._token_inputs(row, logp, entropy, topk_logp, topk)
         per_token = self.objective.per_token_loss(inputs, self.objective_settings)
         loss = normalize_loss(per_token, tokens, accumulation)
@@ -405,21 +474,19 @@ class Learner:
             ),
             **self.objective.metrics(inputs, self.objective_settings),
         }
-        n = len(row.target_ids)
-        observations = [declared(name, v, n, LEARNER_METRICS) for name, v in metrics.items()]
-        gap, fresh = staleness0_gap(
-            (logp.detach() - sampler_logp).abs().double().cpu().numpy(),
-            row.sample_index,
-            [s.model_version for s in row.samples],
-            self.step,
+        fresh = staleness0_tokens(
+            row.sample_index, [s.model_version for s in row.samples], self.step
         )
-        if fresh:
-            observations.append(mean(STALENESS0_GAP, gap, weight=fresh))
+        staleness0 = None
+        if fresh.any():
+            on_device = torch.from_numpy(fresh).to(self.device, non_blocking=True)
+            gap = (logp.detach() - sampler_logp).abs().double()[on_device].sum()
+            staleness0 = (gap, int(fresh.sum()))
+        aux = None
         if self.aux is not None:
             aux_term, aux = self._aux_term(routers, rows, accumulation)
             loss = loss + aux_term
-            observations.append(mean("aux_loss", aux))
-        return _MicroBatch(loss, tuple(observations))
+        return _MicroBatch(loss, metrics, len(row.target_ids), staleness0, aux)
 
     def _topk(self, row: PackedRow) -> SamplerTopK | None:
         if not self.objective.needs.sampler_topk:
@@ -459,22 +526,23 @@ class Learner:
 
     def _aux_term(
         self, routers: list[Tensor], rows: int, accumulation: int
-    ) -> tuple[Tensor, float]:
-        """``coef * aux / (rows * accumulation)`` (with grad) and the unscaled aux value."""
+    ) -> tuple[Tensor, Tensor]:
+        """``coef * aux / (rows * accumulation)`` (with grad) and the unscaled aux value
+        (detached, on the device)."""
         assert self.aux is not None
         aux = self.aux.loss(routers)
-        return self.aux.coef * aux / (max(rows, 1) * accumulation), float(aux.detach())
+        return self.aux.coef * aux / (max(rows, 1) * accumulation), aux.detach()
 
     def _finish_step(self, observations: list[Observation], loss_sum: Tensor) -> StepOutput:
         """Clip, step the optimizer and the schedule (or skip a non-finite step), and gather
         the step's metrics."""
-        start = self._now()
+        start = self._clock.mark()
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
         applied = optimizer_step(
             self.model, self.optimizer, self.scheduler, self.config, loss_sum, self.step + 1
         )
         self.step += 1
-        observations.append(mean("perf/optimizer_s", self._now() - start))
+        observations.append(mean("perf/optimizer_s", self._clock.seconds(start)))
         if trim_due(self.host_memory, self.step):
             give_back_freed_memory()
         if applied.skipped:  # what the forward measured describes a step not taken
@@ -502,12 +570,6 @@ class Learner:
         for window in windows:
             merged = merge(merged, window or MetricWindow())
         return merged
-
-    def _now(self) -> float:
-        """Seconds, after the device has finished its queued work."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     # --- checkpoints ---------------------------------------------------------------------
 

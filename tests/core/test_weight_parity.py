@@ -13,7 +13,7 @@ from asyncgrpo.core.weights.parity import (
     check_parity,
     dtype_name,
     parity_limit,
-    staleness0_gap,
+    staleness0_tokens,
 )
 
 dtypes = st.sampled_from(
@@ -107,13 +107,8 @@ def test_bf16_noise_of_a_real_run_never_warns(seq, patience) -> None:
     st.lists(st.integers(0, 3), min_size=5, max_size=5),
     st.integers(0, 3),
 )
-def test_the_staleness0_gap_is_the_mean_over_fresh_tokens_only(tokens, versions, current) -> None:
-    difference = np.array([d for d, _ in tokens], dtype=np.float64)
+def test_the_staleness0_tokens_are_those_of_fresh_samples_only(tokens, versions, current) -> None:
     sample_index = np.array([i for _, i in tokens], dtype=np.int64)
-    gap, count = staleness0_gap(difference, sample_index, versions, current)
-    fresh = [d for d, i in tokens if versions[i] == current]
-    assert count == len(fresh)
-    if fresh:
-        assert math.isclose(gap, sum(fresh) / len(fresh), rel_tol=1e-9, abs_tol=1e-12)
-    else:
-        assert math.isnan(gap)
+    fresh = staleness0_tokens(sample_index, versions, current)
+    assert fresh.dtype == bool and fresh.shape == (len(tokens),)
+    assert fresh.tolist() == [versions[i] == current for _, i in tokens]

@@ -360,9 +360,10 @@ class Objective(Protocol[SettingsT]):
         global trained-token count. A dropped token's loss is exactly 0 with zero gradient."""
         ...
 
-    def metrics(self, inputs: TokenInputs, settings: SettingsT) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: SettingsT) -> dict[str, Tensor]:
         """The objective's own metrics over the call's tokens, computed without grad, each a
-        finite float (an empty dict when N = 0). Record each with weight N; the ``_max`` ones
+        finite 0-d tensor left on the device (:func:`metric_values`; an empty dict when
+        N = 0). Record each with weight N; the ``_max`` ones
         keep the extreme. Names and meanings are in
         :mod:`asyncgrpo.core.loss.objectives.weights` and ``docs/objectives.md``."""
         ...
@@ -380,13 +381,14 @@ def empty_loss(inputs: TokenInputs) -> Tensor:
     return inputs.logp * 0.0
 
 
-def metric_values(names: tuple[str, ...], values: list[Tensor]) -> dict[str, float]:
-    """``names`` to the float of each 0-d tensor in ``values`` (stacked in float64, so a float32
-    fraction does not round the others), in one device-to-host copy.
+def metric_values(names: tuple[str, ...], values: list[Tensor]) -> dict[str, Tensor]:
+    """``names`` to each 0-d tensor of ``values``, detached and in float64 (so that a float32
+    fraction does not round the others), where they are: nothing is copied to the host, so
+    the learner takes a step's metrics to the host once (``float(value)`` reads one).
 
     Example:
-        >>> metric_values(("a", "b"), [torch.tensor(1.0), torch.tensor(0.5)])
+        >>> {name: float(v) for name, v in metric_values(
+        ...     ("a", "b"), [torch.tensor(1.0), torch.tensor(0.5)]).items()}
         {'a': 1.0, 'b': 0.5}
     """
-    stacked = torch.stack([v.detach().to(torch.float64) for v in values])
-    return dict(zip(names, stacked.tolist(), strict=True))
+    return {name: v.detach().to(torch.float64) for name, v in zip(names, values, strict=True)}

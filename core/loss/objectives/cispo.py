@@ -105,7 +105,7 @@ class CISPO:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: CISPOSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: CISPOSettings) -> dict[str, Tensor]:
         """``is_weight_mean``, ``is_weight_max``, ``truncated_fraction``."""
         if inputs.n == 0:
             return {}

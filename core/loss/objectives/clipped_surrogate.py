@@ -74,7 +74,7 @@ class ClippedSurrogate:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, Tensor]:
         """``is_weight_*``, ``masked_fraction`` and ``clipped_fraction``."""
         if inputs.n == 0:
             return {}

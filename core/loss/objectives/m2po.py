@@ -125,7 +125,7 @@ class M2PO:
         return torch.where(keep, -ratio * inputs.advantages, 0.0)
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: M2POSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: M2POSettings) -> dict[str, Tensor]:
         """``masked_fraction``, ``second_moment``, ``trust_region_fraction``, ``is_weight_*``."""
         if inputs.n == 0:
             return {}

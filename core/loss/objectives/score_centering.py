@@ -86,7 +86,7 @@ class ScoreCentering:
         )
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TRLSettings) -> dict[str, Tensor]:
         """``is_weight_mean``, ``is_weight_max`` and ``masked_fraction`` of the own terms."""
         if inputs.n == 0:
             return {}

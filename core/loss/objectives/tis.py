@@ -126,7 +126,7 @@ class TruncatedIS:
         return decoupled_loss(inputs, settings, weight)
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: TISSettings) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TISSettings) -> dict[str, Tensor]:
         """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``truncated_fraction``."""
         log_rho = self.log_rho(inputs)
         weight = truncated_weight(log_rho, self.cap(settings))

@@ -5,8 +5,9 @@ Shapes: N trained tokens; ``sample_index`` long [N] says which sample each token
 are any longs, a sample's tokens need not be contiguous). Every function here is pure tensor
 maths and keeps the device and dtype it is given.
 
-The objective metrics (each a float over one call's tokens; how each aggregates over a window,
-a mean weighted by the call's N tokens or the extreme, is declared in :data:`OBJECTIVE_METRICS`):
+The objective metrics (each a 0-d tensor over one call's tokens, left on the device; how each
+aggregates over a window, a mean weighted by the call's N tokens or the extreme, is declared in
+:data:`OBJECTIVE_METRICS`):
 
 * ``objective/is_weight_mean``: mean of the detached importance weight each token's own term is
   multiplied by (0 for a dropped token); PPO clipping is not part of the weight.
@@ -316,7 +317,7 @@ def decoupled_metrics(
     settings: TrustRegionSettings,
     weight: Tensor,
     extra: dict[str, Tensor],
-) -> dict[str, float]:
+) -> dict[str, Tensor]:
     """The decoupled objectives' metrics: ``is_weight_mean``, ``is_weight_max``,
     ``clipped_fraction`` (against the proximal policy, among tokens with weight > 0),
     ``proximal_gap``, then ``extra`` (name to 0-d tensor). Empty when N = 0.
@@ -325,7 +326,8 @@ def decoupled_metrics(
         >>> inputs = TokenInputs(logp=torch.tensor([-1.0, -1.0]),
         ...     sampler_logp=torch.tensor([-1.0, -1.0]), advantages=torch.tensor([2.0, 2.0]),
         ...     sample_index=torch.tensor([0, 1]), entropy=torch.zeros(2))
-        >>> decoupled_metrics(inputs, TrustRegionSettings(), torch.tensor([0.5, 0.0]), {})
+        >>> metrics = decoupled_metrics(inputs, TrustRegionSettings(), torch.tensor([0.5, 0.0]), {})
+        >>> {name: float(value) for name, value in metrics.items()}
         {'objective/is_weight_mean': 0.25, 'objective/is_weight_max': 0.5, \
 'objective/clipped_fraction': 0.0, 'objective/proximal_gap': 0.0}
     """
@@ -398,7 +400,7 @@ class MaskedWeightObjective(Generic[TrustRegionT]):
         return decoupled_loss(inputs, settings, self.weight(inputs, settings)[0])
 
     @torch.no_grad()
-    def metrics(self, inputs: TokenInputs, settings: TrustRegionT) -> dict[str, float]:
+    def metrics(self, inputs: TokenInputs, settings: TrustRegionT) -> dict[str, Tensor]:
         """``is_weight_*``, ``clipped_fraction``, ``proximal_gap``, ``masked_fraction``."""
         weight, keep = self.weight(inputs, settings)
         return decoupled_metrics(inputs, settings, weight, {MASKED_FRACTION: fraction(~keep)})
