@@ -2,7 +2,8 @@
 
 Under ``torchrun`` every process reads its rank from the environment; a lone process makes a
 1-process group on a free localhost port, so the learner's collectives run the same way with
-one process as with many. The group is nccl on CUDA, gloo on the CPU.
+one process as with many. The group is nccl on CUDA, gloo on the CPU; the object collectives
+run on a gloo group of their own (:func:`control_group`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,31 @@ def init_distributed(device: torch.device, timeout_s: float = 1800) -> bool:
 
 Decision = TypeVar("Decision")
 
+_CONTROL: dict[str, Any] = {}  # the default group it was made for, and the control group
+
+
+def control_group() -> Any:
+    """A gloo group of every rank for the trainer's object collectives (rank 0's decisions,
+    the rows it scatters, the failures and metric windows the ranks gather): their pickled
+    bytes stay in host memory instead of being staged through the device and NCCL on the
+    group the step's gradients use. Made once per default group, at the first object
+    collective (every rank reaches it at the same point); None without several ranks."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    world = dist.group.WORLD
+    if _CONTROL.get("world") is not world:
+        _CONTROL.update(world=world, group=dist.new_group(backend="gloo"))
+    return _CONTROL["group"]
+
+
+def destroy_process_groups() -> None:
+    """Destroy the default group and the control group, and drop this module's hold on the
+    latter: a gloo group still referenced when the interpreter finalises can abort the
+    process ("terminate called without an active exception")."""
+    _CONTROL.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
 
 def decided_on_rank0(
     decide: Callable[[], Decision], refusals: tuple[type[Exception], ...] = ()
@@ -70,7 +96,7 @@ def decided_on_rank0(
             box = [decide()]
         except refusals as refused:
             box = [_Refused(refused)]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=control_group())
     if isinstance(box[0], _Refused):
         raise box[0].error
     return box[0]
@@ -84,7 +110,7 @@ def scattered_from_rank0(per_rank: list[Any] | None) -> Any:
         assert per_rank is not None
         return per_rank[0]
     received: list[Any] = [None]
-    dist.scatter_object_list(received, per_rank, src=0)
+    dist.scatter_object_list(received, per_rank, src=0, group=control_group())
     return received[0]
 
 
@@ -96,7 +122,7 @@ def first_failure(error: Exception | None) -> str | None:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return failure
     failures: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, failure)
+    dist.all_gather_object(failures, failure, group=control_group())
     return next(
         (
             f if rank == 0 else f"rank {rank}: {f}"

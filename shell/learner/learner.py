@@ -77,8 +77,10 @@ from asyncgrpo.adapters.models.fsdp import (
 from asyncgrpo.adapters.models.lora import wrap_with_lora
 from asyncgrpo.adapters.process_group import (
     HOST_MEMORY,
+    control_group,
     decided_on_rank0,
     default_device,
+    destroy_process_groups,
     free_bytes,
     init_distributed,
 )
@@ -565,7 +567,7 @@ class Learner:
     def _gather_window(self, local: MetricWindow) -> MetricWindow:
         """Merge every process's window (token-weighted means, extremes) into one."""
         windows: list[MetricWindow | None] = [None] * self.world_size
-        dist.all_gather_object(windows, local)
+        dist.all_gather_object(windows, local, group=control_group())
         merged = MetricWindow()
         for window in windows:
             merged = merge(merged, window or MetricWindow())
@@ -588,8 +590,8 @@ class Learner:
 
     def close(self) -> None:
         """Destroy the process group if this learner created it."""
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self._owns_group:
+            destroy_process_groups()
         self._owns_group = False
 
     def __enter__(self) -> Learner:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch.distributed as dist
 
-from asyncgrpo.adapters.process_group import HOST_MEMORY
+from asyncgrpo.adapters.process_group import HOST_MEMORY, control_group
 from asyncgrpo.adapters.transfer.files import AdapterSync, SyncTimings
 from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.shell.servers import each_server_async, run_async
@@ -149,7 +149,7 @@ class AdapterWeights:
             )
             outcome = [False, self._served_dtype(servers[0])]
         if self.learner.world_size > 1:
-            dist.broadcast_object_list(outcome, src=0)
+            dist.broadcast_object_list(outcome, src=0, group=control_group())
         self.adapter_mode = outcome[0] is not False
         if self.adapter_mode:
             return outcome[0] if self.learner.rank == 0 else None

@@ -4,8 +4,10 @@ The same micro-batches are laid out for any number of processes: with 2, rank 0 
 0 and 2 and rank 1 holds group 1 (and nothing in the second micro-batch); with 1, the process
 holds every group of a micro-batch in one row. Each micro-batch has the same global trained
 tokens either way, so the updated weights must agree. Rank 0 saves the full state dict and the
-step's metrics to ``--out``, and each rank the attention backend it runs to
-``--out.backend-<rank>`` (with ``RANK_BACKENDS=a,b`` each rank's own choice would differ).
+step's metrics to ``--out``, each rank the attention backend it runs to
+``--out.backend-<rank>`` (with ``RANK_BACKENDS=a,b`` each rank's own choice would differ) and
+whether each of its object collectives ran on the control group to
+``--out.object-collectives-<rank>``.
 
     torchrun --standalone --nproc_per_node=2 tests/distributed/fsdp_worker.py MODEL OUT
 """
@@ -13,6 +15,7 @@ step's metrics to ``--out``, and each rank the attention backend it runs to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ from on_policy import on_policy
 
 from asyncgrpo.adapters.kernels.backends import BackendChoice
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
+from asyncgrpo.adapters.process_group import control_group
 from asyncgrpo.core.packing.memory import LINEAR
 from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
@@ -65,12 +69,27 @@ def my_rows(model_path: str, rank: int, world_size: int) -> list[PackedRow | Non
     return rows
 
 
+def recording_object_collectives() -> list:
+    """The group every object collective of this process is given, in order, from now on."""
+    groups: list = []
+    for name in ("all_gather_object", "broadcast_object_list", "scatter_object_list"):
+        collective = getattr(dist, name)
+
+        def recorded(*args, __collective=collective, group=None, **kwargs):
+            groups.append(group)
+            return __collective(*args, group=group, **kwargs)
+
+        setattr(dist, name, recorded)
+    return groups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("out")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    object_collectives = recording_object_collectives()
     if os.environ.get("RANK_BACKENDS"):  # each rank would choose its own attention backend
         chosen = os.environ["RANK_BACKENDS"].split(",")[int(os.environ["RANK"])]
         learner_module.choose_backend = lambda device, requested, shape: BackendChoice(
@@ -84,6 +103,8 @@ def main() -> None:
         metrics = learner.train_step(rows).metrics
         weights = learner.export.full_state_dict()
         Path(f"{args.out}.backend-{learner.rank}").write_text(str(learner.attention.backend))
+        on_control = [group is control_group() for group in object_collectives]
+        Path(f"{args.out}.object-collectives-{learner.rank}").write_text(json.dumps(on_control))
         if learner.rank == 0:
             torch.save({"weights": weights, "metrics": metrics}, args.out)
         dist.barrier()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from asyncgrpo.adapters.process_group import decided_on_rank0
+from asyncgrpo.adapters.process_group import decided_on_rank0, destroy_process_groups
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     decision = decided_on_rank0(lambda: ValueError(f"a decision made on rank {rank}"))
     got["exception_as_value"] = f"{type(decision).__name__}: {decision}"
     (out / f"rank-{rank}.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    destroy_process_groups()
 
 
 if __name__ == "__main__":

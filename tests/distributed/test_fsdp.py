@@ -6,6 +6,7 @@ average over 2 processes would give the same clipped update), so the pre-clip ``
 is compared too; together they check both the sum and the clipping of sharded gradients.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,16 @@ def test_the_ranks_run_rank_0s_attention_backend(tiny_qwen3, tmp_path) -> None:
     run_worker(tiny_qwen3, out, processes=2, RANK_BACKENDS="dense,segments")
     backends = [Path(f"{out}.backend-{rank}").read_text() for rank in (0, 1)]
     assert backends == ["dense", "dense"]
+
+
+def test_object_collectives_run_on_the_control_group_not_the_steps(tiny_qwen3, tmp_path) -> None:
+    """Rank 0's decisions and the metric windows travel pickled on a gloo group of their own,
+    never on the group whose collectives carry the gradients (NCCL on GPUs)."""
+    out = tmp_path / "sharded.pt"
+    run_worker(tiny_qwen3, out, processes=2)
+    for rank in (0, 1):
+        on_control = json.loads(Path(f"{out}.object-collectives-{rank}").read_text())
+        assert len(on_control) >= 3 and all(on_control), (rank, on_control)
 
 
 def test_two_processes_update_a_per_sample_model_as_one(tmp_path) -> None:
