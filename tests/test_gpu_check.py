@@ -12,7 +12,7 @@ LEARNER_ROWS = ("fwd+bwd tree", "fwd+bwd padding-free", "memory budget 64", "mem
 BY_ROW = "dense or segments, by row"
 EVERY_ROW = [
     ("weights contract", "bf16", "-"),
-    ("weights round trip", "bf16", "-"),
+    ("gloo chunk round trip", "bf16", "-"),
     ("stream race", "float32", "-"),
     ("lora merged", "float32", "-"),
     ("dcp resume", "float32", "dense"),
@@ -45,5 +45,5 @@ def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
     plan = [line for line in done.stdout.splitlines() if line.startswith("planned: ")]
     assert plan and "s of budgets against 1200 s in all" in plan[0], done.stdout
     assert "| fwd+bwd | float32 | dense | 300 |" in done.stdout  # each check's planned time
-    assert "bit-equal" in rows[("weights round trip", "bf16", "-")]
+    assert "bit-equal" in rows[("gloo chunk round trip", "bf16", "-")]
     assert "(100.0%)" in rows[("fsdp step checkpointing on", "float32", BY_ROW)]
