@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dict
@@ -158,18 +158,35 @@ def _merged(
 ) -> tuple[dict[str, Tensor], UpdateCounts]:
     merged: dict[str, Tensor] = {}
     counts = UpdateCounts()
+    for key, tensor, lost in merged_tensors(model, full_state_dict.items(), full_state_dict, then):
+        merged[key] = tensor
+        counts += lost
+    return merged, counts
+
+
+def merged_tensors(
+    model: PeftModel,
+    tensors: Iterable[tuple[str, Tensor]],
+    lora_state: Mapping[str, Tensor],
+    then: Sequence[torch.dtype] | None = None,
+) -> Iterator[tuple[str, Tensor, UpdateCounts]]:
+    """:func:`merged_state_dict` one tensor at a time, on the device each tensor comes on:
+    ``(base model key, tensor, lost)`` for each base tensor of ``tensors`` (PEFT keys; LoRA
+    entries are skipped), the adapters of ``lora_state`` (its ``.lora_`` entries, unsharded)
+    merged in where it is a LoRA layer's. With ``then``, ``lost`` counts the entries rounding
+    loses as :func:`merged_with_lost_update` does (empty counts otherwise)."""
     lora = _lora_modules(model)
-    for key, tensor in full_state_dict.items():
+    for key, tensor in tensors:
         if ".lora_" in key or ".original_module." in key:
             continue
         module_key, _, leaf = key.rpartition(".base_layer.")
+        lost = UpdateCounts()
         if module_key in lora:
-            exact = _merge_one(lora[module_key], module_key, leaf, tensor, full_state_dict)
+            exact = _merge_one(lora[module_key], module_key, leaf, tensor, lora_state)
             if then is not None:
-                counts += lost_update(tensor, exact, (tensor.dtype, *then), SAMPLED_ENTRIES)
+                lost = lost_update(tensor, exact, (tensor.dtype, *then), SAMPLED_ENTRIES)
             tensor = exact.to(tensor.dtype)
-        merged[_base_key(key)] = tensor
-    return merged, counts
+        yield _base_key(key), tensor, lost
 
 
 def adapter_state_dict(

@@ -14,8 +14,8 @@ push counts the entries of the LoRA update that rounding to the export dtype and
 dtype loses, and raises :class:`LoraPrecisionError` when more than half are lost
 (:mod:`asyncgrpo.core.weights.lora_precision`): the server would sample from a policy the
 trainer does not hold. The refusal comes before the push sends anything (:meth:`iter_weights`
-merges when called, and the engine's stream calls it before its send starts), so a server is
-never left waiting mid-receive. The count adds two casts and two comparisons of at most
+counts when called, gathering and merging one tensor at a time on the device, and the engine's
+stream calls it before its send starts), so a server is never left waiting mid-receive. The count adds two casts and two comparisons of at most
 65,536 sampled entries per adapted matrix to the merge (costs in docs/weight_sync.md).
 """
 
@@ -37,6 +37,7 @@ from asyncgrpo.adapters.models.fsdp import gathered_state_dict, iter_full_tensor
 from asyncgrpo.adapters.models.lora import (
     adapter_state_dict,
     merged_state_dict,
+    merged_tensors,
     merged_with_lost_update,
 )
 from asyncgrpo.adapters.models.vision_language import frozen_prefixes, is_synced_weight
@@ -164,8 +165,11 @@ class WeightExport:
         whole model.
 
         Collective: every process iterates it to the end in step (each tensor is all-gathered);
-        rank 0 gets the weights. With PEFT the merged weights are built whole by this call,
-        before it returns (a collective every process makes here), and only rank 0 yields them.
+        rank 0 gets the weights. With PEFT each tensor is merged with its adapters on the
+        device as it is gathered (the adapters, small, are gathered first, by this call); after
+        :meth:`check_merged_pushes` this call first goes once over every merged tensor to
+        count what rounding loses (a collective every process makes here), so that a refusal
+        comes before anything is yielded.
 
         Raises:
             LoraPrecisionError: from this call itself, not from the iteration, on every rank,
@@ -173,9 +177,35 @@ class WeightExport:
                 before its send refuses before anything reaches a server.
         """
         if self.is_peft:
-            merged = self.synced_state_dict()
-            return ((name, tensor.to(self.device)) for name, tensor in merged.items())
+            lora_state = dict(iter_full_tensors(self.model, _is_lora))  # the adapters: small
+            if self.merged_checked:
+                self._check_merge(lora_state)
+            return self._iter_merged_weights(lora_state)
         return self._iter_full_weights()
+
+    def _check_merge(self, lora_state: dict[str, Tensor]) -> None:
+        """Count what rounding loses of the LoRA update over every merged tensor, gathered
+        and merged one at a time on the device (collective), and refuse on every rank as
+        :meth:`synced_state_dict` does."""
+        server = TORCH_DTYPES[dtype_name(self.server_dtype)]
+        counts = UpdateCounts()
+        for _, _, lost in merged_tensors(
+            self._peft_model(),
+            iter_full_tensors(self.model, self._is_synced),
+            lora_state,
+            (self.export_dtype, server),
+        ):
+            counts += lost
+        check = decided_on_rank0(
+            lambda: check_merged_sync(counts, self.server_dtype, str(self.export_dtype))
+        )
+        if check.refused:
+            raise LoraPrecisionError(check.message)
+
+    def _iter_merged_weights(self, lora_state: dict[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+        tensors = iter_full_tensors(self.model, self._is_synced)
+        for name, merged, _ in merged_tensors(self._peft_model(), tensors, lora_state):
+            yield from self._checkpoint_named({name: self._exported(merged)}).items()
 
     def _iter_full_weights(self) -> Iterator[tuple[str, Tensor]]:
         for name, full in iter_full_tensors(self.model, self._is_synced):
@@ -226,3 +256,8 @@ class WeightExport:
         if self.rank == 0 and tokenizer is not None:
             tokenizer.save_pretrained(str(path))
         dist.barrier()
+
+
+def _is_lora(name: str) -> bool:
+    """A LoRA adapter's entry of a PEFT model's state dict."""
+    return ".lora_" in name

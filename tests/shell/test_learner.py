@@ -287,6 +287,30 @@ def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen
     ]
 
 
+def test_merged_lora_weights_stream_without_the_whole_model_on_the_host(
+    tiny_qwen3, monkeypatch
+) -> None:
+    """A merged LoRA push gathers and merges one tensor at a time on the learner's device,
+    counting what the server's dtype loses first: the whole model is never gathered to the
+    host for it, and what streams is what the host-side merge gives."""
+    from asyncgrpo.shell.learner import export as export_module
+
+    (sample,) = samples_of(tiny_qwen3, ([21, 22, 23], 1.0))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    learner = Learner(load_causal_lm(tiny_qwen3), config(), peft_config=lora)
+    learner.train_step([pack_row([sample])])
+    learner.export.check_merged_pushes("torch.float32")
+    want = learner.export.synced_state_dict()
+
+    def whole_model_gathered(model):
+        raise AssertionError("iter_weights gathered the whole model to the host")
+
+    monkeypatch.setattr(export_module, "gathered_state_dict", whole_model_gathered)
+    streamed = list(learner.export.iter_weights())
+    assert [name for name, _ in streamed] == list(want)
+    assert all(torch.equal(tensor, want[name]) for name, tensor in streamed)
+
+
 def test_a_learner_that_keeps_freed_memory_gives_it_back_every_trim_period(
     tiny_qwen3, monkeypatch
 ) -> None:
