@@ -213,7 +213,7 @@ def tree_gated_delta_net_forward(
             f"hidden states of shape {tuple(hidden_states.shape)}"
         )
     mixed_qkv, z, b, a = _projections(module, hidden_states[0])
-    mixed_qkv = _tree_conv(module, mixed_qkv, layout.conv_window)
+    mixed_qkv = tree_conv(module, mixed_qkv, layout.conv_window)
     query, key, value = torch.split(
         mixed_qkv, [module.key_dim, module.key_dim, module.value_dim], -1
     )
@@ -248,9 +248,10 @@ def _projections(module: Any, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, T
     return module.in_proj_qkv(hidden), z, module.in_proj_b(hidden), module.in_proj_a(hidden)
 
 
-def _tree_conv(module: GatedDeltaNetLayer, mixed: Tensor, window: Tensor) -> Tensor:
-    """The depthwise causal convolution along each token's path: mixed [T, C] -> [T, C];
-    ``window`` long [T, K] (row ``T`` is a zero row)."""
+def tree_conv(module: Any, mixed: Tensor, window: Tensor) -> Tensor:
+    """The depthwise causal convolution along each token's path, then the layer's activation:
+    mixed [T, C] -> [T, C]; ``window`` long [T, K] (row ``T`` is a zero row). ``module`` has a
+    depthwise ``conv1d`` and an ``activation`` name (gated DeltaNet, Mamba-2)."""
     weight = module.conv1d.weight.squeeze(1)  # [C, K]
     padded = torch.cat([mixed, mixed.new_zeros(1, mixed.shape[1])]).to(weight.dtype)
     out = torch.einsum("tkc,ck->tc", padded[window], weight)
@@ -275,25 +276,42 @@ def _tree_delta_rule(
 ) -> Tensor:
     """query/key [T, Hv, Dk], value [T, Hv, Dv], g/beta [T, Hv] -> output [T, Hv, Dv]: one
     batched delta-rule call per trie depth, each segment from its parent's final state."""
+    query, key, value, g, beta = (with_padding_row(x) for x in (query, key, value, g, beta))
 
-    def padded(x: Tensor) -> Tensor:
-        return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-
-    query, key, value, g, beta = (padded(x) for x in (query, key, value, g, beta))
-    finals: list[Tensor] = []
-    outputs: list[Tensor] = []
-    for level in layout.levels:
-        initial = None if level.is_root else torch.cat(finals)[level.parent_slots]
-        out, final = delta_rule(
-            query[level.rows],
-            key[level.rows],
-            value[level.rows],
-            g=g[level.rows],
-            beta=beta[level.rows],
+    def level_rule(rows: Tensor, initial: Tensor | None) -> tuple[Tensor, Tensor]:
+        return delta_rule(
+            query[rows],
+            key[rows],
+            value[rows],
+            g=g[rows],
+            beta=beta[rows],
             initial_state=initial,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )
+
+    return scan_by_depth(layout, level_rule)
+
+
+def with_padding_row(x: Tensor) -> Tensor:
+    """``x`` [T, ...] with a zero row ``T`` after it, which the levels' padding indexes."""
+    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+
+
+def scan_by_depth(
+    layout: RecurrentTensors,
+    scan: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]],
+) -> Tensor:
+    """A recurrence over a tree-packed row, one batched call per trie depth: ``scan(rows,
+    initial)`` runs the segments of a depth (``rows`` long [B, L], right-padded with ``T``)
+    from their parents' final states (``initial`` [B, ...], None at the roots) and returns
+    ``(output [B, L, ...], final state [B, ...])``. Returns the outputs of the row's tokens in
+    row order, [T, ...]; gradients flow back into the parents' states."""
+    finals: list[Tensor] = []
+    outputs: list[Tensor] = []
+    for level in layout.levels:
+        initial = None if level.is_root else torch.cat(finals)[level.parent_slots]
+        out, final = scan(level.rows, initial)
         finals.append(final)
         outputs.append(out.reshape(-1, *out.shape[2:])[level.valid_flat])
     return torch.cat(outputs)[layout.output_order]

@@ -32,9 +32,13 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers.activations import ACT2FN
 
-from asyncgrpo.adapters.kernels.gated_delta_net import RecurrentTensors
+from asyncgrpo.adapters.kernels.gated_delta_net import (
+    RecurrentTensors,
+    scan_by_depth,
+    tree_conv,
+    with_padding_row,
+)
 from asyncgrpo.adapters.kernels.recurrent_routing import route_to_tree_forward
 
 MAMBA2_CLASSES = frozenset(
@@ -100,7 +104,7 @@ def tree_mamba2_forward(module: Any, hidden_states: Tensor, layout: RecurrentTen
     gate, xbc, dt = projected.split(
         [module.intermediate_size, module.conv_dim, module.num_heads], dim=-1
     )
-    xbc = _tree_conv(module, xbc, layout.conv_window)
+    xbc = tree_conv(module, xbc, layout.conv_window)
     groups = module.n_groups * module.ssm_state_size
     x, b, c = xbc.split([module.intermediate_size, groups, groups], dim=-1)
     dt = F.softplus(dt + module.dt_bias.to(dt.dtype))
@@ -113,17 +117,6 @@ def tree_mamba2_forward(module: Any, hidden_states: Tensor, layout: RecurrentTen
     return module.out_proj(y.to(dtype))[None]
 
 
-def _tree_conv(module: Any, xbc: Tensor, window: Tensor) -> Tensor:
-    """The depthwise causal convolution along each token's path, then the activation:
-    xbc [T, C] -> [T, C]; ``window`` long [T, K] (row ``T`` is a zero row)."""
-    weight = module.conv1d.weight.squeeze(1)  # [C, K], oldest tap first
-    padded = torch.cat([xbc, xbc.new_zeros(1, xbc.shape[1])]).to(weight.dtype)
-    out = torch.einsum("tkc,ck->tc", padded[window], weight)
-    if module.conv1d.bias is not None:
-        out = out + module.conv1d.bias
-    return ACT2FN[module.activation](out).to(xbc.dtype)
-
-
 def _tree_scan(
     module: Any, x: Tensor, dt: Tensor, b: Tensor, c: Tensor, layout: RecurrentTensors
 ) -> Tensor:
@@ -132,32 +125,24 @@ def _tree_scan(
     heads, head_dim = module.num_heads, module.head_dim
     groups, state = module.n_groups, module.ssm_state_size
 
-    def padded(tensor: Tensor) -> Tensor:  # row T: x = 0 and dt = 0 leave a state as it is
-        return torch.cat([tensor, tensor.new_zeros(1, *tensor.shape[1:])])
-
-    x = padded(x.reshape(-1, heads, head_dim))
-    dt, b, c = (
-        padded(dt),
-        padded(b.reshape(-1, groups, state)),
-        padded(c.reshape(-1, groups, state)),
-    )
+    # the padding row T has x = 0 and dt = 0, which leave a state as it is
+    x = with_padding_row(x.reshape(-1, heads, head_dim))
+    b, c = (with_padding_row(tensor.reshape(-1, groups, state)) for tensor in (b, c))
+    dt = with_padding_row(dt)
     chunk_scan = sys.modules[_mamba2_class(module).__module__].mamba2_chunk_scan
     a = -torch.exp(module.A_log.float())
-    finals: list[Tensor] = []
-    outputs: list[Tensor] = []
-    for level in layout.levels:
-        initial = None if level.is_root else torch.cat(finals)[level.parent_slots]
-        out, final = chunk_scan(
-            x[level.rows],
-            dt[level.rows],
+
+    def level_scan(rows: Tensor, initial: Tensor | None) -> tuple[Tensor, Tensor]:
+        return chunk_scan(
+            x[rows],
+            dt[rows],
             a,
-            b[level.rows],
-            c[level.rows],
+            b[rows],
+            c[rows],
             chunk_size=module.chunk_size,
             D=module.D,
             initial_states=initial,
             return_final_states=True,
         )
-        finals.append(final)
-        outputs.append(out.reshape(-1, heads, head_dim)[level.valid_flat])
-    return torch.cat(outputs)[layout.output_order]
+
+    return scan_by_depth(layout, level_scan)
