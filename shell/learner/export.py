@@ -15,8 +15,9 @@ dtype loses, and raises :class:`LoraPrecisionError` when more than half are lost
 (:mod:`asyncgrpo.core.weights.lora_precision`): the server would sample from a policy the
 trainer does not hold. The refusal comes before the push sends anything (:meth:`iter_weights`
 counts when called, gathering and merging one tensor at a time on the device, and the engine's
-stream calls it before its send starts), so a server is never left waiting mid-receive. The count adds two casts and two comparisons of at most
-65,536 sampled entries per adapted matrix to the merge (costs in docs/weight_sync.md).
+stream calls it before its send starts), so a server is never left waiting mid-receive. The
+count adds two casts and two comparisons of at most 65,536 sampled entries per adapted matrix
+to the merge (costs in docs/weight_sync.md).
 """
 
 from __future__ import annotations
