@@ -1,10 +1,29 @@
-"""A read-only, picklable mapping for immutable records (``MappingProxyType`` cannot be
-pickled, and records cross the rollout process boundary)."""
+"""What immutable records hold: a read-only, picklable mapping (``MappingProxyType`` cannot
+be pickled, and records cross the rollout process boundary), and read-only numpy arrays
+compared by value."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
+
+import attrs
+import numpy as np
+
+ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
+"""The comparison of an attrs field holding a numpy array: equal arrays, not the same object."""
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, made read-only in place (a frozen record's arrays cannot be written).
+
+    Example:
+        >>> read_only(np.zeros(2)).flags.writeable
+        False
+    """
+    array.setflags(write=False)
+    return array
+
 
 K = TypeVar("K")
 V = TypeVar("V")

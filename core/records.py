@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import ARRAY_EQ, read_only
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 
@@ -231,24 +232,16 @@ class Rollout:
             raise _fail("Rollout", "reward", "is NaN; use None when the rollout is not scored")
 
 
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
-
-
 def _int_array(values: Sequence[int] | np.ndarray) -> np.ndarray:
-    return _readonly(np.array(values, dtype=np.int64).reshape(-1))
+    return read_only(np.array(values, dtype=np.int64).reshape(-1))
 
 
 def _mask_array(values: Sequence[int] | np.ndarray) -> np.ndarray:
-    return _readonly(np.array(values, dtype=np.int8).reshape(-1))
+    return read_only(np.array(values, dtype=np.int8).reshape(-1))
 
 
 def _f64_array(values: Sequence[float] | np.ndarray) -> np.ndarray:
-    return _readonly(np.array(values, dtype=np.float64).reshape(-1))
-
-
-_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
+    return read_only(np.array(values, dtype=np.float64).reshape(-1))
 
 
 @attrs.frozen
@@ -270,9 +263,9 @@ class TrainingSequence:
             Per-position dicts are accepted.
     """
 
-    input_ids: np.ndarray = attrs.field(converter=_int_array, eq=_ARRAY_EQ)
-    trained_mask: np.ndarray = attrs.field(converter=_mask_array, eq=_ARRAY_EQ)
-    sampler_logprobs: np.ndarray = attrs.field(converter=_f64_array, eq=_ARRAY_EQ)
+    input_ids: np.ndarray = attrs.field(converter=_int_array, eq=ARRAY_EQ)
+    trained_mask: np.ndarray = attrs.field(converter=_mask_array, eq=ARRAY_EQ)
+    sampler_logprobs: np.ndarray = attrs.field(converter=_f64_array, eq=ARRAY_EQ)
     sampling_masks: CandidateSets | None = attrs.field(default=None, converter=_sampling_masks)
     sampler_top_logprobs: TopLogprobs | None = attrs.field(
         default=None, converter=_top_logprobs, eq=False
@@ -393,7 +386,7 @@ class RolloutGroup:
     env_rewards: tuple[tuple[type, float] | None, ...] = attrs.field(converter=_env_rewards)
     rollout_rewards: tuple[float | None, ...] = attrs.field(converter=_optional_float_tuple)
     queued_at: float = 0.0
-    rewards: np.ndarray | None = attrs.field(default=None, converter=_rewards_array, eq=_ARRAY_EQ)
+    rewards: np.ndarray | None = attrs.field(default=None, converter=_rewards_array, eq=ARRAY_EQ)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.completions_ids)

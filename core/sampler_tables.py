@@ -29,20 +29,15 @@ from collections.abc import Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
-_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
-
-
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
+from asyncgrpo.core.frozen import ARRAY_EQ, read_only
 
 
 def _ids(values: np.ndarray) -> np.ndarray:
-    return _readonly(np.asarray(values, dtype=np.int64))
+    return read_only(np.asarray(values, dtype=np.int64))
 
 
 def _logprobs(values: np.ndarray) -> np.ndarray:
-    return _readonly(np.asarray(values, dtype=np.float32))
+    return read_only(np.asarray(values, dtype=np.float32))
 
 
 def _check_layout(record: str, ids: np.ndarray, counts: np.ndarray) -> None:
@@ -90,9 +85,9 @@ class TopLogprobs:
         ([[5, 7], [0, 0]], [2, -1], {5: -0.5, 7: -2.0}, None)
     """
 
-    ids: np.ndarray = attrs.field(converter=_ids, eq=_ARRAY_EQ)
-    logprobs: np.ndarray = attrs.field(converter=_logprobs, eq=_ARRAY_EQ)
-    counts: np.ndarray = attrs.field(converter=_ids, eq=_ARRAY_EQ)
+    ids: np.ndarray = attrs.field(converter=_ids, eq=ARRAY_EQ)
+    logprobs: np.ndarray = attrs.field(converter=_logprobs, eq=ARRAY_EQ)
+    counts: np.ndarray = attrs.field(converter=_ids, eq=ARRAY_EQ)
 
     def __attrs_post_init__(self) -> None:
         _check_layout("TopLogprobs", self.ids, self.counts)
@@ -194,8 +189,8 @@ class CandidateSets:
         ([[2, 7], [0, 0], [3, 0]], [2, -1, 1], ((2, 7), None, (3,)))
     """
 
-    ids: np.ndarray = attrs.field(converter=_ids, eq=_ARRAY_EQ)
-    counts: np.ndarray = attrs.field(converter=_ids, eq=_ARRAY_EQ)
+    ids: np.ndarray = attrs.field(converter=_ids, eq=ARRAY_EQ)
+    counts: np.ndarray = attrs.field(converter=_ids, eq=ARRAY_EQ)
 
     def __attrs_post_init__(self) -> None:
         _check_layout("CandidateSets", self.ids, self.counts)

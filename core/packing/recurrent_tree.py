@@ -42,14 +42,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import ARRAY_EQ, read_only
 from asyncgrpo.core.packing.tree import PackedRow
-
-_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
-
-
-def _ro(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
 
 
 @attrs.frozen
@@ -67,10 +61,10 @@ class DepthLevel:
             in order.
     """
 
-    segments: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    rows: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    parent_slots: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    valid_flat: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    segments: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    rows: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    parent_slots: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    valid_flat: np.ndarray = attrs.field(eq=ARRAY_EQ)
 
 
 @attrs.frozen
@@ -87,9 +81,9 @@ class RecurrentLayout:
     """
 
     num_tokens: int
-    conv_window: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    conv_window: np.ndarray = attrs.field(eq=ARRAY_EQ)
     levels: tuple[DepthLevel, ...]
-    output_order: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    output_order: np.ndarray = attrs.field(eq=ARRAY_EQ)
 
 
 def path_predecessors(row: PackedRow) -> np.ndarray:
@@ -154,17 +148,17 @@ def recurrent_layout(row: PackedRow, conv_kernel: int) -> RecurrentLayout:
         ordered_rows.append(rows.reshape(-1)[valid_flat])
         levels.append(
             DepthLevel(
-                segments=_ro(segments),
-                rows=_ro(rows.astype(np.int64)),
-                parent_slots=_ro(parent_slots.astype(np.int64)),
-                valid_flat=_ro(valid_flat),
+                segments=read_only(segments),
+                rows=read_only(rows.astype(np.int64)),
+                parent_slots=read_only(parent_slots.astype(np.int64)),
+                valid_flat=read_only(valid_flat),
             )
         )
     output_order = np.empty(t, dtype=np.int64)
     output_order[np.concatenate(ordered_rows)] = np.arange(t)
     return RecurrentLayout(
         num_tokens=t,
-        conv_window=_ro(conv_window(row, conv_kernel)),
+        conv_window=read_only(conv_window(row, conv_kernel)),
         levels=tuple(levels),
-        output_order=_ro(output_order),
+        output_order=read_only(output_order),
     )

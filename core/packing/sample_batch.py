@@ -19,8 +19,6 @@ Example: two samples of 3 and 5 tokens, the last two tokens of each trained:
     [[5, 6, 7, 0, 0], [5, 6, 8, 9, 4]]
     >>> batch.predict_rows.tolist(), batch.predict_positions.tolist()
     ([0, 0, 1, 1], [0, 1, 2, 3])
-    >>> batch.real_tokens, batch.padded_tokens
-    (8, 10)
 """
 
 from __future__ import annotations
@@ -28,17 +26,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import ARRAY_EQ, read_only
 from asyncgrpo.core.packing.tree import PackedRow
 
 PAD_ID = 0
 """The id right padding holds (any id in the vocabulary: no real position sees it)."""
-
-_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
-
-
-def _ro(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
 
 
 @attrs.frozen
@@ -54,21 +46,11 @@ class SampleBatch:
             of real (not padding) tokens, row by row.
     """
 
-    input_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    lengths: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    predict_rows: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    predict_positions: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    real_flat: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-
-    @property
-    def real_tokens(self) -> int:
-        """Tokens of the samples, each forwarded once per sample (no prefix shared)."""
-        return int(self.lengths.sum())
-
-    @property
-    def padded_tokens(self) -> int:
-        """Positions the batch forwards, padding included (``B x L``)."""
-        return int(self.input_ids.size)
+    input_ids: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    lengths: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    predict_rows: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    predict_positions: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    real_flat: np.ndarray = attrs.field(eq=ARRAY_EQ)
 
 
 def sample_batch(row: PackedRow) -> SampleBatch:
@@ -99,9 +81,9 @@ def sample_batch(row: PackedRow) -> SampleBatch:
         [b * width + np.arange(n, dtype=np.int64) for b, n in enumerate(lengths)]
     )
     return SampleBatch(
-        input_ids=_ro(input_ids),
-        lengths=_ro(lengths),
-        predict_rows=_ro(predict_rows),
-        predict_positions=_ro(predict_positions),
-        real_flat=_ro(real_flat),
+        input_ids=read_only(input_ids),
+        lengths=read_only(lengths),
+        predict_rows=read_only(predict_rows),
+        predict_positions=read_only(predict_positions),
+        real_flat=read_only(real_flat),
     )

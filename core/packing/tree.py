@@ -31,17 +31,11 @@ from typing import TypeVar
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import ARRAY_EQ, read_only
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.sampler_tables import CandidateSets, TopLogprobs
 
 Table = TypeVar("Table", CandidateSets, TopLogprobs)
-
-_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
-
-
-def _ro(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
 
 
 def shared_positions(a: np.ndarray, b: np.ndarray) -> int:
@@ -97,21 +91,21 @@ class PackedRow:
     samples: the samples in this row, in the order given.
     """
 
-    input_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    position_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    segment_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    segment_starts: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    segment_lengths: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    segment_parents: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    kv_indices: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    cu_seqlens_q: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    cu_seqlens_k: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    trained_rows: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    predict_index: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    target_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    sampler_logprobs: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    advantages: np.ndarray = attrs.field(eq=_ARRAY_EQ)
-    sample_index: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    input_ids: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    position_ids: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    segment_ids: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    segment_starts: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    segment_lengths: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    segment_parents: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    kv_indices: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    cu_seqlens_q: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    cu_seqlens_k: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    trained_rows: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    predict_index: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    target_ids: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    sampler_logprobs: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    advantages: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    sample_index: np.ndarray = attrs.field(eq=ARRAY_EQ)
     candidate_sets: CandidateSets | None
     sampler_top_logprobs: TopLogprobs | None = attrs.field(eq=False)
     samples: tuple[TrainingSample, ...] = attrs.field(eq=False)
@@ -259,16 +253,16 @@ def pack_row(samples: Sequence[TrainingSample]) -> PackedRow:
             raise AssertionError("segments must follow their parents in depth-first order")
     kv_lengths = np.array([len(k) for k in key_paths], np.int64)
     return PackedRow(
-        input_ids=_ro(input_ids),
-        position_ids=_ro(position_ids),
-        segment_ids=_ro(segment_ids),
-        segment_starts=_ro(starts),
-        segment_lengths=_ro(lengths),
-        segment_parents=_ro(parents.astype(np.int64)),
-        kv_indices=_ro(np.concatenate(key_paths)),
-        cu_seqlens_q=_ro(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
-        cu_seqlens_k=_ro(np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32)),
-        **{k: _ro(v) for k, v in _trained_columns(samples, paths).items()},
+        input_ids=read_only(input_ids),
+        position_ids=read_only(position_ids),
+        segment_ids=read_only(segment_ids),
+        segment_starts=read_only(starts),
+        segment_lengths=read_only(lengths),
+        segment_parents=read_only(parents.astype(np.int64)),
+        kv_indices=read_only(np.concatenate(key_paths)),
+        cu_seqlens_q=read_only(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
+        cu_seqlens_k=read_only(np.concatenate([[0], np.cumsum(kv_lengths)]).astype(np.int32)),
+        **{k: read_only(v) for k, v in _trained_columns(samples, paths).items()},
         candidate_sets=_per_token(samples, "sampling_masks", CandidateSets),
         sampler_top_logprobs=_per_token(samples, "sampler_top_logprobs", TopLogprobs),
         samples=tuple(samples),

@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable, Sequence
 import attrs
 import numpy as np
 
+from asyncgrpo.core.frozen import ARRAY_EQ
+
 RewardColumn = Sequence[float | None]
 
 
@@ -154,8 +156,8 @@ class GroupScore:
         group_std: sample std of the scored rewards (NaN with fewer than two scored).
     """
 
-    rewards: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=np.array_equal))
-    advantages: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=np.array_equal))
+    rewards: np.ndarray = attrs.field(eq=ARRAY_EQ)
+    advantages: np.ndarray = attrs.field(eq=ARRAY_EQ)
     kept: bool
     group_std: float
 

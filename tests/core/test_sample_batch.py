@@ -22,7 +22,7 @@ def test_each_sample_is_whole_in_its_own_row_with_padding_after_it(samples) -> N
         assert (batch.input_ids[b, len(ids) :] == PAD_ID).all()
     flat = batch.input_ids.reshape(-1)[batch.real_flat]
     assert np.array_equal(flat, np.concatenate([s.sequence.input_ids for s in row.samples]))
-    assert batch.real_tokens == sum(len(s.sequence) for s in samples) <= batch.padded_tokens
+    assert batch.lengths.sum() == sum(len(s.sequence) for s in samples) <= batch.input_ids.size
 
 
 @given(sample_sets())
