@@ -36,7 +36,6 @@ from typing import Any, Protocol, TypeGuard
 import attrs
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
 from asyncgrpo.core.packing.recurrent_tree import recurrent_layout
@@ -116,14 +115,6 @@ class RecurrentTensors:
     output_order: Tensor
 
 
-def conv_kernel_size(model: PreTrainedModel) -> int | None:
-    """The gated DeltaNet convolution width of ``model``, ``None`` without such layers."""
-    kernels = {module.conv_kernel_size for module in model.modules() if is_gated_delta_net(module)}
-    if len(kernels) > 1:
-        raise ValueError(f"gated DeltaNet layers with different kernel sizes {sorted(kernels)}")
-    return kernels.pop() if kernels else None
-
-
 def recurrent_tensors(
     row: PackedRow, device: torch.device | str, conv_kernel: int
 ) -> RecurrentTensors:
@@ -184,7 +175,7 @@ def _dispatching_forward(
             f"{type(module).__name__} got a tree layout without {RECURRENT_LAYOUT_KWARG}="
             f"RecurrentTensors (got {type(layout).__name__}): gated DeltaNet layers need the "
             "row's recurrent tables; build them with recurrent_tensors(row, device, "
-            "conv_kernel_size(model)) (packed_log_probs does)"
+            "recurrent_kernel(model)) (packed_log_probs does)"
         )
     if cache_params is not None or attention_mask is not None:
         raise ValueError(

@@ -27,7 +27,7 @@ decoder layers call their mixer without the row's tables, which reach it through
 from __future__ import annotations
 
 import sys
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -61,14 +61,6 @@ def _mamba2_class(module: object) -> type | None:
 def is_mamba2(module: object) -> bool:
     """Whether ``module`` is one of :data:`MAMBA2_CLASSES`."""
     return _mamba2_class(module) is not None
-
-
-def mamba2_kernel_size(model: nn.Module) -> int | None:
-    """The convolution width ``K`` of ``model``'s Mamba-2 mixers, ``None`` without any."""
-    kernels = {int(cast(Any, m).conv_kernel_size) for m in model.modules() if is_mamba2(m)}
-    if len(kernels) > 1:
-        raise ValueError(f"Mamba-2 mixers with different convolution widths {sorted(kernels)}")
-    return kernels.pop() if kernels else None
 
 
 def enable_tree_mamba2(model: nn.Module) -> int:

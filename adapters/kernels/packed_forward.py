@@ -19,6 +19,8 @@ Example (``model`` a causal LM switched with ``enable_tree_attention``)::
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from attrs import frozen
 from peft import PeftModel
@@ -31,13 +33,13 @@ from asyncgrpo.adapters.kernels.backends import BackendChoice, ModelAttention
 from asyncgrpo.adapters.kernels.gated_delta_net import (
     RECURRENT_LAYOUT_KWARG,
     RecurrentTensors,
-    conv_kernel_size,
+    is_gated_delta_net,
     recurrent_tensors,
 )
 from asyncgrpo.adapters.kernels.layout import Backend, TreeLayout
 from asyncgrpo.adapters.kernels.lm_head_log_probs import LogitTransform, lm_head_log_probs
-from asyncgrpo.adapters.kernels.mamba2 import mamba2_kernel_size
-from asyncgrpo.adapters.kernels.short_conv import short_conv_kernel_size
+from asyncgrpo.adapters.kernels.mamba2 import is_mamba2
+from asyncgrpo.adapters.kernels.short_conv import is_short_conv
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import TokenLogProbs, token_log_probs
 from asyncgrpo.core.packing.tree import PackedRow
@@ -98,8 +100,11 @@ def recurrent_kernel(model: PreTrainedModel) -> int | None:
     Raises:
         ValueError: the layers have convolutions of different widths.
     """
-    widths = (conv_kernel_size(model), short_conv_kernel_size(model), mamba2_kernel_size(model))
-    kernels = {k for k in widths if k}
+    kernels = {
+        int(cast(Any, module).conv_kernel_size)
+        for module in model.modules()
+        if is_gated_delta_net(module) or is_short_conv(module) or is_mamba2(module)
+    }
     if len(kernels) > 1:
         raise ValueError(f"recurrent layers with different convolution widths {sorted(kernels)}")
     return kernels.pop() if kernels else None

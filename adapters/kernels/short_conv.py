@@ -18,7 +18,7 @@ them the convolution runs transformers' own forward.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -34,14 +34,6 @@ computes."""
 def is_short_conv(module: object) -> bool:
     """Whether ``module`` is one of :data:`SHORT_CONV_CLASSES` (also under FSDP2's subclass)."""
     return any(cls.__name__ in SHORT_CONV_CLASSES for cls in type(module).__mro__)
-
-
-def short_conv_kernel_size(model: nn.Module) -> int | None:
-    """The width ``K`` of ``model``'s short convolutions, ``None`` without such layers."""
-    kernels = {int(cast(Any, m).conv_kernel_size) for m in model.modules() if is_short_conv(m)}
-    if len(kernels) > 1:
-        raise ValueError(f"short convolutions with different kernel sizes {sorted(kernels)}")
-    return kernels.pop() if kernels else None
 
 
 def enable_tree_short_conv(model: nn.Module) -> int:

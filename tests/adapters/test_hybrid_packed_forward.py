@@ -14,8 +14,12 @@ from packing_strategies import make_sample, sample_sets
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from asyncgrpo.adapters.kernels.attention import TREE_ATTENTION, enable_tree_attention
-from asyncgrpo.adapters.kernels.gated_delta_net import RECURRENT_LAYOUT_KWARG, conv_kernel_size
-from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs, row_tensors
+from asyncgrpo.adapters.kernels.gated_delta_net import RECURRENT_LAYOUT_KWARG
+from asyncgrpo.adapters.kernels.packed_forward import (
+    packed_log_probs,
+    recurrent_kernel,
+    row_tensors,
+)
 from asyncgrpo.adapters.models.hybrid import tiny_hybrid_config, tiny_vision_language_config
 from asyncgrpo.core.packing.recurrent_tree import segment_depths
 from asyncgrpo.core.packing.tree import pack_row
@@ -154,7 +158,7 @@ def test_the_stock_layer_leaks_across_samples(models) -> None:
 
 def test_a_tree_layout_without_recurrent_tables_is_refused(models) -> None:
     inputs = row_tensors(ROW, "cpu")  # no conv_kernel: no recurrent tables
-    assert conv_kernel_size(models.tree) == 4
+    assert recurrent_kernel(models.tree) == 4
     with pytest.raises(ValueError, match=RECURRENT_LAYOUT_KWARG):
         models.tree.get_decoder()(
             input_ids=inputs.input_ids,
