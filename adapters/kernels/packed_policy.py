@@ -32,7 +32,7 @@ from asyncgrpo.adapters.kernels.layout import Backend
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
 from asyncgrpo.adapters.kernels.per_sample_forward import per_sample_log_probs
 from asyncgrpo.core.loss.inputs import SamplerTopK
-from asyncgrpo.core.packing.sample_batch import sample_batch
+from asyncgrpo.core.packing.sample_batch import real_positions
 from asyncgrpo.core.packing.tree import PackedRow, pack_row
 from asyncgrpo.core.records import TrainingSample, TrainingSequence
 from asyncgrpo.core.sampler_tables import TopLogprobs
@@ -87,7 +87,8 @@ class PackedPolicy(nn.Module):
         if self.path.kind == "tree":
             return None
         device = next(self.model.parameters()).device
-        return torch.tensor(sample_batch(row).real_flat, device=device)
+        lengths = np.array([len(sample.sequence) for sample in row.samples], dtype=np.int64)
+        return torch.tensor(real_positions(lengths), device=device)
 
 
 # --- MoE router auxiliary loss -------------------------------------------------------------

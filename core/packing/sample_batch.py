@@ -76,14 +76,22 @@ def sample_batch(row: PackedRow) -> SampleBatch:
             "the packed row's trained tokens are not its samples' own next tokens: its trie "
             "arrays and its samples disagree (build rows with pack_row)"
         )
-    width = input_ids.shape[1]
-    real_flat = np.concatenate(
-        [b * width + np.arange(n, dtype=np.int64) for b, n in enumerate(lengths)]
-    )
     return SampleBatch(
         input_ids=read_only(input_ids),
         lengths=read_only(lengths),
         predict_rows=read_only(predict_rows),
         predict_positions=read_only(predict_positions),
-        real_flat=read_only(real_flat),
+        real_flat=read_only(real_positions(lengths)),
     )
+
+
+def real_positions(lengths: np.ndarray) -> np.ndarray:
+    """int64 [sum of lengths]: the flat indices of the samples' own tokens in a right-padded
+    batch of sequences of ``lengths`` (``B x max(lengths)`` positions), row by row.
+
+    Example:
+        >>> real_positions(np.array([3, 5])).tolist()
+        [0, 1, 2, 5, 6, 7, 8, 9]
+    """
+    width = int(lengths.max())
+    return np.concatenate([b * width + np.arange(n, dtype=np.int64) for b, n in enumerate(lengths)])
