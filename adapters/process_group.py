@@ -102,6 +102,28 @@ def decided_on_rank0(
     return box[0]
 
 
+def on_any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on some rank, the same answer on every rank (one all-reduce on
+    the control group); without a process group of several ranks, ``flag``."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    found = torch.tensor([int(flag)])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=control_group())
+    return bool(found.item())
+
+
+def launch_rank() -> int:
+    """This process's rank as torchrun set it (``RANK``; 0 outside torchrun), known before the
+    process group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_processes() -> int:
+    """The trainer's processes on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 outside it),
+    which share its host memory."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def scattered_from_rank0(per_rank: list[Any] | None) -> Any:
     """This rank's item of ``per_rank`` (a list with one item per rank, given on rank 0 only),
     in one scatter, so that each rank receives only its own; without a process group of

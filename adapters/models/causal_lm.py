@@ -220,6 +220,7 @@ def load_causal_lm(
     model: str | Path,
     dtype: str = "float32",
     model_init_kwargs: Mapping[str, Any] | None = None,
+    on_meta: bool = False,
 ) -> PreTrainedModel:
     """Load a causal LM by hub id or path with ``AutoModelForCausalLM``.
 
@@ -228,14 +229,14 @@ def load_causal_lm(
         dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"auto"``; a
             ``dtype`` inside ``model_init_kwargs`` takes precedence, as in TRL's AsyncGRPOTrainer.
         model_init_kwargs: extra keyword arguments for ``from_pretrained``.
+        on_meta: build the architecture on the meta device from the config alone, no weight
+            read: what the ranks after rank 0 of a run hold until the learner sends them their
+            shards of rank 0's weights (:func:`~asyncgrpo.adapters.models.fsdp.load_from_rank0`).
 
     Raises:
         DamagedFile: a safetensors file of a local directory is empty or cut short (a save or a
             copy that stopped), named with its size and the size its header needs.
     """
-    if Path(model).is_dir():
-        for weights in sorted(Path(model).glob("*.safetensors")):
-            check_safetensors(weights)
     kwargs = dict(model_init_kwargs or {})
     chosen = kwargs.pop("dtype", dtype)
     if isinstance(chosen, str):
@@ -244,14 +245,27 @@ def load_causal_lm(
                 f"dtype must be one of {sorted(_DTYPES)}, got {chosen!r} (config field `dtype`)"
             )
         chosen = _DTYPES[chosen]
-    config = AutoConfig.from_pretrained(
-        str(model), trust_remote_code=kwargs.get("trust_remote_code", False)
-    )
-    if is_vision_language(config):
-        loaded = AutoModelForImageTextToText.from_pretrained(str(model), dtype=chosen, **kwargs)
+    remote = kwargs.get("trust_remote_code", False)
+    config = AutoConfig.from_pretrained(str(model), trust_remote_code=remote)
+    auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    if on_meta:
+        if chosen == "auto":
+            chosen = getattr(config.get_text_config(), "dtype", None) or torch.float32
+        with torch.device("meta"):
+            loaded = auto.from_config(
+                config,
+                dtype=chosen,
+                trust_remote_code=remote,
+                **{k: v for k, v in kwargs.items() if k == "attn_implementation"},
+            )
+    else:
+        if Path(model).is_dir():
+            for weights in sorted(Path(model).glob("*.safetensors")):
+                check_safetensors(weights)
+        loaded = auto.from_pretrained(str(model), dtype=chosen, **kwargs)
+    if auto is AutoModelForImageTextToText:
         freeze_outside_text_model(loaded)
-        return loaded
-    return AutoModelForCausalLM.from_pretrained(str(model), dtype=chosen, **kwargs)
+    return loaded
 
 
 def tied_aliases(model: nn.Module) -> frozenset[str]:
@@ -289,10 +303,7 @@ def context_length(model: str | Path) -> int | None:
 def meta_model(model: str | Path) -> PreTrainedModel:
     """``model``'s architecture on the meta device, no weights read: its shapes and parameter
     count, for a decision made before loading it."""
-    config = AutoConfig.from_pretrained(str(model))
-    with torch.device("meta"):
-        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
-        return auto.from_config(config)
+    return load_causal_lm(model, on_meta=True)
 
 
 def save_weights_as_model(

@@ -4,8 +4,12 @@
 :class:`~asyncgrpo.adapters.kernels.packed_policy.PackedPolicy` around the model, whose forward is
 the packed forward. So the parameters outside the layers (embeddings, final norm, ``lm_head``,
 called once per LM-head chunk) are gathered once per micro-batch and reduce-scattered once per
-backward, however many chunks a process's row has. Every process must hold identical weights
-before sharding (FSDP2 does not broadcast): load them from the same files.
+backward, however many chunks a process's row has.
+
+**Loading.** FSDP2 does not broadcast: either every process loads the same files, or (what
+``AsyncGRPOTrainer`` does under torchrun) rank 0 loads them and the other ranks build the
+architecture on the meta device; :func:`load_from_rank0` then sends each rank its shards,
+one tensor at a time, and no rank but rank 0 holds a whole fp32 copy of the model.
 
 **Gradient sum across processes.** :func:`asyncgrpo.core.loss.losses.normalize_loss` divides each
 process's loss by the micro-batch's trained tokens summed over all processes (and by the number
@@ -27,13 +31,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import cast
 
 import torch
+import torch.distributed as dist
 from peft import PeftModel
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -42,7 +51,7 @@ from transformers import PreTrainedModel
 from asyncgrpo.adapters.kernels.attention_parts import config_setting
 from asyncgrpo.adapters.kernels.packed_forward import base_model
 from asyncgrpo.adapters.kernels.packed_policy import PackedPolicy
-from asyncgrpo.core.packing.memory import DecoderShape
+from asyncgrpo.core.packing.memory import DecoderShape, ShardedModel
 from asyncgrpo.core.packing.precision import (
     BF16_MIN_PARAMETERS,
     PrecisionChoice,
@@ -110,6 +119,56 @@ def shard(policy: PackedPolicy, mesh: DeviceMesh, precision: MixedPrecisionPolic
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+
+
+def built_on_meta(model: nn.Module) -> bool:
+    """``model`` was built on the meta device, its weights not read on this process (the
+    ranks after rank 0 of a run that loads once, :func:`load_from_rank0`)."""
+    return any(p.is_meta for p in model.parameters())
+
+
+def load_from_rank0(
+    policy: PackedPolicy, weights: Mapping[str, Tensor], device: torch.device
+) -> None:
+    """Give every process its shards of rank 0's weights, after :func:`shard` (collective).
+
+    ``weights`` is rank 0's whole state dict of ``policy.model``, taken before sharding (an
+    empty dict on the other ranks). A process whose model was built on the meta device gets
+    empty shards on ``device`` first; then rank 0 broadcasts one tensor at a time and each
+    process keeps its own shard of it, so no process but rank 0 ever holds the whole model.
+    Buffers, which FSDP2 does not shard (and the non-persistent ones, such as the rotary
+    embedding's frequencies, which no state dict has), are broadcast from rank 0 whole.
+    """
+    if built_on_meta(policy):
+        policy.to_empty(device=device)  # the root's own _apply re-registers the shards
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(policy.model, dict(weights), options=options)
+    for buffer in policy.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def sharded_model(model: nn.Module, bf16: bool, processes: int) -> ShardedModel:
+    """What this process holds of ``model`` once :func:`shard` ran: its shards of the trained
+    parameters in bytes, the whole model's parameter count, its largest decoder layer's, and
+    the bytes of a value of the copy FSDP2 gathers for the forward."""
+    trained = sum(
+        _local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad
+    )
+    parameters = sum(_whole_numel(p) for p in model.parameters())
+    largest = max(
+        (sum(_whole_numel(p) for p in layer.parameters()) for layer in decoder_layers(model)),
+        default=0,
+    )
+    compute = 2 if bf16 else next(model.parameters()).element_size()
+    return ShardedModel(trained, parameters, largest, compute, processes)
+
+
+def _local(tensor: Tensor) -> Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _whole_numel(tensor: Tensor) -> int:
+    return math.prod(tensor.shape)  # a DTensor's shape is the whole tensor's
 
 
 def precision_for(

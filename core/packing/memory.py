@@ -22,13 +22,13 @@ on the backend that runs (each backend declares its kind where it is implemented
 * :data:`LINEAR` (``"flash_varlen"``, ``"torch_varlen"``, ``"flex"``: the kernel recomputes
   the weights in its backward) ``heads x T`` values, the softmax's log-sum-exp.
 
-**What else the device holds.** The training state comes on top of the rows: each trained
-parameter's fp32 master copy, gradient and two AdamW moments, and the compute copy FSDP
-gathers (:data:`TRAINED_PARAMETER_BYTES` per parameter, sharded over the processes), a frozen
-parameter in its dtype; and the snapshot an overlapped weight push keeps where it lives.
-:func:`training_state_bytes` counts what of it is not in memory yet when the decision is made
-(the optimizer's moments exist only after the first step), and the activations are weighed
-against the memory left free after it (:class:`Reserved`).
+**What else the device holds.** The learner decides once the model is sharded and on its
+device (FSDP2), so the free memory it measures already excludes this process's shards of the
+weights, and whatever else shares the device. Training adds to it (:func:`reserved_after_sharding`):
+each trained value's gradient and two AdamW moments (:data:`OPTIMIZER_STATES`; they exist
+only after the first step), the compute copies FSDP2 gathers for the forward, and the
+snapshot an overlapped weight push keeps in host memory (:func:`push_snapshot_bytes`). The
+activations are weighed against the memory left free after these (:class:`Reserved`).
 
 With checkpointing a layer keeps only its input. ``gradient_checkpointing=None`` (the default)
 turns it on only when the row would keep more than :data:`ACTIVATION_SHARE` of the memory
@@ -60,9 +60,9 @@ ACTIVATION_SHARE = 0.5
 """The share of the memory left free after the training state and the push snapshot that a
 row's activations may keep without checkpointing; the other half is for the log-prob head's
 logits, the layers FSDP gathers and the allocator's fragmentation."""
-TRAINED_PARAMETER_BYTES = 18
-"""A trained parameter's bytes on its process: fp32 master copy, gradient and two AdamW
-moments (16), and its bf16 compute copy while FSDP has its layer gathered (2)."""
+OPTIMIZER_STATES = 3
+"""Tensors training adds per trained parameter, each the size of the parameter's shard in
+its dtype: its gradient and AdamW's two moments."""
 
 AttentionMemory = Literal["quadratic", "linear"]
 QUADRATIC: AttentionMemory = "quadratic"
@@ -202,7 +202,7 @@ def activation_bytes(row: ActivationRow, shape: DecoderShape) -> int:
 @attrs.frozen
 class Reserved:
     """Memory of the device that the rows cannot have: what the training state still takes
-    (:func:`training_state_bytes`) and the snapshot of an overlapped weight push kept there."""
+    (:func:`reserved_after_sharding`) and the snapshot of an overlapped weight push kept there."""
 
     training_state: int = 0
     snapshot: int = 0
@@ -212,50 +212,54 @@ class Reserved:
         return self.training_state + self.snapshot
 
 
-def training_state_bytes(
-    trained: int, frozen: int, frozen_bytes: int, processes: int, resident: int = 0
-) -> int:
-    """Bytes the training state takes on one process once training runs, less ``resident``
-    (what of it the free memory measured already excludes: on the CPU, the model loaded into
-    host memory): ``trained`` parameters at :data:`TRAINED_PARAMETER_BYTES` and ``frozen``
-    ones (a LoRA run's base model) at ``frozen_bytes``, sharded over ``processes`` by FSDP.
+@attrs.frozen
+class ShardedModel:
+    """What one process holds of the model when the learner decides: sharded and on its
+    device, the optimizer not stepped yet.
 
-    Example (Qwen3-4B trained whole on one GPU; 4.02e9 parameters):
-        >>> round(training_state_bytes(4_022_468_096, 0, 2, 1) / 2**30, 1)
-        67.4
+    Attributes:
+        trained_bytes: this process's shards of the trained parameters, in bytes (their
+            master dtype: fp32 under mixed precision).
+        parameters: the whole model's parameters (not sharded).
+        largest_layer: the parameters of its largest decoder layer.
+        compute_bytes: bytes per value of the copy FSDP2 gathers for the forward (2 in bf16).
+        processes: the processes sharding it.
     """
-    whole = trained * TRAINED_PARAMETER_BYTES + frozen * frozen_bytes
-    return max(0, -(-whole // max(processes, 1)) - resident)
+
+    trained_bytes: int
+    parameters: int
+    largest_layer: int
+    compute_bytes: int
+    processes: int
 
 
-def reserved_for_training(
-    parameters: int,
-    lora: bool,
-    compute_bytes: int,
-    loaded_bytes: int,
-    processes: int,
-    on_host: bool,
-) -> Reserved:
-    """What the device keeps from the rows when the learner decides, its model still whole on
-    the host: the training state still to come (:func:`training_state_bytes`: every parameter
-    trained, or, with ``lora``, the base frozen in ``compute_bytes``; host memory already holds
-    the loaded model, ``loaded_bytes`` a parameter) and, in host memory, the snapshot of the
-    merged weights an overlapped push keeps (none for LoRA, which pushes adapters from disk).
+def reserved_after_sharding(model: ShardedModel, snapshot: int = 0) -> Reserved:
+    """What training adds on the device to a model sharded as ``model`` says, the free memory
+    measured already excluding its shards: a gradient and AdamW's two moments per trained
+    value (:data:`OPTIMIZER_STATES`; they exist only once a step ran), and the compute copies
+    FSDP2 gathers (one process keeps every layer gathered from its forward to its backward;
+    several gather a layer and prefetch the next), with ``snapshot``, the bytes an overlapped
+    push keeps there.
 
-    Example (Qwen3-4B trained whole on one GPU):
-        >>> reserved = reserved_for_training(4_022_468_096, False, 2, 4, 1, on_host=False)
-        >>> round(reserved.training_state / 2**30, 1), reserved.snapshot
-        (67.4, 0)
+    Example (Qwen3-4B trained whole on one GPU in bf16: 4.02e9 parameters, fp32 masters):
+        >>> qwen3_4b = ShardedModel(4 * 4_022_468_096, 4_022_468_096, 100_930_816, 2, 1)
+        >>> round(reserved_after_sharding(qwen3_4b).training_state / 2**30, 1)
+        52.4
     """
-    state = training_state_bytes(
-        0 if lora else parameters,
-        parameters if lora else 0,
-        compute_bytes,
-        processes,
-        resident=parameters * loaded_bytes if on_host else 0,
-    )
-    snapshot = parameters * compute_bytes if on_host and not lora else 0
+    gathered = model.parameters if model.processes == 1 else 2 * model.largest_layer
+    state = OPTIMIZER_STATES * model.trained_bytes + gathered * model.compute_bytes
     return Reserved(state, snapshot)
+
+
+def push_snapshot_bytes(parameters: int, compute_bytes: int, lora: bool, on_host: bool) -> int:
+    """Bytes the snapshot of an overlapped push keeps in host memory (the merged weights in
+    the export dtype): none on a GPU's memory, none for LoRA, which pushes adapters from disk.
+
+    Example:
+        >>> push_snapshot_bytes(134_515_008, 4, lora=False, on_host=True)
+        538060032
+    """
+    return parameters * compute_bytes if on_host and not lora else 0
 
 
 def choose_checkpointing(

@@ -108,11 +108,13 @@ class AsyncGRPOConfig(TrainingArguments):
     gradient_checkpointing: bool | None = field(  # type: ignore[assignment]
         default=None,
         metadata=_help(
-            "Activation checkpointing of the decoder layers. None: on only when a row "
-            "of token_budget tokens (unset: the server's max_model_len) would keep "
-            "more than half the memory left free after the training state and the push "
-            "snapshot without it, counted for the layers as built and what the "
-            "attention backend keeps (logged at start); TRL's default is True."
+            "Activation checkpointing of the decoder layers. None: decided once the "
+            "model is sharded on its device, on only when a row of token_budget tokens "
+            "(unset: the server's max_model_len) would keep more than half the memory "
+            "left free there after what training adds (gradients, AdamW's moments, the "
+            "gathered layers) and the push snapshot without it, counted for the layers "
+            "as built and what the attention backend keeps (logged at start); TRL's "
+            "default is True."
         ),
     )
     bf16: bool | None = field(  # type: ignore[assignment]

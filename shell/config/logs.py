@@ -30,13 +30,14 @@ Example, a library user who wants only warnings from asyncgrpo::
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from typing import TYPE_CHECKING
 
 import structlog
 from transformers.training_args import trainer_log_levels
+
+from asyncgrpo.adapters.process_group import launch_rank
 
 if TYPE_CHECKING:
     from asyncgrpo.shell.config.fields import AsyncGRPOConfig
@@ -192,7 +193,7 @@ def use_log_levels(config: AsyncGRPOConfig, main_process: bool | None = None) ->
             0 of torchrun's ``RANK`` (1 process: the main one).
     """
     if main_process is None:
-        main_process = int(os.environ.get("RANK", "0")) == 0
+        main_process = launch_rank() == 0
     level = process_log_level(config, main_process)
     with _setup_lock:
         if not structlog.is_configured():

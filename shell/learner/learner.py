@@ -68,10 +68,13 @@ from asyncgrpo.adapters.kernels.packed_policy import (
 )
 from asyncgrpo.adapters.models.causal_lm import disable_dropout
 from asyncgrpo.adapters.models.fsdp import (
+    built_on_meta,
     decoder_shape,
+    load_from_rank0,
     mixed_precision,
     precision_for,
     shard,
+    sharded_model,
     upcast_trainable,
 )
 from asyncgrpo.adapters.models.lora import wrap_with_lora
@@ -83,6 +86,8 @@ from asyncgrpo.adapters.process_group import (
     destroy_process_groups,
     free_bytes,
     init_distributed,
+    local_processes,
+    on_any_rank,
 )
 from asyncgrpo.core.loss.inputs import SamplerTopK
 from asyncgrpo.core.loss.losses import normalize_loss
@@ -104,7 +109,8 @@ from asyncgrpo.core.packing.memory import (
     CheckpointingChoice,
     DeviceMemory,
     choose_checkpointing,
-    reserved_for_training,
+    push_snapshot_bytes,
+    reserved_after_sharding,
     row_tokens,
 )
 from asyncgrpo.core.packing.tree import PackedRow
@@ -302,13 +308,20 @@ class Learner:
         )
         if self.rank == 0:
             log.info("attention backend", backend=self.attention.name, reason=self.attention.reason)
-        self.model = self._prepare(model, peft_config, max_model_len)
+        self.model = self._prepare(model, peft_config)
         names = parameter_names(self.model)
         self.policy = PackedPolicy(
             self.model, config.temperature, chunk_size, self.attention, self.path
         )
+        from_rank0 = self._loads_from_rank0(model)
+        # rank 0's weights whole, kept through sharding to be sent to the ranks built on meta
+        weights = self.model.state_dict() if from_rank0 and self.rank == 0 else {}
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         shard(self.policy, mesh, mixed_precision(self.bf16))
+        if from_rank0:
+            load_from_rank0(self.policy, weights, self.device)
+        del weights
+        self._enable_checkpointing(model, max_model_len, lora=peft_config is not None)
         self.optimizer, self.scheduler = optimizers_for(self.model, config, optimizers, names)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._dummy = dummy_row(self.vocab_size)
@@ -330,22 +343,46 @@ class Learner:
         return self.model.peft_config["default"].to_dict()
 
     def _prepare(
-        self,
-        model: PreTrainedModel,
-        peft_config: PeftConfig | None,
-        max_model_len: Callable[[], int] | None,
+        self, model: PreTrainedModel, peft_config: PeftConfig | None
     ) -> PreTrainedModel | PeftModel:
-        """Dropout off, tree attention (on the tree path), gradient checkpointing, LoRA and
-        the master-weight dtype."""
+        """Dropout off, tree attention (on the tree path), LoRA and the master-weight dtype."""
         dropped = disable_dropout(model)
         if dropped and self.rank == 0:
             log.info("dropout off", modules=len(dropped), reason="vLLM samples without dropout")
         if self.path.kind == "tree":
             enable_tree_attention(model)
+        prepared: PreTrainedModel | PeftModel = model
+        if peft_config is not None:
+            set_seed(self.config.seed)
+            prepared = wrap_with_lora(model, peft_config)
+        if self.bf16 and self.config.dtype != "bfloat16":
+            upcast_trainable(prepared)
+        return prepared.train()
+
+    def _loads_from_rank0(self, model: PreTrainedModel) -> bool:
+        """Whether a rank built ``model`` on the meta device, so that rank 0's weights are sent
+        to every rank after sharding (the same answer on every rank).
+
+        Raises:
+            ValueError: rank 0's model has no weights (it is the one that sends them).
+        """
+        on_meta = built_on_meta(model)
+        if self.rank == 0 and on_meta:
+            raise ValueError(
+                "rank 0's model is on the meta device: rank 0 loads the weights and sends them "
+                "to the other ranks, which may build theirs on meta (load_causal_lm(..., "
+                "on_meta=True)); load the model's weights on rank 0"
+            )
+        return on_any_rank(on_meta)
+
+    def _enable_checkpointing(
+        self, model: PreTrainedModel, max_model_len: Callable[[], int] | None, lora: bool
+    ) -> None:
+        """Decide gradient checkpointing (:meth:`_checkpointing`, on rank 0 for all) and turn
+        it on in ``model``'s layers when chosen."""
         # a failed ask of the server (a RuntimeError) stops every rank, not rank 0 alone
         checkpointing = decided_on_rank0(
-            lambda: self._checkpointing(model, max_model_len, peft_config is not None),
-            refusals=(RuntimeError,),
+            lambda: self._checkpointing(model, max_model_len, lora), refusals=(RuntimeError,)
         )
         if self.rank == 0:
             log.info(
@@ -357,13 +394,6 @@ class Learner:
                 gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs
                 or {"use_reentrant": False}
             )
-        prepared: PreTrainedModel | PeftModel = model
-        if peft_config is not None:
-            set_seed(self.config.seed)
-            prepared = wrap_with_lora(model, peft_config)
-        if self.bf16 and self.config.dtype != "bfloat16":
-            upcast_trainable(prepared)
-        return prepared.train()
 
     def _checkpointing(
         self, model: PreTrainedModel, max_model_len: Callable[[], int] | None, lora: bool
@@ -372,28 +402,27 @@ class Learner:
         the run's attention backend against the memory left free after the training state and
         the push snapshot (:mod:`asyncgrpo.core.packing.memory`): a row of ``token_budget``
         tokens, or of the server's ``max_model_len`` when it is unset (rows are filled up to
-        it). The model is still on the host here, whole: on a GPU none of its state is on the
-        device yet; in host memory this process's copy of it is already taken."""
+        it). The model is sharded and on its device here, so the free memory measured already
+        excludes this process's shards; on the host it is shared by the node's processes."""
         requested = self.config.gradient_checkpointing
         shape = decoder_shape(model)
         config = model.config.get_text_config()
         budget, context = self.config.token_budget, getattr(config, "max_position_embeddings", 0)
         served = max_model_len() if requested is None and not budget and max_model_len else None
         tokens, source = row_tokens(budget, served, context)
-        loaded = next(model.parameters()).element_size()
-        width = 2 if self.bf16 else loaded
-        row = ActivationRow(tokens, source, self.attention.name, self.attention.memory, width)
-        where = str(self.device) if self.device.type == "cuda" else HOST_MEMORY
-        device = DeviceMemory(self.device.type, free_bytes(where))
-        reserved = reserved_for_training(
-            sum(p.numel() for p in model.parameters()),
-            lora,
-            width,
-            loaded,
-            self.world_size,
-            on_host=self.device.type != "cuda",
+        sharded = sharded_model(self.model, self.bf16, self.world_size)
+        row = ActivationRow(
+            tokens, source, self.attention.name, self.attention.memory, sharded.compute_bytes
         )
-        return choose_checkpointing(requested, row, shape, device, reserved)
+        on_host = self.device.type != "cuda"
+        free = free_bytes(HOST_MEMORY if on_host else str(self.device))
+        if on_host and free is not None:
+            free //= local_processes()
+        snapshot = push_snapshot_bytes(sharded.parameters, sharded.compute_bytes, lora, on_host)
+        reserved = reserved_after_sharding(sharded, snapshot)
+        return choose_checkpointing(
+            requested, row, shape, DeviceMemory(self.device.type, free), reserved
+        )
 
     # --- training ------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 from transformers.trainer_utils import HubStrategy
 
+from asyncgrpo.adapters.process_group import launch_rank
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner import Learner
 from asyncgrpo.shell.run import checkpoints, hub
@@ -75,7 +76,7 @@ class Publisher:
             )
             return
         final = self.final
-        if final is not None and final.rank != 0:
+        if (final.rank if final is not None else launch_rank()) != 0:
             return
         path.mkdir(parents=True, exist_ok=True)
         if final is None:

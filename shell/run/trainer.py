@@ -35,7 +35,7 @@ from asyncgrpo.adapters.kernels.architecture_support import training_path
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.adapters.models.packaged import resolve_model
 from asyncgrpo.adapters.models.tool_parsers import check_tool_template
-from asyncgrpo.adapters.process_group import default_device
+from asyncgrpo.adapters.process_group import default_device, launch_rank
 from asyncgrpo.core.experiments.evaluation import evaluation_metrics
 from asyncgrpo.core.names import did_you_mean
 from asyncgrpo.shell.config import AsyncGRPOConfig, field_names, use_log_levels
@@ -167,8 +167,12 @@ class AsyncGRPOTrainer:
         self.optimizers = optimizers
         if isinstance(model, str):
             self.model_name = resolve_model(model)  # a packaged model's name, a .gguf file
+            # rank 0 reads the weights and the learner sends each rank its shards of them
             self.model = load_causal_lm(
-                self.model_name, self.args.dtype, self.args.keyword_arguments("model_init_kwargs")
+                self.model_name,
+                self.args.dtype,
+                self.args.keyword_arguments("model_init_kwargs"),
+                on_meta=launch_rank() > 0,
             )
         else:
             self.model_name = str(model.config._name_or_path)

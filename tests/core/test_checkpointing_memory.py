@@ -10,16 +10,18 @@ from hypothesis import strategies as st
 from asyncgrpo.core.packing.memory import (
     ACTIVATION_SHARE,
     LINEAR,
+    OPTIMIZER_STATES,
     QUADRATIC,
     ActivationRow,
     DecoderShape,
     DeviceMemory,
     Reserved,
+    ShardedModel,
     activation_bytes,
     choose_checkpointing,
-    reserved_for_training,
+    push_snapshot_bytes,
+    reserved_after_sharding,
     row_tokens,
-    training_state_bytes,
 )
 
 GIB = 2**30
@@ -73,10 +75,19 @@ def rows(draw, tokens=row_lengths, attention=kinds):
     return ActivationRow(draw(tokens), "the server's max_model_len", backend, kind, 2)
 
 
-def one_gpu(model: str) -> Reserved:
-    """The training state of ``model`` trained whole by one process on a GPU (nothing of it on
-    the device yet when the learner decides)."""
-    return Reserved(training_state_bytes(PARAMETERS[model], 0, 2, processes=1))
+def sharded(model: str, processes: int = 1) -> ShardedModel:
+    """``model`` trained whole in bf16 with fp32 master weights, sharded over ``processes``."""
+    shape = QWEN3[model]
+    assert shape.q_width is not None
+    layer = shape.hidden * (2 * shape.q_width + 2 * shape.kv_width + 3 * shape.intermediate)
+    masters = -(-4 * PARAMETERS[model] // processes)
+    return ShardedModel(masters, PARAMETERS[model], layer, 2, processes)
+
+
+def after_sharding(device: int, model: str, processes: int = 1) -> DeviceMemory:
+    """What the learner measures free on a GPU of ``device`` bytes free once its shards of the
+    master weights are on it."""
+    return DeviceMemory("cuda", device - sharded(model, processes).trained_bytes)
 
 
 @given(st.sampled_from([QUADRATIC, LINEAR]), gpu_80gb)
@@ -99,21 +110,23 @@ def test_qwen3_0_6b_at_a_16k_row_trains_without_recomputation_on_an_h200(backend
     kept = activation_bytes(linear, shape)
     assert 30 * GIB < kept < 32 * GIB
     assert round(activation_bytes(quadratic, shape) / GIB) == 255
-    reserved = one_gpu("Qwen3-0.6B")
-    assert not choose_checkpointing(None, linear, shape, device, reserved).enabled
-    assert choose_checkpointing(None, quadratic, shape, device, reserved).enabled
+    reserved = reserved_after_sharding(sharded("Qwen3-0.6B"))
+    free = after_sharding(device.free_bytes, "Qwen3-0.6B")
+    assert not choose_checkpointing(None, linear, shape, free, reserved).enabled
+    assert choose_checkpointing(None, quadratic, shape, free, reserved).enabled
 
 
 @given(st.sampled_from(BACKENDS[LINEAR]))
 def test_the_reviews_cases_are_checkpointed(backend) -> None:
     """Qwen3-4B on one H200 at a 10k-token row was decided "off" (free memory measured with the
     model still on the host, activations counted 1.7-2x low) and needs about 140 GiB; Qwen3-1.7B
-    on one H100 at 11k tokens was marginal."""
+    on one H100 at 11k tokens was marginal. Decided after sharding, both are on."""
     for model, device, tokens in (("Qwen3-4B", H200, 10240), ("Qwen3-1.7B", H100, 11264)):
         row = ActivationRow(tokens, "token_budget", backend, LINEAR, 2)
-        state = one_gpu(model)
-        needs = state.total + activation_bytes(row, QWEN3[model])
-        choice = choose_checkpointing(None, row, QWEN3[model], DeviceMemory("cuda", device), state)
+        state = reserved_after_sharding(sharded(model))
+        free = after_sharding(device, model)
+        needs = sharded(model).trained_bytes + state.total + activation_bytes(row, QWEN3[model])
+        choice = choose_checkpointing(None, row, QWEN3[model], free, state)
         assert choice.enabled and "training state" in choice.reason
         if model == "Qwen3-4B":
             assert 120 * GIB < needs < 140 * GIB
@@ -129,29 +142,46 @@ def test_the_reviews_cases_are_checkpointed(backend) -> None:
 def test_off_leaves_as_much_again_as_the_rows_keep_after_the_state_and_snapshot(
     model, row, device, processes, snapshot
 ) -> None:
-    """Off only where the training state (sharded over ``processes``), the push snapshot and
-    twice the row's activations fit the GPU: the other half is for the logits and the
-    gathered layers."""
-    state = training_state_bytes(PARAMETERS[model], 0, 2, processes)
-    reserved = Reserved(state, snapshot)
+    """Off only where the shards, what training adds to them (sharded over ``processes``), the
+    push snapshot and twice the row's activations fit the GPU: the other half is for the
+    logits and the allocator."""
+    shards = sharded(model, processes)
+    reserved = reserved_after_sharding(shards, snapshot)
     kept = activation_bytes(row, QWEN3[model])
-    choice = choose_checkpointing(None, row, QWEN3[model], DeviceMemory("cuda", device), reserved)
+    free = after_sharding(device, model, processes)
+    choice = choose_checkpointing(None, row, QWEN3[model], free, reserved)
     if not choice.enabled:
-        assert state + snapshot + 2 * kept <= device
-    more = Reserved(state, snapshot + GIB)
+        assert shards.trained_bytes + reserved.total + 2 * kept <= device
+    more = Reserved(reserved.training_state, snapshot + GIB)
     if choice.enabled:  # less memory left never turns it off
-        assert choose_checkpointing(
-            None, row, QWEN3[model], DeviceMemory("cuda", device), more
-        ).enabled
+        assert choose_checkpointing(None, row, QWEN3[model], free, more).enabled
 
 
-@given(st.integers(0, 10**10), st.integers(0, 10**10), st.integers(1, 64), st.integers(0, 10**11))
-def test_the_training_state_shards_over_the_processes(trained, frozen, processes, resident) -> None:
-    whole = training_state_bytes(trained, frozen, 2, 1)
-    assert whole == 18 * trained + 2 * frozen
-    shard = training_state_bytes(trained, frozen, 2, processes)
-    assert shard * processes >= whole > (shard - 1) * processes
-    assert training_state_bytes(trained, frozen, 2, processes, resident) == max(0, shard - resident)
+@given(
+    st.integers(2, 10**10),
+    st.integers(0, 4),
+    st.sampled_from([2, 4]),
+    st.integers(1, 64),
+    st.data(),
+)
+def test_training_adds_adamws_states_of_the_shard_and_the_gathered_layers(
+    parameters, frozen_share, compute, processes, data
+) -> None:
+    """A gradient and two moments per trained value of this process's shard; the gathered
+    compute copy of the whole model in one process, of two layers in several. More processes
+    never reserve more, and a frozen base (LoRA) adds only the gathered copies."""
+    largest = data.draw(st.integers(1, parameters // 2))  # a decoder has 2 layers or more
+    trained = parameters // (1 + frozen_share)
+    shards = ShardedModel(-(-4 * trained // processes), parameters, largest, compute, processes)
+    state = reserved_after_sharding(shards).training_state
+    gathered = parameters if processes == 1 else 2 * largest
+    assert state == OPTIMIZER_STATES * shards.trained_bytes + gathered * compute
+    wider = attrs.evolve(
+        shards, trained_bytes=-(-4 * trained // (processes + 1)), processes=processes + 1
+    )
+    assert reserved_after_sharding(wider).training_state <= state
+    frozen = attrs.evolve(shards, trained_bytes=0)
+    assert reserved_after_sharding(frozen).training_state == gathered * compute
 
 
 @given(shapes, rows(), st.integers(0, 28672), devices)
@@ -199,21 +229,10 @@ def test_a_row_of_unknown_length_is_checkpointed(shape, kind, device) -> None:
     assert choice.enabled and "unknown" in choice.reason
 
 
-@given(
-    st.integers(0, 10**10),
-    st.booleans(),
-    st.sampled_from([2, 4]),
-    st.sampled_from([2, 4]),
-    st.integers(1, 64),
-    st.booleans(),
-)
-def test_what_the_rows_cannot_have_follows_where_the_model_lives(
-    parameters, lora, compute, loaded, processes, on_host
+@given(st.integers(0, 10**10), st.sampled_from([2, 4]), st.booleans(), st.booleans())
+def test_the_push_snapshot_is_kept_in_host_memory_for_a_whole_model(
+    parameters, compute, lora, on_host
 ) -> None:
-    reserved = reserved_for_training(parameters, lora, compute, loaded, processes, on_host)
-    on_gpu = reserved_for_training(parameters, lora, compute, loaded, processes, False)
-    assert reserved.training_state <= on_gpu.training_state  # the host holds the model already
-    assert on_gpu.snapshot == 0  # the snapshot lives in host memory
-    assert (reserved.snapshot > 0) == (on_host and not lora and parameters > 0)
-    if not lora:
-        assert on_gpu.training_state == training_state_bytes(parameters, 0, compute, processes)
+    snapshot = push_snapshot_bytes(parameters, compute, lora, on_host)
+    assert (snapshot > 0) == (on_host and not lora and parameters > 0)
+    assert snapshot in (0, parameters * compute)

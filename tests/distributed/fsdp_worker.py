@@ -7,7 +7,9 @@ tokens either way, so the updated weights must agree. Rank 0 saves the full stat
 step's metrics to ``--out``, each rank the attention backend it runs to
 ``--out.backend-<rank>`` (with ``RANK_BACKENDS=a,b`` each rank's own choice would differ) and
 whether each of its object collectives ran on the control group to
-``--out.object-collectives-<rank>``.
+``--out.object-collectives-<rank>``. With ``RANKS_ON_META=1`` the ranks after rank 0 build the
+model on the meta device, as ``AsyncGRPOTrainer`` does under torchrun, and get their shards of
+rank 0's weights from the learner.
 
     torchrun --standalone --nproc_per_node=2 tests/distributed/fsdp_worker.py MODEL OUT
 """
@@ -96,7 +98,8 @@ def main() -> None:
             chosen, LINEAR, f"rank {os.environ['RANK']}'s own choice"
         )
     config = AsyncGRPOConfig(num_sampler_logprobs=TOP_K, gradient_accumulation_steps=2, seed=0)
-    model = load_causal_lm(args.model)
+    on_meta = os.environ.get("RANKS_ON_META") == "1" and int(os.environ["RANK"]) > 0
+    model = load_causal_lm(args.model, on_meta=on_meta)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     with Learner(model, config, optimizers=(optimizer, None)) as learner:
         rows = my_rows(args.model, learner.rank, learner.world_size)

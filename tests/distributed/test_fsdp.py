@@ -32,8 +32,10 @@ def run_worker(model: Path, out: Path, processes: int, **env_vars: str) -> dict:
 
 
 def test_two_processes_update_the_weights_as_one(tiny_qwen3, tmp_path) -> None:
+    """Rank 1 builds the model on the meta device, as the trainer's ranks after rank 0 do, and
+    gets its shards (and the rotary embedding's buffers) from rank 0."""
     single = run_worker(tiny_qwen3, tmp_path / "single.pt", processes=1)
-    sharded = run_worker(tiny_qwen3, tmp_path / "sharded.pt", processes=2)
+    sharded = run_worker(tiny_qwen3, tmp_path / "sharded.pt", processes=2, RANKS_ON_META="1")
     initial = load_file(tiny_qwen3 / "model.safetensors")
     update = max(
         (t - initial[n]).abs().max().item() for n, t in single["weights"].items() if n in initial

@@ -268,6 +268,42 @@ def test_checkpointing_is_decided_for_the_servers_rows_and_the_backend_chosen_on
     assert backend["backend"] == learner.attention.name and backend["reason"]
 
 
+def test_checkpointing_is_decided_once_the_model_is_sharded(tiny_qwen3, monkeypatch) -> None:
+    """Free memory is measured with FSDP2's shards in place (on a GPU: on the device), and
+    what training still adds is counted from them: a gradient and two AdamW moments per
+    trained fp32 value, and the copy one process keeps gathered from forward to backward."""
+    from torch.distributed.tensor import DTensor
+
+    from asyncgrpo.shell.learner import learner as learner_module
+
+    model = load_causal_lm(tiny_qwen3)
+    sharded_when_measured = []
+
+    def free_bytes(where: str) -> int:
+        sharded_when_measured.append(all(isinstance(p, DTensor) for p in model.parameters()))
+        return 2**40
+
+    def choose(*args):
+        decided.append(args)
+        return choose_checkpointing(*args)
+
+    decided: list = []
+    choose_checkpointing = learner_module.choose_checkpointing
+    monkeypatch.setattr(learner_module, "free_bytes", free_bytes)
+    monkeypatch.setattr(learner_module, "choose_checkpointing", choose)
+    parameters = sum(p.numel() for p in model.parameters())
+    Learner(model, config(token_budget=512))
+    assert sharded_when_measured == [True]
+    ((_, row, _, device, reserved),) = decided
+    assert device.free_bytes == 2**40 and row.tokens == 512
+    assert reserved.training_state == (3 * 4 + 4) * parameters  # fp32 throughout
+
+
+def test_rank_0_must_hold_the_weights_it_sends(tiny_qwen3) -> None:
+    with pytest.raises(ValueError, match="rank 0's model is on the meta device"):
+        Learner(load_causal_lm(tiny_qwen3, on_meta=True), config())
+
+
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_streamed_weights_equal_the_full_state_dict_and_their_metadata(tiny_qwen3, peft) -> None:
     """What weight-transfer engines send: iter_weights yields full_state_dict's tensors in its
