@@ -1,11 +1,14 @@
-"""GPU check for one H200 with only torch, transformers and peft (no vLLM, no ``kernels``,
-no network): the GPU paths of the learner and of the weight stream on a Qwen3-0.6B-shaped
-random model, in about 10 minutes.
+"""GPU check for one H100 (78 GiB) with only torch, transformers and peft (no vLLM, no
+``kernels``, no network): the GPU paths of the learner and of the weight stream on a
+Qwen3-0.6B-shaped random model, in at most 8 minutes.
 
 Every check is a row of one table; a check that fails, raises or runs past its own time
-budget is a failing row (a check runs in a thread that is waited for at most its budget:
-CUDA work cannot be cancelled, so cheap checks come first and the whole script has a total
-budget, ``--budget-s``). Exit status 1 when any row fails.
+budget is a failing row. Each check runs in a process of its own (forked from a server that
+has imported torch, transformers and the project, so a check starts in about a second, with
+a CUDA context of its own): a check past its budget is killed with its process, its GPU memory
+and threads with it, before the next one starts. The budgets add up to the total budget
+(``--budget-s``, 480 s), and what is left of the total caps each. Exit status 1 when any row
+fails.
 
 1. **weights contract**: the learner's exported weights (``learner.export.weight_metadata()``
    and ``iter_weights()``) list the model's own tensors: names, order, shapes, and the
@@ -43,9 +46,16 @@ budget, ``--budget-s``). Exit status 1 when any row fails.
     one padding-free row and one padded batch, fwd+bwd of a bf16 model: ms per step, trained
     tokens/s; on the GPU the tree must be faster than both.
 11. **memory**: peak memory of one train step as the row grows (4,096 to 32,768 tokens,
-    each row within 1% of its budget).
+    each row within 1% of its budget), the default backend.
+12. **long-row parity**: as 6, on one group whose 8 samples share a 7,680-token prompt (an
+    8,200-token row): fp32 (Flex) and bf16 (every backend). Flex's block mask must have fully
+    visible blocks (the kernel's path that skips the mask), counted in the row.
+13. **recompiles**: Flex forward and backward on full rows of four lengths: the graphs
+    torch.compile makes per row (``torch._dynamo``'s counters, what ``TORCH_LOGS=recompiles``
+    prints). The block mask builder is compiled once for every length; Flex may recompile
+    once, for dynamic shapes, at the second length; none after it.
 
-    python benchmarks/gpu_check.py              # on the GPU machine, at most --budget-s
+    python benchmarks/gpu_check.py              # on the GPU machine, at most --budget-s (480)
     python benchmarks/gpu_check.py --dry-run    # CPU: a tiny model, a few tokens (CI runs it)
 
 The dry run checks that every check runs, not the GPU's numbers: the CPU backends, its
@@ -58,16 +68,17 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import os
+import multiprocessing
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +93,7 @@ from tree_packing import padding_free_row
 
 from asyncgrpo.adapters.kernels.attention import enable_tree_attention
 from asyncgrpo.adapters.kernels.backends import BackendUnavailableError, check_backend
+from asyncgrpo.adapters.kernels.layout import tree_block_mask
 from asyncgrpo.adapters.kernels.packed_forward import packed_log_probs
 from asyncgrpo.adapters.models.lora import wrap_with_lora
 from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
@@ -102,6 +114,8 @@ DCP_TOL = 1e-6  # |resumed - uninterrupted| loss at C / |uninterrupted|
 ROW_FILL_TOL = 0.01  # a budget-N row holds N tokens within 1%
 PACKING_RATIO = (3.2, 3.6)  # the tree-vs-padded samples' packing ratio (aimed at 3.4)
 CHEAP_BACKEND = "dense"  # of checks that do not test attention: SDPA, compiled on no device
+GPU_BUDGET_S = 480.0  # the whole check on one H100; the dry run's is DRY_RUN_BUDGET_S
+DRY_RUN_BUDGET_S = 1200.0
 QWEN3_0_6B = dict(
     hidden_size=1024,
     num_hidden_layers=28,
@@ -137,7 +151,10 @@ class Sizes:
         throughput: (prompt, completion) of the fwd+bwd groups (2 groups of 8).
         full_row: tokens of the fsdp-step row (16,384 on the GPU).
         budgets: tokens of the memory rows.
-        tree: (groups, prompt, shortest, longest completion) of the tree-vs-padded samples.
+        long_row: (prompt, completion) of the long-row parity group (one group of 8).
+        recompile_rows: tokens of the recompile check's rows, in order.
+        tree: (groups, prompt, shortest, longest completion) of the tree-vs-padded samples
+            (2 groups on the GPU: the padded batch's activations take about 40 GiB).
         chunk_bytes: bytes per chunk of the weight round trip.
         sleep_cycles: GPU clock cycles of the kernel queued ahead of the race test's snapshot.
         race_numel: float32 elements of each of the race test's 8 tensors.
@@ -149,6 +166,8 @@ class Sizes:
     throughput: tuple[int, int]
     full_row: int
     budgets: tuple[int, ...]
+    long_row: tuple[int, int]
+    recompile_rows: tuple[int, ...]
     tree: tuple[int, int, int, int]
     chunk_bytes: int
     sleep_cycles: int
@@ -158,27 +177,44 @@ class Sizes:
 
     @classmethod
     def of(cls, dry_run: bool) -> Sizes:
-        seconds = {
-            "weights": 60,
-            "race": 30,
-            "lora": 60,
-            "dcp": 120,
-            "parity": 90,
-            "grad": 120,
-            "fwd+bwd": 150,
-            "fsdp": 120,
-            "tree": 150,
-            "memory": 150,
+        seconds = {  # on one H100: 480 s in all (GPU_BUDGET_S) with two backends
+            "weights": 20,
+            "race": 15,
+            "lora": 25,
+            "dcp": 25,
+            "parity": 35,
+            "grad": 35,
+            "long parity": 40,
+            "recompiles": 40,
+            "fwd+bwd": 35,
+            "fsdp": 35,
+            "tree": 30,
+            "memory": 40,
         }
         if dry_run:  # generous: a busy CPU in CI must not turn a slow check into a failure
             seconds = dict.fromkeys(seconds, 300.0)
-            return cls((12, 6), (16, 6), 256, (64, 128), (1, 50, 9, 13), 4096, 0, 1024, 1, seconds)
+            return cls(
+                (12, 6),
+                (16, 6),
+                256,
+                (64, 128),
+                (200, 6),
+                (64, 96, 128, 160),
+                (1, 50, 9, 13),
+                4096,
+                0,
+                1024,
+                1,
+                seconds,
+            )
         return cls(
             (96, 48),
             (1024, 256),
             16_384,
             (4096, 8192, 16_384, 32_768),
-            (4, 1024, 196, 294),
+            (7680, 64),
+            (2048, 3072, 4096, 6144),
+            (2, 1024, 196, 294),
             64 * 2**20,
             2_000_000_000,
             2**22,
@@ -267,16 +303,17 @@ def row_fill(row: PackedRow, budget: int) -> tuple[bool, str]:
 # --- models and log-probs ------------------------------------------------------------------
 
 
-def model_config(dry_run: bool) -> Qwen3Config:
-    return Qwen3Config(**(TINY if dry_run else QWEN3_0_6B))
+def model_config(tiny: bool) -> Qwen3Config:
+    """Qwen3-0.6B's shape, or a tiny one (the dry run's)."""
+    return Qwen3Config(**(TINY if tiny else QWEN3_0_6B))
 
 
-def random_model(dtype: torch.dtype, device: torch.device, dry_run: bool, seed: int = 0) -> Any:
-    """A random Qwen3 (0.6B shape, or tiny on a dry run) built on ``device``, in eval mode,
-    attending through SDPA; the same ``seed`` gives the same weights."""
+def random_model(dtype: torch.dtype, device: torch.device, tiny: bool, seed: int = 0) -> Any:
+    """A random Qwen3 (0.6B shape, or tiny: :func:`model_config`) built on ``device``, in eval
+    mode, attending through SDPA; the same ``seed`` gives the same weights."""
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(model_config(dry_run), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(model_config(tiny), dtype=dtype)
     model.set_attn_implementation("sdpa")
     return model.eval()
 
@@ -535,25 +572,18 @@ def check_lora(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
     ]
 
 
-def roomiest_dir() -> str:
-    """/dev/shm when it has 16 GiB free (a container's is often 64 MiB), else the temp dir:
-    a 0.6B model's fp32 checkpoint with AdamW's moments takes about 7 GiB."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and shutil.disk_usage(shm).free > 16 * 2**30:
-        return str(shm)
-    return tempfile.gettempdir()
-
-
-def check_dcp(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
-    """Row 5: a save and a resume through torch.distributed.checkpoint, against no break."""
-    vocab = model_config(dry_run).vocab_size
+def check_dcp(device: torch.device, sizes: Sizes) -> list[Row]:
+    """Row 5: a save and a resume through torch.distributed.checkpoint, against no break, on
+    the tiny model on every device (what it checks is the resume, not the size: a 0.6B
+    model's checkpoint with AdamW's moments would take 7 GiB and most of the budget)."""
+    vocab = model_config(tiny=True).vocab_size
     rng = np.random.default_rng(6)
     a, b, c = (pack_row(make_groups(vocab, 1, *sizes.parity, rng, advantage=1.0)) for _ in range(3))
     config = learner_config(device, bf16=False, learning_rate=1e-4)
     backend = CHEAP_BACKEND
-    where = tempfile.mkdtemp(prefix="gpu_check_dcp_", dir=roomiest_dir())
+    where = tempfile.mkdtemp(prefix="gpu_check_dcp_")
     try:
-        model = random_model(torch.float32, device, dry_run).train()
+        model = random_model(torch.float32, device, tiny=True).train()
         with Learner(model, config, attention_backend=backend) as learner:
             learner.train_step([a])
             learner.save_checkpoint(where)
@@ -561,7 +591,7 @@ def check_dcp(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
             straight = learner.train_step([c]).metrics["loss"]
         losses = []
         for load in (True, False):  # the resume, then the control
-            model = random_model(torch.float32, device, dry_run, seed=7).train()
+            model = random_model(torch.float32, device, tiny=True, seed=7).train()
             with Learner(model, config, attention_backend=backend) as learner:
                 if load:
                     learner.load_checkpoint(where)
@@ -825,14 +855,14 @@ def padded_step(model: Any, samples: Sequence[TrainingSample]) -> torch.Tensor:
     return -(logp * torch.as_tensor(advantages, device=device)).mean()
 
 
-def check_memory(device: torch.device, sizes: Sizes, dry_run: bool, backend: str) -> list[Row]:
-    """Row 11 for ``backend``: peak memory of a step as the (full) row grows."""
+def check_memory(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
+    """Row 11: peak memory of a step as the (full) row grows, the learner's default backend."""
     config = model_config(dry_run)
     meter = FlopsMeter(config, device, bf16=device.type == "cuda")
     rng = np.random.default_rng(12)
     rows = []
     model = random_model(torch.float32, device, dry_run).train()
-    with Learner(model, learner_config(device), attention_backend=backend) as learner:
+    with Learner(model, learner_config(device)) as learner:
         for budget in sizes.budgets:
             packed = full_row(config.vocab_size, budget, rng)
             full, fill = row_fill(packed, budget)
@@ -841,7 +871,7 @@ def check_memory(device: torch.device, sizes: Sizes, dry_run: bool, backend: str
                 row(
                     f"memory budget {budget}",
                     precision(device),
-                    backend,
+                    learner.attention.name,
                     packed.num_tokens,
                     f"{fill}, checkpointing on",
                     full and figures.pop("finite"),
@@ -849,6 +879,61 @@ def check_memory(device: torch.device, sizes: Sizes, dry_run: bool, backend: str
                 )
             )
     return rows
+
+
+def check_long_parity(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
+    """Row 12: a long row's log-probs against each sample alone: fp32 through the backends
+    that run it, bf16 through all; Flex's block mask must hold fully visible blocks."""
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = random_model(dtype, device, dry_run)
+        rng = np.random.default_rng(13)
+        samples = make_groups(model.config.vocab_size, 1, *sizes.long_row, rng)
+        want = unpacked_log_probs(model, samples)
+        packed = pack_row(samples)
+        enable_tree_attention(model)
+        name = str(dtype).removeprefix("torch.")
+        for backend in backends_for(device, dtype):
+            with torch.no_grad():
+                got = packed_log_probs(model, packed, 1.0, backend=backend).logp
+            within, note = differs(got, want, dtype)
+            if backend == "flex":
+                full = int(tree_block_mask(packed, device).full_kv_num_blocks.sum())
+                note += f"; {full} fully visible blocks"
+                within = within and full > 0
+            rows.append(row("long-row parity", name, backend, packed.num_tokens, note, within))
+        del model
+        free_memory()
+    return rows
+
+
+def check_recompiles(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Row]:
+    """Row 13: the graphs torch.compile makes per row as the row's length changes (Flex on a
+    GPU; none on the CPU backends): at most one recompile, at the second length."""
+    from torch._dynamo.utils import counters
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(dtype, device, dry_run).train()
+    backend = "flex" if device.type == "cuda" else "segments"
+    rng = np.random.default_rng(14)
+    graphs = []
+    for tokens in sizes.recompile_rows:
+        packed = full_row(model.config.vocab_size, tokens, rng)
+        before = counters["stats"]["unique_graphs"]
+        packed_step(model, packed, backend).backward()
+        model.zero_grad(set_to_none=True)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    later = sum(graphs[2:])
+    return [
+        row(
+            "recompiles",
+            str(dtype).removeprefix("torch."),
+            backend,
+            "/".join(str(t) for t in sizes.recompile_rows),
+            f"graphs compiled per row {graphs}; {later} after the second length",
+            later == 0,
+        )
+    ]
 
 
 # --- running them --------------------------------------------------------------------------
@@ -867,74 +952,38 @@ class Check:
 
 
 def checks(device: torch.device, sizes: Sizes, dry_run: bool) -> list[Check]:
-    """Every check, cheapest first (a check past its budget keeps running beside the rest)."""
+    """Every check, cheapest and most telling first (the total budget may end the run before
+    the last ones)."""
     s = sizes.seconds
     units = [
-        Check("weights", "bf16", "-", s["weights"], lambda: check_weights(device, sizes, dry_run)),
-        Check("stream race", "float32", "-", s["race"], lambda: check_race(device, sizes)),
-        Check("lora merged", "float32", "-", s["lora"], lambda: check_lora(device, sizes, dry_run)),
+        Check("weights", "bf16", "-", s["weights"], partial(check_weights, device, sizes, dry_run)),
+        Check("stream race", "float32", "-", s["race"], partial(check_race, device, sizes)),
         Check(
-            "dcp resume", "float32", "dense", s["dcp"], lambda: check_dcp(device, sizes, dry_run)
+            "lora merged", "float32", "-", s["lora"], partial(check_lora, device, sizes, dry_run)
         ),
+        Check("dcp resume", "float32", "dense", s["dcp"], partial(check_dcp, device, sizes)),
     ]
     for dtype in (torch.float32, torch.bfloat16):
-        units.append(
-            Check(
-                "parity",
-                str(dtype).removeprefix("torch."),
-                "all",
-                s["parity"],
-                lambda dtype=dtype: check_parity(device, sizes, dry_run, dtype),
-            )
-        )
-    units.append(
-        Check(
-            "grad parity",
-            "float32",
-            "all",
-            s["grad"],
-            lambda: check_gradients(device, sizes, dry_run),
-        )
-    )
+        name = str(dtype).removeprefix("torch.")
+        body = partial(check_parity, device, sizes, dry_run, dtype)
+        units.append(Check("parity", name, "all", s["parity"], body))
+    grad = partial(check_gradients, device, sizes, dry_run)
+    units.append(Check("grad parity", "float32", "all", s["grad"], grad))
+    long_rows = partial(check_long_parity, device, sizes, dry_run)
+    units.append(Check("long-row parity", "both", "all", s["long parity"], long_rows))
+    recompiles = partial(check_recompiles, device, sizes, dry_run)
+    units.append(Check("recompiles", precision(device), "flex", s["recompiles"], recompiles))
     for backend in backends_for(device, torch.bfloat16):
-        units.append(
-            Check(
-                "fwd+bwd",
-                precision(device),
-                backend,
-                s["fwd+bwd"],
-                lambda backend=backend: check_steps(device, sizes, dry_run, backend),
-            )
-        )
+        body = partial(check_steps, device, sizes, dry_run, backend)
+        units.append(Check("fwd+bwd", precision(device), backend, s["fwd+bwd"], body))
     for mode in (True, None):
-        units.append(
-            Check(
-                f"fsdp step checkpointing {'on' if mode else 'decided'}",
-                precision(device),
-                "default",
-                s["fsdp"],
-                lambda mode=mode: check_full_row(device, sizes, dry_run, mode),
-            )
-        )
-    units.append(
-        Check(
-            "tree vs padded",
-            precision(device),
-            "-",
-            s["tree"],
-            lambda: check_tree_vs_padded(device, sizes, dry_run),
-        )
-    )
-    for backend in backends_for(device, torch.bfloat16):
-        units.append(
-            Check(
-                "memory",
-                precision(device),
-                backend,
-                s["memory"],
-                lambda backend=backend: check_memory(device, sizes, dry_run, backend),
-            )
-        )
+        body = partial(check_full_row, device, sizes, dry_run, mode)
+        label = f"fsdp step checkpointing {'on' if mode else 'decided'}"
+        units.append(Check(label, precision(device), "default", s["fsdp"], body))
+    tree = partial(check_tree_vs_padded, device, sizes, dry_run)
+    units.append(Check("tree vs padded", precision(device), "-", s["tree"], tree))
+    memory = partial(check_memory, device, sizes, dry_run)
+    units.append(Check("memory", precision(device), "default", s["memory"], memory))
     return units
 
 
@@ -957,78 +1006,83 @@ def print_plan(units: Sequence[Check], budget_s: float) -> float:
     return ends
 
 
-def run_all(units: Sequence[Check], budget_s: float) -> list[Row]:
-    """Run ``units`` one after another, each in a daemon thread waited for at most its own
-    budget (and what is left of ``budget_s``): a unit that raises is a failing row with its
-    error, one that overruns a failing row saying so (it may still be running, and the later
-    rows say that they ran beside it)."""
+def run_all(units: Sequence[Check], budget_s: float, dry_run: bool) -> list[Row]:
+    """Run ``units`` one after another, each in a process of its own waited for at most its
+    own budget (and what is left of ``budget_s``): a unit that raises is a failing row with
+    its error, one whose process dies a failing row with its exit code, and one that overruns
+    is killed, its process with its GPU memory and threads, before the next one starts."""
+    context = multiprocessing.get_context("forkserver")
+    # the server imports these once; each check's process forks from it
+    context.set_forkserver_preload(["torch", "transformers", "peft", "asyncgrpo.shell.learner"])
     deadline = time.monotonic() + budget_s
     rows: list[Row] = []
-    overrun: list[str] = []
     for unit in units:
         left = deadline - time.monotonic()
-        label = f"{unit.check} {unit.dtype} {unit.backend}"
         if left < 1:
-            rows.append(
-                row(
-                    unit.check,
-                    unit.dtype,
-                    unit.backend,
-                    "-",
-                    f"not run: the total budget of {budget_s:.0f} s is spent",
-                    False,
-                )
-            )
+            note = f"not run: the total budget of {budget_s:.0f} s is spent"
+            rows.append(row(unit.check, unit.dtype, unit.backend, "-", note, False))
             continue
         limit = min(unit.budget_s, left)
-        box: dict[str, Any] = {}
         start = time.perf_counter()
-        thread = threading.Thread(target=run_into, args=(unit.body, box), daemon=True)
-        thread.start()
-        thread.join(limit)
+        outcome = run_in_process(context, unit.body, limit, dry_run)
         elapsed = time.perf_counter() - start
+        label = f"{unit.check} {unit.dtype} {unit.backend}"
         print(f"done {label} in {elapsed:.1f} s", file=sys.stderr, flush=True)
-        if thread.is_alive():
-            rows.append(
-                row(
-                    unit.check,
-                    unit.dtype,
-                    unit.backend,
-                    "-",
-                    f"timeout: still running after {limit:.0f} s",
-                    False,
-                )
-            )
-            overrun.append(label)
+        if isinstance(outcome, str):
+            rows.append(row(unit.check, unit.dtype, unit.backend, "-", outcome, False))
             continue
-        if "error" in box:
-            error = box["error"]
-            rows.append(
-                row(
-                    unit.check,
-                    unit.dtype,
-                    unit.backend,
-                    "-",
-                    f"error: {type(error).__name__}: {str(error)[:160]}",
-                    False,
-                )
-            )
-        else:
-            for r in box["rows"]:
-                r["s"] = elapsed
-                if overrun:
-                    r["result"] += f" (beside the overrun {', '.join(overrun)})"
-                rows.append(r)
-        free_memory()
+        for r in outcome:
+            r["s"] = elapsed
+            rows.append(r)
     return rows
 
 
-def run_into(body: Callable[[], list[Row]], box: dict[str, Any]) -> None:
+def run_in_process(
+    context: Any, body: Callable[[], list[Row]], limit: float, dry_run: bool
+) -> list[Row] | str:
+    """``body``'s rows, run in a new process of ``context``; or why there are none (its error,
+    its death, or its overrun: then the process is killed)."""
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=run_check, args=(body, send, dry_run), daemon=True)
+    process.start()
+    send.close()  # the child's end: an EOF here when the child dies without a reply
     try:
-        box["rows"] = body()
+        if not receive.poll(limit):
+            process.kill()
+            return f"timeout: killed after {limit:.0f} s"
+        outcome = receive.recv()
+    except EOFError:
+        process.join(10)
+        return f"error: the check's process died (exit code {process.exitcode})"
+    finally:
+        process.join(30)
+        if process.is_alive():  # stuck in its teardown (a CUDA context): the rows are in
+            process.kill()
+            process.join()
+        receive.close()
+    return outcome
+
+
+def run_check(body: Callable[[], list[Row]], send: Connection, dry_run: bool) -> None:
+    """A check's process: the settings of the run, then its rows, or its error, sent back."""
+    configure(dry_run)
+    try:
+        outcome: list[Row] | str = body()
     except Exception as error:
         traceback.print_exc(file=sys.stderr)
-        box["error"] = error
+        outcome = f"error: {type(error).__name__}: {str(error)[:160]}"
+    send.send(outcome)
+    send.close()
+
+
+def configure(dry_run: bool) -> None:
+    """Per process: TF32 off on a GPU (fp32 parity means fp32), one thread on the CPU (tiny
+    operations: threads only spin, more so on a busy CPU)."""
+    if torch.cuda.is_available() and not dry_run:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    if dry_run:
+        torch.set_num_threads(1)
 
 
 def print_table(rows: list[Row], device: torch.device) -> None:
@@ -1061,26 +1115,20 @@ def main() -> int:
         "--budget-s",
         type=float,
         default=None,
-        help="seconds for all checks together (default 480; 1200 with --dry-run)",
+        help=f"seconds for all checks together (default {GPU_BUDGET_S:.0f}; "
+        f"{DRY_RUN_BUDGET_S:.0f} with --dry-run)",
     )
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run or not torch.cuda.is_available() else "cuda")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     sizes = Sizes.of(args.dry_run)
-    if args.dry_run:
-        torch.set_num_threads(1)  # tiny operations: threads only spin, more so on a busy CPU
-    budget_s = args.budget_s or (1200.0 if args.dry_run else 480.0)
+    configure(args.dry_run)
+    budget_s = args.budget_s or (DRY_RUN_BUDGET_S if args.dry_run else GPU_BUDGET_S)
     units = checks(device, sizes, args.dry_run)
     print_plan(units, budget_s)
-    rows = run_all(units, budget_s)
+    rows = run_all(units, budget_s, args.dry_run)
     print_table(rows, device)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # a check past its budget may still hold a thread in CUDA: do not wait
+    raise SystemExit(main())

@@ -8,7 +8,7 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
-LEARNER_ROWS = ("fwd+bwd tree", "fwd+bwd padding-free", "memory budget 64", "memory budget 128")
+LEARNER_ROWS = ("fwd+bwd tree", "fwd+bwd padding-free")
 BY_ROW = "dense or segments, by row"
 EVERY_ROW = [
     ("weights contract", "bf16", "-"),
@@ -20,12 +20,20 @@ EVERY_ROW = [
     ("parity control", "bfloat16", "causal"),
     *[("parity", dtype, b) for dtype in ("float32", "bfloat16") for b in ("dense", "segments")],
     *[("grad parity", "float32", b) for b in ("dense", "segments")],
+    *[
+        ("long-row parity", dtype, b)
+        for dtype in ("float32", "bfloat16")
+        for b in ("dense", "segments")
+    ],
+    ("recompiles", "float32", "segments"),
     *[(check, "float32", b) for check in LEARNER_ROWS for b in ("dense", "segments")],
     ("fsdp step checkpointing on", "float32", BY_ROW),
     ("fsdp step checkpointing decided", "float32", BY_ROW),
     ("tree vs padded: tree", "float32", "segments"),
     ("tree vs padded: padding-free", "float32", "segments"),
     ("tree vs padded: padded", "float32", "sdpa"),
+    ("memory budget 64", "float32", BY_ROW),
+    ("memory budget 128", "float32", BY_ROW),
 ]
 
 
@@ -47,3 +55,37 @@ def test_the_gpu_check_runs_on_cpu_and_every_check_passes() -> None:
     assert "| fwd+bwd | float32 | dense | 300 |" in done.stdout  # each check's planned time
     assert "bit-equal" in rows[("gloo chunk round trip", "bf16", "-")]
     assert "(100.0%)" in rows[("fsdp step checkpointing on", "float32", BY_ROW)]
+
+
+@pytest.mark.slow(reason="starts a forkserver and three check processes")
+def test_a_check_past_its_budget_is_killed_before_the_next_starts() -> None:
+    """Each check runs in a process of its own: one that overruns is killed (not left running
+    beside the next check, holding its GPU memory), one that dies is named with its exit
+    code, and the next one still runs."""
+    import multiprocessing
+    import os
+    import time
+    from functools import partial
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # the check processes unpickle run_check from it
+    spec.loader.exec_module(gpu_check)
+    units = [
+        gpu_check.Check("sleeps", "-", "-", 2.0, partial(time.sleep, 3600)),
+        gpu_check.Check("dies", "-", "-", 60.0, partial(os._exit, 3)),
+        gpu_check.Check(
+            "answers", "-", "-", 60.0, partial(list, [gpu_check.row("a", "-", "-", 1, "r", True)])
+        ),
+    ]
+    start = time.monotonic()
+    rows = gpu_check.run_all(units, budget_s=120.0, dry_run=True)
+    assert time.monotonic() - start < 60
+    assert [r["result"] for r in rows] == [
+        "timeout: killed after 2 s",
+        "error: the check's process died (exit code 3)",
+        "r",
+    ]
+    assert [r["ok"] for r in rows] == [False, False, True]
+    assert not multiprocessing.active_children()

@@ -61,6 +61,13 @@ class TreeLayout:
 
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+compiled_block_mask = torch.compile(create_block_mask, dynamic=True)
+"""``create_block_mask`` compiled, once for every row length (``dynamic``): the mask is
+evaluated block by block. Eagerly it is a ``T x T`` tensor with ``T x T`` intermediates for
+every comparison of :func:`tree_mask_mod` (a GiB each at 32k tokens), and each row waits for
+it; a new row length or tree does not recompile it
+(``tests/adapters/test_attention.py`` counts the graphs)."""
 MaskShape = tuple[int | None, int | None]
 """``(window, chunk)`` of a layer's mask, in positions of each token's own sample."""
 
@@ -115,10 +122,10 @@ def tree_block_mask(
     row: PackedRow, device: torch.device, mask_shape: MaskShape = (None, None)
 ) -> BlockMask:
     """FlexAttention's block mask of the row's tree (:func:`tree_mask_mod`), ``T x T``, with
-    the window and chunk of ``mask_shape``."""
+    the window and chunk of ``mask_shape``, built by :data:`compiled_block_mask`."""
     t = row.num_tokens
     mask_mod = tree_mask_mod(row, device, mask_shape)
-    return create_block_mask(mask_mod, None, None, t, t, device=device)
+    return compiled_block_mask(mask_mod, None, None, t, t, device)
 
 
 def _subtree_ends(parents: np.ndarray) -> np.ndarray:

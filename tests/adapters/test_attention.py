@@ -24,7 +24,7 @@ from asyncgrpo.adapters.kernels.backends import (
     check_backend,
     choose_backend,
 )
-from asyncgrpo.adapters.kernels.layout import BACKENDS, tree_mask_mod
+from asyncgrpo.adapters.kernels.layout import BACKENDS, tree_block_mask, tree_mask_mod
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.core.packing.attention_choice import cheaper_backend
 from asyncgrpo.core.packing.flops import query_key_pairs
@@ -80,6 +80,33 @@ def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
     zero = torch.zeros((), dtype=torch.long)
     grid = tree_mask_mod(row, "cpu")(zero, zero, index[:, None], index[None, :])
     assert torch.equal(grid, torch.from_numpy(row.dense_mask()))
+
+
+@pytest.mark.slow("compiles create_block_mask with inductor on the CPU, about 15 s")
+def test_block_masks_are_compiled_once_for_every_row_length_and_tree() -> None:
+    """Flex's block masks come from the compiled builder, block by block: equal to what the
+    eager builder makes from the whole T x T mask, for rows of three lengths and trees (and
+    a sliding window), with one compiled graph among them, not one per row."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    graphs = counters["stats"]["unique_graphs"]
+    for samples, prompt in ((2, 150), (3, 260), (5, 410)):
+        shared = list(range(3, 3 + prompt))
+        row = pack_row(
+            [
+                make_sample(shared + [7 + i] * (100 + 37 * i), [0] * prompt + [1] * (100 + 37 * i))
+                for i in range(samples)
+            ]
+        )
+        t = row.num_tokens
+        for mask_shape in ((None, None), (64, None)):
+            built = tree_block_mask(row, torch.device("cpu"), mask_shape)
+            mask_mod = tree_mask_mod(row, "cpu", mask_shape)
+            eager = create_block_mask(mask_mod, None, None, t, t, device="cpu")
+            for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+                assert torch.equal(getattr(built, part), getattr(eager, part)), (t, part)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
 
 
 def test_cpu_default_is_chosen_per_row_by_cost_and_no_transformers_mask_is_built() -> None:
