@@ -147,7 +147,7 @@ def load_from_rank0(
         dist.broadcast(buffer, src=0)
 
 
-def sharded_model(model: nn.Module, bf16: bool, processes: int) -> ShardedModel:
+def sharded_model(model: PreTrainedModel | PeftModel, bf16: bool, processes: int) -> ShardedModel:
     """What this process holds of ``model`` once :func:`shard` ran: its shards of the trained
     parameters in bytes, the whole model's parameter count, its largest decoder layer's, and
     the bytes of a value of the copy FSDP2 gathers for the forward."""

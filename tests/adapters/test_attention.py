@@ -85,12 +85,13 @@ def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
 @pytest.mark.slow("compiles create_block_mask with inductor on the CPU, about 15 s")
 def test_block_masks_are_compiled_once_for_every_row_length_and_tree() -> None:
     """Flex's block masks come from the compiled builder, block by block: equal to what the
-    eager builder makes from the whole T x T mask, for rows of three lengths and trees (and
-    a sliding window), with one compiled graph among them, not one per row."""
+    eager builder makes from the whole T x T mask, for rows of three lengths and trees, with
+    and without a sliding window: one compiled graph per mask shape (the window is code of
+    its own), none for a new row."""
     from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import create_block_mask
 
-    graphs = counters["stats"]["unique_graphs"]
+    graphs = []
     for samples, prompt in ((2, 150), (3, 260), (5, 410)):
         shared = list(range(3, 3 + prompt))
         row = pack_row(
@@ -106,7 +107,8 @@ def test_block_masks_are_compiled_once_for_every_row_length_and_tree() -> None:
             eager = create_block_mask(mask_mod, None, None, t, t, device="cpu")
             for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
                 assert torch.equal(getattr(built, part), getattr(eager, part)), (t, part)
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[2] == graphs[0] and graphs[0] >= 2
 
 
 def test_cpu_default_is_chosen_per_row_by_cost_and_no_transformers_mask_is_built() -> None:
