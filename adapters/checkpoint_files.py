@@ -223,3 +223,30 @@ def check_file_sizes(directory: Path, sizes: Mapping[str, int], listed_in: str) 
         if size != expected:
             shorter = "cut short: " if size < expected else ""
             raise DamagedFile(file, f"{shorter}{size} bytes, {expected} when saved ({listed_in})")
+
+
+def write_arrays(file: Path, arrays: Mapping[str, Any], metadata: Mapping[str, str]) -> None:
+    """Write named numpy ``arrays`` and string ``metadata`` to ``file`` as safetensors (no
+    pickle: a checkpoint read back runs no code)."""
+    from safetensors.numpy import save_file
+
+    save_file(dict(arrays), str(file), metadata=dict(metadata))
+
+
+def read_arrays(file: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The named numpy arrays and the string metadata of safetensors ``file``
+    (:func:`write_arrays`).
+
+    Raises:
+        DamagedFile: the file is missing, cut short or not safetensors.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    check_safetensors(file)
+    try:
+        with safe_open(str(file), framework="np") as opened:
+            metadata = dict(opened.metadata() or {})
+            names = opened.keys()  # safe_open is no mapping: it has keys() and get_tensor()
+            return {key: opened.get_tensor(key) for key in names}, metadata
+    except (SafetensorError, OSError) as error:
+        raise DamagedFile(file, f"does not load ({type(error).__name__}: {error})") from error

@@ -67,7 +67,7 @@ compiled_block_mask = torch.compile(create_block_mask, dynamic=True)
 evaluated block by block. Eagerly it is a ``T x T`` tensor with ``T x T`` intermediates for
 every comparison of :func:`tree_mask_mod` (a GiB each at 32k tokens), and each row waits for
 it; a new row length or tree does not recompile it
-(``tests/adapters/test_attention.py`` counts the graphs)."""
+(``tests/adapters/test_attention.py`` counts the graphs on the CPU)."""
 MaskShape = tuple[int | None, int | None]
 """``(window, chunk)`` of a layer's mask, in positions of each token's own sample."""
 
@@ -122,10 +122,13 @@ def tree_block_mask(
     row: PackedRow, device: torch.device, mask_shape: MaskShape = (None, None)
 ) -> BlockMask:
     """FlexAttention's block mask of the row's tree (:func:`tree_mask_mod`), ``T x T``, with
-    the window and chunk of ``mask_shape``, built by :data:`compiled_block_mask`."""
+    the window and chunk of ``mask_shape``: built by :data:`compiled_block_mask` on a GPU;
+    on the CPU, where Flex does not train (its rows there are tests' and checks' small ones),
+    eagerly, which costs less than inductor's compile of it (about 30 s a process)."""
     t = row.num_tokens
     mask_mod = tree_mask_mod(row, device, mask_shape)
-    return compiled_block_mask(mask_mod, None, None, t, t, device)
+    build = compiled_block_mask if torch.device(device).type == "cuda" else create_block_mask
+    return build(mask_mod, None, None, t, t, device)
 
 
 def _subtree_ends(parents: np.ndarray) -> np.ndarray:

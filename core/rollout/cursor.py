@@ -83,6 +83,8 @@ class PromptCursor:
             "next_untrained": self.next_untrained,
             "consumed_after": sorted(self.consumed_after),
             "split_by_checkpoint": {str(p): self.pending[p] for p in sorted(self.taken)},
+            "queued": {str(p): n for p, n in sorted(self.pending.items())},
+            "taken": {str(p): n for p, n in sorted(self.taken.items())},
         }
 
     @classmethod
@@ -105,6 +107,29 @@ class PromptCursor:
         for position in sorted(split_by_checkpoint(data)):
             cursor = _consume(cursor, position, {})
         return cursor
+
+    @classmethod
+    def with_queue_restored(cls, data: Mapping[str, Any]) -> PromptCursor:
+        """Read back :meth:`to_json` for a resumed run that restores the checkpoint's queued
+        samples: the positions with samples queued stay pending, a split group with what it
+        had taken, so their samples are trained, not generated again nor dropped.
+
+        Example:
+            >>> cursor = group_outcome(PromptCursor(), position=0, num_samples=4)
+            >>> cursor = samples_consumed(cursor, [0])  # 1 of 4 trained, then a checkpoint
+            >>> restored = PromptCursor.with_queue_restored(cursor.to_json())
+            >>> restored == cursor, list(positions_from(restart_cursor(restored), stop=3))
+            (True, [1, 2])
+        """
+        for key in ("next_untrained", "consumed_after", "queued", "taken"):
+            if key not in data:
+                raise ValueError(f"rollout_state.json: missing key {key!r}")
+        return cls(
+            int(data["next_untrained"]),
+            frozenset(int(p) for p in data["consumed_after"]),
+            {int(p): int(n) for p, n in data["queued"].items()},
+            {int(p): int(n) for p, n in data["taken"].items()},
+        )
 
 
 def split_by_checkpoint(data: Mapping[str, Any]) -> dict[int, int]:

@@ -6,13 +6,15 @@ source returned, which count as unscored), ``frac_reward_zero_std``, ``completio
 ``rollout/turns_*``, ``rollout/samples_per_rollout``, ``rollout/fork_frac``,
 ``rollout/drift_tokens_*`` and, when the trainer has tools, ``tools/call_frequency``,
 ``tools/failure_frequency`` and ``tools/loop_exhausted_frac``; and the ``sample/*`` metrics
-of the samples a trainer step takes (:func:`sample_observations`). Values measured per
-rollout or sample carry their weight, so a window averages over items
+of the samples a trainer step takes (:func:`sample_observations`), with their staleness and
+stale drops by completion length (:func:`staleness_by_length`, :func:`stale_drops_by_length`).
+Values measured per rollout or sample carry their weight, so a window averages over items
 (:mod:`asyncgrpo.core.metrics`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 
 import attrs
@@ -214,6 +216,86 @@ def sample_observations(
         mean("sample/staleness_mean", float(np.mean(staleness)), weight=n),
         maximum("sample/staleness_max", float(max(staleness))),
     ]
+
+
+LENGTH_QUARTERS = 4
+"""Completion lengths are told apart by quarter of ``max_completion_length``."""
+
+
+def length_quarter(trained_tokens: int, max_completion_length: int) -> int:
+    """1 to :data:`LENGTH_QUARTERS`: the quarter of ``(0, max_completion_length]`` that a
+    sample's trained tokens fall in (a multi-turn sample past it counts in the last).
+
+    Example:
+        >>> [length_quarter(n, 256) for n in (1, 64, 65, 192, 256, 300)]
+        [1, 1, 2, 3, 4, 4]
+    """
+    share = math.ceil(LENGTH_QUARTERS * trained_tokens / max(max_completion_length, 1))
+    return min(LENGTH_QUARTERS, max(1, share))
+
+
+def staleness_by_length(
+    samples: Sequence[TrainingSample], current_version: int, max_completion_length: int
+) -> list[Observation]:
+    """The staleness of the samples a step trains, by :func:`length_quarter`:
+    ``sample/length_q{1-4}/staleness_mean``, and their part of
+    ``sample/length_q{1-4}/dropped_stale_frac`` (trained: the denominator only).
+
+    A sample is as stale as the version its rollout started on, so a long rollout, which
+    spans more weight updates, is staler and more often dropped than a short one of the same
+    group: these show whether the run trains long answers less than short ones.
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> def sample(trained, version):
+        ...     ids, mask = [0] * (trained + 1), [0] + [1] * trained
+        ...     sequence = TrainingSequence(ids, mask, [0.0] * len(ids))
+        ...     return TrainingSample(sequence, 1.0, version, 0, 0, 0, "r")
+        >>> taken = [sample(10, 5), sample(200, 3), sample(250, 2)]
+        >>> observed = {o.name: o.amount for o in staleness_by_length(taken, 5, 256)}
+        >>> observed["sample/length_q1/staleness_mean"], observed["sample/length_q4/staleness_mean"]
+        (0.0, 2.5)
+    """
+    by_quarter: dict[int, list[int]] = {}
+    for sample in samples:
+        quarter = length_quarter(sample.sequence.num_trained, max_completion_length)
+        by_quarter.setdefault(quarter, []).append(sample.staleness(current_version))
+    observations = []
+    for quarter, staleness in sorted(by_quarter.items()):
+        n = len(staleness)
+        observations += [
+            mean(f"sample/length_q{quarter}/staleness_mean", float(np.mean(staleness)), weight=n),
+            ratio(f"sample/length_q{quarter}/dropped_stale_frac", 0.0, n),
+        ]
+    return observations
+
+
+def stale_drops_by_length(
+    dropped: Sequence[TrainingSample], max_completion_length: int
+) -> list[Observation]:
+    """Samples dropped as stale, by :func:`length_quarter`:
+    ``sample/length_q{1-4}/dropped_stale_count`` (every quarter, 0 where none was dropped) and
+    their part of ``sample/length_q{1-4}/dropped_stale_frac``, the share of a quarter's
+    samples dropped (a window's drops over its drops and trained samples).
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> seq = TrainingSequence([0] * 201, [0] + [1] * 200, [0.0] * 201)
+        >>> dropped = [TrainingSample(seq, 1.0, 0, 0, 0, 0, "r")]
+        >>> for observation in stale_drops_by_length(dropped, 256)[-2:]:
+        ...     print(observation.name, observation.amount)
+        sample/length_q4/dropped_stale_count 1.0
+        sample/length_q4/dropped_stale_frac 1.0
+    """
+    counts = dict.fromkeys(range(1, LENGTH_QUARTERS + 1), 0)
+    for sample in dropped:
+        counts[length_quarter(sample.sequence.num_trained, max_completion_length)] += 1
+    observations = []
+    for quarter, n in counts.items():
+        observations.append(total(f"sample/length_q{quarter}/dropped_stale_count", n))
+        if n:
+            observations.append(ratio(f"sample/length_q{quarter}/dropped_stale_frac", n, n))
+    return observations
 
 
 def tool_call_observations(name: str, latency_s: float, failed: int) -> tuple[Observation, ...]:

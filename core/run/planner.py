@@ -42,7 +42,7 @@ from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.metrics import Aggregation, Observation, declared
 from asyncgrpo.core.packing.tree import PackedRow, pack_row, shared_positions
 from asyncgrpo.core.records import TrainingSample
-from asyncgrpo.core.rollout.metrics import sample_observations
+from asyncgrpo.core.rollout.metrics import sample_observations, staleness_by_length
 
 
 def added_cost(length: int, shared: int) -> int:
@@ -403,7 +403,7 @@ def pack_step(micro_batches: Sequence[Sequence[Sequence[TrainingSample]]]) -> Pa
 
 
 def step_observations(
-    step: PackedStep, version: int, now: float, token_budget: int
+    step: PackedStep, version: int, now: float, token_budget: int, max_completion_length: int
 ) -> list[Observation]:
     """The ``sample/*`` and ``batch/*`` metrics of a step the trainer takes.
 
@@ -412,12 +412,15 @@ def step_observations(
         version: the policy version being trained, for ``sample/staleness_*``.
         now: ``time.monotonic()`` when the step was taken, for ``sample/time_in_queue_s``.
         token_budget: tokens per row, for ``batch/row_fill_frac``.
+        max_completion_length: the config's, for the staleness by completion length
+            (:func:`~asyncgrpo.core.rollout.metrics.staleness_by_length`).
 
     ``batch/dropped_oversize_count`` is left to the step queue, which counts what it drops.
     """
     samples = [sample for row in step.rows for sample in row.samples]
     return [
         *sample_observations(samples, version, now),
+        *staleness_by_length(samples, version, max_completion_length),
         *(
             declared(name, value, 1.0, BATCH_METRICS)
             for name, value in batch_metrics(step.micro_batches, token_budget).items()

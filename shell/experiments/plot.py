@@ -22,6 +22,14 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("distinct completions per group", ("completions/distinct_per_group",)),
     ("staleness", ("sample/staleness_mean", "sample/staleness_max")),
+    (
+        "staleness by completion length (quarters of max_completion_length; q4 the longest)",
+        tuple(f"sample/length_q{q}/staleness_mean" for q in range(1, 5)),
+    ),
+    (
+        "share of samples dropped as stale, by completion length",
+        tuple(f"sample/length_q{q}/dropped_stale_frac" for q in range(1, 5)),
+    ),
     ("queue", ("rollout/queue_size", "perf/rollout_wait_s", "rollout/backpressure_s")),
     (
         "throughput",

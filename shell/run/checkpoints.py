@@ -5,7 +5,10 @@ A checkpoint is written into ``checkpoint-<step>.partial/`` and renamed to
 that fills up, never leaves a checkpoint that looks complete. ``rollout_state.json`` is written
 last: the prompt cursor, policy version and step of the rollout side, and the size of every other
 file the checkpoint holds (``files``), beside what the learner writes
-(:mod:`asyncgrpo.shell.learner.checkpoint`) and ``model_source.json``.
+(:mod:`asyncgrpo.shell.learner.checkpoint`), ``model_source.json`` and
+``queued_samples.safetensors``: the samples generated and queued, not trained yet, which a
+resumed run puts back on its queue (:mod:`asyncgrpo.core.run.saved_samples`) instead of
+generating them again.
 
 A checkpoint is *complete* when its save finished and every file checks (:func:`check_loads`,
 without loading the tensors): ``rollout_state.json`` parses and holds its keys, every file it
@@ -29,7 +32,9 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +46,14 @@ from asyncgrpo.adapters.checkpoint_files import (
     DamagedFile,
     check_file_sizes,
     file_sizes,
+    read_arrays,
     read_json_object,
+    write_arrays,
 )
+from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout.cursor import PromptCursor, split_by_checkpoint
 from asyncgrpo.core.run.checkpoint_choice import SavedCheckpoint, choose_resume, to_rotate
+from asyncgrpo.core.run.saved_samples import samples_from_arrays, samples_to_arrays
 from asyncgrpo.shell.learner import Learner, check_learner_files
 from asyncgrpo.shell.run.interrupts import interrupts_deferred
 
@@ -55,6 +64,8 @@ MODEL_SOURCE = "model_source.json"  # the model a checkpoint's weights belong to
 PARTIAL_SUFFIX = ".partial"
 ROLLOUT_STATE = "rollout_state.json"
 ROLLOUT_STATE_KEYS = ("cursor", "version", "step")
+QUEUED_SAMPLES = "queued_samples.safetensors"  # samples queued, not trained, at the save
+SAMPLE_RECORDS = "samples"  # the metadata key of QUEUED_SAMPLES: one JSON record per sample
 FILES_KEY = "files"  # in rollout_state.json: every other file's size in bytes, by relative path
 FULL_DISK_BYTES = 16 * 1024**2  # less free space than this after a failed write: a full disk
 FULL_DISK_FRACTION = 0.05  # ... or than this fraction of a smaller filesystem
@@ -118,7 +129,7 @@ def check_loads(path: Path) -> None:
         )
     try:
         saved = read_json_object(state, ROLLOUT_STATE_KEYS)
-        _parse_rollout_state(saved, state)
+        _parse_rollout_state(saved, state, _queued_samples(path))
         if FILES_KEY in saved:
             check_file_sizes(path, _listed_sizes(saved[FILES_KEY], state), ROLLOUT_STATE)
         if (path / MODEL_SOURCE).exists():
@@ -210,6 +221,31 @@ def find_for_resume(output_dir: str | Path) -> Path:
     return found.checkpoint
 
 
+def write_queued_samples(path: Path, samples: Sequence[TrainingSample]) -> None:
+    """Write the samples queued and not trained yet into checkpoint directory ``path`` (rank 0,
+    before :func:`write_rollout_state`, which lists its size)."""
+    arrays, records = samples_to_arrays(samples)
+    write_arrays(path / QUEUED_SAMPLES, arrays, {SAMPLE_RECORDS: json.dumps(records)})
+
+
+def _queued_samples(path: Path) -> tuple[TrainingSample, ...] | None:
+    """The samples checkpoint ``path`` kept queued; None for a checkpoint written before they
+    were kept (its split groups' samples left are dropped on resume).
+
+    Raises:
+        DamagedFile: the file is damaged or its samples do not load.
+    """
+    file = path / QUEUED_SAMPLES
+    if not file.exists():
+        return None
+    arrays, metadata = read_arrays(file)
+    try:
+        records = json.loads(metadata[SAMPLE_RECORDS])
+        return samples_from_arrays(arrays, records, queued_at=time.monotonic())
+    except (KeyError, ValueError, TypeError) as error:
+        raise DamagedFile(file, f"does not hold queued samples: {error}") from error
+
+
 def write_rollout_state(
     path: Path, cursor: PromptCursor, version: int, step: int, last_evaluated: int | None = None
 ) -> None:
@@ -237,14 +273,18 @@ class RolloutState:
         last_evaluated: the version the run evaluated last; None for none, and for checkpoints
             written before evaluations were recorded (a resumed run does not evaluate it again).
         split_groups: the samples left of each group the checkpoint split (some of its samples
-            trained before it, the rest queued), by prompt position; the resumed run drops them
-            (:func:`asyncgrpo.core.rollout.cursor.split_by_checkpoint`).
+            trained before it, the rest queued), by prompt position, where the resumed run
+            drops them (:func:`asyncgrpo.core.rollout.cursor.split_by_checkpoint`): a
+            checkpoint written before the queued samples were kept; else empty.
+        queued: the samples queued and not trained at the save, which the resumed run puts
+            back on its queue; None for a checkpoint written before they were kept.
     """
 
     cursor: PromptCursor
     step: int
     last_evaluated: int | None
     split_groups: dict[int, int]
+    queued: tuple[TrainingSample, ...] | None = None
 
 
 def read_rollout_state(path: Path) -> RolloutState:
@@ -254,17 +294,39 @@ def read_rollout_state(path: Path) -> RolloutState:
         DamagedFile: the file is missing, empty, does not parse or lacks a key (names it).
     """
     file = path / ROLLOUT_STATE
-    return _parse_rollout_state(read_json_object(file, ROLLOUT_STATE_KEYS), file)
+    state = read_json_object(file, ROLLOUT_STATE_KEYS)
+    return _parse_rollout_state(state, file, _queued_samples(path))
 
 
-def _parse_rollout_state(state: dict[str, Any], file: Path) -> RolloutState:
+def _parse_rollout_state(
+    state: dict[str, Any], file: Path, queued: tuple[TrainingSample, ...] | None
+) -> RolloutState:
+    """The rollout state of ``state`` (``rollout_state.json``, read from ``file``) and the
+    samples the checkpoint kept queued (None: it kept none, it predates them).
+
+    Raises:
+        DamagedFile: the state does not parse, or the samples are not those its cursor has
+            queued (by prompt position).
+    """
     try:
         last_evaluated = state.get("last_evaluated")
+        saved_cursor = state["cursor"]
+        if queued is None:
+            cursor, split = PromptCursor.from_json(saved_cursor), split_by_checkpoint(saved_cursor)
+        else:
+            cursor, split = PromptCursor.with_queue_restored(saved_cursor), {}
+            by_position = Counter(s.prompt_position for s in queued)
+            if by_position != Counter(dict(cursor.pending)):
+                raise ValueError(
+                    f"{QUEUED_SAMPLES} holds samples of positions {dict(by_position)}, the "
+                    f"cursor has {dict(cursor.pending)} queued"
+                )
         return RolloutState(
-            cursor=PromptCursor.from_json(state["cursor"]),
+            cursor=cursor,
             step=int(state["step"]),
             last_evaluated=None if last_evaluated is None else int(last_evaluated),
-            split_groups=split_by_checkpoint(state["cursor"]),
+            split_groups=split,
+            queued=queued,
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DamagedFile(
@@ -446,17 +508,19 @@ def save_run(
     cursor: PromptCursor,
     version: int,
     last_evaluated: int | None,
+    queued: Sequence[TrainingSample],
 ) -> Path:
     """A run's checkpoint at the learner's step (:func:`save`), written whole or not at all: a
     signal waits until it is (:func:`~asyncgrpo.shell.run.interrupts.interrupts_deferred`).
-    Every rank writes the learner's state; rank 0 adds the model's source and the rollout
-    state (the prompt cursor, the policy ``version`` the servers hold, the last evaluated
-    version)."""
+    Every rank writes the learner's state; rank 0 adds the model's source, the ``queued``
+    samples (generated, not trained yet) and the rollout state (the prompt cursor, the policy
+    ``version`` the servers hold, the last evaluated version)."""
 
     def write(path: Path) -> None:
         learner.save_checkpoint(path)
         if rank0:
             write_model_source(path, model_name, learner.lora_config)
+            write_queued_samples(path, queued)
             write_rollout_state(path, cursor, version, learner.step, last_evaluated=last_evaluated)
 
     with interrupts_deferred():

@@ -19,6 +19,7 @@ import structlog
 from asyncgrpo.core import metrics
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout import cursor
+from asyncgrpo.core.rollout.metrics import stale_drops_by_length
 from asyncgrpo.core.rollout.sample_wait import OVERSIZE, SPLIT_BY_RESUME, STALE, ZERO_SPREAD
 from asyncgrpo.core.run import step_queue
 from asyncgrpo.core.run.divergence import NONFINITE
@@ -56,6 +57,7 @@ class SampleIntake:
         observe: Callable[..., None],
         spread: SpreadGuard,
         evaluated: Callable[[EvalOutcome], Sequence[metrics.Observation]],
+        max_completion_length: int,
     ) -> None:
         self.cursor = start
         self.queue: step_queue.StepQueue | None = None
@@ -66,6 +68,9 @@ class SampleIntake:
         self._observe = observe
         self._spread = spread
         self._evaluated = evaluated
+        self._max_completion_length = max_completion_length  # stale drops by length
+        # tokens of samples a resumed checkpoint kept, which the rollout process never counted
+        self._restored_tokens = 0
         self._done: dict[str, list[int]] = {}  # positions done with since the last row, by outcome
 
     def drain(self, wait_s: float) -> None:
@@ -91,6 +96,27 @@ class SampleIntake:
                 self._observe(*message.observations)
             message = self.process.get(0.0)
 
+    def restore(self, samples: Sequence[TrainingSample]) -> None:
+        """Put back on the queue the samples a resumed checkpoint kept (rank 0, before the
+        rollout process starts), group by group, within the staleness rule: a sample counts
+        the version that generated it, so one too stale for the resumed run is dropped as
+        stale. Their positions are pending in the cursor already, so the rollout process does
+        not generate them again; it never counted their tokens, so their release is not
+        reported to it."""
+        assert self.queue is not None
+        groups: dict[int, list[TrainingSample]] = {}
+        for sample in samples:
+            groups.setdefault(sample.prompt_position, []).append(sample)
+        for group in groups.values():
+            self._record(step_queue.arrive(self.queue, group, self._step()))
+        self._restored_tokens = self.queue.buffered_tokens
+        log.info(
+            "resumed with the checkpoint's queued samples",
+            samples=len(samples),
+            kept=len(self.queue.buffer),
+            groups=len(groups),
+        )
+
     def apply(self, decided: step_queue.Arrival) -> None:
         """Act on the queue's decisions: dropped samples are consumed prompts, counted in the
         metrics and released to the rollout process's pacing.
@@ -99,18 +125,38 @@ class SampleIntake:
             ValueError: ``token_budget`` is too small for any sample (names the fix).
         """
         assert self.process is not None
+        if self._record(decided):
+            self._release(decided.released_tokens)
+            self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows
+            self.process.samples_dropped(OVERSIZE, len(decided.oversize))
+
+    def _release(self, tokens: int) -> None:
+        """Report ``tokens`` taken off the queue to the rollout process, less those of the
+        restored samples (which are the oldest, so taken first)."""
+        assert self.process is not None
+        restored = min(tokens, self._restored_tokens)
+        self._restored_tokens -= restored
+        self.process.samples_taken(tokens - restored)
+
+    def _record(self, decided: step_queue.Arrival) -> bool:
+        """Take the queue's decisions into the books: dropped samples are consumed prompts,
+        counted in the metrics; whether any was dropped.
+
+        Raises:
+            ValueError: ``token_budget`` is too small for any sample (names the fix).
+        """
         self.queue = decided.queue
         dropped = (*decided.stale, *decided.oversize)
         if not dropped:
-            return
+            return False
         self.cursor = cursor.samples_consumed(self.cursor, [s.prompt_position for s in dropped])
         self._note(STALE, [s.prompt_position for s in decided.stale])
         self._note(OVERSIZE, [s.prompt_position for s in decided.oversize])
-        self.process.samples_taken(decided.released_tokens)
-        self.process.samples_dropped(STALE, len(decided.stale))  # told if the wait grows long
-        self.process.samples_dropped(OVERSIZE, len(decided.oversize))
         if decided.stale:
-            self._observe(metrics.total("sample/dropped_stale_count", len(decided.stale)))
+            self._observe(
+                metrics.total("sample/dropped_stale_count", len(decided.stale)),
+                *stale_drops_by_length(decided.stale, self._max_completion_length),
+            )
         if decided.oversize:
             self._observe(metrics.total("batch/dropped_oversize_count", len(decided.oversize)))
             budget = self.queue.settings.token_budget
@@ -128,6 +174,7 @@ class SampleIntake:
                     "can be filled; raise token_budget to at least the prompt length plus "
                     "max_completion_length"
                 )
+        return True
 
     def take_step(self) -> step_queue.TakenStep:
         """Take the queue's planned step. The rollout process learns of the step before its
@@ -136,7 +183,7 @@ class SampleIntake:
         assert self.process is not None and self.queue is not None
         step = step_queue.take_step(self.queue)
         self.queue = step.queue
-        self.process.samples_taken(step.released_tokens)
+        self._release(step.released_tokens)
         assert step.queue.tokens_per_step is not None
         self.process.step_consumed(step.queue.tokens_per_step)
         return step

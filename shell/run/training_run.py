@@ -45,7 +45,9 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from asyncgrpo.adapters.process_group import decided_on_rank0, scattered_from_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.core import metrics
+from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout import cursor
+from asyncgrpo.core.rollout.metrics import stale_drops_by_length
 from asyncgrpo.core.run import planner, schedule, step_queue
 from asyncgrpo.core.weights.parity import STALENESS0_GAP
 from asyncgrpo.shell.learner import Learner
@@ -128,6 +130,8 @@ class RunBooks:
         spread: stops the run when no reward spread is left.
         nonfinite: stops the run on a non-finite step.
         intake: the rollout process's messages into the step queue and the prompt cursor.
+        restored: the samples the checkpoint resumed from kept queued, put back on the queue
+            when it is made (rank 0; empty otherwise).
     """
 
     inputs: RunInputs
@@ -141,6 +145,7 @@ class RunBooks:
     spread: SpreadGuard
     nonfinite: NonfiniteGuard
     intake: SampleIntake
+    restored: tuple[TrainingSample, ...] = ()
 
     @classmethod
     def open(cls, inputs: RunInputs, learner: Learner, checkpoint: Path | None) -> RunBooks:
@@ -184,9 +189,11 @@ class RunBooks:
             open_window.observe,
             spread,
             evaluations.outcome,
+            args.max_completion_length,
         )
         if saved is not None:
             intake.drop_split_groups(saved.split_groups)
+        restored = saved.queued if saved is not None and saved.queued and rank0 else ()
         return cls(
             inputs,
             learner,
@@ -199,6 +206,7 @@ class RunBooks:
             spread,
             NonfiniteGuard(args, learner.step),
             intake,
+            restored,
         )
 
 
@@ -357,6 +365,8 @@ class TrainingRun:
                 max_model_len = ServerSettings.of(args).max_model_len(inputs.model_name)
                 token_budget = args.token_budget or max_model_len
                 intake.queue = new_step_queue(token_budget, learner, args)
+                if books.restored:  # the queued samples of the checkpoint resumed from
+                    intake.restore(books.restored)
                 output_dir.mkdir(parents=True, exist_ok=True)
                 checkpoints.remove_partials(output_dir)
                 if learner.step > 0:  # resumed: the steps after the checkpoint are trained again
@@ -611,13 +621,18 @@ class TrainingRun:
             metrics.mean("perf/plan_s", pack_start - waited_from - intake.waited_s),
             metrics.mean("rollout/queue_size", len(step.queue.buffer)),
             metrics.total("sample/dropped_stale_count", 0),
+            *stale_drops_by_length([], self.args.max_completion_length),
         )
         packed = planner.pack_step(step.micro_batches)
         self.forwarded_total += packed.forwarded_tokens
         intake.trained(step.samples)
         self._observe(
             *planner.step_observations(
-                packed, self.learner.step, time.monotonic(), rollout.token_budget
+                packed,
+                self.learner.step,
+                time.monotonic(),
+                rollout.token_budget,
+                self.args.max_completion_length,
             )
         )
         self.step_flops = rollout.flops.of_rows(packed.rows)
@@ -684,6 +699,7 @@ class TrainingRun:
             cursor=self.intake.cursor,
             version=self.ledger.version,
             last_evaluated=self.evaluations.completed,
+            queued=self.intake.queue.buffer if self.intake.queue is not None else (),
         )
 
     def close(self) -> None:
@@ -736,7 +752,7 @@ def _loop_spec(
         rows_per_step=args.gradient_accumulation_steps * learner.world_size,
         tools=given.tools,
         environment_factory=given.environment_factory,
-        start_cursor=intake.cursor,
+        start_cursor=cursor.restart_cursor(intake.cursor),  # queued positions are not generated
         lora_name=weights.lora_name,
         eval_datasets=given.eval_datasets,
         eval_reward_funcs=given.eval_reward_funcs,

@@ -24,7 +24,7 @@ from asyncgrpo.adapters.kernels.backends import (
     check_backend,
     choose_backend,
 )
-from asyncgrpo.adapters.kernels.layout import BACKENDS, tree_block_mask, tree_mask_mod
+from asyncgrpo.adapters.kernels.layout import BACKENDS, compiled_block_mask, tree_mask_mod
 from asyncgrpo.adapters.models.causal_lm import load_causal_lm
 from asyncgrpo.core.packing.attention_choice import cheaper_backend
 from asyncgrpo.core.packing.flops import query_key_pairs
@@ -82,12 +82,11 @@ def test_flex_mask_predicate_equals_the_dense_mask(samples) -> None:
     assert torch.equal(grid, torch.from_numpy(row.dense_mask()))
 
 
-@pytest.mark.slow("compiles create_block_mask with inductor on the CPU, about 15 s")
+@pytest.mark.slow("compiles create_block_mask with inductor on the CPU, 15-45 s")
 def test_block_masks_are_compiled_once_for_every_row_length_and_tree() -> None:
-    """Flex's block masks come from the compiled builder, block by block: equal to what the
-    eager builder makes from the whole T x T mask, for rows of three lengths and trees, with
-    and without a sliding window: one compiled graph per mask shape (the window is code of
-    its own), none for a new row."""
+    """Flex's block masks on a GPU come from the compiled builder, block by block: on the CPU
+    here, equal to what the eager builder makes from the whole T x T mask, for rows of three
+    lengths and trees, with one graph compiled for the first and none for the others."""
     from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -101,14 +100,13 @@ def test_block_masks_are_compiled_once_for_every_row_length_and_tree() -> None:
             ]
         )
         t = row.num_tokens
-        for mask_shape in ((None, None), (64, None)):
-            built = tree_block_mask(row, torch.device("cpu"), mask_shape)
-            mask_mod = tree_mask_mod(row, "cpu", mask_shape)
-            eager = create_block_mask(mask_mod, None, None, t, t, device="cpu")
-            for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
-                assert torch.equal(getattr(built, part), getattr(eager, part)), (t, part)
+        mask_mod = tree_mask_mod(row, "cpu")
+        built = compiled_block_mask(mask_mod, None, None, t, t, "cpu")
+        eager = create_block_mask(mask_mod, None, None, t, t, device="cpu")
+        for part in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            assert torch.equal(getattr(built, part), getattr(eager, part)), (t, part)
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[1] == graphs[2] == graphs[0] and graphs[0] >= 2
+    assert graphs[0] >= 1 and graphs[1] == graphs[2] == graphs[0]
 
 
 def test_cpu_default_is_chosen_per_row_by_cost_and_no_transformers_mask_is_built() -> None:

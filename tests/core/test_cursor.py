@@ -12,6 +12,7 @@ from asyncgrpo.core.rollout.cursor import (
     positions_from,
     prompts_consumed,
     request_seed,
+    restart_cursor,
     row_at,
     samples_consumed,
     split_by_checkpoint,
@@ -57,6 +58,12 @@ def test_cursor_tracks_consumed_positions_whatever_the_order(history, stop_after
         restored = PromptCursor.from_json(cursor.to_json())
         resumed = set(positions_from(restored, stop=len(sizes)))
         assert resumed == set(range(len(sizes))) - consumed - set(split)
+        # A resume that restores the queued samples: the cursor as it was, and the worker
+        # generates only the positions with neither an outcome nor a sample queued.
+        with_queue = PromptCursor.with_queue_restored(cursor.to_json())
+        assert with_queue == cursor
+        generated = set(positions_from(restart_cursor(with_queue), stop=len(sizes)))
+        assert generated == set(range(len(sizes))) - consumed - set(queue)
 
 
 @given(

@@ -1,3 +1,4 @@
+import re
 from collections import Counter
 
 import pytest
@@ -127,13 +128,15 @@ def test_a_packed_step_holds_each_planned_row_and_the_metrics_of_its_samples(cas
     ]
     assert packed.forwarded_tokens == sum(row.tokens for mb in plan.micro_batches for row in mb)
     assert all(row.samples[0].sequence.sampler_top_logprobs is None for row in packed.rows)
-    observed = {o.name: o.amount for o in step_observations(packed, version, 10.0, budget)}
+    observed = {o.name: o.amount for o in step_observations(packed, version, 10.0, budget, 8)}
     # the step queue counts what it drops as oversize; a step's own rows drop nothing
     assert set(BATCH_METRICS) - set(observed) == {"batch/dropped_oversize_count"}
     assert observed["batch/samples_per_step"] == len(plan.placed)
     if plan.placed:  # make_sample's samples come from version 0, queued at time 0
         assert observed["sample/staleness_max"] == version
         assert observed["sample/time_in_queue_s"] == 10.0
+        quarters = [n for n in observed if re.fullmatch(r"sample/length_q\d/staleness_mean", n)]
+        assert quarters and all(observed[n] == version for n in quarters)
     else:
         assert "sample/staleness_max" not in observed
 

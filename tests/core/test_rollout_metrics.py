@@ -6,7 +6,15 @@ from hypothesis import strategies as st
 from asyncgrpo.core.metrics import MetricWindow, record, summarize
 from asyncgrpo.core.records import Rollout, TrainingSample, TrainingSequence, TurnRecord
 from asyncgrpo.core.rollout.advantages import score_group
-from asyncgrpo.core.rollout.metrics import GroupFacts, group_observations, sample_observations
+from asyncgrpo.core.rollout.metrics import (
+    LENGTH_QUARTERS,
+    GroupFacts,
+    group_observations,
+    length_quarter,
+    sample_observations,
+    stale_drops_by_length,
+    staleness_by_length,
+)
 from asyncgrpo.core.rollout.reconcile import reconcile_turns
 
 EOS = 2
@@ -101,3 +109,55 @@ def test_sample_metrics() -> None:
         "sample/trained_tokens_mean": 2.0,
     }
     assert sample_observations([], 0, 0.0) == []
+
+
+def trained_sample(trained: int, version: int) -> TrainingSample:
+    ids, mask = [0] * (trained + 1), [0] + [1] * trained
+    return TrainingSample(TrainingSequence(ids, mask, [0.0] * len(ids)), 1.0, version, 0, 0, 0, "r")
+
+
+samples_by_length = st.lists(
+    st.tuples(st.integers(1, 600), st.integers(0, 8)).map(lambda c: trained_sample(*c)),
+    max_size=12,
+)
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 4096))
+def test_length_quarters_are_monotone_and_cover_the_completion_range(a, b, longest) -> None:
+    low, high = sorted((a, b))
+    assert 1 <= length_quarter(low, longest) <= length_quarter(high, longest) <= LENGTH_QUARTERS
+    assert length_quarter(longest, longest) == LENGTH_QUARTERS
+
+
+@given(samples_by_length, samples_by_length, st.integers(8, 12), st.integers(1, 512))
+def test_staleness_and_stale_drops_by_length_add_up_to_the_steps(
+    trained, dropped, version, longest
+) -> None:
+    """Each sample in one quarter: the quarters' staleness averages back to the step's, and a
+    window's drop fraction per quarter is that quarter's drops over its drops and trained."""
+    observations = [
+        *sample_observations(trained, version, now=0.0),
+        *staleness_by_length(trained, version, longest),
+        *stale_drops_by_length(dropped, longest),
+    ]
+    window = summarize(record(MetricWindow(), observations))
+    for quarter in range(1, LENGTH_QUARTERS + 1):
+        kept = [s for s in trained if length_quarter(s.sequence.num_trained, longest) == quarter]
+        lost = [s for s in dropped if length_quarter(s.sequence.num_trained, longest) == quarter]
+        assert window[f"sample/length_q{quarter}/dropped_stale_count"] == len(lost)
+        frac = f"sample/length_q{quarter}/dropped_stale_frac"
+        if kept or lost:
+            assert window[frac] == pytest.approx(len(lost) / (len(lost) + len(kept)))
+        staleness = f"sample/length_q{quarter}/staleness_mean"
+        assert (staleness in window) == bool(kept)
+        if kept:
+            assert window[staleness] == pytest.approx(
+                np.mean([version - s.model_version for s in kept])
+            )
+    if trained:
+        parts = [
+            window[f"sample/length_q{q}/staleness_mean"] * n
+            for q in range(1, LENGTH_QUARTERS + 1)
+            if (n := sum(length_quarter(s.sequence.num_trained, longest) == q for s in trained))
+        ]
+        assert sum(parts) / len(trained) == pytest.approx(window["sample/staleness_mean"])

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -203,3 +204,29 @@ def test_a_full_disk_is_named_through_the_real_save_path(tiny_qwen3, tmp_path) -
     assert "CheckpointException (rank 0: " in result["error"], result["error"]
     assert result["cause"] == "CheckpointException"
     assert result["left"] == ["checkpoint-1"] and result["first_loads"]
+
+
+def test_the_queued_samples_come_back_with_their_positions_pending(tmp_path) -> None:
+    """A checkpoint keeps the samples generated and not trained yet: a resume reads them back
+    with the cursor that has them queued (a split group keeps what it had taken, nothing is
+    dropped), and a samples file that does not match the cursor is named as damaged."""
+    from packing_strategies import make_sample
+
+    from asyncgrpo.core.rollout.cursor import group_outcome, samples_consumed
+
+    # make_sample's group is the prompt position too
+    queued = [make_sample([1, 2, 3 + i], [0, 1, 1], group=p) for i, p in enumerate([5, 5, 7])]
+    cursor = group_outcome(group_outcome(PromptCursor(5), 5, 3), 7, 1)
+    cursor = samples_consumed(cursor, [5])  # position 5: one of its 3 samples trained
+    write_complete(tmp_path)
+    checkpoints.write_queued_samples(tmp_path, queued)
+    checkpoints.write_rollout_state(tmp_path, cursor, version=2, step=2)
+    checkpoints.check_loads(tmp_path)
+    state = checkpoints.read_rollout_state(tmp_path)
+    assert state.cursor == cursor and state.split_groups == {}
+    assert state.queued is not None
+    assert [attrs.evolve(s, queued_at=0.0) for s in state.queued] == queued
+    checkpoints.write_queued_samples(tmp_path, queued[:2])  # position 7's sample lost
+    checkpoints.write_rollout_state(tmp_path, cursor, version=2, step=2)
+    with pytest.raises(CheckpointError, match="queued_samples.safetensors holds samples of"):
+        checkpoints.check_loads(tmp_path)

@@ -261,3 +261,36 @@ def test_a_group_admitted_as_a_short_step_is_taken_waits_for_it_instead_of_going
     assert taken == {"0-0", "0-1", "1-0", "1-1"}
     assert metrics.summarize(run.window).get("sample/dropped_stale_count", 0.0) == 0.0
     assert process.steps == 1
+
+
+def test_restored_samples_join_the_queue_within_the_staleness_rule_and_are_not_released() -> None:
+    """A resumed run puts its checkpoint's queued samples back: one more than
+    ``max_staleness`` behind the resumed version is dropped as stale and its position
+    consumed; the others are taken by the next step, and their tokens, which the new rollout
+    process never counted, are not reported to it as taken."""
+    from asyncgrpo.shell.run.intake import SampleIntake
+    from asyncgrpo.shell.run.spread_guard import SpreadGuard
+
+    def sample(position: int, version: int) -> TrainingSample:
+        sequence = TrainingSequence([1, 2, 3, 4], [0, 1, 1, 1], [0.0, -1.0, -1.0, -1.0])
+        return TrainingSample(sequence, 1.0, version, position, position, position, f"{position}")
+
+    restored = [sample(3, 4), sample(3, 4), sample(4, 2)]  # the resumed version is 5
+    start = cursor.group_outcome(cursor.group_outcome(cursor.PromptCursor(3), 3, 2), 4, 1)
+    observed: list[metrics.Observation] = []
+    intake = SampleIntake(
+        start, lambda: 5, lambda *o: observed.extend(o), SpreadGuard(None, 2), lambda e: (), 16
+    )
+    intake.queue = new_step_queue(
+        8,
+        SimpleNamespace(world_size=1),
+        SimpleNamespace(gradient_accumulation_steps=1, max_staleness=1),
+    )
+    intake.restore(restored)
+    assert intake.cursor.is_consumed(4) and not intake.cursor.is_consumed(3)
+    assert intake.take_done() == {"stale": [4]}
+    assert {o.name for o in observed} >= {"sample/dropped_stale_count"}
+    intake.process = FakeRolloutProcess([])
+    step = intake.take_step()
+    assert [s.prompt_position for s in step.samples] == [3, 3]
+    assert intake.process.taken == 0  # restored tokens: the new process never counted them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import psutil
 import pytest
@@ -104,6 +105,17 @@ def test_resume_continues_from_rollout_state(served, tmp_path) -> None:
     assert steps == [1, 2, 3, 4]
     later = json.loads((tmp_path / "run" / "checkpoint-4" / "rollout_state.json").read_text())
     assert later["cursor"]["next_untrained"] >= state["cursor"]["next_untrained"]
+    # the samples checkpoint 2 kept queued are trained (or dropped as stale) by the resumed
+    # run, none dropped for the resume: over both runs each position is accounted for once
+    queued = {int(p): n for p, n in state["cursor"]["queued"].items()}
+    positions = read_metrics(tmp_path / "run", POSITIONS_FILE)
+    after = Counter(
+        p for r in positions if r["step"] > 2 for p in r.get("trained", []) + r.get("stale", [])
+    )
+    assert all(after[p] >= n for p, n in queued.items()), (queued, after)
+    assert not any("split_by_resume" in r for r in positions)
+    audit = audit_positions(positions, later["cursor"], samples_per_group=4)
+    assert audit.exact, audit
 
 
 def test_resume_after_a_kill_skips_a_partial_checkpoint_and_logs_each_step_once(
