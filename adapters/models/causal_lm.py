@@ -256,7 +256,7 @@ def load_causal_lm(
                 config,
                 dtype=chosen,
                 trust_remote_code=remote,
-                **{k: v for k, v in kwargs.items() if k == "attn_implementation"},
+                attn_implementation=kwargs.get("attn_implementation"),
             )
     else:
         if Path(model).is_dir():

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,18 +62,12 @@ def samples_to_arrays(
     arrays: dict[str, np.ndarray] = {}
     records: list[dict[str, Any]] = []
     for i, sample in enumerate(samples):
-        sequence = sample.sequence
-        arrays[f"{i}.input_ids"] = sequence.input_ids
-        arrays[f"{i}.trained_mask"] = sequence.trained_mask
-        arrays[f"{i}.sampler_logprobs"] = sequence.sampler_logprobs
-        if sequence.sampling_masks is not None:
-            arrays[f"{i}.sampling_masks.ids"] = sequence.sampling_masks.ids
-            arrays[f"{i}.sampling_masks.counts"] = sequence.sampling_masks.counts
-        if sequence.sampler_top_logprobs is not None:
-            top = sequence.sampler_top_logprobs
-            arrays[f"{i}.sampler_top_logprobs.ids"] = top.ids
-            arrays[f"{i}.sampler_top_logprobs.logprobs"] = top.logprobs
-            arrays[f"{i}.sampler_top_logprobs.counts"] = top.counts
+        for field in ARRAY_FIELDS:
+            value: Any = sample.sequence
+            for part in field.split("."):  # "sampling_masks.ids": a table's array
+                value = getattr(value, part) if value is not None else None
+            if value is not None:
+                arrays[f"{i}.{field}"] = value
         records.append({field: getattr(sample, field) for field in RECORD_FIELDS})
     return arrays, records
 
@@ -108,6 +103,27 @@ def samples_from_arrays(
         except (ValueError, TypeError) as error:
             raise ValueError(f"saved sample {i} does not load: {error}") from error
     return tuple(samples)
+
+
+def check_queued(samples: Sequence[TrainingSample], queued: Mapping[int, int], source: str) -> None:
+    """Check that ``samples`` (read from ``source``, for the error) are those a cursor has
+    ``queued`` (samples by prompt position).
+
+    Raises:
+        ValueError: they are not, naming both counts.
+
+    Example:
+        >>> check_queued([], {3: 1}, "the file")
+        Traceback (most recent call last):
+        ...
+        ValueError: the file holds samples of positions {}, the cursor has {3: 1} queued
+    """
+    by_position = Counter(s.prompt_position for s in samples)
+    if by_position != Counter(dict(queued)):
+        raise ValueError(
+            f"{source} holds samples of positions {dict(by_position)}, the cursor has "
+            f"{dict(queued)} queued"
+        )
 
 
 def _table(arrays: Mapping[str, np.ndarray], prefix: str, kind: Any, *names: str) -> Any:

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,11 @@ from asyncgrpo.adapters.checkpoint_files import (
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout.cursor import PromptCursor, split_by_checkpoint
 from asyncgrpo.core.run.checkpoint_choice import SavedCheckpoint, choose_resume, to_rotate
-from asyncgrpo.core.run.saved_samples import samples_from_arrays, samples_to_arrays
+from asyncgrpo.core.run.saved_samples import (
+    check_queued,
+    samples_from_arrays,
+    samples_to_arrays,
+)
 from asyncgrpo.shell.learner import Learner, check_learner_files
 from asyncgrpo.shell.run.interrupts import interrupts_deferred
 
@@ -315,12 +318,7 @@ def _parse_rollout_state(
             cursor, split = PromptCursor.from_json(saved_cursor), split_by_checkpoint(saved_cursor)
         else:
             cursor, split = PromptCursor.with_queue_restored(saved_cursor), {}
-            by_position = Counter(s.prompt_position for s in queued)
-            if by_position != Counter(dict(cursor.pending)):
-                raise ValueError(
-                    f"{QUEUED_SAMPLES} holds samples of positions {dict(by_position)}, the "
-                    f"cursor has {dict(cursor.pending)} queued"
-                )
+            check_queued(queued, cursor.pending, QUEUED_SAMPLES)
         return RolloutState(
             cursor=cursor,
             step=int(state["step"]),
