@@ -38,6 +38,7 @@ from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from asyncgrpo.adapters.transfer.background import Background
+from asyncgrpo.adapters.transfer.delta import Patch
 from asyncgrpo.adapters.transfer.files import SyncTimings
 from asyncgrpo.adapters.transfer.plugin import register
 from asyncgrpo.adapters.transfer.streams import record_ready, stream_ordered
@@ -356,13 +357,41 @@ class EngineSync:
         self.source.replay(weights, ready)
         return self._send(0.0)
 
-    def _send(self, barrier_s: float) -> SyncTimings:
+    def send_patches(self, patches: list[Patch]) -> SyncTimings:
+        """Rank 0: push a delta (:mod:`asyncgrpo.adapters.transfer.delta`) to a server that
+        holds the previous push; may run on another thread than the trainer's.
+
+        Raises:
+            TypeError: the engine sends no patches (only ``asyncgrpo_gloo`` does).
+        """
+        if not self.sender:
+            raise RuntimeError("EngineSync.send_patches runs on the sending rank (rank 0)")
+        send = getattr(self.engine, "send_patches", None)
+        if send is None:
+            raise TypeError(f"{type(self.engine).__name__} sends no delta patches")
+        return self._send(0.0, lambda: send(patches))
+
+    def keep_baseline(self) -> None:
+        """Make every full push ask the server to keep the policy it receives, which later
+        :meth:`send_patches` rounds patch.
+
+        Raises:
+            TypeError: the engine sends no patches (only ``asyncgrpo_gloo`` does).
+        """
+        if not hasattr(self.engine, "send_patches"):
+            raise TypeError(f"{type(self.engine).__name__} sends no delta patches")
+        setattr(self.engine, "keep_baseline", True)  # noqa: B010 (the gloo engine's setting)
+
+    def _send(self, barrier_s: float, send: Callable[[], None] | None = None) -> SyncTimings:
         start = time.monotonic()
         self._portal.call(self._client.admin.pause)
         paused = time.monotonic()
         try:
             send_within(
-                self.engine.send_weights, self.timeout_s, self.engine.shutdown, self.base_url
+                send or self.engine.send_weights,
+                self.timeout_s,
+                self.engine.shutdown,
+                self.base_url,
             )
             self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause

@@ -25,7 +25,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 @attrs.frozen
 class SyncTimings:
-    """Seconds spent in each phase of one weight sync.
+    """Seconds spent in each phase of one weight sync, and what it sent.
 
     Attributes:
         pause_s: asking the server to pause (its in-flight steps finish first).
@@ -33,12 +33,17 @@ class SyncTimings:
         transfer_s: from paused to resumed: the transfer or reload, the prefix-cache reset and
             the resume; generation stands still meanwhile.
         write_s: writing the weights for the server to read, before pausing it (disk path).
+        sent_bytes: bytes sent to one server (0 where not counted: the disk path and adapters).
+        unchanged_frac: a delta push's fraction of elements unchanged since the last push
+            (``weight_sync_delta``); None for a full push.
     """
 
     pause_s: float
     barrier_s: float
     transfer_s: float
     write_s: float = 0.0
+    sent_bytes: int = 0
+    unchanged_frac: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -176,11 +181,13 @@ def adapter_name(prefix: str, version: int) -> str:
 
 def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
     """The timings of one sync that reached several servers in parallel: each phase's longest
-    (the write is shared).
+    (the write is shared), and the most sent to one server (a server that got the full policy
+    while the others got a delta).
 
     Example:
-        >>> slowest([SyncTimings(0.1, 0.0, 0.5, 0.2), SyncTimings(0.3, 0.0, 0.4, 0.2)])
-        SyncTimings(pause_s=0.3, barrier_s=0.0, transfer_s=0.5, write_s=0.2)
+        >>> both = slowest([SyncTimings(0.1, 0.0, 0.5, 0.2), SyncTimings(0.3, 0.0, 0.4, 0.2)])
+        >>> both.pause_s, both.transfer_s, both.write_s
+        (0.3, 0.5, 0.2)
     """
     if not timings:
         raise ValueError("slowest: no timings")
@@ -189,4 +196,8 @@ def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
         barrier_s=max(t.barrier_s for t in timings),
         transfer_s=max(t.transfer_s for t in timings),
         write_s=max(t.write_s for t in timings),
+        sent_bytes=max(t.sent_bytes for t in timings),
+        unchanged_frac=next(
+            (t.unchanged_frac for t in timings if t.unchanged_frac is not None), None
+        ),
     )

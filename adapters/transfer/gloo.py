@@ -39,6 +39,14 @@ from vllm.distributed.weight_transfer.base import (
 
 from asyncgrpo.adapters.transfer.background import Background
 from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
+from asyncgrpo.adapters.transfer.delta import (
+    Patch,
+    apply_patch,
+    checksum,
+    patch_metas,
+    patch_sizes,
+    wire_metas,
+)
 from asyncgrpo.core.weights.sync import GLOO, chunk_bounds
 
 TRANSPORT = "gloo"
@@ -69,11 +77,22 @@ class GlooWorkerInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class GlooUpdateInfo(WeightTransferUpdateInfo):
-    """One round's parameters, in broadcast order (sent to ``/update_weights``)."""
+    """One round's parameters, in broadcast order (sent to ``/update_weights``).
+
+    A full round sends every tensor whole and leaves ``counts`` and ``checksums`` None; with
+    ``keep_baseline`` the server keeps what it received, for the deltas that follow. A delta
+    round (:mod:`asyncgrpo.adapters.transfer.delta`) sends patches: ``counts`` holds each
+    patch's :attr:`~asyncgrpo.adapters.transfer.delta.Patch.count` (its sparse entries, -1 for
+    a dense one), ``shapes`` the full shapes, and ``checksums`` each tensor's checksum once
+    patched.
+    """
 
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    keep_baseline: bool = False
+    counts: list[int] | None = None
+    checksums: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -81,6 +100,18 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
                 f"GlooUpdateInfo: names, dtype_names and shapes differ in length "
                 f"({len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)})"
             )
+        if (self.counts is None) != (self.checksums is None):
+            raise ValueError("GlooUpdateInfo: a delta round gives both counts and checksums")
+        if self.counts is not None and len(self.counts) != len(self.names):
+            raise ValueError(
+                f"GlooUpdateInfo: {len(self.counts)} counts for {len(self.names)} patches"
+            )
+
+
+class DeltaRefused(RuntimeError):
+    """The server cannot take a delta round: it keeps no earlier policy, or a patched tensor's
+    checksum differs from the trainer's. The push fails on that server, which then gets the
+    full policy."""
 
 
 def open_group(
@@ -117,6 +148,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         super().__init__(*args, **kwargs)
         self.group: ProcessGroup | None = None
         self.chunk_bytes = DEFAULT_CHUNK_BYTES
+        self.reloading = False  # this round began vLLM's layerwise reload
+        self.baseline: dict[str, torch.Tensor] = {}  # the last policy, kept for deltas
 
     def init_transfer_engine(self, init_info: GlooWorkerInitInfo) -> None:
         """Join a trainer's group, leaving the group of an earlier trainer that never said
@@ -134,14 +167,16 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         )
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        """Nothing yet: the round begins vLLM's layerwise reload once it knows what it loads
+        (a delta round first checks its patches)."""
+        self.reloading = False
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        if self.reloading:
+            finalize_layerwise_reload(self.model, self.model_config)
+            self.reloading = False
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """Receive and load one round (synchronous on CPU: no accelerator to wait for)."""
@@ -156,6 +191,32 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
                 f"asyncgrpo_gloo: the server's model ({type(model).__name__}) has no "
                 "load_weights to receive the weights with"
             )
+        try:
+            if update_info.counts is not None:
+                self._receive_patches(model, update_info)
+            else:
+                self._receive_full(model, update_info)
+        except BaseException:
+            # the trainer went away, or a receive outlived timeout_s, or a delta was refused:
+            # leave its group, so the trainer's side fails too and the next trainer's
+            # handshake starts afresh; the policy kept for deltas is no longer known
+            self.baseline = {}
+            self.shutdown()
+            raise
+
+    def _reload(self) -> None:
+        """Begin vLLM's layerwise reload (finished by :meth:`finish_weight_update`)."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if not self.reloading:
+            initialize_layerwise_reload(self.model)
+            self.reloading = True
+
+    def _receive_full(self, model: LoadsWeights, update_info: GlooUpdateInfo) -> None:
+        """Receive every tensor and load it layer by layer; keep the policy (host memory)
+        when the trainer will send deltas."""
+        self._reload()
+        self.baseline = {}
         metas = [
             (name, getattr(torch, dtype), tuple(shape))
             for name, dtype, shape in zip(
@@ -163,16 +224,62 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             )
         ]
         sizes = [padded_nbytes(dtype, shape) for _, dtype, shape in metas]
-        try:
-            for start, stop in chunk_bounds(sizes, self.chunk_bytes):
-                buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
-                self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
-                model.load_weights(unpack(buffer.to(self.device), metas[start:stop]))
-        except BaseException:
-            # the trainer went away, or a receive outlived timeout_s: leave its group, so the
-            # trainer's side fails too and the next trainer's handshake starts afresh
-            self.shutdown()
-            raise
+        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+            buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
+            self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
+            tensors = unpack(buffer, metas[start:stop])
+            if update_info.keep_baseline:
+                self.baseline.update((name, tensor.clone()) for name, tensor in tensors)
+            model.load_weights((name, tensor.to(self.device)) for name, tensor in tensors)
+
+    def _receive_patches(self, model: LoadsWeights, update_info: GlooUpdateInfo) -> None:
+        """Receive a delta round's patches, apply them to the policy kept from the last push,
+        check each patched tensor against the trainer's checksum, and only then reload the
+        model from the whole policy, as a full round does.
+
+        Raises:
+            DeltaRefused: the server holds no policy to patch (it took no full round with
+                ``keep_baseline`` since it joined), or a patched tensor's checksum differs
+                from the trainer's; the model still serves the previous policy.
+        """
+        assert update_info.counts is not None and update_info.checksums is not None
+        if not self.baseline:
+            raise DeltaRefused(
+                "asyncgrpo_gloo: a delta arrived but this server keeps no earlier policy to "
+                "apply it to (it took no full push meant for deltas since it joined)"
+            )
+        dtypes = [getattr(torch, name) for name in update_info.dtype_names]
+        metas = [
+            patch_metas(name, dtype, shape, count)
+            for name, dtype, shape, count in zip(
+                update_info.names, dtypes, update_info.shapes, update_info.counts, strict=True
+            )
+        ]
+        sizes = patch_sizes(metas)
+        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+            buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
+            self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
+            tensors = iter(unpack(buffer, [m for patch in metas[start:stop] for m in patch]))
+            for index in range(start, stop):
+                name = update_info.names[index]
+                dense = update_info.counts[index] < 0
+                indices = None if dense else next(tensors)[1]
+                values = next(tensors)[1]
+                shape = tuple(update_info.shapes[index])
+                kept = self.baseline.get(name)
+                if kept is None:
+                    raise DeltaRefused(
+                        f"asyncgrpo_gloo: a delta for {name!r}, not in the policy kept"
+                    )
+                apply_patch(kept, Patch(name, shape, values, indices))
+                expected = update_info.checksums[index]
+                if checksum(kept) != expected:
+                    raise DeltaRefused(
+                        f"asyncgrpo_gloo: {name!r} once patched has checksum {checksum(kept)}, "
+                        f"the trainer's is {expected}: the server gets the full policy next"
+                    )
+        self._reload()
+        model.load_weights((name, tensor.to(self.device)) for name, tensor in self.baseline.items())
 
     def shutdown(self) -> None:
         close_group(self)
@@ -228,6 +335,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.timeout_s = timeout_s
         self.chunk_bytes = chunk_bytes
         self.group: ProcessGroup | None = None
+        self.keep_baseline = False  # full rounds ask the server to keep them, for deltas
 
     @classmethod
     def trainer_init(
@@ -277,6 +385,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             names=[m.name for m in meta],
             dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
             shapes=[list(m.shape) for m in meta],
+            keep_baseline=self.keep_baseline,
         )
         self.client.start_weight_update()
         receiving = Background(lambda: self.client.update_weights(asdict(update)))
@@ -288,6 +397,43 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             # fails their receive now, instead of after the group's timeout (while it lasted,
             # the next trainer's handshake would queue behind it). Join again to send again.
             self.shutdown()
+            raise
+        self.client.finish_weight_update()
+
+    def send_patches(self, patches: list[Patch]) -> None:
+        """Rank 0: send a delta round (:mod:`asyncgrpo.adapters.transfer.delta`), packed into
+        chunks that never split a patch, with each patched tensor's checksum for the server to
+        check. No other rank takes part: the patches were computed from a push rank 0 holds."""
+        if not self.is_sender:
+            raise RuntimeError("asyncgrpo_gloo: only the sending rank sends patches")
+        metas = wire_metas(patches)
+        sizes = patch_sizes(metas)
+        chunks = []
+        for start, stop in chunk_bounds(sizes, self.chunk_bytes):
+            tensors = [t for patch in patches[start:stop] for t in patch.tensors()]
+            laid = [meta for patch in metas[start:stop] for meta in patch]
+            tensor_sizes = [padded_nbytes(dtype, shape) for _, dtype, shape in laid]
+            chunks.append(pack(tensors, tensor_sizes).cpu())  # gloo sends from host memory
+        update = GlooUpdateInfo(
+            names=[patch.name for patch in patches],
+            dtype_names=[str(patch.values.dtype).removeprefix("torch.") for patch in patches],
+            shapes=[list(patch.shape) for patch in patches],
+            counts=[patch.count for patch in patches],
+            checksums=[patch.checksum for patch in patches],
+        )
+        if self.group is None:
+            raise RuntimeError(
+                "asyncgrpo_gloo: no transfer group (closed after a failed send, or never "
+                "joined): join again (trainer_init) before sending"
+            )
+        self.client.start_weight_update()
+        receiving = Background(lambda: self.client.update_weights(asdict(update)))
+        try:
+            for chunk in chunks:
+                self._wait(self.group.broadcast(chunk, 0), receiving)
+            receiving.result(self.timeout_s)
+        except BaseException:
+            self.shutdown()  # as a failed full round: the workers' receive fails at once
             raise
         self.client.finish_weight_update()
 

@@ -308,6 +308,19 @@ class AsyncGRPOConfig(TrainingArguments):
             "either way (logged at start)."
         ),
     )
+    weight_sync_delta: bool = field(
+        default=False,
+        metadata=_help(
+            "Not in TRL. Push only what changed since the last push: per weight, the "
+            "indices and values of the elements that differ in the server's dtype (or the "
+            "whole weight where that is smaller); the server patches the policy it kept, "
+            "checks each patched weight's checksum and reloads. A server that does not "
+            "hold the last push (the first push, one restarted or a push failed on) gets "
+            "every weight. Needs weight_transfer_backend='asyncgrpo_gloo' and merged "
+            "weights (no peft_config); keeps one more copy of the weights on rank 0 and in "
+            "the server's host memory (docs/scaling.md)."
+        ),
+    )
     weight_transfer_backend: str = field(
         default="auto",
         metadata=_help(

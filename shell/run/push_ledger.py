@@ -99,3 +99,8 @@ class PushLedger:
                 metrics.mean("perf/weight_sync_transfer_s", timings.transfer_s),
                 metrics.mean("perf/weight_sync_write_s", timings.write_s),
             )
+            if timings.sent_bytes:
+                self._observe(metrics.mean("perf/weight_sync_sent_bytes", timings.sent_bytes))
+            if timings.unchanged_frac is not None:
+                frac = timings.unchanged_frac
+                self._observe(metrics.mean("perf/weight_sync_unchanged_frac", frac))

@@ -15,6 +15,7 @@ from asyncgrpo.adapters.process_group import decided_on_rank0
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer
 from asyncgrpo.core.weights import sync as weight_sync
+from asyncgrpo.core.weights.delta import delta_refusal
 from asyncgrpo.shell.servers import ServerSettings, run_async
 from asyncgrpo.shell.weights.lora_path import AdapterWeights
 from asyncgrpo.shell.weights.paths import DiskWeights, EngineWeights, WeightSync
@@ -43,6 +44,9 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str, output_dir: P
             trainer_on_cuda=learner.device.type == "cuda",
         )
         log.info("weight sync", backend=choice.backend, reason=choice.reason)
+        refusal = args.weight_sync_delta and delta_refusal(choice.backend, learner.is_peft)
+        if refusal:
+            raise ValueError(refusal)
         return choice, server.workers if server else 1
 
     choice, server_workers = decided_on_rank0(choose, refusals=(ValueError,))

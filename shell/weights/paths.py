@@ -12,7 +12,9 @@ except through vLLM's NCCL engine, whose sends go one after another
 - :class:`DiskWeights`: the full policy as safetensors, reloaded by the server
   (:class:`~asyncgrpo.adapters.transfer.files.DiskReload`);
 - :class:`EngineWeights`: streamed through the server's weight-transfer engine, ``nccl`` or
-  ``asyncgrpo_gloo`` (:class:`~asyncgrpo.adapters.transfer.engine.EngineSync`);
+  ``asyncgrpo_gloo`` (:class:`~asyncgrpo.adapters.transfer.engine.EngineSync`); through
+  ``asyncgrpo_gloo`` with ``weight_sync_delta``, only what changed since the last push
+  (:mod:`asyncgrpo.core.weights.delta`);
 - :class:`~asyncgrpo.shell.weights.lora_path.AdapterWeights`: a PEFT model's LoRA adapter
   (:mod:`.lora_path`).
 
@@ -36,6 +38,7 @@ import structlog
 from torch import Tensor
 
 from asyncgrpo.adapters.process_group import HOST_MEMORY
+from asyncgrpo.adapters.transfer.delta import DeltaEncoder
 from asyncgrpo.adapters.transfer.files import (
     DiskReload,
     SyncTimings,
@@ -45,6 +48,7 @@ from asyncgrpo.adapters.transfer.files import (
 from asyncgrpo.adapters.transfer.streams import record_ready
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import VLLMError
+from asyncgrpo.core.weights import delta as weight_delta
 from asyncgrpo.core.weights import sync as weight_sync
 from asyncgrpo.shell.servers import each_server_async
 
@@ -224,7 +228,12 @@ class DiskWeights:
 class EngineWeights:
     """Merged weights streamed through each server's weight-transfer engine (one transfer
     group per server). With one server the weights stream straight from the gathers; with
-    several they are gathered once into a snapshot and sent to every server in parallel."""
+    several they are gathered once into a snapshot and sent to every server in parallel.
+
+    With ``weight_sync_delta`` rank 0 keeps the last push (:class:`DeltaEncoder`) and sends
+    each server that holds it only the patches to the new one; a server that does not (the
+    run's first push, one reconnected, one a push failed on or that a push went without) gets
+    the full policy."""
 
     lora_name = None
 
@@ -238,6 +247,8 @@ class EngineWeights:
         self.server_workers = server_workers
         self.urls: tuple[str, ...] = tuple(args.server_urls)
         self.engines: dict[int, EngineSync] = {}
+        self.delta = DeltaEncoder() if args.weight_sync_delta else None
+        self.in_sync: set[int] = set()  # servers holding the last push exactly (delta only)
 
     @property
     def engine(self) -> EngineSync | None:
@@ -278,12 +289,21 @@ class EngineWeights:
             api_key=self.args.server_api_key,
             device=self.learner.device,
         )
+        if self.delta is not None:
+            self.engines[index].keep_baseline()
 
     def sync(
         self, version: int, barrier_s: float = 0.0, servers: Sequence[int] = (0,)
     ) -> Landing | None:
         if not self.engines:
             raise RuntimeError("EngineWeights.sync called before start()")
+        if self.delta is not None:
+            weights = self.learner.export.iter_weights()  # a collective on every rank
+            if self.learner.rank != 0:
+                for _ in weights:
+                    pass
+                return None
+            return self._push_delta(weights, servers, self.delta)
         if len(self.urls) > 1:  # gathered once, sent to each
             snapshot = self.snapshot(version)
             return self.send(snapshot, servers) if snapshot is not None else None
@@ -291,7 +311,11 @@ class EngineWeights:
         if self.learner.rank != 0:
             engine.sync(barrier_s)
             return None
-        return each_server(servers, lambda index: _sent(engine.sync(barrier_s)))
+        full_bytes = _synced_bytes(self.learner)
+        return each_server(
+            servers,
+            lambda index: attrs.evolve(_sent(engine.sync(barrier_s)), sent_bytes=full_bytes),
+        )
 
     def snapshot(self, version: int) -> Snapshot | None:
         weights = self.learner.export.iter_weights()  # a collective on every rank
@@ -306,12 +330,49 @@ class EngineWeights:
         if not self.engines:
             raise RuntimeError("EngineWeights.send called before start()")
         assert snapshot.weights is not None
+        if self.delta is not None:
+            if snapshot.ready is not None:  # the copies must be done before they are compared
+                snapshot.ready.synchronize()
+            return self._push_delta(snapshot.weights.items(), servers, self.delta)
         weights = list(snapshot.weights.items())
+        full_bytes = sum(tensor.nbytes for _, tensor in weights)
         return each_server(
             servers,
-            lambda index: self.engines[index].send_snapshot(weights, snapshot.ready),
+            lambda index: attrs.evolve(
+                self.engines[index].send_snapshot(weights, snapshot.ready), sent_bytes=full_bytes
+            ),
             parallel=self._parallel_sends,
         )
+
+    def _push_delta(
+        self,
+        weights: Iterable[tuple[str, Tensor]],
+        servers: Sequence[int],
+        encoder: DeltaEncoder,
+    ) -> Landing:
+        """Rank 0: the patches from the last push to ``weights`` for each server that holds
+        the last push, the full policy for any other; afterwards only the servers it landed
+        on hold it."""
+        stats, patches = None, []
+        if encoder.has_baseline:
+            patches, stats = encoder.encode(weights)
+        else:
+            encoder.remember(weights)
+        full = list(encoder.previous.items())
+        full_bytes = sum(tensor.nbytes for _, tensor in full)
+
+        def push(index: int) -> SyncTimings:
+            engine = self.engines[index]
+            if stats is not None and weight_delta.gets_delta(index, self.in_sync):
+                timings = engine.send_patches(patches)
+                return attrs.evolve(
+                    timings, sent_bytes=stats.sent_bytes, unchanged_frac=stats.unchanged_frac
+                )
+            return attrs.evolve(engine.send_snapshot(full), sent_bytes=full_bytes)
+
+        landing = each_server(servers, push, parallel=self._parallel_sends)
+        self.in_sync = {i for i in servers if isinstance(landing[i], SyncTimings)}
+        return landing
 
     @property
     def _parallel_sends(self) -> bool:
@@ -325,8 +386,10 @@ class EngineWeights:
         return _synced_bytes(self.learner), where
 
     def reconnect(self, servers: Sequence[int] = (0,)) -> None:
-        """A restarted server has no group with the trainer: leave the old one, join anew."""
+        """A restarted server has no group with the trainer: leave the old one, join anew (its
+        next push is full)."""
         for index in servers:
+            self.in_sync.discard(index)
             self._close(index)
             self._start(index)
 

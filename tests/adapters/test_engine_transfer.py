@@ -9,12 +9,14 @@ from dataclasses import asdict
 import anyio
 import attrs
 import pytest
+import requests
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
+from asyncgrpo.adapters.transfer.delta import DeltaEncoder
 from asyncgrpo.adapters.transfer.engine import EngineSync, WeightStream
 from asyncgrpo.adapters.transfer.gloo import (
     GlooWorkerInitInfo,
@@ -26,10 +28,11 @@ from asyncgrpo.adapters.transfer.gloo import (
 )
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.replies import ServerTransfer, server_transfer
+from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.adapters.vllm.server import free_port
 from asyncgrpo.core.weights.sync import ENGINES, Engine
 
-from .test_weight_transfer import server_logprob_gap
+from .test_weight_transfer import PROMPT, server_logprob_gap
 
 
 def stream_of(model) -> WeightStream:
@@ -122,6 +125,91 @@ def test_weights_sent_in_memory_are_served(served) -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     gaps = sync_rounds(server, model, rounds=3)
     assert max(gaps) < 1e-4, gaps
+
+
+def nudged(model, share: float, seed: int) -> None:
+    """Move a ``share`` of each weight's elements (an optimizer step that changes only some
+    elements in the server's dtype), and the final norm's whole weight (a dense patch)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            whole = name == "model.norm.weight"
+            mask = torch.rand(param.shape, generator=generator) < (1.0 if whole else share)
+            param.add_(mask * torch.randn(param.shape, generator=generator) * 0.05)
+
+
+def test_delta_pushes_serve_what_a_full_push_serves_bit_for_bit(served) -> None:
+    """Three delta pushes (sparse patches, a dense one, unchanged tensors) leave the server
+    sampling exactly what it samples after a full push of the same weights: the same tokens
+    and bit-identical log-probs. Controls: a delta missing one patch serves something else,
+    and a delta whose checksums do not match is refused before the model is reloaded."""
+    server, path = served
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def client() -> VLLMClient:
+        return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
+
+    def sampled() -> tuple[tuple[int, ...], tuple[float, ...]]:
+        async def main():
+            params = SamplingParams(max_tokens=12, temperature=1.0, num_sampler_logprobs=0)
+            async with client() as c:
+                generation = await c.generate(PROMPT, params, seed=11)
+            return tuple(generation.output_ids), tuple(generation.output_log_probs)
+
+        return anyio.run(main)
+
+    def full() -> list:
+        return list(model.state_dict().items())
+
+    sync = EngineSync.join(
+        server.base_url,
+        client,
+        "asyncgrpo_gloo",
+        stream_of(model),
+        workers=1,
+        rank=0,
+        timeout_s=120,
+    )
+    sync.keep_baseline()
+    encoder = DeltaEncoder()
+    try:
+        sync.sync()
+        encoder.remember(full())
+        for seed in range(3):
+            nudged(model, share=0.01, seed=seed)
+            patches, stats = encoder.encode(full())
+            sync.send_patches(patches)
+        assert stats.changed_elements > 0 and stats.sent_bytes < stats.full_bytes / 5
+        assert any(p.indices is None for p in patches) and any(
+            p.indices is not None for p in patches
+        )
+        after_deltas = sampled()
+
+        async def gap():
+            async with client() as c:
+                return (await server_logprob_gap(c, model, seed=11))[0]
+
+        assert anyio.run(gap) < 1e-4
+        sync.send_snapshot(full())
+        assert sampled() == after_deltas
+
+        nudged(model, share=0.01, seed=7)
+        patches, _ = encoder.encode(full())
+        sync.send_patches([p for p in patches if p.name != "model.norm.weight"])
+        missing = sampled()
+        sync.send_snapshot(full())
+        held = sampled()
+        assert held != missing
+
+        nudged(model, share=0.01, seed=8)
+        patches, _ = encoder.encode(full())
+        patches = [attrs.evolve(p, checksum=p.checksum + 1) for p in patches]
+        with pytest.raises(requests.HTTPError, match="500"):
+            sync.send_patches(patches)
+        assert sampled() == held
+    finally:
+        with contextlib.suppress(Exception):  # the refused round closed the group
+            sync.close()
 
 
 def test_a_transfer_interrupted_midway_does_not_block_the_next_sync(served) -> None:

@@ -177,6 +177,7 @@ def test_engine_sends_are_bounded_by_weight_sync_timeout_not_vllm_server_timeout
             weight_sync_timeout=123.0,
             vllm_server_timeout=1800.0,
             server_api_key=None,
+            weight_sync_delta=False,
         ),
         client=lambda index: None,
         backend=GLOO,
@@ -341,7 +342,7 @@ class FakeServerSync:
 def push_to_two(backend: str, first_hangs: bool) -> tuple[dict, list[int]]:
     weights = EngineWeights(
         learner=None,
-        args=SimpleNamespace(server_urls=["a", "b"]),
+        args=SimpleNamespace(server_urls=["a", "b"], weight_sync_delta=False),
         client=None,
         backend=backend,
         server_workers=1,
