@@ -7,11 +7,11 @@ dtype (one copy of the synced weights, where the push reads them) and compares e
 with it bit for bit. The patches travel as tensors packed back to back (:mod:`.chunks`): a
 sparse patch as its int32 (or int64) flat indices then its values, a dense one as its values.
 
-The server keeps the last policy it received in the same checkpoint names (host memory),
-applies the patches to it (:func:`apply_patch`), checks each patched tensor against the
-trainer's :func:`checksum` of it, and only then reloads its model from the whole policy
-through vLLM's layerwise reload, the path a full push takes: whatever the model's loaders
-fuse, shard, quantize or repack, the server ends bit for bit where a full push would put it.
+The server keeps the last policy it received in the same checkpoint names (host memory,
+:class:`KeptPolicy`), applies the patches to it, checks each patched tensor's :func:`checksum`
+against the trainer's, and only then reloads its model from the whole policy through vLLM's
+layerwise reload, the path a full push takes: whatever the model's loaders fuse, shard,
+quantize or repack, the server ends bit for bit where a full push would put it.
 
 This module needs only torch: the server's side (:mod:`.gloo`) imports vLLM.
 
@@ -85,24 +85,61 @@ def changed_indices(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     return differs.nonzero().reshape(-1)
 
 
+class KeptPolicy:
+    """A policy kept for deltas, each tensor with its :func:`checksum`: the trainer's last push
+    (:class:`DeltaEncoder`), or the server's copy of it. The checksums are computed in full
+    once, then kept up to date from each patch alone (:func:`checksum_update`): a push costs
+    what it changed, not the model's size."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.tensors = {name: tensor.detach().clone() for name, tensor in weights}
+        self.sums = {name: checksum(tensor) for name, tensor in self.tensors.items()}
+
+    def apply(self, patch: Patch) -> int:
+        """Write ``patch`` into the kept tensor of its name in place; its checksum after.
+
+        Raises:
+            KeyError: no tensor of that name is kept.
+            ValueError: the kept tensor is not the shape the patch is for.
+        """
+        kept = self.tensors[patch.name]
+        if tuple(kept.shape) != patch.shape:
+            raise ValueError(
+                f"{patch.name}: a patch for shape {patch.shape} but the kept policy holds "
+                f"{tuple(kept.shape)}"
+            )
+        flat = kept.view(-1)
+        values = patch.values.to(flat.device, flat.dtype)
+        if patch.indices is None:
+            flat.copy_(values)
+            total = checksum(kept)
+        else:
+            where = patch.indices.to(flat.device, torch.int64)
+            total = checksum_update(self.sums[patch.name], flat[where], values, where)
+            flat[where] = values
+        self.sums[patch.name] = total
+        return total
+
+
 class DeltaEncoder:
     """The last pushed policy (rank 0), and the patches that bring it to the next one."""
 
     def __init__(self) -> None:
-        self.previous: dict[str, torch.Tensor] = {}
+        self.kept: KeptPolicy | None = None
 
     @property
     def has_baseline(self) -> bool:
         """Whether a push was remembered (a delta needs one)."""
-        return bool(self.previous)
+        return self.kept is not None
+
+    @property
+    def previous(self) -> dict[str, torch.Tensor]:
+        """The last pushed policy (empty before the first push)."""
+        return self.kept.tensors if self.kept is not None else {}
 
     def remember(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Keep ``weights`` (a full push) as the baseline of the next delta (copies)."""
-        self.previous = {name: tensor.detach().clone() for name, tensor in weights}
-
-    def forget(self) -> None:
-        """Drop the baseline: the next push is full."""
-        self.previous = {}
+        self.kept = KeptPolicy(weights)
 
     def encode(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -110,38 +147,31 @@ class DeltaEncoder:
         """The patches from the baseline to ``weights`` (the whole policy, in the server's
         dtype), and what they hold; the baseline becomes ``weights``.
 
-        A changed value that is NaN makes its tensor's patch dense: vLLM's sparse loader marks
-        unchanged elements with NaN.
-
         Raises:
             ValueError: a tensor the baseline lacks, or that changed shape or dtype (the
                 policy is no longer the one pushed: push it in full).
         """
-        if not self.has_baseline:
+        if self.kept is None:
             raise ValueError("a delta needs a baseline: push the full policy first")
         patches: list[Patch] = []
         stats = delta.DeltaStats()
         for name, tensor in weights:
-            old = self.previous.get(name)
+            old = self.kept.tensors.get(name)
             if old is None:
                 raise ValueError(f"{name!r} was not in the last push: push the full policy")
             flat = tensor.detach().reshape(-1)
             where = changed_indices(flat, old.reshape(-1))
             changed, numel = where.numel(), flat.numel()
             kind = delta.patch_kind(changed, numel, flat.element_size())
-            if kind == delta.SPARSE and bool(flat[where].isnan().any()):
-                kind = delta.DENSE
-            if changed:
-                old.copy_(tensor.detach())
-            shape, total = tuple(tensor.shape), checksum(old) if changed else 0
+            stats = stats.add(changed, numel, flat.element_size())
+            if kind == delta.UNCHANGED:
+                continue
             if kind == delta.SPARSE:
                 index_dtype = torch.int32 if delta.index_bytes(numel) == 4 else torch.int64
-                patches.append(
-                    Patch(name, shape, flat[where].clone(), where.to(index_dtype), total)
-                )
-            elif kind == delta.DENSE:
-                patches.append(Patch(name, shape, flat.clone(), checksum=total))
-            stats = stats.add(changed, numel, flat.element_size())
+                patch = Patch(name, tuple(tensor.shape), flat[where], where.to(index_dtype))
+            else:
+                patch = Patch(name, tuple(tensor.shape), flat.clone())
+            patches.append(attrs.evolve(patch, checksum=self.kept.apply(patch)))
         return patches, stats
 
 
@@ -196,20 +226,25 @@ def checksum(tensor: torch.Tensor) -> int:
     return int(total)
 
 
-def apply_patch(tensor: torch.Tensor, patch: Patch) -> None:
-    """Write ``patch`` into ``tensor`` (the server's copy of the last policy) in place.
+def checksum_update(total: int, old: torch.Tensor, new: torch.Tensor, indices: torch.Tensor) -> int:
+    """:func:`checksum` of a tensor whose elements at flat ``indices`` (distinct) went from
+    ``old`` to ``new``, from its checksum ``total`` before: only the changed elements are
+    read.
 
-    Raises:
-        ValueError: ``tensor`` is not the shape the patch is for.
+    Example:
+        >>> a = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        >>> b = a.clone()
+        >>> where = torch.tensor([1, 3])
+        >>> b[where] = torch.tensor([5.0, -1.0])
+        >>> checksum_update(checksum(a), a[where], b[where], where) == checksum(b)
+        True
     """
-    if tuple(tensor.shape) != patch.shape:
-        raise ValueError(
-            f"{patch.name}: a patch for shape {patch.shape} but the last policy held "
-            f"{tuple(tensor.shape)}"
-        )
-    flat = tensor.view(-1)
-    values = patch.values.to(flat.device, flat.dtype)
-    if patch.indices is None:
-        flat.copy_(values)
-    else:
-        flat[patch.indices.to(flat.device, torch.int64)] = values
+    bits = _BITS[new.element_size()]
+    diff = new.reshape(-1).view(bits).to(torch.int64) - old.reshape(-1).view(bits).to(torch.int64)
+    odd = indices.to(torch.int64) * 2 + 1
+    return _signed64(total + int((diff * odd).sum()))
+
+
+def _signed64(value: int) -> int:
+    """``value`` wrapped into a signed 64-bit integer, as torch's int64 sums wrap."""
+    return (value + 2**63) % 2**64 - 2**63

@@ -40,9 +40,8 @@ from vllm.distributed.weight_transfer.base import (
 from asyncgrpo.adapters.transfer.background import Background
 from asyncgrpo.adapters.transfer.chunks import pack, padded_nbytes, unpack
 from asyncgrpo.adapters.transfer.delta import (
+    KeptPolicy,
     Patch,
-    apply_patch,
-    checksum,
     patch_metas,
     patch_sizes,
     wire_metas,
@@ -149,7 +148,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         self.group: ProcessGroup | None = None
         self.chunk_bytes = DEFAULT_CHUNK_BYTES
         self.reloading = False  # this round began vLLM's layerwise reload
-        self.baseline: dict[str, torch.Tensor] = {}  # the last policy, kept for deltas
+        self.kept: KeptPolicy | None = None  # the last policy, kept for deltas
 
     def init_transfer_engine(self, init_info: GlooWorkerInitInfo) -> None:
         """Join a trainer's group, leaving the group of an earlier trainer that never said
@@ -200,7 +199,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             # the trainer went away, or a receive outlived timeout_s, or a delta was refused:
             # leave its group, so the trainer's side fails too and the next trainer's
             # handshake starts afresh; the policy kept for deltas is no longer known
-            self.baseline = {}
+            self.kept = None
             self.shutdown()
             raise
 
@@ -216,7 +215,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         """Receive every tensor and load it layer by layer; keep the policy (host memory)
         when the trainer will send deltas."""
         self._reload()
-        self.baseline = {}
+        self.kept = None
+        received: list[tuple[str, torch.Tensor]] = []
         metas = [
             (name, getattr(torch, dtype), tuple(shape))
             for name, dtype, shape in zip(
@@ -229,8 +229,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
             tensors = unpack(buffer, metas[start:stop])
             if update_info.keep_baseline:
-                self.baseline.update((name, tensor.clone()) for name, tensor in tensors)
+                received += tensors  # views of this chunk's buffer, copied once at the end
             model.load_weights((name, tensor.to(self.device)) for name, tensor in tensors)
+        if update_info.keep_baseline:
+            self.kept = KeptPolicy(received)
 
     def _receive_patches(self, model: LoadsWeights, update_info: GlooUpdateInfo) -> None:
         """Receive a delta round's patches, apply them to the policy kept from the last push,
@@ -243,7 +245,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
                 from the trainer's; the model still serves the previous policy.
         """
         assert update_info.counts is not None and update_info.checksums is not None
-        if not self.baseline:
+        kept = self.kept
+        if kept is None:
             raise DeltaRefused(
                 "asyncgrpo_gloo: a delta arrived but this server keeps no earlier policy to "
                 "apply it to (it took no full push meant for deltas since it joined)"
@@ -266,20 +269,19 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
                 indices = None if dense else next(tensors)[1]
                 values = next(tensors)[1]
                 shape = tuple(update_info.shapes[index])
-                kept = self.baseline.get(name)
-                if kept is None:
+                if name not in kept.tensors:
                     raise DeltaRefused(
                         f"asyncgrpo_gloo: a delta for {name!r}, not in the policy kept"
                     )
-                apply_patch(kept, Patch(name, shape, values, indices))
+                total = kept.apply(Patch(name, shape, values, indices))
                 expected = update_info.checksums[index]
-                if checksum(kept) != expected:
+                if total != expected:
                     raise DeltaRefused(
-                        f"asyncgrpo_gloo: {name!r} once patched has checksum {checksum(kept)}, "
-                        f"the trainer's is {expected}: the server gets the full policy next"
+                        f"asyncgrpo_gloo: {name!r} once patched has checksum {total}, the "
+                        f"trainer's is {expected}: the server gets the full policy next"
                     )
         self._reload()
-        model.load_weights((name, tensor.to(self.device)) for name, tensor in self.baseline.items())
+        model.load_weights((name, tensor.to(self.device)) for name, tensor in kept.tensors.items())
 
     def shutdown(self) -> None:
         close_group(self)

@@ -267,6 +267,7 @@ def push_part(workload: Workload, split: Split, where: Layout, colocated: bool =
             link,
             link,
             workload.lora_bytes,
+            workload.delta_changed_frac,
         )
     first = where.trainer[0][0]
     local = all(node == first for node, _ in where.servers)
@@ -278,6 +279,7 @@ def push_part(workload: Workload, split: Split, where: Layout, colocated: bool =
         workload.intra_node,
         workload.intra_node if local else workload.inter_node,
         workload.lora_bytes,
+        workload.delta_changed_frac,
     )
 
 

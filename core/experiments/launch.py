@@ -9,6 +9,7 @@ the user's dataset and reward functions (docs/configuration.md).
 
 Example:
     >>> from asyncgrpo.core.experiments.gpu_plan import Layout
+from asyncgrpo.core.weights.sync import GLOO, NCCL
     >>> blocks = launch_blocks("Qwen/Qwen3-8B", Layout(((0, (2, 3)),), ((0, (0, 1)),)),
     ...                        gpus_per_node=8, max_model_len=4096, weight_path="nccl",
     ...                        settings={"max_staleness": 1})
@@ -26,8 +27,12 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from asyncgrpo.core.experiments.gpu_plan import Layout
+from asyncgrpo.core.weights.sync import GLOO, NCCL
 
 FIRST_PORT = 8000
+ENGINE_OF_PATH = {"nccl": NCCL, "delta": GLOO}
+"""The servers' weight-transfer engine for each weight path that uses one (a delta push runs
+through ``asyncgrpo_gloo``)."""
 RDZV_PORT = 29400
 NEW_KEY = "export VLLM_API_KEY=\"$(python -c 'import secrets; print(secrets.token_urlsafe(32))')\""
 WAIT_FOR = (
@@ -88,8 +93,9 @@ def server_command(
     if len(devices) > 1:
         words += ["--tensor-parallel-size", str(len(devices))]
     words += ["--middleware", "asyncgrpo.adapters.vllm.auth.DevRoutesAuth"]
-    if weight_path == "nccl":
-        words += ["--weight-transfer-config", shlex.quote('{"backend": "nccl"}')]
+    if weight_path in ENGINE_OF_PATH:
+        config = f'{{"backend": "{ENGINE_OF_PATH[weight_path]}"}}'
+        words += ["--weight-transfer-config", shlex.quote(config)]
     if weight_path == "lora":
         words += ["--enable-lora", "--max-loras", str(max_loras)]
     words += [

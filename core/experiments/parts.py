@@ -10,7 +10,9 @@ weight push and the contention between the two sides. The simulator composes the
   reads and writes each shard's fp32 state once (``32`` bytes per parameter over HBM).
 * **Push** (:class:`Push`): the bytes over the link's bandwidth, once per server (sent one
   after another from one snapshot), plus the pause (pause, reset of the prefix cache,
-  resume).
+  resume). A delta push (``weight_sync_delta``) sends the changed elements' indices and
+  values (:func:`~asyncgrpo.core.weights.delta.delta_push_bytes` of the changed fraction) and
+  the server then reloads the whole policy from its host copy.
 * **Contention** (:class:`Contention`): where trainer and server share cores (a CPU machine),
   each side runs slower while the other runs; on separate GPUs, none.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import attrs
 
 from asyncgrpo.core.experiments.hardware import GPU, Interconnect, ModelSpec
+from asyncgrpo.core.weights.delta import delta_push_bytes
 
 TRAIN_MFU = 0.4
 """The trainer's share of peak FLOP/s, an assumption (well-tuned FSDP runs report 35-50%)."""
@@ -47,6 +50,11 @@ assumption; measure it (``perf/weight_push_s`` less the bytes' time)."""
 DISK_BYTES_PER_S = 2e9
 """The disk path's write and read, bytes/s: an assumption (a local NVMe; a network
 filesystem can be ten times slower)."""
+HOST_TO_DEVICE_BYTES_PER_S = 25e9
+"""A delta push's reload on the server, from the policy it keeps in host memory to its GPUs,
+bytes/s: PCIe Gen4 x16's ~25 GB/s (an assumption; Gen5 doubles it)."""
+DELTA_CHANGED_FRAC = DELTA_CHANGED_FRAC_MEASURED = 0.0
+"""The fraction of a bf16 policy's elements a push changes, measured on the real model."""
 
 
 @attrs.frozen
@@ -151,7 +159,7 @@ class Push:
         return self.gather_s + self.pause_s + self.servers * self.bytes / self.bytes_per_s
 
 
-WEIGHT_PATHS = ("nccl", "disk", "lora")
+WEIGHT_PATHS = ("nccl", "delta", "disk", "lora")
 
 
 def weight_push(
@@ -162,14 +170,35 @@ def weight_push(
     trainer_link: Interconnect,
     server_link: Interconnect,
     lora_bytes: float | None = None,
+    changed_frac: float = DELTA_CHANGED_FRAC,
 ) -> Push:
     """The push of ``path``: ``nccl`` sends the bf16 weights GPU to GPU over ``server_link``
     (the link between the trainer's rank 0 and the servers) after gathering them over
-    ``trainer_link``; ``disk`` writes them once and each server reads them
-    (:data:`DISK_BYTES_PER_S`); ``lora`` writes and reads ``lora_bytes`` of adapters."""
+    ``trainer_link``; ``delta`` sends over the same link only the ``changed_frac`` of elements
+    that changed (indices and values, ``asyncgrpo_gloo`` with ``weight_sync_delta``) and each
+    server reloads the whole policy from host memory (:data:`HOST_TO_DEVICE_BYTES_PER_S`);
+    ``disk`` writes them once and each server reads them (:data:`DISK_BYTES_PER_S`); ``lora``
+    writes and reads ``lora_bytes`` of adapters.
+
+    Example:
+        >>> from asyncgrpo.core.experiments.hardware import INTERCONNECTS, parameters_only
+        >>> ib = INTERCONNECTS["ib-ndr"]
+        >>> full = weight_push(parameters_only(7e9), "nccl", 1, 8, ib, ib)
+        >>> delta = weight_push(parameters_only(7e9), "delta", 1, 8, ib, ib, changed_frac=0.01)
+        >>> round(delta.bytes / full.bytes, 2)
+        0.03
+    """
     gather = model.weight_bytes * (trainer_gpus - 1) / trainer_gpus / trainer_link.bytes_per_s
     if path == "nccl":
         return Push(model.weight_bytes, server_link.bytes_per_s, servers=servers, gather_s=gather)
+    if path == "delta":
+        return Push(
+            delta_push_bytes(model.weight_bytes, changed_frac, value_bytes=2),
+            server_link.bytes_per_s,
+            pause_s=PUSH_PAUSE_S + model.weight_bytes / HOST_TO_DEVICE_BYTES_PER_S,
+            servers=servers,
+            gather_s=gather,
+        )
     if path == "disk":
         return Push(2 * model.weight_bytes, DISK_BYTES_PER_S, gather_s=gather)
     if path == "lora":

@@ -15,7 +15,8 @@ tables; every error names the table, the key and the fix:
   ``min``, ``mean`` and ``max`` (uniform, the end on the mean's side heavier), or
   ``{histogram = {edges = [...], counts = [...]}}`` (:mod:`.lengths`);
 * ``[settings]`` (optional): ``max_staleness`` and ``weight_sync_steps`` to fix them (left out:
-  the plan chooses), ``weight_path`` (``nccl``, ``disk`` or ``lora`` with ``lora_bytes``);
+  the plan chooses), ``weight_path`` (``nccl``, ``delta`` with ``delta_changed_frac``,
+  ``disk`` or ``lora`` with ``lora_bytes``);
 * ``[generator]`` (optional): a decode figure, ``tokens_per_s`` of one server at
   ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
   flight) with its ``source``, which scales the roofline, and/or ``step_overhead_s``, seconds
@@ -56,7 +57,12 @@ from asyncgrpo.core.experiments.hardware import (
     model_spec,
     parameters_only,
 )
-from asyncgrpo.core.experiments.parts import TRAIN_MFU, WEIGHT_PATHS, Contention
+from asyncgrpo.core.experiments.parts import (
+    DELTA_CHANGED_FRAC,
+    TRAIN_MFU,
+    WEIGHT_PATHS,
+    Contention,
+)
 from asyncgrpo.core.names import did_you_mean, spoken_list
 
 TABLES: Mapping[str, tuple[str, ...]] = {
@@ -64,7 +70,13 @@ TABLES: Mapping[str, tuple[str, ...]] = {
     "cluster": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node"),
     "batch": ("prompts_per_step", "num_generations"),
     "lengths": ("prompt", "response"),
-    "settings": ("max_staleness", "weight_sync_steps", "weight_path", "lora_bytes"),
+    "settings": (
+        "max_staleness",
+        "weight_sync_steps",
+        "weight_path",
+        "lora_bytes",
+        "delta_changed_frac",
+    ),
     "generator": ("tokens_per_s", "concurrency", "context_tokens", "step_overhead_s", "source"),
     "trainer": ("mfu",),
     "contention": ("training_slowdown", "generation_slowdown"),
@@ -109,7 +121,8 @@ class Workload:
         prompts_per_step, num_generations: a step's samples are their product.
         prompt_lengths, response_lengths: token lengths.
         max_staleness, weight_sync_steps: fixed by the workload, or None (the plan chooses).
-        weight_path: ``nccl``, ``disk`` or ``lora``; ``lora_bytes`` the adapters' size.
+        weight_path: ``nccl``, ``delta``, ``disk`` or ``lora``; ``lora_bytes`` the adapters'
+            size; ``delta_changed_frac`` the fraction of elements a delta push sends.
         decode_figure: a decode figure that scales the roofline (None: the roofline).
         decode_step_overhead_s: seconds every decode step takes besides the roofline.
         train_mfu: the trainer's share of peak FLOP/s.
@@ -131,6 +144,7 @@ class Workload:
     weight_sync_steps: int | None = None
     weight_path: str = "nccl"
     lora_bytes: float | None = None
+    delta_changed_frac: float = DELTA_CHANGED_FRAC
     decode_figure: DecodeFigure | None = None
     decode_step_overhead_s: float = 0.0
     train_mfu: float = TRAIN_MFU
@@ -308,6 +322,16 @@ def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
     out["weight_path"] = path
     if "lora_bytes" in table:
         out["lora_bytes"] = float(_number("settings", "lora_bytes", table["lora_bytes"], minimum=1))
+    if "delta_changed_frac" in table:
+        frac = float(
+            _number("settings", "delta_changed_frac", table["delta_changed_frac"], minimum=0)
+        )
+        if frac > 1:
+            raise WorkloadError(
+                f"[settings] delta_changed_frac: {frac} is a fraction of the policy's elements, "
+                "in [0, 1] (perf/weight_sync_unchanged_frac of a run is 1 minus it)"
+            )
+        out["delta_changed_frac"] = frac
     if path == "lora" and "lora_bytes" not in out:
         raise WorkloadError(
             "[settings] lora_bytes: the lora weight path needs the adapters' size in bytes"

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from asyncgrpo.core.experiments import generator as generators
 from asyncgrpo.core.experiments import gpu_plan
-from asyncgrpo.core.experiments.launch import Block, launch_blocks
+from asyncgrpo.core.experiments.launch import ENGINE_OF_PATH, Block, launch_blocks
 from asyncgrpo.core.experiments.prediction_figures import pipeline_figures, samples_per_s
 from asyncgrpo.core.experiments.recommend import (
     STALENESS_CHOICES,
@@ -313,10 +313,12 @@ def plan_workload(
         "token_budget": shape.token_budget,
         "gradient_accumulation_steps": shape.gradient_accumulation_steps,
         "max_concurrent_rollouts": shape.max_concurrent_rollouts,
-        "weight_transfer_backend": workload.weight_path
-        if workload.weight_path != "lora"
-        else "auto",
+        "weight_transfer_backend": ENGINE_OF_PATH.get(
+            workload.weight_path, "disk" if workload.weight_path == "disk" else "auto"
+        ),
     }
+    if workload.weight_path == "delta":
+        flags["weight_sync_delta"] = True
     blocks = launch_blocks(
         workload.model_name,
         where,

@@ -52,6 +52,25 @@ def test_a_push_sends_to_each_server_and_pauses() -> None:
         weight_push(model, "lora", 2, 4, NVLINK, IB)
 
 
+def test_a_delta_push_sends_the_changed_fraction_and_reloads_the_whole_policy() -> None:
+    """Bytes from the changed fraction (an int32 index and a bf16 value per changed element,
+    never more than the full push); the server's reload of the whole policy from host memory
+    is paid either way, so a delta wins over a slow link and loses over a fast one."""
+    model = parameters_only(7e9)
+    nccl = weight_push(model, "nccl", 2, 4, NVLINK, IB)
+    for frac in (0.0, 0.01, 0.3, 1.0):
+        delta = weight_push(model, "delta", 2, 4, NVLINK, IB, changed_frac=frac)
+        assert delta.bytes == pytest.approx(min(14e9, 14e9 * frac * 3))
+        assert delta.pause_s == pytest.approx(0.2 + 14e9 / 25e9)
+        assert delta.gather_s == nccl.gather_s
+    assert weight_push(model, "delta", 2, 4, NVLINK, IB, changed_frac=0.01).seconds > nccl.seconds
+    ethernet = INTERCONNECTS["ethernet-100g"]
+    slow = weight_push(model, "nccl", 2, 4, NVLINK, ethernet)
+    assert weight_push(model, "delta", 2, 4, NVLINK, ethernet, changed_frac=0.01).seconds < (
+        slow.seconds / 2
+    )
+
+
 def test_contention_slows_each_side_only_while_the_other_runs() -> None:
     c = Contention(training_slowdown=1.5, generation_slowdown=1.25)
     assert c.training_rate(generating=False) == 1.0

@@ -47,6 +47,10 @@ def changed(table: str, key: str, value: object) -> dict:
         ),
         (changed("settings", "weight_path", "nfs"), ["[settings] weight_path", "nccl"]),
         (
+            changed("settings", "delta_changed_frac", 2.0),
+            ["[settings] delta_changed_frac", "in [0, 1]"],
+        ),
+        (
             changed("settings", "max_staleness", 0)
             | {"settings": {"max_staleness": 0, "weight_sync_steps": 3}},
             ["[settings] max_staleness", "raise max_staleness"],

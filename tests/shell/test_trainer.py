@@ -64,8 +64,9 @@ def trainer_for(server, model_path, tmp_path, cls=AsyncGRPOTrainer, **overrides)
 def test_parity_at_staleness_zero_holds_after_several_syncs(
     served, tmp_path, backend, overlap
 ) -> None:
-    """In memory (the server's gloo engine) and by disk reload alike, with the push beside the
-    next step or waited for: a sample's version is the one that had landed."""
+    """In memory (the server's gloo engine, pushing deltas after the first push) and by disk
+    reload alike, with the push beside the next step or waited for: a sample's version is the
+    one that had landed."""
     server, path = served
     trainer = trainer_for(
         server,
@@ -77,6 +78,7 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(
         num_completions_to_print=2,
         weight_transfer_backend=backend,
         weight_push_overlap=overlap,
+        weight_sync_delta=backend == "asyncgrpo_gloo",
     )
     out = trainer.train()
     rows = read_metrics(tmp_path / "run")
@@ -86,6 +88,12 @@ def test_parity_at_staleness_zero_holds_after_several_syncs(
         assert row["sampling/sampling_logp_difference/max"] < 1e-4, row["step"]
     # a push beside the next step logs its own time when it has landed (a later window)
     assert any("perf/weight_push_s" in row for row in rows) == overlap
+    deltas = [
+        row["perf/weight_sync_unchanged_frac"]
+        for row in rows
+        if "perf/weight_sync_unchanged_frac" in row
+    ]
+    assert bool(deltas) == (backend == "asyncgrpo_gloo") and all(0 <= f < 1 for f in deltas)
     assert (tmp_path / "run" / "model.safetensors").exists()
     logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").open()]
     assert logged and {"step", "prompt", "completion", "reward"} <= set(logged[0])
