@@ -9,7 +9,6 @@ the user's dataset and reward functions (docs/configuration.md).
 
 Example:
     >>> from asyncgrpo.core.experiments.gpu_plan import Layout
-from asyncgrpo.core.weights.sync import GLOO, NCCL
     >>> blocks = launch_blocks("Qwen/Qwen3-8B", Layout(((0, (2, 3)),), ((0, (0, 1)),)),
     ...                        gpus_per_node=8, max_model_len=4096, weight_path="nccl",
     ...                        settings={"max_staleness": 1})
