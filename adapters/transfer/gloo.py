@@ -182,7 +182,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
-        if self.group is None:
+        group = self.group
+        if group is None:
             raise RuntimeError("asyncgrpo_gloo: update_weights before init_weight_transfer_engine")
         model = self.model
         if not isinstance(model, LoadsWeights):
@@ -192,9 +193,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             )
         try:
             if update_info.counts is not None:
-                self._receive_patches(model, update_info)
+                self._receive_patches(model, group, update_info)
             else:
-                self._receive_full(model, update_info)
+                self._receive_full(model, group, update_info)
         except BaseException:
             # the trainer went away, or a receive outlived timeout_s, or a delta was refused:
             # leave its group, so the trainer's side fails too and the next trainer's
@@ -211,7 +212,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             initialize_layerwise_reload(self.model)
             self.reloading = True
 
-    def _receive_full(self, model: LoadsWeights, update_info: GlooUpdateInfo) -> None:
+    def _receive_full(
+        self, model: LoadsWeights, group: ProcessGroup, update_info: GlooUpdateInfo
+    ) -> None:
         """Receive every tensor and load it layer by layer; keep the policy (host memory)
         when the trainer will send deltas."""
         self._reload()
@@ -226,7 +229,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         sizes = [padded_nbytes(dtype, shape) for _, dtype, shape in metas]
         for start, stop in chunk_bounds(sizes, self.chunk_bytes):
             buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
-            self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
+            group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
             tensors = unpack(buffer, metas[start:stop])
             if update_info.keep_baseline:
                 received += tensors  # views of this chunk's buffer, copied once at the end
@@ -234,7 +237,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         if update_info.keep_baseline:
             self.kept = KeptPolicy(received)
 
-    def _receive_patches(self, model: LoadsWeights, update_info: GlooUpdateInfo) -> None:
+    def _receive_patches(
+        self, model: LoadsWeights, group: ProcessGroup, update_info: GlooUpdateInfo
+    ) -> None:
         """Receive a delta round's patches, apply them to the policy kept from the last push,
         check each patched tensor against the trainer's checksum, and only then reload the
         model from the whole policy, as a full round does.
@@ -261,7 +266,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
         sizes = patch_sizes(metas)
         for start, stop in chunk_bounds(sizes, self.chunk_bytes):
             buffer = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8)
-            self.group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
+            group.broadcast(buffer, 0).wait()  # bounded by the group's timeout_s
             tensors = iter(unpack(buffer, [m for patch in metas[start:stop] for m in patch]))
             for index in range(start, stop):
                 name = update_info.names[index]

@@ -38,7 +38,7 @@ import structlog
 from torch import Tensor
 
 from asyncgrpo.adapters.process_group import HOST_MEMORY
-from asyncgrpo.adapters.transfer.delta import DeltaEncoder
+from asyncgrpo.adapters.transfer.delta import DeltaEncoder, Patch
 from asyncgrpo.adapters.transfer.files import (
     DiskReload,
     SyncTimings,
@@ -353,7 +353,8 @@ class EngineWeights:
         """Rank 0: the patches from the last push to ``weights`` for each server that holds
         the last push, the full policy for any other; afterwards only the servers it landed
         on hold it."""
-        stats, patches = None, []
+        stats: weight_delta.DeltaStats | None = None
+        patches: list[Patch] = []
         if encoder.has_baseline:
             patches, stats = encoder.encode(weights)
         else:
