@@ -10,6 +10,12 @@ run's samples, and ``metrics.png`` in the run's folder plots them by step::
     .venv/bin/python benchmarks/stale_drops.py --task digits --max-staleness 1 2 4
     .venv/bin/python benchmarks/stale_drops.py --task vowels --max-staleness 1 4
     .venv/bin/python benchmarks/stale_drops.py --max-completion-length 64 --seeds 0 1 2 3 4
+
+``--sweep DIR`` reads a sweep's runs instead (``benchmarks/stale_by_length_varied.toml``: a
+task whose lengths vary 32-fold) and prints, per setting, the same figures by quarter with
+their range over seeds, and plots them into ``DIR/stale_by_length.png``::
+
+    .venv/bin/python benchmarks/stale_drops.py --sweep runs/stale-by-length
 """
 
 from __future__ import annotations
@@ -50,7 +56,11 @@ def main() -> None:
         "--max-completion-length", type=int, default=None, help="default: the demo's"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--sweep", type=Path, default=None, help="summarize a sweep's runs")
     args = parser.parse_args()
+    if args.sweep is not None:
+        summarize_sweep(args.sweep)
+        return
     if args.task == "vowels":  # run_demo scores with the module's reward
         demo.digit_fraction_reward = vowel_fraction_reward
     for staleness in args.max_staleness:
@@ -85,6 +95,64 @@ def by_length(rows: Sequence[dict[str, float]]) -> str:
         dropped = sum(r.get(f"sample/length_q{q}/dropped_stale_count") or 0 for r in rows)
         parts.append(f"q{q}: staleness {staleness:.2f}, dropped {int(dropped)} ({share:.1%})")
     return "; ".join(parts)
+
+
+def summarize_sweep(sweep_dir: Path) -> None:
+    """Per setting of a sweep and quarter: the staleness of the samples trained and the share
+    dropped as stale (window means, then their mean and range over seeds), the samples
+    dropped (summed over seeds), and the share of trained tokens the importance-sampling keep
+    range masked (summed over windows and seeds); plotted into ``stale_by_length.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and any(p.glob("seed=*")))
+    figure, (left, right, masked_axis) = plt.subplots(1, 3, figsize=(15, 3.8))
+    for setting in settings:
+        runs = [read_metrics(seed) for seed in sorted(setting.glob("seed=*"))]
+        print(f"{setting.name} ({len(runs)} seeds)")
+        staleness_by_q, share_by_q, masked_by_q = [], [], []
+        for q in QUARTERS:
+            staleness = [window_mean(rows, f"sample/length_q{q}/staleness_mean") for rows in runs]
+            share = [window_mean(rows, f"sample/length_q{q}/dropped_stale_frac") for rows in runs]
+            dropped = sum(
+                r.get(f"sample/length_q{q}/dropped_stale_count") or 0 for rows in runs for r in rows
+            )
+            masked, tokens = (
+                sum(r.get(f"sampling/length_q{q}/{part}") or 0 for rows in runs for r in rows)
+                for part in ("masked_tokens", "tokens")
+            )
+            masked_by_q.append(masked / tokens if tokens else float("nan"))
+            known = [v for v in staleness if v == v]  # NaN: no sample of that quarter
+            shares = [v for v in share if v == v]
+            staleness_by_q.append(sum(known) / len(known) if known else float("nan"))
+            share_by_q.append(sum(shares) / len(shares) if shares else float("nan"))
+            if not known:
+                print(f"  q{q}: no sample")
+                continue
+            print(
+                f"  q{q}: staleness {staleness_by_q[-1]:.2f} [{min(known):.2f}, {max(known):.2f}], "
+                f"dropped {int(dropped)} ({share_by_q[-1]:.1%} [{min(shares):.1%}, "
+                f"{max(shares):.1%}]), masked {masked_by_q[-1]:.2%} of {int(tokens)} tokens"
+            )
+        left.plot(list(QUARTERS), staleness_by_q, marker="o", label=setting.name)
+        right.plot(list(QUARTERS), [100 * v for v in share_by_q], marker="o", label=setting.name)
+        masked_axis.plot(
+            list(QUARTERS), [100 * v for v in masked_by_q], marker="o", label=setting.name
+        )
+    for axis, label in (
+        (left, "staleness of trained samples"),
+        (right, "% dropped as stale"),
+        (masked_axis, "% of trained tokens masked (IS)"),
+    ):
+        axis.set_xticks(list(QUARTERS), [f"q{q}" for q in QUARTERS])
+        axis.set_xlabel("completion length, quarter of max_completion_length")
+        axis.set_ylabel(label)
+    left.legend()
+    figure.tight_layout()
+    figure.savefig(sweep_dir / "stale_by_length.png", dpi=120)
+    print(f"plot: {sweep_dir / 'stale_by_length.png'}")
 
 
 def window_mean(rows: Sequence[dict[str, float]], name: str) -> float:

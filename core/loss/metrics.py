@@ -17,9 +17,15 @@ from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.loss.importance_sampling import importance_keep, importance_ratio, sampler_mass
 from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
 from asyncgrpo.core.metrics import Aggregation
+from asyncgrpo.core.rollout.metrics import LENGTH_QUARTERS
 
 _MEAN, _MIN, _MAX = Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX
 _SAMPLER_MASS = "sampling/sampler_mass"
+_BY_LENGTH = tuple(
+    f"sampling/length_q{q}/{part}"
+    for q in range(1, LENGTH_QUARTERS + 1)
+    for part in ("masked_tokens", "tokens")
+)
 LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap(
     {
         "sampling/importance_sampling_ratio/min": _MIN,
@@ -35,11 +41,14 @@ LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap(
         "clip_ratio/high_mean": _MEAN,
         "clip_ratio/high_max": _MAX,
         _SAMPLER_MASS: _MEAN,
+        **dict.fromkeys(_BY_LENGTH, Aggregation.SUM),
     }
 )
 """How each metric of :func:`loss_metrics` aggregates over a window's micro-batches (a mean
 weighted by the micro-batch's trained tokens, or the extreme)."""
-_BASE_METRICS = tuple(name for name in LOSS_METRICS if name != _SAMPLER_MASS)
+_BASE_METRICS = tuple(
+    name for name in LOSS_METRICS if name != _SAMPLER_MASS and name not in _BY_LENGTH
+)
 
 
 @torch.no_grad()
@@ -50,6 +59,7 @@ def loss_metrics(
     sample_index: Tensor,
     config: LossConfig,
     topk: SamplerTopK | None = None,
+    length_quarter: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The loss metrics of TRL's AsyncGRPOTrainer over the N trained tokens, computed without grad.
 
@@ -63,7 +73,11 @@ def loss_metrics(
       ``clip_ratio/high_mean`` (``r > 1 + eps_high``);
     * ``clip_ratio/low_min``, ``clip_ratio/high_max``: min (max) over completions of each
       completion's fraction of its tokens in this micro-batch below (above) the trust region;
-    * ``sampling/sampler_mass`` (only with ``topk``): mean of :func:`sampler_mass`.
+    * ``sampling/sampler_mass`` (only with ``topk``): mean of :func:`sampler_mass`;
+    * ``sampling/length_q{1-4}/masked_tokens`` and ``.../tokens`` (only with
+      ``length_quarter``): per quarter of ``max_completion_length`` the sample's length falls
+      in, the tokens dropped by the keep range and all its trained tokens, summed over a
+      window (their ratio is ``sampling/masked_mean`` of that quarter).
 
     With N = 0 every metric is NaN (a metric window ignores it). Each is a 0-d float64 tensor
     left where the tokens are: the learner takes a step's metrics to the host at once.
@@ -75,6 +89,8 @@ def loss_metrics(
         sample_index: long [N] the completion each token belongs to.
         config: trust region and keep range.
         topk: the sampler's top-K, in score-centering mode.
+        length_quarter: int [N] the length quarter (1-4) of each token's completion
+            (:func:`asyncgrpo.core.rollout.metrics.token_length_quarters`).
 
     Example:
         >>> m = loss_metrics(torch.log(torch.tensor([0.5, 0.5])),
@@ -86,20 +102,23 @@ def loss_metrics(
     names = _BASE_METRICS + ((_SAMPLER_MASS,) if topk is not None else ())
     if logp.shape[0] == 0:
         nan = torch.tensor(math.nan, dtype=torch.float64, device=logp.device)
-        return dict.fromkeys(names, nan)
+        zero = torch.zeros((), dtype=torch.float64, device=logp.device)
+        counts = dict.fromkeys(_BY_LENGTH, zero) if length_quarter is not None else {}
+        return {**dict.fromkeys(names, nan), **counts}
     logp = logp.detach()
     dtype = logp.dtype
     ratio = importance_ratio(logp, sampler_logp.to(dtype))
     difference = (logp - sampler_logp.to(dtype)).abs()
     low, high = config.trust_region
     below, above = ratio < low, ratio > high
+    masked = ~importance_keep(ratio, config)
     values = [
         ratio.min(),
         ratio.mean(),
         ratio.max(),
         difference.mean(),
         difference.max(),
-        (~importance_keep(ratio, config)).to(dtype).mean(),
+        masked.to(dtype).mean(),
         entropy.to(dtype).mean(),
         (below | above).to(dtype).mean(),
         below.to(dtype).mean(),
@@ -109,6 +128,11 @@ def loss_metrics(
     ]
     if topk is not None:
         values.append(sampler_mass(topk).to(dtype).mean())
+    if length_quarter is not None:
+        names += _BY_LENGTH
+        for quarter in range(1, LENGTH_QUARTERS + 1):
+            inside = length_quarter == quarter
+            values += [(masked & inside).sum(), inside.sum()]
     return {name: v.to(torch.float64) for name, v in zip(names, values, strict=True)}
 
 

@@ -234,6 +234,26 @@ def length_quarter(trained_tokens: int, max_completion_length: int) -> int:
     return min(LENGTH_QUARTERS, max(1, share))
 
 
+def token_length_quarters(
+    sample_index: np.ndarray, samples: Sequence[TrainingSample], max_completion_length: int
+) -> np.ndarray:
+    """int8 [N]: for each trained token, the :func:`length_quarter` of the sample it belongs
+    to (``sample_index`` [N] indexes ``samples``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> def sample(n):  # what the quarter reads of a TrainingSample
+        ...     return SimpleNamespace(sequence=SimpleNamespace(num_trained=n))
+        >>> token_length_quarters(np.array([0, 1, 1]), [sample(10), sample(100)], 100).tolist()
+        [1, 4, 4]
+    """
+    quarters = np.asarray(
+        [length_quarter(s.sequence.num_trained, max_completion_length) for s in samples],
+        dtype=np.int8,
+    )
+    return quarters[np.asarray(sample_index, dtype=np.int64)] if len(sample_index) else quarters[:0]
+
+
 def staleness_by_length(
     samples: Sequence[TrainingSample], current_version: int, max_completion_length: int
 ) -> list[Observation]:

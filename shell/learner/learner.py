@@ -114,6 +114,7 @@ from asyncgrpo.core.packing.memory import (
     row_tokens,
 )
 from asyncgrpo.core.packing.tree import PackedRow
+from asyncgrpo.core.rollout.metrics import token_length_quarters
 from asyncgrpo.core.weights.parity import STALENESS0_GAP, staleness0_tokens
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.learner.checkpoint import load_learner, save_learner
@@ -499,9 +500,18 @@ class Learner:
         per_token = self.objective.per_token_loss(inputs, self.objective_settings)
         loss = normalize_loss(per_token, tokens, accumulation)
         sampler_logp = inputs.sampler_logp
+        quarters = token_length_quarters(
+            row.sample_index, row.samples, self.config.max_completion_length
+        )
         metrics = {
             **loss_metrics(
-                logp, sampler_logp, entropy, inputs.sample_index, self.loss_config, topk
+                logp,
+                sampler_logp,
+                entropy,
+                inputs.sample_index,
+                self.loss_config,
+                topk,
+                torch.from_numpy(quarters).to(self.device, non_blocking=True),
             ),
             **self.objective.metrics(inputs, self.objective_settings),
         }

@@ -504,6 +504,37 @@ def test_loss_metrics_per_completion_extremes() -> None:
     assert metrics["clip_ratio/region_mean"] == pytest.approx(0.4)
 
 
+@LOSSES
+@given(
+    ratios=st.lists(st.floats(0.05, 20.0), min_size=0, max_size=40),
+    data=st.data(),
+)
+def test_masked_tokens_by_length_quarter_add_up_to_the_masked_mean(ratios, data) -> None:
+    """Per quarter, the tokens dropped by the keep range and the tokens; over the quarters
+    they are ``sampling/masked_mean`` times all the tokens, and a window sums them."""
+    n = len(ratios)
+    quarter = torch.tensor(data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)))
+    logp = torch.zeros(n, dtype=torch.float64)
+    sampler_logp = -torch.log(torch.tensor(ratios, dtype=torch.float64))
+    sample_index = torch.arange(n)
+    metrics = loss_metrics(
+        logp, sampler_logp, torch.zeros(n), sample_index, LossConfig(), length_quarter=quarter
+    )
+    keep = [0.5 <= r <= 5.0 for r in ratios]
+    for q in range(1, 5):
+        inside = [k for k, qq in zip(keep, quarter.tolist(), strict=True) if qq == q]
+        assert metrics[f"sampling/length_q{q}/tokens"] == len(inside)
+        assert metrics[f"sampling/length_q{q}/masked_tokens"] == inside.count(False)
+    if n:
+        masked = sum(float(metrics[f"sampling/length_q{q}/masked_tokens"]) for q in range(1, 5))
+        assert masked == pytest.approx(float(metrics["sampling/masked_mean"]) * n)
+    window = record(
+        MetricWindow(),
+        [declared(name, float(v), n, LOSS_METRICS) for name, v in metrics.items()] * 2,
+    )
+    assert summarize(window)["sampling/length_q1/tokens"] == 2 * quarter.eq(1).sum().item()
+
+
 # validation
 
 
