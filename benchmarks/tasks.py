@@ -6,12 +6,15 @@ as ``benchmarks.tasks:<name>`` (run from the repository's root).
 - ``vowels``: the fraction of the reply's letters that are vowels (a task the demo does not
   train for; a reply without letters scores 0);
 - ``VariedLengthLoop``: each request's ``max_tokens`` drawn from 4 to 128, so completion lengths
-  vary 32-fold and a step waits on its longest samples (the "varied" task).
+  vary 32-fold and a step waits on its longest samples (the "varied" task);
+- ``PromptLengthLoop``: ``max_tokens`` from 4 to 128 set by the prompt, so every completion of
+  a group is about as long (as a hard problem draws long answers) and groups differ 32-fold.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +62,20 @@ class VariedLengthLoop(AsyncRolloutLoop):
         draw = self.__dict__.setdefault("_lengths", random.Random(self.config.seed))
         base = self.sampling
         self.sampling = attrs.evolve(base, max_tokens=draw.choice(LENGTHS))
+        try:
+            return await super().generate_one_turn(prompt_ids)
+        finally:
+            self.sampling = base
+
+
+class PromptLengthLoop(AsyncRolloutLoop):
+    """``max_tokens`` one of :data:`LENGTHS`, chosen by the prompt's tokens (CRC-32), so the
+    requests of a group share it and long groups are long as a whole."""
+
+    async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
+        length = LENGTHS[zlib.crc32(str(prompt_ids).encode()) % len(LENGTHS)]
+        base = self.sampling
+        self.sampling = attrs.evolve(base, max_tokens=length)
         try:
             return await super().generate_one_turn(prompt_ids)
         finally:

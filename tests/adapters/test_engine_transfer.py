@@ -82,14 +82,9 @@ def test_a_trainer_that_vanished_without_goodbye_is_replaced(served) -> None:
     assert max(sync_rounds(server, model, rounds=1)) < 1e-4
 
 
-def sync_rounds(server, model, rounds: int) -> list[float]:
-    """Perturb ``model``, push it in memory, measure the served log-prob gap; ``rounds`` times
-    over one handshake."""
-
-    def client() -> VLLMClient:
-        return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
-
-    sync = EngineSync.join(
+def joined(server, client, model) -> EngineSync:
+    """A trainer's side of the server's gloo group, streaming ``model``'s state dict."""
+    return EngineSync.join(
         server.base_url,
         client,
         "asyncgrpo_gloo",
@@ -98,6 +93,16 @@ def sync_rounds(server, model, rounds: int) -> list[float]:
         rank=0,
         timeout_s=120,
     )
+
+
+def sync_rounds(server, model, rounds: int) -> list[float]:
+    """Perturb ``model``, push it in memory, measure the served log-prob gap; ``rounds`` times
+    over one handshake."""
+
+    def client() -> VLLMClient:
+        return VLLMClient(server.base_url, server.spec.name, timeout_s=120)
+
+    sync = joined(server, client, model)
     gaps = []
     try:
         for _ in range(rounds):
@@ -161,15 +166,7 @@ def test_delta_pushes_serve_what_a_full_push_serves_bit_for_bit(served) -> None:
     def full() -> list:
         return list(model.state_dict().items())
 
-    sync = EngineSync.join(
-        server.base_url,
-        client,
-        "asyncgrpo_gloo",
-        stream_of(model),
-        workers=1,
-        rank=0,
-        timeout_s=120,
-    )
+    sync = joined(server, client, model)
     sync.keep_baseline()
     encoder = DeltaEncoder()
     try:
