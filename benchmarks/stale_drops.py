@@ -121,7 +121,7 @@ def summarize_sweep(sweep_dir: Path) -> None:
             )
             masked, tokens = (
                 sum(r.get(f"sampling/length_q{q}/{part}") or 0 for rows in runs for r in rows)
-                for part in ("masked_tokens", "tokens")
+                for part in ("masked_token_count", "token_count")
             )
             masked_by_q.append(masked / tokens if tokens else float("nan"))
             known = [v for v in staleness if v == v]  # NaN: no sample of that quarter

@@ -260,3 +260,19 @@ def merge(a: MetricWindow, b: MetricWindow) -> MetricWindow:
 def summarize(window: MetricWindow) -> dict[str, float]:
     """One value per metric name, sorted by name; NaN where nothing finite was recorded."""
     return {name: window.stats[name].result() for name in sorted(window.stats)}
+
+
+LENGTH_QUARTERS = 4
+"""Completion lengths are told apart by quarter of ``max_completion_length``."""
+
+
+def length_quarter(trained_tokens: int, max_completion_length: int) -> int:
+    """1 to :data:`LENGTH_QUARTERS`: the quarter of ``(0, max_completion_length]`` that a
+    sample's trained tokens fall in (a multi-turn sample past it counts in the last).
+
+    Example:
+        >>> [length_quarter(n, 256) for n in (1, 64, 65, 192, 256, 300)]
+        [1, 1, 2, 3, 4, 4]
+    """
+    share = math.ceil(LENGTH_QUARTERS * trained_tokens / max(max_completion_length, 1))
+    return min(LENGTH_QUARTERS, max(1, share))

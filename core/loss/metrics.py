@@ -16,15 +16,14 @@ from torch import Tensor
 from asyncgrpo.core.frozen import FrozenMap
 from asyncgrpo.core.loss.importance_sampling import importance_keep, importance_ratio, sampler_mass
 from asyncgrpo.core.loss.inputs import LossConfig, SamplerTopK
-from asyncgrpo.core.metrics import Aggregation
-from asyncgrpo.core.rollout.metrics import LENGTH_QUARTERS
+from asyncgrpo.core.metrics import LENGTH_QUARTERS, Aggregation
 
 _MEAN, _MIN, _MAX = Aggregation.MEAN, Aggregation.MIN, Aggregation.MAX
 _SAMPLER_MASS = "sampling/sampler_mass"
 _BY_LENGTH = tuple(
     f"sampling/length_q{q}/{part}"
     for q in range(1, LENGTH_QUARTERS + 1)
-    for part in ("masked_tokens", "tokens")
+    for part in ("masked_token_count", "token_count")
 )
 LOSS_METRICS: Mapping[str, Aggregation] = FrozenMap(
     {
@@ -74,7 +73,7 @@ def loss_metrics(
     * ``clip_ratio/low_min``, ``clip_ratio/high_max``: min (max) over completions of each
       completion's fraction of its tokens in this micro-batch below (above) the trust region;
     * ``sampling/sampler_mass`` (only with ``topk``): mean of :func:`sampler_mass`;
-    * ``sampling/length_q{1-4}/masked_tokens`` and ``.../tokens`` (only with
+    * ``sampling/length_q{1-4}/masked_token_count`` and ``.../token_count`` (only with
       ``length_quarter``): per quarter of ``max_completion_length`` the sample's length falls
       in, the tokens dropped by the keep range and all its trained tokens, summed over a
       window (their ratio is ``sampling/masked_mean`` of that quarter).

@@ -14,13 +14,21 @@ Values measured per rollout or sample carry their weight, so a window averages o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 import numpy as np
 
-from asyncgrpo.core.metrics import Observation, maximum, mean, minimum, ratio, total
+from asyncgrpo.core.metrics import (
+    LENGTH_QUARTERS,
+    Observation,
+    length_quarter,
+    maximum,
+    mean,
+    minimum,
+    ratio,
+    total,
+)
 from asyncgrpo.core.records import Rollout, TrainingSample
 from asyncgrpo.core.rollout.advantages import GroupScore, duplicate_frac
 from asyncgrpo.core.rollout.reconcile import Reconciled
@@ -216,22 +224,6 @@ def sample_observations(
         mean("sample/staleness_mean", float(np.mean(staleness)), weight=n),
         maximum("sample/staleness_max", float(max(staleness))),
     ]
-
-
-LENGTH_QUARTERS = 4
-"""Completion lengths are told apart by quarter of ``max_completion_length``."""
-
-
-def length_quarter(trained_tokens: int, max_completion_length: int) -> int:
-    """1 to :data:`LENGTH_QUARTERS`: the quarter of ``(0, max_completion_length]`` that a
-    sample's trained tokens fall in (a multi-turn sample past it counts in the last).
-
-    Example:
-        >>> [length_quarter(n, 256) for n in (1, 64, 65, 192, 256, 300)]
-        [1, 1, 2, 3, 4, 4]
-    """
-    share = math.ceil(LENGTH_QUARTERS * trained_tokens / max(max_completion_length, 1))
-    return min(LENGTH_QUARTERS, max(1, share))
 
 
 def token_length_quarters(

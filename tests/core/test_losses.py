@@ -523,16 +523,18 @@ def test_masked_tokens_by_length_quarter_add_up_to_the_masked_mean(ratios, data)
     keep = [0.5 <= r <= 5.0 for r in ratios]
     for q in range(1, 5):
         inside = [k for k, qq in zip(keep, quarter.tolist(), strict=True) if qq == q]
-        assert metrics[f"sampling/length_q{q}/tokens"] == len(inside)
-        assert metrics[f"sampling/length_q{q}/masked_tokens"] == inside.count(False)
+        assert metrics[f"sampling/length_q{q}/token_count"] == len(inside)
+        assert metrics[f"sampling/length_q{q}/masked_token_count"] == inside.count(False)
     if n:
-        masked = sum(float(metrics[f"sampling/length_q{q}/masked_tokens"]) for q in range(1, 5))
+        masked = sum(
+            float(metrics[f"sampling/length_q{q}/masked_token_count"]) for q in range(1, 5)
+        )
         assert masked == pytest.approx(float(metrics["sampling/masked_mean"]) * n)
     window = record(
         MetricWindow(),
         [declared(name, float(v), n, LOSS_METRICS) for name, v in metrics.items()] * 2,
     )
-    assert summarize(window)["sampling/length_q1/tokens"] == 2 * quarter.eq(1).sum().item()
+    assert summarize(window)["sampling/length_q1/token_count"] == 2 * quarter.eq(1).sum().item()
 
 
 # validation

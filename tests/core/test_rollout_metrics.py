@@ -3,14 +3,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncgrpo.core.metrics import MetricWindow, record, summarize
+from asyncgrpo.core.metrics import (
+    LENGTH_QUARTERS,
+    MetricWindow,
+    length_quarter,
+    record,
+    summarize,
+)
 from asyncgrpo.core.records import Rollout, TrainingSample, TrainingSequence, TurnRecord
 from asyncgrpo.core.rollout.advantages import score_group
 from asyncgrpo.core.rollout.metrics import (
-    LENGTH_QUARTERS,
     GroupFacts,
     group_observations,
-    length_quarter,
     sample_observations,
     stale_drops_by_length,
     staleness_by_length,
