@@ -303,7 +303,7 @@ class EngineWeights:
                 for _ in weights:
                     pass
                 return None
-            return self._push_delta(weights, servers, self.delta)
+            return self._push_delta(weights, servers, self.delta, barrier_s)
         if len(self.urls) > 1:  # gathered once, sent to each
             snapshot = self.snapshot(version)
             return self.send(snapshot, servers) if snapshot is not None else None
@@ -349,10 +349,11 @@ class EngineWeights:
         weights: Iterable[tuple[str, Tensor]],
         servers: Sequence[int],
         encoder: DeltaEncoder,
+        barrier_s: float = 0.0,
     ) -> Landing:
         """Rank 0: the patches from the last push to ``weights`` for each server that holds
         the last push, the full policy for any other; afterwards only the servers it landed
-        on hold it."""
+        on hold it. ``barrier_s``: the time already spent waiting for the other processes."""
         stats: weight_delta.DeltaStats | None = None
         patches: list[Patch] = []
         if encoder.has_baseline:
@@ -365,11 +366,14 @@ class EngineWeights:
         def push(index: int) -> SyncTimings:
             engine = self.engines[index]
             if stats is not None and weight_delta.gets_delta(index, self.in_sync):
-                timings = engine.send_patches(patches)
                 return attrs.evolve(
-                    timings, sent_bytes=stats.sent_bytes, unchanged_frac=stats.unchanged_frac
+                    engine.send_patches(patches),
+                    barrier_s=barrier_s,
+                    sent_bytes=stats.sent_bytes,
+                    unchanged_frac=stats.unchanged_frac,
                 )
-            return attrs.evolve(engine.send_snapshot(full), sent_bytes=full_bytes)
+            sent = engine.send_snapshot(full)
+            return attrs.evolve(sent, barrier_s=barrier_s, sent_bytes=full_bytes)
 
         landing = each_server(servers, push, parallel=self._parallel_sends)
         self.in_sync = {i for i in servers if isinstance(landing[i], SyncTimings)}
