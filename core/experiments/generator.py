@@ -98,6 +98,13 @@ class Generator:
         both = max(memory, compute) if self.roofline else memory + compute
         return self.overhead_s + both
 
+    def step_s_of(self, requests: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` of several servers at once (one entry per server)."""
+        memory = self.weight_read_s + self.context_read_s_per_token * context_tokens
+        compute = self.compute_s_per_request * requests
+        both = np.maximum(memory, compute) if self.roofline else memory + compute
+        return self.overhead_s + both
+
     def tokens_per_s(self, requests: float, context_tokens: float = 0.0) -> float:
         """Decoded tokens per second with ``requests`` running (0 with none)."""
         return requests / self.step_s(requests, context_tokens) if requests > 0 else 0.0
@@ -309,3 +316,55 @@ def advance(
         context = float(np.sum((prompts + generated)[runs]))
     step = generator.step_s(float(np.count_nonzero(runs)), context)
     return np.where(runs, np.minimum(generated + seconds / step, lengths), generated)
+
+
+def advance_servers(
+    generator: Generator,
+    generated: np.ndarray,
+    lengths: np.ndarray,
+    prompts: np.ndarray,
+    servers: np.ndarray,
+    seconds: np.ndarray,
+) -> np.ndarray:
+    """:func:`advance` on every server at once, each server with its own requests and
+    ``seconds`` of decoding. Per request, in arrival order: tokens generated so far, response
+    length, prompt tokens and its server (an index into ``seconds``, one entry per server).
+    Each server admits its requests in arrival order while their KV tokens fit
+    (:func:`running`), the servers' sums taken in one pass.
+
+    Example:
+        >>> g = constant(100.0)  # 100 tokens/s per server, shared by its running requests
+        >>> advance_servers(g, np.zeros(3), np.array([10, 50, 50]), np.zeros(3),
+        ...                 np.array([0, 0, 1]), np.array([0.5, 0.25])).tolist()
+        [10.0, 25.0, 25.0]
+    """
+    active = generated < lengths
+    context_tokens = prompts + generated
+    if generator.kv_capacity_tokens == math.inf:
+        runs = active
+    else:
+        runs = np.zeros_like(active)
+        waiting = np.flatnonzero(active)
+        # the active requests grouped by server, arrival order kept within each
+        order = waiting[np.argsort(servers[waiting], kind="stable")]
+        on = servers[order]
+        first = np.ones(len(order), bool)
+        first[1:] = on[1:] != on[:-1]
+        segment = np.cumsum(first) - 1
+        starts = np.flatnonzero(first)
+        totals = np.cumsum(context_tokens[order])
+        before = (totals - context_tokens[order])[starts]
+        fits = totals - before[segment] <= generator.kv_capacity_tokens
+        fits[starts] = True  # the first request of a server always runs
+        # admitted in order: a request runs when none before it on its server was refused
+        refused = np.cumsum(~fits)
+        refused_before = (refused - ~fits)[starts]
+        runs[order[refused - refused_before[segment] == 0]] = True
+    count = np.bincount(servers[runs], minlength=len(seconds))
+    context = np.zeros(len(seconds))
+    if generator.context_read_s_per_token:
+        context = np.bincount(servers[runs], context_tokens[runs], minlength=len(seconds))
+    step = generator.step_s_of(count.astype(float), context)
+    per_token = np.divide(seconds, step, out=np.zeros(len(seconds)), where=count > 0)
+    advancing = runs & (seconds[servers] > 0)
+    return np.where(advancing, np.minimum(generated + per_token[servers], lengths), generated)

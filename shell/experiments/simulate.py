@@ -168,7 +168,8 @@ def _finish_group(state: Pipeline, group: Group) -> None:
 
 def _generate(state: Pipeline) -> bool:
     """One tick of generation: each server prefills the prompts of the groups it started,
-    then decodes the requests it runs (:func:`asyncgrpo.core.experiments.generator.advance`),
+    then decodes the requests it runs, every server in one pass
+    (:func:`asyncgrpo.core.experiments.generator.advance_servers`),
     slower while the trainer trains on shared cores; groups whose every response is done
     finish. Returns whether any server ran a request."""
     c = state.config
@@ -178,24 +179,20 @@ def _generate(state: Pipeline) -> bool:
     if not len(requests) or state.paused:  # the servers stand still while weights are pushed
         return False
     seconds = c.tick_s * c.contention.generation_rate(state.training)
-    before, generated = requests.generated, requests.generated.copy()
-    for server in range(c.num_servers):
-        on: slice | np.ndarray = slice(None)
-        if c.num_servers > 1:
-            on_this_server = requests.server == server
-            if not on_this_server.any():
-                continue
-            on = on_this_server
-        counters.busy_server_ticks += 1
-        prefill = min(state.prefill_left_s[server], seconds)
-        state.prefill_left_s[server] -= prefill
-        generated[on] = generators.advance(
-            c.server_generator,
-            before[on],
-            requests.length[on],
-            requests.prompt[on],
-            seconds - prefill,
-        )
+    before = requests.generated
+    # each server with requests first prefills the prompts of the groups it started
+    busy = np.bincount(requests.server, minlength=c.num_servers) > 0
+    counters.busy_server_ticks += int(np.count_nonzero(busy))
+    prefill = np.where(busy, np.minimum(state.prefill_left_s, seconds), 0.0)
+    state.prefill_left_s -= prefill
+    generated = generators.advance_servers(
+        c.server_generator,
+        before,
+        requests.length,
+        requests.prompt,
+        requests.server,
+        seconds - prefill,
+    )
     requests.generated = generated
     counters.tokens += float(np.sum(requests.generated - before))
     done = requests.generated >= requests.length

@@ -212,3 +212,40 @@ class SimulationConfig:
     @property
     def contention(self) -> Contention:
         return Contention(self.training_slowdown, self.generation_slowdown)
+
+    def scaled_down(self, scale: int) -> SimulationConfig:
+        """``1 / scale`` of the cluster (:mod:`asyncgrpo.core.experiments.scale`): its servers,
+        trainer rows, rollouts in flight, colocated groups and trainer throughput, so that
+        each server's load and each step's time stay the same with ``scale`` times fewer
+        samples a step.
+
+        Example:
+            >>> config = SimulationConfig(
+            ...     num_servers=8, rows_per_step=64, max_concurrent_rollouts=256
+            ... )
+            >>> small = config.scaled_down(4)
+            >>> small.num_servers, small.rows_per_step, small.max_concurrent_rollouts
+            (2, 16, 64)
+        """
+        if scale < 1 or self.num_servers % scale or self.rows_per_step % scale:
+            raise ValueError(
+                f"SimulationConfig.scaled_down: scale {scale} must divide num_servers "
+                f"({self.num_servers}) and rows_per_step ({self.rows_per_step})"
+            )
+        groups = self.groups_per_step
+        if groups is not None and groups % scale:
+            raise ValueError(
+                f"SimulationConfig.scaled_down: scale {scale} must divide groups_per_step "
+                f"({groups})"
+            )
+        return attrs.evolve(
+            self,
+            num_servers=self.num_servers // scale,
+            rows_per_step=self.rows_per_step // scale,
+            max_concurrent_rollouts=max(
+                self.num_generations, round(self.max_concurrent_rollouts / scale)
+            ),
+            groups_per_step=None if groups is None else groups // scale,
+            training_tokens_per_s=self.training_tokens_per_s / scale,
+            training_per_sample_s=self.training_per_sample_s * scale,
+        )

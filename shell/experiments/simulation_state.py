@@ -117,7 +117,7 @@ class Pipeline:
     next_group_id: int = 0
     in_flight: dict[int, Group] = attrs.field(factory=dict)
     requests: Requests = attrs.field(factory=Requests)
-    prefill_left_s: list[float] = attrs.field(factory=list)
+    prefill_left_s: np.ndarray = attrs.field(factory=lambda: np.zeros(0))
     queue: deque[tuple[TrainingSample, ...]] = attrs.field(factory=deque)
     window: metrics.MetricWindow = attrs.field(factory=metrics.MetricWindow)
     counters: WindowCounters = attrs.field(factory=WindowCounters)
@@ -131,8 +131,8 @@ class Pipeline:
             self.steps = step_queue.StepQueue(
                 step_queue.QueueSettings(c.token_budget, 1, c.rows_per_step, c.max_staleness)
             )
-        if not self.prefill_left_s:
-            self.prefill_left_s = [0.0] * c.num_servers
+        if not len(self.prefill_left_s):
+            self.prefill_left_s = np.zeros(c.num_servers)
 
     def observe(self, *observations: metrics.Observation) -> None:
         self.window = metrics.record(self.window, observations)

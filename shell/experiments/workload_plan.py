@@ -39,6 +39,7 @@ from asyncgrpo.core.experiments.recommend import (
     Prediction,
     recommend,
 )
+from asyncgrpo.core.experiments.scale import SCALE_TOLERANCE, simulation_scale
 from asyncgrpo.core.experiments.workload import Workload, WorkloadError, workload_from_mapping
 from asyncgrpo.shell.experiments.simulate import simulate
 from asyncgrpo.shell.experiments.simulation_config import SimulationConfig
@@ -190,20 +191,33 @@ def colocated_config(
     )
 
 
-def predict(
-    workload: Workload,
-    candidate: Candidate,
-    output_dir: Path,
-    steps: int = STEPS,
-    colocated: bool = False,
-) -> Prediction:
-    """Simulate ``candidate`` and read its figures (after :data:`START_STEPS`); ``colocated``:
-    its trainer's GPUs are its servers' (:func:`colocated_config`)."""
+@attrs.frozen
+class Simulation:
+    """What one setting's prediction simulates.
+
+    Attributes:
+        candidate: the setting.
+        config: its whole cluster's simulation.
+        scale: the simulation runs ``1 / scale`` of it
+            (:func:`~asyncgrpo.core.experiments.scale.simulation_scale`).
+        samples_per_step: the samples of a simulated step (the run's, over ``scale``).
+    """
+
+    candidate: Candidate
+    config: SimulationConfig
+    scale: int
+    samples_per_step: int
+
+
+def simulation_of(
+    workload: Workload, candidate: Candidate, steps: int = STEPS, colocated: bool = False
+) -> Simulation:
+    """``candidate``'s simulation (``colocated``: its trainer's GPUs are its servers',
+    :func:`colocated_config`), at the largest scale whose error is bounded."""
     if colocated:
         config = colocated_config(
             workload, candidate.train_devices, candidate.tensor_parallel, steps
         )
-        output_dir = output_dir / "colocated"
     else:
         split = gpu_plan.Split(
             candidate.train_devices, candidate.servers, candidate.tensor_parallel
@@ -211,14 +225,55 @@ def predict(
         config = simulation_config(
             workload, split, candidate.max_staleness, candidate.weight_sync_steps, steps
         )
-    return simulated_prediction(config, candidate, output_dir / candidate.label())
+    scale = simulation_scale(
+        config.num_servers,
+        config.rows_per_step,
+        workload.prompts_per_step,
+        workload.num_generations,
+        workload.response_lengths,
+    )
+    samples = workload.prompts_per_step * workload.num_generations
+    return Simulation(candidate, config, scale, samples // scale)
+
+
+def simulated_share(simulation: Simulation) -> str:
+    """One line of the plan: how much of the cluster its simulation ran."""
+    if simulation.scale == 1:
+        return "simulated: the whole cluster"
+    config = simulation.config
+    return (
+        f"simulated: 1/{simulation.scale} of the cluster ({config.num_servers // simulation.scale}"
+        f" of {config.num_servers} servers, {simulation.samples_per_step:,} of "
+        f"{simulation.samples_per_step * simulation.scale:,} samples a step), each server's "
+        f"load the same; a step's longest response within {SCALE_TOLERANCE:.0%} of the whole "
+        "step's"
+    )
+
+
+def predict(
+    workload: Workload,
+    candidate: Candidate,
+    output_dir: Path,
+    steps: int = STEPS,
+    colocated: bool = False,
+) -> Prediction:
+    """Simulate ``candidate`` (:func:`simulation_of`) and read its figures (after
+    :data:`START_STEPS`)."""
+    simulation = simulation_of(workload, candidate, steps, colocated)
+    if colocated:
+        output_dir = output_dir / "colocated"
+    return simulated_prediction(
+        simulation.config, candidate, output_dir / candidate.label(), simulation.scale
+    )
 
 
 def simulated_prediction(
-    config: SimulationConfig, candidate: Candidate, output_dir: Path
+    config: SimulationConfig, candidate: Candidate, output_dir: Path, scale: int = 1
 ) -> Prediction:
-    """Simulate ``config`` (``candidate``'s) and read its figures (after :data:`START_STEPS`)."""
-    windows = simulate(config, output_dir, progress=False)
+    """Simulate ``config`` (``candidate``'s) and read its figures (after :data:`START_STEPS`);
+    with ``scale``, ``1 / scale`` of its cluster (:meth:`SimulationConfig.scaled_down`), its
+    samples counted ``scale`` times."""
+    windows = simulate(config.scaled_down(scale), output_dir, progress=False)
     # the first steps are the pipeline filling up (and, at max_staleness 0, the groups the
     # first step left over dropped as stale): left out, as a run's first window is
     skip = math.ceil(START_STEPS / config.logging_steps)
@@ -231,16 +286,54 @@ def simulated_prediction(
         return sum(values) / len(values) if values else None
 
     dropped = sum(w.get("sample/dropped_stale_count", 0.0) for w in kept) / steps_counted
+    per_step = mean("batch/samples_per_step")
     return Prediction(
         candidate,
-        samples_per_s(windows, skip_windows=skip),
+        scale * samples_per_s(windows, skip_windows=skip),
         figures.step_s,
         figures.staleness or 0.0,
         figures.trainer_idle_frac,
         mean("sim/generator_idle_frac"),
-        dropped,
-        mean("batch/samples_per_step"),
+        scale * dropped,
+        None if per_step is None else scale * per_step,
     )
+
+
+def planned_candidates(
+    workload: Workload,
+    gpus: int,
+    top_splits: int = 3,
+    staleness_choices: Sequence[int] = STALENESS_CHOICES,
+    sync_step_choices: Sequence[int] = SYNC_STEP_CHOICES,
+) -> list[Candidate]:
+    """The settings :func:`plan_workload` simulates: the ``top_splits`` splits of ``gpus``
+    with the fastest steady rates (:func:`~asyncgrpo.core.experiments.gpu_plan.screen`), each
+    with every ``max_staleness`` and ``weight_sync_steps`` the workload leaves open (pairs with
+    ``max_staleness >= weight_sync_steps - 1``)."""
+    estimates = sorted(
+        (gpu_plan.screen(workload, s) for s in gpu_plan.splits(workload, gpus)),
+        key=lambda e: (-e.overlapped, e.split.trainer_gpus),
+    )
+    chosen_splits = [e.split for e in estimates[:top_splits]]
+    staleness = (
+        [workload.max_staleness] if workload.max_staleness is not None else list(staleness_choices)
+    )
+    sync = (
+        [workload.weight_sync_steps]
+        if workload.weight_sync_steps is not None
+        else list(sync_step_choices)
+    )
+    settings = [(s, k) for s in staleness for k in sync if s >= k - 1]
+    if not settings:
+        raise ValueError(
+            "no max_staleness and weight_sync_steps pair with max_staleness >= "
+            "weight_sync_steps - 1 among the choices"
+        )
+    return [
+        Candidate(split.trainer_gpus, split.servers, s, k, split.tensor_parallel)
+        for split in chosen_splits
+        for s, k in settings
+    ]
 
 
 def plan_workload(
@@ -261,30 +354,9 @@ def plan_workload(
             f"{START_STEPS} are left out of the predictions"
         )
     out = Path(output_dir)
-    estimates = sorted(
-        (gpu_plan.screen(workload, s) for s in gpu_plan.splits(workload, gpus)),
-        key=lambda e: (-e.overlapped, e.split.trainer_gpus),
+    candidates = planned_candidates(
+        workload, gpus, top_splits, staleness_choices, sync_step_choices
     )
-    chosen_splits = [e.split for e in estimates[:top_splits]]
-    staleness = (
-        [workload.max_staleness] if workload.max_staleness is not None else list(staleness_choices)
-    )
-    sync = (
-        [workload.weight_sync_steps]
-        if workload.weight_sync_steps is not None
-        else list(sync_step_choices)
-    )
-    settings = [(s, k) for s in staleness for k in sync if s >= k - 1]
-    if not settings:
-        raise ValueError(
-            "no max_staleness and weight_sync_steps pair with max_staleness >= "
-            "weight_sync_steps - 1 among the choices"
-        )
-    candidates = [
-        Candidate(split.trainer_gpus, split.servers, s, k, split.tensor_parallel)
-        for split in chosen_splits
-        for s, k in settings
-    ]
     bar = tqdm(candidates, desc="plan", unit="setting", disable=not progress)
     predictions = [predict(workload, c, out, steps) for c in bar]
     predictions.sort(key=lambda p: -p.samples_per_s)
@@ -336,6 +408,7 @@ def plan_workload(
         f"{trainer.fixed_s:.2f} s per step besides",
         f"push: {workload.weight_path}, {push.seconds:.2f} s a sync (an assumed pause of "
         f"{push.pause_s:g} s included)",
+        simulated_share(simulation_of(workload, c, steps)),
     )
     return WorkloadPlan(
         workload,

@@ -58,6 +58,46 @@ def test_decoding_advances_running_requests_within_their_lengths(generator, stat
         assert np.sum((prompts + generated)[running]) <= generator.kv_capacity_tokens
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    server_generators(),
+    requests(),
+    st.integers(1, 6),
+    st.data(),
+)
+def test_all_servers_at_once_advance_as_each_server_alone(generator, state, servers, data):
+    generated, lengths, prompts = state
+    on = np.array(
+        data.draw(
+            st.lists(st.integers(0, servers - 1), min_size=len(lengths), max_size=len(lengths))
+        )
+    )
+    seconds = np.array(
+        data.draw(st.lists(st.just(0.0) | st.floats(1e-3, 5.0), min_size=servers, max_size=servers))
+    )
+    together = generators.advance_servers(generator, generated, lengths, prompts, on, seconds)
+    alone = generated.copy()
+    for server in range(servers):
+        mine = on == server
+        alone[mine] = generators.advance(
+            generator, generated[mine], lengths[mine], prompts[mine], seconds[server]
+        )
+    # the KV sums are taken over all servers in one pass: equal up to rounding
+    np.testing.assert_allclose(together, alone, rtol=1e-9, atol=1e-9)
+
+
+def test_a_server_advanced_with_another_servers_seconds_is_caught() -> None:
+    """The comparison above can fail: swapping two servers' seconds changes their requests."""
+    g = generators.Generator(1e-3, weight_read_s=0.01, kv_capacity_tokens=500.0)
+    generated, lengths, prompts = np.zeros(4), np.full(4, 1000.0), np.full(4, 100.0)
+    on = np.array([0, 1, 0, 1])
+    right = generators.advance_servers(g, generated, lengths, prompts, on, np.array([0.5, 1.0]))
+    swapped = generators.advance_servers(g, generated, lengths, prompts, on, np.array([1.0, 0.5]))
+    alone = generators.advance(g, generated[on == 0], lengths[on == 0], prompts[on == 0], 0.5)
+    np.testing.assert_allclose(right[on == 0], alone)
+    assert not np.allclose(swapped[on == 0], alone)
+
+
 @settings(max_examples=60, deadline=None)
 @given(server_generators(), st.integers(1, 512), st.floats(0.0, 4000.0))
 def test_throughput_grows_with_requests_in_flight(generator, requests, context_each):
