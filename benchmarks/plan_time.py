@@ -28,7 +28,6 @@ import attrs
 from asyncgrpo.core.experiments.recommend import Prediction
 from asyncgrpo.shell.experiments.workload_plan import (
     plan_workload,
-    planned_candidates,
     read_workload,
     simulated_prediction,
     simulation_of,
@@ -39,18 +38,17 @@ GPU_COUNTS = (8, 32, 128, 1024)
 
 def plan_time(workload_file: str, gpus: int) -> None:
     workload = read_workload(workload_file)
-    candidates = planned_candidates(workload, gpus)
-    simulations = [simulation_of(workload, c) for c in candidates]
-    simulated = sum(s.samples_per_step * s.config.max_steps for s in simulations)
-    scales = sorted({s.scale for s in simulations})
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         plan = plan_workload(workload, gpus, out, progress=False)
         seconds = time.perf_counter() - start
+    simulated = sum(s.samples_per_step * s.config.max_steps for s in plan.simulated)
+    shares = sorted({s.scale for s in plan.simulated})
+    whole = sum(s.scale == 1 for s in plan.simulated)
     r = plan.recommended
     print(
-        f"| {Path(workload_file).name} | {gpus} | {seconds:.1f} | {len(candidates) + 2} | "
-        f"{'/'.join(f'1/{s}' for s in scales)} | {simulated:,} | "
+        f"| {Path(workload_file).name} | {gpus} | {seconds:.1f} | {len(plan.simulated)} "
+        f"({whole} whole) | {', '.join(f'1/{s}' for s in shares)} | {simulated:,} | "
         f"{r.candidate.train_devices} : {r.candidate.servers} x {r.candidate.tensor_parallel}, "
         f"max_staleness {r.candidate.max_staleness} | {r.step_s:.1f} |",
         flush=True,

@@ -35,7 +35,7 @@ def _fail(record: str, field: str, problem: str) -> ValueError:
 
 
 def _int_tuple(values: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+    return tuple(map(int, values))
 
 
 def _optional_int_tuple(values: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -43,7 +43,7 @@ def _optional_int_tuple(values: Sequence[int] | None) -> tuple[int, ...] | None:
 
 
 def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
-    return tuple(float(v) for v in values)
+    return tuple(map(float, values))
 
 
 def _any_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
@@ -153,14 +153,16 @@ class TurnRecord:
                 f"is empty but {sum(self.trained_mask())} output tokens are trained; "
                 "give the sampler's log-prob of every output token, or set output_mask to 0",
             )
-        for position, logprob in enumerate(self.output_log_probs):
-            if not math.isfinite(logprob) or logprob > 0.0:
-                raise _fail(
-                    name,
-                    "output_log_probs",
-                    f"position {position} is {logprob}; a sampled token's log-prob is finite "
-                    "and <= 0",
-                )
+        logprobs = np.array(self.output_log_probs, dtype=np.float64)
+        wrong = np.flatnonzero(~np.isfinite(logprobs) | (logprobs > 0.0))
+        if len(wrong):
+            position = int(wrong[0])
+            raise _fail(
+                name,
+                "output_log_probs",
+                f"position {position} is {self.output_log_probs[position]}; a sampled token's "
+                "log-prob is finite and <= 0",
+            )
         if self.output_sampling_mask is not None:
             outside = np.flatnonzero(~self.output_sampling_mask.contains(np.array(self.output_ids)))
             if len(outside):

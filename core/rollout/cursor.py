@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Iterable, Mapping
@@ -38,7 +39,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from asyncgrpo.core.frozen import FrozenMap
+from asyncgrpo.core.frozen import FrozenMap, read_only
 from asyncgrpo.core.rollout.sample_wait import GROUP_REASONS
 
 
@@ -195,10 +196,12 @@ def epochs_consumed(cursor: PromptCursor, dataset_size: int) -> float:
     return prompts_consumed(cursor) / dataset_size
 
 
+@functools.lru_cache(maxsize=4)
 def epoch_order(dataset_size: int, epoch: int, seed: int) -> np.ndarray:
-    """The row order of ``epoch``: a permutation of ``range(dataset_size)`` fixed by ``seed``."""
+    """The row order of ``epoch``: a permutation of ``range(dataset_size)`` fixed by ``seed``
+    (read-only; the last few are kept, since every group of an epoch looks its row up)."""
     rng = np.random.default_rng([seed, epoch])
-    return rng.permutation(dataset_size)
+    return read_only(rng.permutation(dataset_size))
 
 
 def row_at(position: int, dataset_size: int, seed: int) -> tuple[int, int]:

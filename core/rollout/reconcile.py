@@ -57,14 +57,17 @@ class Reconciled:
 
 
 class _Builder:
-    """Accumulates one sequence's per-token columns (local to :func:`reconcile_turns`)."""
+    """Accumulates one sequence's per-token columns (local to :func:`reconcile_turns`).
+
+    A part without a sampler table (context, or a turn without one) is kept as its token
+    count, and padded with missing tables only when some other part has one."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
-        self.sampling: list[CandidateSets] = []
-        self.top: list[TopLogprobs] = []
+        self.sampling: list[CandidateSets | int] = []
+        self.top: list[TopLogprobs | int] = []
         self.has_sampling = False
         self.has_top = False
 
@@ -72,20 +75,22 @@ class _Builder:
         self.ids.extend(ids)
         self.mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
-        self.sampling.append(CandidateSets.missing(len(ids)))
-        self.top.append(TopLogprobs.missing(len(ids)))
+        self.sampling.append(len(ids))
+        self.top.append(len(ids))
 
     def add_output(self, turn: TurnRecord) -> None:
         n = len(turn.output_ids)
         mask = turn.trained_mask()
-        logprobs = turn.output_log_probs or (0.0,) * n
-        for keep, logprob in zip(mask, logprobs, strict=True):
-            self.mask.append(keep)
-            self.logprobs.append(logprob if keep else 0.0)
         kept = np.array(mask, dtype=np.int8)
+        self.mask.extend(mask)
+        if turn.output_log_probs:  # one per output token (TurnRecord checks it)
+            logprobs = np.where(kept == 1, turn.output_log_probs, 0.0)
+            self.logprobs.extend(logprobs.tolist())
+        else:
+            self.logprobs.extend([0.0] * n)
         sampling, top = turn.output_sampling_mask, turn.output_sampler_logprobs
-        self.sampling.append(CandidateSets.missing(n) if sampling is None else sampling.drop(kept))
-        self.top.append(TopLogprobs.missing(n) if top is None else top.drop(kept))
+        self.sampling.append(n if sampling is None else sampling.drop(kept))
+        self.top.append(n if top is None else top.drop(kept))
         self.ids.extend(turn.output_ids)
         self.has_sampling |= sampling is not None
         self.has_top |= top is not None
@@ -93,12 +98,21 @@ class _Builder:
     def build(self) -> TrainingSequence | None:
         if not any(self.mask):
             return None
+        sampling = top = None
+        if self.has_sampling:
+            sampling = CandidateSets.concatenate(
+                [CandidateSets.missing(p) if isinstance(p, int) else p for p in self.sampling]
+            )
+        if self.has_top:
+            top = TopLogprobs.concatenate(
+                [TopLogprobs.missing(p) if isinstance(p, int) else p for p in self.top]
+            )
         return TrainingSequence(
             input_ids=np.array(self.ids, dtype=np.int64),
             trained_mask=np.array(self.mask, dtype=np.int8),
             sampler_logprobs=np.array(self.logprobs, dtype=np.float64),
-            sampling_masks=CandidateSets.concatenate(self.sampling) if self.has_sampling else None,
-            sampler_top_logprobs=TopLogprobs.concatenate(self.top) if self.has_top else None,
+            sampling_masks=sampling,
+            sampler_top_logprobs=top,
         )
 
 

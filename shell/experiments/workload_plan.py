@@ -37,6 +37,7 @@ from asyncgrpo.core.experiments.recommend import (
     SYNC_STEP_CHOICES,
     Candidate,
     Prediction,
+    paced_to_confirm,
     recommend,
 )
 from asyncgrpo.core.experiments.scale import SCALE_TOLERANCE, simulation_scale
@@ -99,6 +100,7 @@ class WorkloadPlan:
         layout: where its roles run.
         parts: the part models' sources (generator, trainer, push), one line each.
         blocks: the launch commands.
+        simulated: every simulation the plan ran, in order.
     """
 
     workload: Workload
@@ -111,6 +113,7 @@ class WorkloadPlan:
     layout: gpu_plan.Layout
     parts: tuple[str, ...]
     blocks: tuple[Block, ...]
+    simulated: tuple[Simulation, ...] = ()
 
 
 def simulation_config(
@@ -210,10 +213,16 @@ class Simulation:
 
 
 def simulation_of(
-    workload: Workload, candidate: Candidate, steps: int = STEPS, colocated: bool = False
+    workload: Workload,
+    candidate: Candidate,
+    steps: int = STEPS,
+    colocated: bool = False,
+    whole: bool = False,
 ) -> Simulation:
     """``candidate``'s simulation (``colocated``: its trainer's GPUs are its servers',
-    :func:`colocated_config`), at the largest scale whose error is bounded."""
+    :func:`colocated_config`): the whole cluster with ``whole``, else the largest share whose
+    step's longest response stays within
+    :data:`~asyncgrpo.core.experiments.scale.SCALE_TOLERANCE`."""
     if colocated:
         config = colocated_config(
             workload, candidate.train_devices, candidate.tensor_parallel, steps
@@ -225,43 +234,38 @@ def simulation_of(
         config = simulation_config(
             workload, split, candidate.max_staleness, candidate.weight_sync_steps, steps
         )
-    scale = simulation_scale(
-        config.num_servers,
-        config.rows_per_step,
-        workload.prompts_per_step,
-        workload.num_generations,
-        workload.response_lengths,
-    )
+    scale = 1
+    if not whole:
+        scale = simulation_scale(
+            config.num_servers,
+            config.rows_per_step,
+            workload.prompts_per_step,
+            workload.num_generations,
+            workload.response_lengths,
+        )
     samples = workload.prompts_per_step * workload.num_generations
     return Simulation(candidate, config, scale, samples // scale)
 
 
 def simulated_share(simulation: Simulation) -> str:
-    """One line of the plan: how much of the cluster its simulation ran."""
+    """One line of the plan: how much of the cluster the recommended setting's simulation
+    ran (the baselines ran the whole)."""
     if simulation.scale == 1:
         return "simulated: the whole cluster"
     config = simulation.config
     return (
         f"simulated: 1/{simulation.scale} of the cluster ({config.num_servers // simulation.scale}"
         f" of {config.num_servers} servers, {simulation.samples_per_step:,} of "
-        f"{simulation.samples_per_step * simulation.scale:,} samples a step), each server's "
-        f"load the same; a step's longest response within {SCALE_TOLERANCE:.0%} of the whole "
-        "step's"
+        f"{simulation.samples_per_step * simulation.scale:,} samples a step, each server's "
+        f"load the same, a step's longest response within {SCALE_TOLERANCE:.0%}); the "
+        "synchronous and colocated baselines: the whole cluster"
     )
 
 
-def predict(
-    workload: Workload,
-    candidate: Candidate,
-    output_dir: Path,
-    steps: int = STEPS,
-    colocated: bool = False,
-) -> Prediction:
-    """Simulate ``candidate`` (:func:`simulation_of`) and read its figures (after
+def predict(simulation: Simulation, output_dir: Path) -> Prediction:
+    """Run ``simulation`` under ``output_dir`` and read its figures (after
     :data:`START_STEPS`)."""
-    simulation = simulation_of(workload, candidate, steps, colocated)
-    if colocated:
-        output_dir = output_dir / "colocated"
+    candidate = simulation.candidate
     return simulated_prediction(
         simulation.config, candidate, output_dir / candidate.label(), simulation.scale
     )
@@ -357,21 +361,35 @@ def plan_workload(
     candidates = planned_candidates(
         workload, gpus, top_splits, staleness_choices, sync_step_choices
     )
+    simulated: list[Simulation] = []
+
+    def run(
+        candidate: Candidate, directory: Path = out, colocated: bool = False, whole: bool = False
+    ) -> Prediction:
+        simulation = simulation_of(workload, candidate, steps, colocated, whole)
+        simulated.append(simulation)
+        return predict(simulation, directory)
+
     bar = tqdm(candidates, desc="plan", unit="setting", disable=not progress)
-    predictions = [predict(workload, c, out, steps) for c in bar]
-    predictions.sort(key=lambda p: -p.samples_per_s)
-    best = recommend(predictions)
+    predictions = {c: run(c) for c in bar}
+    # a paced setting simulated on a share is optimistic: where it could be chosen, whole
+    whole = {s.candidate for s in simulated if s.scale == 1}
+    while doubtful := paced_to_confirm(predictions.values(), whole):
+        for c in doubtful:
+            predictions[c] = run(c, whole=True)
+            whole.add(c)
+    best = recommend(list(predictions.values()))
     c = best.candidate
     sync_candidate = attrs.evolve(c, max_staleness=0, weight_sync_steps=1)
-    synchronous = next((p for p in predictions if p.candidate == sync_candidate), None) or (
-        predict(workload, sync_candidate, out / "synchronous", steps)
-    )
-    colocated = predict(
-        workload,
+    if sync_candidate in whole:
+        synchronous = predictions[sync_candidate]
+    else:
+        synchronous = run(sync_candidate, out / "synchronous", whole=True)
+    colocated = run(
         attrs.evolve(sync_candidate, train_devices=gpus, servers=gpus // c.tensor_parallel),
-        out,
-        steps,
+        out / "colocated",
         colocated=True,
+        whole=True,
     )
     split = gpu_plan.Split(c.train_devices, c.servers, c.tensor_parallel)
     shape = gpu_plan.step_shape(workload, split)
@@ -408,7 +426,7 @@ def plan_workload(
         f"{trainer.fixed_s:.2f} s per step besides",
         f"push: {workload.weight_path}, {push.seconds:.2f} s a sync (an assumed pause of "
         f"{push.pause_s:g} s included)",
-        simulated_share(simulation_of(workload, c, steps)),
+        simulated_share(next(s for s in reversed(simulated) if s.candidate == c)),
     )
     return WorkloadPlan(
         workload,
@@ -416,16 +434,36 @@ def plan_workload(
         best,
         synchronous,
         colocated,
-        tuple(predictions),
+        tuple(sorted(predictions.values(), key=lambda p: -p.samples_per_s)),
         shape,
         where,
         parts,
         blocks,
+        tuple(simulated),
     )
 
 
 def _gpus_of(devices: Sequence[tuple[int, tuple[int, ...]]]) -> str:
-    return "; ".join(f"node {node} GPU(s) {','.join(map(str, ds))}" for node, ds in devices)
+    """Where a role runs, consecutive nodes holding the same GPUs given once.
+
+    Example:
+        >>> _gpus_of([(0, (0, 1)), (0, (2, 3)), (1, (0, 1)), (1, (2, 3)), (2, (0,))])
+        'nodes 0-1 GPU(s) 0,1 | 2,3; node 2 GPU(s) 0'
+    """
+    per_node: dict[int, list[str]] = {}
+    for node, ds in devices:
+        per_node.setdefault(node, []).append(",".join(map(str, ds)))
+    runs: list[tuple[int, int, str]] = []  # first node, last node, their GPUs
+    for node, groups in per_node.items():
+        gpus = " | ".join(groups)
+        if runs and runs[-1][1] == node - 1 and runs[-1][2] == gpus:
+            runs[-1] = (runs[-1][0], node, gpus)
+        else:
+            runs.append((node, node, gpus))
+    return "; ".join(
+        f"node {first} GPU(s) {gpus}" if first == last else f"nodes {first}-{last} GPU(s) {gpus}"
+        for first, last, gpus in runs
+    )
 
 
 def _figures(p: Prediction) -> str:

@@ -4,11 +4,13 @@ from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments.recommend import (
     GPUS,
+    PACED_STALENESS,
     Candidate,
     Prediction,
     Throughputs,
     candidates,
     gpu_throughputs,
+    paced_to_confirm,
     recommend,
     scaled_throughputs,
 )
@@ -105,3 +107,38 @@ def test_gpu_throughputs_follow_the_published_figures() -> None:
     assert h200.generation_tokens_per_s > small.generation_tokens_per_s
     with pytest.raises(ValueError):
         gpu_throughputs(GPUS["h100"], 0.0, concurrency=1)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 4]), st.floats(1.0, 100.0), st.booleans()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_paced_settings_near_the_best_are_confirmed_whole_until_none_is_left(rows) -> None:
+    """Confirming a paced setting whole lowers its figure (a share overrates it); confirming
+    until none is left leaves no paced setting on a share within 5% of the best, and the
+    recommendation is made from figures none of which is a paced setting's share."""
+    predictions = {
+        Candidate(i + 1, 1, staleness, 1): Prediction(
+            Candidate(i + 1, 1, staleness, 1), rate, 1.0, float(staleness), 0.0
+        )
+        for i, (staleness, rate, _) in enumerate(rows)
+    }
+    whole = {c for c, (_, _, is_whole) in zip(predictions, rows, strict=True) if is_whole}
+    confirmed = []
+    while doubtful := paced_to_confirm(predictions.values(), whole):
+        for c in doubtful:
+            assert c.max_staleness <= PACED_STALENESS and c not in whole
+            old = predictions[c]
+            predictions[c] = Prediction(c, 0.8 * old.samples_per_s, 1.0, old.staleness, 0.0)
+            whole.add(c)
+            confirmed.append(c)
+    assert len(confirmed) == len(set(confirmed))
+    top = max(p.samples_per_s for p in predictions.values())
+    chosen = recommend(list(predictions.values()))
+    assert chosen.candidate.max_staleness > PACED_STALENESS or chosen.candidate in whole
+    for c, p in predictions.items():
+        if c.max_staleness <= PACED_STALENESS and c not in whole:
+            assert p.samples_per_s < 0.95 * top

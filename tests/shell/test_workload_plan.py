@@ -13,7 +13,7 @@ import pytest
 from asyncgrpo.core.experiments import generator as generators
 from asyncgrpo.core.experiments import gpu_plan, lengths
 from asyncgrpo.core.experiments.prediction_figures import pipeline_figures
-from asyncgrpo.core.experiments.recommend import Candidate
+from asyncgrpo.core.experiments.recommend import PACED_STALENESS, Candidate
 from asyncgrpo.shell.commands import main
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.experiments import SweepError, record_run_settings
@@ -22,14 +22,18 @@ from asyncgrpo.shell.experiments.generator_probe import PROBE_FILE, Probe, Probe
 from asyncgrpo.shell.experiments.simulate import SimulationConfig, simulate
 from asyncgrpo.shell.experiments.workload_plan import (
     colocated_config,
+    plan_workload,
+    planned_candidates,
     read_workload,
     simulated_prediction,
     simulation_config,
+    simulation_of,
 )
 from asyncgrpo.shell.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "workload_math_7b.toml"
+LONG = ROOT / "examples" / "workload_math_1.5b.toml"
 QUICK = [
     "--top-splits",
     "1",
@@ -127,6 +131,74 @@ def test_the_colocated_baseline_generates_on_every_gpu_then_trains_on_them(tmp_p
     assert phases["together"][0] < 0.7 * phases["apart"][0], phases  # generation
     with pytest.raises(ValueError, match="16 GPUs do not split into servers of tensor-parallel 3"):
         colocated_config(workload, 16, 3)
+
+
+@pytest.mark.parametrize("gpus", [128, 1024])
+def test_a_large_plan_simulates_a_bounded_number_of_samples(gpus) -> None:
+    """The work of a plan: 24 settings of 12 steps, each simulated on 1/4 to 1/8 of the
+    cluster, at most 2,048 of the step's 8,192 samples (512 prompts x 16 at any GPU count),
+    whatever the GPUs; at most the paced settings (max_staleness <= 1) and the two baselines
+    run whole (the control: 8,192 samples a step)."""
+    workload = read_workload(LONG)
+    simulations = [simulation_of(workload, c) for c in planned_candidates(workload, gpus)]
+    assert len(simulations) == 24
+    assert max(s.samples_per_step for s in simulations) <= 2048, [
+        (s.candidate.label(), s.scale) for s in simulations
+    ]
+    paced = [s for s in simulations if s.candidate.max_staleness <= PACED_STALENESS]
+    assert len(paced) == 9
+    whole = simulation_of(workload, simulations[0].candidate, whole=True)
+    assert (whole.scale, whole.samples_per_step) == (1, 8192)
+
+
+def test_a_share_of_the_cluster_predicts_a_running_ahead_setting_and_overrates_a_paced_one(
+    tmp_path,
+) -> None:
+    """32 GPUs of the 7B math run, simulated whole and on 1/4 of the cluster (one server of
+    four, a quarter of the rows and prompts): running ahead (max_staleness 4) the step time
+    agrees within 5%; synchronous and paced (max_staleness 0), the share ends its steps
+    sooner (fewer groups admitted last), which is why the plan simulates such settings whole
+    wherever it could choose them."""
+    workload = read_workload(EXAMPLE)
+    figures = {}
+    for staleness, sync in ((4, 2), (0, 1)):
+        simulation = simulation_of(workload, Candidate(24, 4, staleness, sync, 2))
+        assert simulation.scale == 4
+        for scale in (4, 1):
+            p = simulated_prediction(
+                simulation.config, simulation.candidate, tmp_path / f"{staleness}-{scale}", scale
+            )
+            figures[staleness, scale] = p
+    ahead, ahead_whole = figures[4, 4], figures[4, 1]
+    assert ahead.step_s == pytest.approx(ahead_whole.step_s, rel=0.05)
+    assert ahead.samples_per_step == pytest.approx(ahead_whole.samples_per_step, rel=0.1)
+    assert figures[0, 4].samples_per_s > 1.2 * figures[0, 1].samples_per_s
+
+
+def test_paced_settings_that_could_be_chosen_and_the_baselines_are_simulated_whole(
+    tmp_path,
+) -> None:
+    workload = read_workload(EXAMPLE)
+    plan = plan_workload(
+        workload,
+        32,
+        tmp_path,
+        top_splits=1,
+        staleness_choices=(0, 4),
+        sync_step_choices=(1,),
+        steps=6,
+        progress=False,
+    )
+    scales = {(s.candidate, s.config.groups_per_step is not None): s.scale for s in plan.simulated}
+    sync = plan.synchronous.candidate
+    assert scales[sync, False] == 1 and scales[plan.colocated.candidate, True] == 1
+    best = max(p.samples_per_s for p in plan.predictions)
+    for p in plan.predictions:
+        last = next(s for s in reversed(plan.simulated) if s.candidate == p.candidate)
+        if p.candidate.max_staleness <= PACED_STALENESS and p.samples_per_s >= 0.95 * best:
+            assert last.scale == 1, p
+    assert any(s.scale > 1 for s in plan.simulated)  # the screen ran on a share
+    assert plan.parts[-1].startswith("simulated: ")
 
 
 def tail_config(completions: lengths.Lengths, max_staleness: int) -> SimulationConfig:
