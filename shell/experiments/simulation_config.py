@@ -215,37 +215,32 @@ class SimulationConfig:
 
     def scaled_down(self, scale: int) -> SimulationConfig:
         """``1 / scale`` of the cluster (:mod:`asyncgrpo.core.experiments.scale`): its servers,
-        trainer rows, rollouts in flight, colocated groups and trainer throughput, so that
-        each server's load and each step's time stay the same with ``scale`` times fewer
-        samples a step.
+        trainer rows and colocated groups (rounded, at least one), rollouts in flight and
+        trainer throughput, so that each server's load and each step's time stay the same
+        with ``scale`` times fewer samples a step.
 
         Example:
             >>> config = SimulationConfig(
-            ...     num_servers=8, rows_per_step=64, max_concurrent_rollouts=256
+            ...     num_servers=8, rows_per_step=66, max_concurrent_rollouts=256
             ... )
             >>> small = config.scaled_down(4)
             >>> small.num_servers, small.rows_per_step, small.max_concurrent_rollouts
             (2, 16, 64)
         """
-        if scale < 1 or self.num_servers % scale or self.rows_per_step % scale:
+        if scale < 1 or self.num_servers % scale:
             raise ValueError(
                 f"SimulationConfig.scaled_down: scale {scale} must divide num_servers "
-                f"({self.num_servers}) and rows_per_step ({self.rows_per_step})"
+                f"({self.num_servers})"
             )
         groups = self.groups_per_step
-        if groups is not None and groups % scale:
-            raise ValueError(
-                f"SimulationConfig.scaled_down: scale {scale} must divide groups_per_step "
-                f"({groups})"
-            )
         return attrs.evolve(
             self,
             num_servers=self.num_servers // scale,
-            rows_per_step=self.rows_per_step // scale,
+            rows_per_step=max(1, round(self.rows_per_step / scale)),
             max_concurrent_rollouts=max(
                 self.num_generations, round(self.max_concurrent_rollouts / scale)
             ),
-            groups_per_step=None if groups is None else groups // scale,
+            groups_per_step=None if groups is None else max(1, round(groups / scale)),
             training_tokens_per_s=self.training_tokens_per_s / scale,
             training_per_sample_s=self.training_per_sample_s * scale,
         )

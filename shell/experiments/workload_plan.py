@@ -244,7 +244,7 @@ def simulation_of(
             workload.response_lengths,
         )
     samples = workload.prompts_per_step * workload.num_generations
-    return Simulation(candidate, config, scale, samples // scale)
+    return Simulation(candidate, config, scale, round(samples / scale))
 
 
 def simulated_share(simulation: Simulation) -> str:

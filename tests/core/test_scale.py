@@ -1,13 +1,15 @@
 """How much of the cluster a plan simulates (:mod:`asyncgrpo.core.experiments.scale`)."""
 
-import math
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments.lengths import constant, from_quantiles
-from asyncgrpo.core.experiments.scale import SCALE_TOLERANCE, simulation_scale
+from asyncgrpo.core.experiments.scale import (
+    MIN_ROWS_PER_STEP,
+    SCALE_TOLERANCE,
+    simulation_scale,
+)
 
 TAIL = from_quantiles({0.5: 6500, 0.9: 16000}, maximum=27648, mean=8000)
 """Responses of a long-response math run: a mean of 8,000 tokens, a tail to 27,648."""
@@ -21,30 +23,34 @@ TAIL = from_quantiles({0.5: 6500, 0.9: 16000}, maximum=27648, mean=8000)
     st.sampled_from([1, 4, 8, 16]),
     st.sampled_from([0.0, 0.005, SCALE_TOLERANCE, 0.1]),
 )
-def test_the_scale_is_the_largest_that_divides_the_cluster_and_keeps_the_longest_response(
+def test_the_scale_is_the_largest_that_divides_the_servers_and_keeps_the_longest_response(
     servers, rows, prompts, generations, tolerance
 ) -> None:
     scale = simulation_scale(servers, rows, prompts, generations, TAIL, tolerance)
     samples = prompts * generations
     longest = TAIL.expected_longest(samples)
 
-    def keeps(f: int) -> bool:
-        return TAIL.expected_longest(samples // f) >= (1 - tolerance) * longest
+    def allowed(f: int) -> bool:
+        return (
+            servers % f == 0
+            and rows / f >= MIN_ROWS_PER_STEP
+            and prompts >= f
+            and TAIL.expected_longest(samples // f) >= (1 - tolerance) * longest
+        )
 
-    assert servers % scale == rows % scale == prompts % scale == 0
-    assert keeps(scale)
-    common = math.gcd(servers, rows, prompts)
-    larger = [f for f in range(scale + 1, common + 1) if common % f == 0 and keeps(f)]
-    assert not larger, f"scale {scale} while {larger} also divide and keep the longest"
+    assert scale == 1 or allowed(scale)
+    larger = [f for f in range(scale + 1, servers + 1) if allowed(f)]
+    assert not larger, f"scale {scale} while {larger} are allowed too"
 
 
 def test_a_tail_bounds_the_scale_and_equal_lengths_do_not() -> None:
     # 128 GPUs of the math run: 40 servers, 2,592 rows, 512 prompts of 16
-    assert simulation_scale(40, 2592, 512, 16, TAIL) == 8
+    assert simulation_scale(40, 2592, 512, 16, TAIL) == 10
     assert simulation_scale(40, 2592, 512, 16, TAIL, tolerance=0.0) == 1
-    # every response as long: the longest of a step is the same however few there are
-    assert simulation_scale(40, 2592, 512, 16, constant(8000), tolerance=0.0) == 8
-    assert simulation_scale(7, 2592, 512, 16, TAIL) == 1  # 7 servers do not divide
+    # every response as long: only the rows bound it (2,592 / 20 = 129.6 rows a step)
+    assert simulation_scale(40, 2592, 512, 16, constant(8000), tolerance=0.0) == 20
+    assert simulation_scale(7, 2592, 512, 16, TAIL) == 7
+    assert simulation_scale(7, 600, 512, 16, TAIL) == 1  # 86 rows a step: too few
 
 
 def test_a_bad_tolerance_is_refused() -> None:

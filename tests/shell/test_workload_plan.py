@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from asyncgrpo.core.experiments import generator as generators
@@ -162,8 +163,7 @@ def test_a_share_of_the_cluster_predicts_a_running_ahead_setting_and_overrates_a
     workload = read_workload(EXAMPLE)
     figures = {}
     for staleness, sync in ((4, 2), (0, 1)):
-        simulation = simulation_of(workload, Candidate(24, 4, staleness, sync, 2))
-        assert simulation.scale == 4
+        simulation = simulation_of(workload, Candidate(24, 4, staleness, sync, 2), whole=True)
         for scale in (4, 1):
             p = simulated_prediction(
                 simulation.config, simulation.candidate, tmp_path / f"{staleness}-{scale}", scale
@@ -178,7 +178,9 @@ def test_a_share_of_the_cluster_predicts_a_running_ahead_setting_and_overrates_a
 def test_paced_settings_that_could_be_chosen_and_the_baselines_are_simulated_whole(
     tmp_path,
 ) -> None:
-    workload = read_workload(EXAMPLE)
+    """The 1.5B math run with 128 prompts a step on 32 GPUs: the settings are screened on a
+    share of the cluster, the baselines and any paced setting near the best run whole."""
+    workload = attrs.evolve(read_workload(LONG), prompts_per_step=128)
     plan = plan_workload(
         workload,
         32,
