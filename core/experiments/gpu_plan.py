@@ -45,6 +45,7 @@ from asyncgrpo.core.experiments import generator as generators
 from asyncgrpo.core.experiments.parts import (
     Push,
     Trainer,
+    fit_trainer,
     fsdp_trainer,
     trainer_memory_bytes,
     weight_push,
@@ -231,8 +232,23 @@ def server_concurrency(workload: Workload, split: Split) -> int:
 
 
 def trainer_part(workload: Workload, split: Split, shape: StepShape) -> Trainer:
-    """The trainer's part model, its FLOPs per token with attention over the mean sample
-    (``2 x layers x heads x head_dim`` per key a token attends, half the sample causally)."""
+    """The trainer's part model: the fit of the workload's measured steps
+    (:func:`~asyncgrpo.core.experiments.parts.fit_trainer`), else its FLOPs per token with
+    attention over the mean sample (``2 x layers x heads x head_dim`` per key a token attends,
+    half the sample causally) and the seconds a step no number of GPUs removes
+    (:attr:`Workload.trainer_overhead_s`)."""
+    if workload.train_measured:
+        fit = fit_trainer(workload.train_measured)
+        gpus = ", ".join(str(g) for g, _ in workload.train_measured)
+        return Trainer(
+            tokens_per_s=shape.forwarded_tokens * split.trainer_gpus / fit.gpu_s,
+            fixed_s=fit.fixed_s,
+            gpus=split.trainer_gpus,
+            source=(
+                f"FITTED to the workload's measured steps on {gpus} trainer GPUs: "
+                f"{fit.fixed_s:.1f} s + {fit.gpu_s:,.0f} GPU-s / GPUs"
+            ),
+        )
     model = workload.model
     if model.shape is not None:
         sample = workload.prompt_lengths.mean + workload.response_lengths.mean
@@ -249,6 +265,7 @@ def trainer_part(workload: Workload, split: Split, shape: StepShape) -> Trainer:
         micro_batch_tokens=PACKING * shape.token_budget,
         micro_batches=shape.gradient_accumulation_steps,
         mfu=workload.train_mfu,
+        step_overhead_s=workload.trainer_overhead_s,
     )
 
 

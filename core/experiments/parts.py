@@ -8,6 +8,8 @@ weight push and the contention between the two sides. The simulator composes the
   GPU over the slowest link the ranks span; a micro-batch takes the longer of its compute and
   its communication (prefetching overlaps them), so only the excess is added. The optimizer
   reads and writes each shard's fp32 state once (``32`` bytes per parameter over HBM).
+  Besides, a step takes seconds that no number of GPUs removes (:func:`fit_trainer` of two
+  GPU counts, or :data:`TRAINER_OVERHEAD_S_PER_SAMPLE`).
 * **Push** (:class:`Push`): the bytes over the link's bandwidth, once per server (sent one
   after another from one snapshot), plus the pause (pause, reset of the prefix cache,
   resume). A delta push (``weight_sync_delta``) sends the changed elements' indices and
@@ -29,7 +31,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
+import numpy as np
 
 from asyncgrpo.core.experiments.hardware import GPU, Interconnect, ModelSpec
 from asyncgrpo.core.weights.delta import delta_push_bytes
@@ -59,6 +64,58 @@ DELTA_CHANGED_FRAC = 0.02
 0.020 over 22 pushes of 2 seeds (``perf/weight_sync_unchanged_frac`` 0.980 [0.978, 0.981]:
 ``benchmarks/delta_sync.toml``). It grows with the learning rate and with ``weight_sync_steps``
 (more steps between pushes); a workload gives its own as ``delta_changed_frac``."""
+
+
+TRAINER_OVERHEAD_S_PER_SAMPLE = 69.32 / 8192
+"""Seconds of a training step per sample that no number of trainer GPUs removes: ``a`` of
+``a + b / GPUs`` (:func:`fit_trainer`) through verl's fully asynchronous runs of
+Qwen2.5-Math-7B on 32 and 64 trainer GPUs, ``update_actor`` 157.0 and 113.16 s a step of
+512 x 16 samples (``recipe/fully_async_policy/README.md``, 2025-12-25): 69.3 s, counted per
+sample here (an assumption: the cost grows with the step's samples, as host-side work per
+sample does). With its run on 16 GPUs (269.8 s) the three fit a = 56.8 s. verl does not
+say what it is (per-micro-batch costs of dynamic batch sizes and Ulysses sequence
+parallelism, the optimizer, offloading). A workload gives its own (``[trainer]
+step_overhead_s``) or two measured steps to fit (``[trainer] measured``)."""
+
+
+@attrs.frozen
+class TrainerFit:
+    """``a + b / GPUs``: a training step's seconds on ``GPUs`` trainer GPUs.
+
+    Attributes:
+        fixed_s: ``a``, seconds no number of GPUs removes.
+        gpu_s: ``b``, GPU-seconds of the step's work, shared by the GPUs.
+    """
+
+    fixed_s: float
+    gpu_s: float
+
+    def step_s(self, gpus: int) -> float:
+        return self.fixed_s + self.gpu_s / gpus
+
+
+def fit_trainer(points: Sequence[tuple[int, float]]) -> TrainerFit:
+    """``a + b / GPUs`` through measured ``(trainer GPUs, step seconds)`` of the same step, by
+    least squares over two or more GPU counts (``a`` kept >= 0: without a fixed part, ``b``
+    through the origin).
+
+    Example (verl's asynchronous runs on 32 and 64 GPUs, :data:`TRAINER_OVERHEAD_S_PER_SAMPLE`):
+        >>> fit = fit_trainer([(32, 157.0), (64, 113.16)])
+        >>> round(fit.fixed_s, 2), round(fit.gpu_s, 1), round(fit.step_s(16), 1)
+        (69.32, 2805.8, 244.7)
+    """
+    counts = {gpus for gpus, _ in points}
+    if len(counts) < 2 or min(counts) < 1 or any(not s > 0 for _, s in points):
+        raise ValueError(
+            "fit_trainer: give step seconds (> 0) at two or more trainer GPU counts (>= 1), "
+            f"got {list(points)}"
+        )
+    inverse = np.array([1.0 / gpus for gpus, _ in points])
+    seconds = np.array([s for _, s in points])
+    b, a = np.polyfit(inverse, seconds, 1)
+    if a < 0 or b <= 0:
+        return TrainerFit(0.0, float(np.sum(seconds * inverse) / np.sum(inverse**2)))
+    return TrainerFit(float(a), float(b))
 
 
 @attrs.frozen
@@ -102,9 +159,11 @@ def fsdp_trainer(
     micro_batch_tokens: float,
     micro_batches: int,
     mfu: float = TRAIN_MFU,
+    step_overhead_s: float = 0.0,
 ) -> Trainer:
     """The trainer on ``gpus`` GPUs, each micro-batch ``micro_batch_tokens`` forwarded tokens
-    per GPU, ``micro_batches`` per step (the module's docstring)."""
+    per GPU, ``micro_batches`` per step (the module's docstring), and ``step_overhead_s``
+    seconds a step that no number of GPUs removes."""
     if gpus < 1 or micro_batches < 1 or not 0 < mfu <= 1:
         raise ValueError(
             f"a trainer needs gpus >= 1, micro_batches >= 1 and 0 < mfu <= 1, got "
@@ -118,11 +177,11 @@ def fsdp_trainer(
     link = intra_node.name if gpus <= gpus_per_node else inter_node.name
     return Trainer(
         tokens_per_s=per_gpu * gpus,
-        fixed_s=micro_batches * exposed_s + optimizer_s,
+        fixed_s=micro_batches * exposed_s + optimizer_s + step_overhead_s,
         gpus=gpus,
         source=(
             f"PREDICTED: {gpus} {gpu.name} at {mfu:.0%} MFU of the data-sheet peak, FSDP2 "
-            f"collectives over {link}"
+            f"collectives over {link}, {step_overhead_s:.1f} s a step no GPU count removes"
         ),
     )
 

@@ -21,7 +21,12 @@ tables; every error names the table, the key and the fix:
   ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
   flight) with its ``source``, which scales the roofline, and/or ``step_overhead_s``, seconds
   every decode step takes besides the roofline (kernel launches, the tensor-parallel
-  all-reduces, sampling); ``[trainer]`` ``mfu``;
+  all-reduces, sampling);
+* ``[trainer]`` (optional): ``mfu`` (the share of peak FLOP/s), ``step_overhead_s`` (seconds
+  of a step no number of GPUs removes; default
+  :data:`~asyncgrpo.core.experiments.parts.TRAINER_OVERHEAD_S_PER_SAMPLE` per sample), or
+  ``measured``, ``[{gpus = N, train_s = S}, ...]`` at two or more trainer GPU counts, fitted
+  as ``a + b / GPUs`` instead of the FLOPs;
   ``[contention]`` ``training_slowdown`` and ``generation_slowdown`` (shared cores only).
 
 Example:
@@ -60,6 +65,7 @@ from asyncgrpo.core.experiments.hardware import (
 from asyncgrpo.core.experiments.parts import (
     DELTA_CHANGED_FRAC,
     TRAIN_MFU,
+    TRAINER_OVERHEAD_S_PER_SAMPLE,
     WEIGHT_PATHS,
     Contention,
 )
@@ -78,7 +84,7 @@ TABLES: Mapping[str, tuple[str, ...]] = {
         "delta_changed_frac",
     ),
     "generator": ("tokens_per_s", "concurrency", "context_tokens", "step_overhead_s", "source"),
-    "trainer": ("mfu",),
+    "trainer": ("mfu", "step_overhead_s", "measured"),
     "contention": ("training_slowdown", "generation_slowdown"),
 }
 REQUIRED_TABLES = ("model", "cluster", "batch", "lengths")
@@ -126,6 +132,12 @@ class Workload:
         decode_figure: a decode figure that scales the roofline (None: the roofline).
         decode_step_overhead_s: seconds every decode step takes besides the roofline.
         train_mfu: the trainer's share of peak FLOP/s.
+        train_overhead_s: seconds of a step no number of trainer GPUs removes (None:
+            :data:`~asyncgrpo.core.experiments.parts.TRAINER_OVERHEAD_S_PER_SAMPLE` per
+            sample).
+        train_measured: measured ``(trainer GPUs, training seconds)`` of this workload's step
+            at two or more GPU counts; when given, the trainer is their fit
+            (:func:`~asyncgrpo.core.experiments.parts.fit_trainer`), not the FLOPs.
         contention: slowdowns where trainer and servers share cores.
     """
 
@@ -148,11 +160,21 @@ class Workload:
     decode_figure: DecodeFigure | None = None
     decode_step_overhead_s: float = 0.0
     train_mfu: float = TRAIN_MFU
+    train_overhead_s: float | None = None
+    train_measured: tuple[tuple[int, float], ...] = ()
     contention: Contention = attrs.field(factory=Contention)
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def trainer_overhead_s(self) -> float:
+        """Seconds of a training step no number of GPUs removes: the workload's, else the
+        default per sample (:data:`~.parts.TRAINER_OVERHEAD_S_PER_SAMPLE`)."""
+        if self.train_overhead_s is not None:
+            return self.train_overhead_s
+        return TRAINER_OVERHEAD_S_PER_SAMPLE * self.samples_per_step
 
     @property
     def max_model_len(self) -> int:
@@ -339,6 +361,35 @@ def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _trainer(table: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"train_mfu": _mfu(table.get("mfu", TRAIN_MFU))}
+    if "step_overhead_s" in table:
+        overhead = _number("trainer", "step_overhead_s", table["step_overhead_s"], minimum=0)
+        out["train_overhead_s"] = float(overhead)
+    if "measured" in table:
+        out["train_measured"] = _measured(table["measured"])
+    return out
+
+
+def _measured(value: Any) -> tuple[tuple[int, float], ...]:
+    fix = (
+        "give a list of {gpus = N, train_s = S} tables, the trainer's seconds a step "
+        "(perf/step_s less perf/rollout_wait_s) at two or more trainer GPU counts"
+    )
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise WorkloadError(f"[trainer] measured: {fix}")
+    points = []
+    for entry in value:
+        if set(entry) != {"gpus", "train_s"}:
+            raise WorkloadError(f"[trainer] measured: {dict(entry)}: {fix}")
+        gpus = _number("trainer", "measured gpus", entry["gpus"], integer=True, minimum=1)
+        seconds = float(_number("trainer", "measured train_s", entry["train_s"], minimum=1e-9))
+        points.append((gpus, seconds))
+    if len({g for g, _ in points}) < 2:
+        raise WorkloadError(f"[trainer] measured: only one GPU count; {fix}")
+    return tuple(points)
+
+
 def _mfu(value: Any) -> float:
     mfu = float(_number("trainer", "mfu", value, minimum=1e-3))
     if mfu > 1:
@@ -447,7 +498,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         response_lengths=lengths_from("[lengths] response", lengths["response"]),
         decode_figure=figure,
         decode_step_overhead_s=overhead,
-        train_mfu=_mfu(tables["trainer"].get("mfu", TRAIN_MFU)),
         contention=contention,
         **_settings(tables["settings"]),
+        **_trainer(tables["trainer"]),
     )

@@ -4,8 +4,10 @@ from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments.hardware import GPUS, INTERCONNECTS, model_spec, parameters_only
 from asyncgrpo.core.experiments.parts import (
+    TRAINER_OVERHEAD_S_PER_SAMPLE,
     Contention,
     Push,
+    fit_trainer,
     fsdp_trainer,
     trainer_memory_bytes,
     weight_push,
@@ -98,3 +100,28 @@ def test_a_configs_shape_sets_the_trainers_memory() -> None:
         > state_only
         == pytest.approx(16 * llama.parameters / 4)
     )
+
+
+@given(
+    st.floats(0.0, 300.0),
+    st.floats(1.0, 1e5),
+    st.lists(
+        st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 512]), min_size=2, max_size=5, unique=True
+    ),
+)
+def test_a_fit_over_gpu_counts_recovers_the_fixed_and_the_shared_parts(fixed, work, counts) -> None:
+    fit = fit_trainer([(n, fixed + work / n) for n in counts])
+    assert fit.fixed_s == pytest.approx(fixed, rel=1e-6, abs=1e-6)
+    assert fit.gpu_s == pytest.approx(work, rel=1e-6)
+
+
+def test_verls_asynchronous_runs_give_the_default_fixed_cost() -> None:
+    """The default (per sample of a 512 x 16 step) is the fit through 32 and 64 GPUs; with the
+    run on 16 the three give 56.8 s; one GPU count cannot be fitted."""
+    pair = fit_trainer([(32, 157.0), (64, 113.16)])
+    assert pair.fixed_s == pytest.approx(TRAINER_OVERHEAD_S_PER_SAMPLE * 8192)
+    assert fit_trainer([(16, 269.8), (32, 157.0), (64, 113.16)]).fixed_s == pytest.approx(
+        56.76, abs=0.01
+    )
+    with pytest.raises(ValueError, match="two or more trainer GPU counts"):
+        fit_trainer([(32, 157.0), (32, 150.0)])

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments import gpu_plan
 from asyncgrpo.core.experiments.launch import launch_blocks
+from asyncgrpo.core.experiments.parts import TRAINER_OVERHEAD_S_PER_SAMPLE
 from asyncgrpo.core.experiments.workload import WorkloadError, workload_from_mapping
 
 WORKLOAD = {
@@ -57,6 +58,15 @@ def changed(table: str, key: str, value: object) -> dict:
         ),
         (changed("generator", "tokens_per_s", 2500.0), ["[generator] source"]),
         (changed("trainer", "mfu", 40), ["[trainer] mfu", "at most 1"]),
+        (changed("trainer", "step_overhead_s", -1), ["[trainer] step_overhead_s", ">= 0"]),
+        (
+            changed("trainer", "measured", [{"gpus": 8, "train_s": 30.0}]),
+            ["[trainer] measured", "two or more trainer GPU counts"],
+        ),
+        (
+            changed("trainer", "measured", [{"gpus": 8, "step_s": 30.0}]),
+            ["[trainer] measured", "{gpus = N, train_s = S}"],
+        ),
         ({**WORKLOAD, "clusters": {}}, ["[clusters]", "did you mean 'cluster'"]),
     ],
 )
@@ -152,3 +162,28 @@ def test_a_decode_step_overhead_slows_the_roofline_most_where_few_requests_run()
             changed("generator", "step_overhead_s", -1.0)
             | {"generator": {"step_overhead_s": -1.0, "source": "x"}}
         )
+
+
+def test_the_trainers_fixed_cost_is_the_default_per_sample_the_workloads_or_a_fit() -> None:
+    """A step's seconds that no GPU count removes: by default the per-sample figure fitted to
+    verl's runs, else the workload's; with two measured steps the trainer is their fit, and
+    it gives back the measured steps at their GPU counts (the FLOPs model does not)."""
+    default = workload_from_mapping(WORKLOAD)
+    assert default.trainer_overhead_s == pytest.approx(TRAINER_OVERHEAD_S_PER_SAMPLE * 512)
+    given = workload_from_mapping(changed("trainer", "step_overhead_s", 2.5))
+    assert given.trainer_overhead_s == 2.5
+    split = gpu_plan.Split(4, 4, 1)
+    shape = gpu_plan.step_shape(default, split)
+    flops = gpu_plan.trainer_part(default, split, shape)
+    assert flops.fixed_s == pytest.approx(
+        gpu_plan.trainer_part(given, split, shape).fixed_s - 2.5 + default.trainer_overhead_s
+    )
+    measured = [{"gpus": 2, "train_s": 50.0}, {"gpus": 8, "train_s": 20.0}]
+    fitted = workload_from_mapping(changed("trainer", "measured", measured))
+    for point in measured:
+        at = gpu_plan.Split(point["gpus"], 4, 1)
+        trainer = gpu_plan.trainer_part(fitted, at, shape)
+        assert trainer.step_s(shape.forwarded_tokens) == pytest.approx(point["train_s"])
+        assert "FITTED" in trainer.source
+        other = gpu_plan.trainer_part(default, at, shape).step_s(shape.forwarded_tokens)
+        assert other != pytest.approx(point["train_s"], rel=0.05)  # the control
