@@ -8,11 +8,14 @@ candidate with the throughputs a calibration run measured, scaled to the candida
 (:func:`scaled_throughputs`), and :func:`recommend` picks one from the predictions.
 
 **The rule.** The most trained samples per second wins, except that a staler setting must earn
-its staleness: among the candidates within ``tolerance`` (5%) of the best samples per second,
-the one with the lowest mean staleness is recommended (then the fewest pushes' worth of lag,
-then the fewest servers). Stale samples teach less per sample than fresh ones (measured on
-the objectives sweeps, docs/benchmarks.md), so a setting that buys under 5% more samples per
-second with older ones is not worth it; the prediction does not say how much less they teach.
+its staleness, and none may waste generation: among the candidates within ``tolerance`` (5%)
+of the best samples per second, those whose share of generated samples dropped as stale is
+within :data:`WASTE_TOLERANCE` (1 point) of the least are kept, and of those the one with the
+lowest mean staleness is recommended (then the fewest pushes' worth of lag, then the fewest
+servers). A dropped sample cost its generation and teaches nothing. Stale samples teach less
+per sample than fresh ones (measured on the objectives sweeps, docs/benchmarks.md), so a
+setting that buys under 5% more samples per second with older ones is not worth it; the
+prediction does not say how much less they teach.
 
 **Scaling** (:func:`scaled_throughputs`) is an assumption, stated in every plan: the trainer's
 throughput per forwarded token and a server's generation throughput grow in proportion to
@@ -48,6 +51,9 @@ __all__ = [
 STALENESS_CHOICES = (0, 1, 2, 4)
 SYNC_STEP_CHOICES = (1, 2, 4)
 TOLERANCE = 0.05
+WASTE_TOLERANCE = 0.01
+"""How much more of its generation a recommended setting may drop as stale than the least
+wasteful setting within :data:`TOLERANCE` of the most samples per second (a share)."""
 PACED_STALENESS = 1
 """Up to this ``max_staleness`` a step waits on the last groups the pacing admitted, and a
 share of the cluster (:mod:`asyncgrpo.core.experiments.scale`) admits fewer of them and ends
@@ -237,6 +243,13 @@ class Prediction:
     dropped_per_step: float = 0.0
     samples_per_step: float | None = None
 
+    @property
+    def wasted_frac(self) -> float:
+        """The share of the generated samples dropped as stale (0 without a sample count)."""
+        if not self.samples_per_step:
+            return 0.0
+        return self.dropped_per_step / (self.samples_per_step + self.dropped_per_step)
+
 
 def paced_to_confirm(
     predictions: Iterable[Prediction], whole: Collection[Candidate], tolerance: float = TOLERANCE
@@ -276,6 +289,11 @@ def recommend(predictions: Sequence[Prediction], tolerance: float = TOLERANCE) -
         >>> c = Prediction(Candidate(1, 1, 1, 1), 14.0, 0.8, 0.9, 0.0)
         >>> recommend([a, b]).candidate.max_staleness, recommend([a, b, c]).candidate.max_staleness
         (0, 1)
+        >>> # fresher, but 8% of what it generates is dropped as stale, against 3.5%
+        >>> d = Prediction(Candidate(1, 1, 2, 1), 14.2, 0.8, 1.2, 0.0, None, 662.0, 7530.0)
+        >>> e = Prediction(Candidate(1, 1, 4, 1), 14.5, 0.8, 2.4, 0.0, None, 290.0, 7902.0)
+        >>> recommend([d, e]).candidate.max_staleness
+        4
     """
     if not predictions:
         raise ValueError("no predictions to recommend from")
@@ -283,8 +301,10 @@ def recommend(predictions: Sequence[Prediction], tolerance: float = TOLERANCE) -
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     best = max(p.samples_per_s for p in predictions)
     close = [p for p in predictions if p.samples_per_s >= (1.0 - tolerance) * best]
+    least_waste = min(p.wasted_frac for p in close)
+    thrifty = [p for p in close if p.wasted_frac <= least_waste + WASTE_TOLERANCE]
     return min(
-        close,
+        thrifty,
         key=lambda p: (
             round(p.staleness, 2),
             p.candidate.weight_sync_steps,

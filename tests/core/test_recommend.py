@@ -1,3 +1,4 @@
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -5,6 +6,7 @@ from hypothesis import strategies as st
 from asyncgrpo.core.experiments.recommend import (
     GPUS,
     PACED_STALENESS,
+    WASTE_TOLERANCE,
     Candidate,
     Prediction,
     Throughputs,
@@ -142,3 +144,49 @@ def test_paced_settings_near_the_best_are_confirmed_whole_until_none_is_left(row
     for c, p in predictions.items():
         if c.max_staleness <= PACED_STALENESS and c not in whole:
             assert p.samples_per_s < 0.95 * top
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 2, 4]),
+            st.floats(1.0, 100.0),
+            st.floats(0.0, 4.0),
+            st.floats(0.0, 2000.0),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_the_recommended_setting_wastes_no_more_generation_than_the_thriftiest_close_one(
+    rows,
+) -> None:
+    """Dropped samples weigh in before staleness: the choice drops at most 1 point more of
+    its generation than the least wasteful setting within 5% of the best, and is the
+    freshest of those that do."""
+    predictions = [
+        attrs.evolve(_prediction(s, rate, stale), dropped_per_step=dropped, samples_per_step=8192)
+        for s, rate, stale, dropped in rows
+    ]
+    chosen = recommend(predictions)
+    best = max(p.samples_per_s for p in predictions)
+    close = [p for p in predictions if p.samples_per_s >= 0.95 * best]
+    least = min(p.wasted_frac for p in close)
+    assert chosen.wasted_frac <= least + WASTE_TOLERANCE
+    thrifty = [p for p in close if p.wasted_frac <= least + WASTE_TOLERANCE]
+    assert round(chosen.staleness, 2) == min(round(p.staleness, 2) for p in thrifty)
+
+
+def test_a_fresher_setting_that_drops_more_is_not_chosen() -> None:
+    """The case of the 1.5B plan on 128 GPUs: within 5% of each other, the fresher drops 662
+    of 8,192 samples a step, the staler 290; the staler is chosen (without the drops counted,
+    the fresher would be)."""
+    fresher = attrs.evolve(
+        _prediction(2, 140.0, 1.4), dropped_per_step=662.0, samples_per_step=7530.0
+    )
+    staler = attrs.evolve(
+        _prediction(4, 145.0, 2.6), dropped_per_step=290.0, samples_per_step=7902.0
+    )
+    assert recommend([fresher, staler]) == staler
+    counted_out = [attrs.evolve(p, dropped_per_step=0.0) for p in (fresher, staler)]
+    assert recommend(counted_out).candidate.max_staleness == 2
