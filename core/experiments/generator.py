@@ -47,6 +47,14 @@ GPU_MEMORY_UTILIZATION = 0.9
 """vLLM's default ``--gpu-memory-utilization``: the share of a GPU for weights and KV cache."""
 ACTIVATION_RESERVE_BYTES = 2e9
 """Per GPU, kept from the KV cache for activations and CUDA graphs (an assumption)."""
+DECODE_STEP_OVERHEAD_S = 5.18e-3
+"""Seconds every decode step takes besides the roofline (kernel launches, the tensor-parallel
+all-reduces, sampling, the scheduler), the planner's default: fitted to verl's fully
+asynchronous recipe's colocated synchronous run of Qwen2.5-Math-7B on 128 H20 GPUs (vLLM at
+tensor-parallel 4), whose generation phase, 177.85 s a step, waits for its longest response
+decoded one token a step (``recipe/fully_async_policy/README.md``, 2025-12-25;
+docs/experiments.md, "Checked against published runs"). One run's figure, assumed for every
+GPU and model size."""
 DECODE_MFU = 0.5
 PREFILL_MFU = 0.6
 

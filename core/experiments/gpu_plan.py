@@ -196,15 +196,21 @@ def in_flight_tokens(workload: Workload) -> float:
 
 def server_generator(workload: Workload, tensor_parallel: int) -> generators.Generator:
     """A server's part model: the roofline of its GPUs with the workload's decode step
-    overhead, scaled to the workload's decode figure when it gives one (a figure per GPU, at
-    ``concurrency`` requests per GPU)."""
+    overhead (:attr:`Workload.decode_overhead_s`), scaled to the workload's decode figure when
+    it gives one (a figure per GPU, at ``concurrency`` requests per GPU)."""
     roofline = generators.roofline(workload.gpu, workload.model, tensor_parallel)
-    if workload.decode_step_overhead_s:
+    overhead = workload.decode_overhead_s
+    if overhead:
+        whose = (
+            "fitted to verl's published runs (the default; [generator] step_overhead_s = 0 "
+            "for the roofline alone)"
+            if workload.decode_step_overhead_s is None
+            else "the workload's"
+        )
         roofline = attrs.evolve(
             roofline,
-            overhead_s=workload.decode_step_overhead_s,
-            source=f"{roofline.source}; {workload.decode_step_overhead_s * 1e3:g} ms a decode "
-            "step besides",
+            overhead_s=overhead,
+            source=f"{roofline.source}; {overhead * 1e3:g} ms a decode step besides, {whose}",
         )
     figure = workload.decode_figure
     if figure is None:

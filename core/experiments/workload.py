@@ -21,7 +21,9 @@ tables; every error names the table, the key and the fix:
   ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
   flight) with its ``source``, which scales the roofline, and/or ``step_overhead_s``, seconds
   every decode step takes besides the roofline (kernel launches, the tensor-parallel
-  all-reduces, sampling);
+  all-reduces, sampling); without the table, the roofline with
+  :data:`~asyncgrpo.core.experiments.generator.DECODE_STEP_OVERHEAD_S` (``step_overhead_s =
+  0`` gives the roofline alone, an upper bound);
 * ``[trainer]`` (optional): ``mfu`` (the share of peak FLOP/s), ``step_overhead_s`` (seconds
   of a step no number of GPUs removes; default
   :data:`~asyncgrpo.core.experiments.parts.TRAINER_OVERHEAD_S_PER_SAMPLE` per sample), or
@@ -53,6 +55,7 @@ from typing import Any
 import attrs
 
 from asyncgrpo.core.experiments import lengths as length_models
+from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S
 from asyncgrpo.core.experiments.hardware import (
     GPU,
     GPUS,
@@ -130,7 +133,9 @@ class Workload:
         weight_path: ``nccl``, ``delta``, ``disk`` or ``lora``; ``lora_bytes`` the adapters'
             size; ``delta_changed_frac`` the fraction of elements a delta push sends.
         decode_figure: a decode figure that scales the roofline (None: the roofline).
-        decode_step_overhead_s: seconds every decode step takes besides the roofline.
+        decode_step_overhead_s: seconds every decode step takes besides the roofline (None,
+            without a ``[generator]`` table:
+            :data:`~asyncgrpo.core.experiments.generator.DECODE_STEP_OVERHEAD_S`).
         train_mfu: the trainer's share of peak FLOP/s.
         train_overhead_s: seconds of a step no number of trainer GPUs removes (None:
             :data:`~asyncgrpo.core.experiments.parts.TRAINER_OVERHEAD_S_PER_SAMPLE` per
@@ -158,7 +163,7 @@ class Workload:
     lora_bytes: float | None = None
     delta_changed_frac: float = DELTA_CHANGED_FRAC
     decode_figure: DecodeFigure | None = None
-    decode_step_overhead_s: float = 0.0
+    decode_step_overhead_s: float | None = None
     train_mfu: float = TRAIN_MFU
     train_overhead_s: float | None = None
     train_measured: tuple[tuple[int, float], ...] = ()
@@ -167,6 +172,14 @@ class Workload:
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def decode_overhead_s(self) -> float:
+        """Seconds every decode step takes besides the roofline: the workload's, else the
+        default fitted to verl's runs."""
+        if self.decode_step_overhead_s is None:
+            return DECODE_STEP_OVERHEAD_S
+        return self.decode_step_overhead_s
 
     @property
     def trainer_overhead_s(self) -> float:
@@ -448,7 +461,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
                 f"[lengths] {key}: missing; give its tokens (a number, or mean, "
                 "quantiles and max, or a histogram)"
             )
-    figure, overhead = None, 0.0
+    figure, overhead = None, None if not tables["generator"] else 0.0
     g = tables["generator"]
     if g and not isinstance(g.get("source"), str):
         raise WorkloadError(

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments import gpu_plan
+from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S
 from asyncgrpo.core.experiments.launch import launch_blocks
 from asyncgrpo.core.experiments.parts import TRAINER_OVERHEAD_S_PER_SAMPLE
 from asyncgrpo.core.experiments.workload import WorkloadError, workload_from_mapping
@@ -144,7 +145,9 @@ def test_a_decode_step_overhead_slows_the_roofline_most_where_few_requests_run()
     """``[generator] step_overhead_s`` adds to every decode step of the roofline: one request
     (the tail of a synchronous step) decodes much slower, a full server less so; it
     needs a source, and a figure is optional beside it."""
-    plain = workload_from_mapping(WORKLOAD)
+    plain = workload_from_mapping(
+        WORKLOAD | {"generator": {"step_overhead_s": 0.0, "source": "the roofline alone"}}
+    )
     slowed = workload_from_mapping(
         changed("generator", "step_overhead_s", 0.0025)
         | {"generator": {"step_overhead_s": 0.0025, "source": "a measured run"}}
@@ -187,3 +190,21 @@ def test_the_trainers_fixed_cost_is_the_default_per_sample_the_workloads_or_a_fi
         assert "FITTED" in trainer.source
         other = gpu_plan.trainer_part(default, at, shape).step_s(shape.forwarded_tokens)
         assert other != pytest.approx(point["train_s"], rel=0.05)  # the control
+
+
+def test_the_default_generator_has_the_decode_step_overhead_fitted_to_verls_runs() -> None:
+    """Without a [generator] table a server is the roofline plus 5.18 ms a decode step, labelled
+    with its source; step_overhead_s = 0 gives the roofline alone, the labelled upper bound.
+    A response of 27,648 tokens decoded alone (a synchronous step's tail) takes 143 s more."""
+    default = gpu_plan.server_generator(workload_from_mapping(WORKLOAD), 1)
+    bound = gpu_plan.server_generator(
+        workload_from_mapping(
+            WORKLOAD | {"generator": {"step_overhead_s": 0.0, "source": "the roofline"}}
+        ),
+        1,
+    )
+    assert default.overhead_s == DECODE_STEP_OVERHEAD_S and bound.overhead_s == 0.0
+    assert "fitted to verl's published runs" in default.source
+    assert "ROOFLINE" in bound.source and "upper bound" in bound.source
+    alone, overhead = (27648 / g.tokens_per_s(1, 28000) for g in (bound, default))
+    assert overhead - alone == pytest.approx(27648 * DECODE_STEP_OVERHEAD_S)  # 143 s more
