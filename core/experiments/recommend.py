@@ -58,7 +58,7 @@ PACED_STALENESS = 1
 """Up to this ``max_staleness`` a step waits on the last groups the pacing admitted, and a
 share of the cluster (:mod:`asyncgrpo.core.experiments.scale`) admits fewer of them and ends
 its steps sooner: its prediction is optimistic (measured on 128 GPUs of a long-response math
-run: 12-25% more samples per second at max_staleness 0 and 1, on 1/2 to 1/8 of the cluster;
+run: 12-57% more samples per second at max_staleness 0 and 1, on 1/2 to 1/8 of the cluster;
 within 4% at 2 and 4). Such a setting's prediction from a share only rules it out
 (:func:`paced_to_confirm`)."""
 
