@@ -29,8 +29,8 @@ Example:
     >>> [s.label() for s in splits(w, 8)][:3]  # 1 GPU cannot hold 7B's fp32 Adam state
     ['trainer 2 GPU(s), 6 server(s) x TP 1', 'trainer 2 GPU(s), 3 server(s) x TP 2', \
 'trainer 3 GPU(s), 5 server(s) x TP 1']
-    >>> round(screen(w, Split(5, 3, 1)).generation, 1)  # samples/s, roofline: an upper bound
-    15.7
+    >>> round(screen(w, Split(5, 3, 1)).generation, 1)  # samples/s, roofline + 5.18 ms a step
+    12.6
     >>> layout(Split(4, 2, 2), 8, gpus_per_node=8)
     Layout(trainer=((0, (0, 1, 2, 3)),), servers=((0, (4, 5)), (0, (6, 7))))
 """
