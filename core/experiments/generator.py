@@ -369,7 +369,7 @@ def advance_servers(
         refused_before = (refused - ~fits)[starts]
         runs[order[refused - refused_before[segment] == 0]] = True
     count = np.bincount(servers[runs], minlength=len(seconds))
-    context = np.zeros(len(seconds))
+    context: np.ndarray = np.zeros(len(seconds))
     if generator.context_read_s_per_token:
         context = np.bincount(servers[runs], context_tokens[runs], minlength=len(seconds))
     step = generator.step_s_of(count.astype(float), context)
