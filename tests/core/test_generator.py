@@ -38,11 +38,19 @@ def requests(draw):
     return np.floor(lengths * done), lengths, prompts
 
 
+def alone(generator, generated, lengths, prompts, seconds):
+    """One server's requests advanced by themselves."""
+    one = np.zeros(len(lengths), int)
+    return generators.advance_servers(
+        generator, generated, lengths, prompts, one, np.array([seconds], float)
+    )
+
+
 @settings(max_examples=80, deadline=None)
 @given(server_generators(), requests(), st.just(0.0) | st.floats(1e-3, 5.0))
 def test_decoding_advances_running_requests_within_their_lengths(generator, state, seconds):
     generated, lengths, prompts = state
-    after = generators.advance(generator, generated, lengths, prompts, seconds)
+    after = alone(generator, generated, lengths, prompts, seconds)
     assert np.all(after >= generated) and np.all(after <= lengths)
     moved = after > generated
     if seconds > 0 and np.any(generated < lengths):
@@ -76,14 +84,14 @@ def test_all_servers_at_once_advance_as_each_server_alone(generator, state, serv
         data.draw(st.lists(st.just(0.0) | st.floats(1e-3, 5.0), min_size=servers, max_size=servers))
     )
     together = generators.advance_servers(generator, generated, lengths, prompts, on, seconds)
-    alone = generated.copy()
+    each = generated.copy()
     for server in range(servers):
         mine = on == server
-        alone[mine] = generators.advance(
+        each[mine] = alone(
             generator, generated[mine], lengths[mine], prompts[mine], seconds[server]
         )
     # the KV sums are taken over all servers in one pass: equal up to rounding
-    np.testing.assert_allclose(together, alone, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(together, each, rtol=1e-9, atol=1e-9)
 
 
 def test_a_server_advanced_with_another_servers_seconds_is_caught() -> None:
@@ -93,9 +101,9 @@ def test_a_server_advanced_with_another_servers_seconds_is_caught() -> None:
     on = np.array([0, 1, 0, 1])
     right = generators.advance_servers(g, generated, lengths, prompts, on, np.array([0.5, 1.0]))
     swapped = generators.advance_servers(g, generated, lengths, prompts, on, np.array([1.0, 0.5]))
-    alone = generators.advance(g, generated[on == 0], lengths[on == 0], prompts[on == 0], 0.5)
-    np.testing.assert_allclose(right[on == 0], alone)
-    assert not np.allclose(swapped[on == 0], alone)
+    by_itself = alone(g, generated[on == 0], lengths[on == 0], prompts[on == 0], 0.5)
+    np.testing.assert_allclose(right[on == 0], by_itself)
+    assert not np.allclose(swapped[on == 0], by_itself)
 
 
 @settings(max_examples=60, deadline=None)
@@ -111,7 +119,7 @@ def test_throughput_grows_with_requests_in_flight(generator, requests, context_e
 
 def test_a_constant_generator_shares_its_throughput() -> None:
     g = generators.constant(1000.0)
-    after = generators.advance(g, np.zeros(4), np.full(4, 1e6), np.zeros(4), 2.0)
+    after = alone(g, np.zeros(4), np.full(4, 1e6), np.zeros(4), 2.0)
     assert after.sum() == pytest.approx(2000.0)
 
 
