@@ -149,13 +149,62 @@ class Lengths:
             raise LengthsError(f"a token unit is > 0, got {unit}")
         return Lengths(tuple((p, max(1.0, v / unit)) for p, v in self.knots))
 
-    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """``count`` integer lengths drawn by the inverse CDF (``rng`` is the caller's)."""
-        u = rng.random(count)
+    def sample(self, rng: np.random.Generator, count: int, correlation: float = 0.0) -> np.ndarray:
+        """``count`` integer lengths drawn by the inverse CDF (``rng`` is the caller's): one
+        group's responses, each drawn from this distribution, their lengths correlated by
+        ``correlation`` (:func:`group_quantiles`; 0: independent)."""
+        u = group_quantiles(rng, count, correlation)
         p = [k[0] for k in self.knots]
         values = np.interp(u, p, [k[1] for k in self.knots])
         # a point mass: np.interp returns its length on the flat stretch already
         return np.clip(np.floor(values + 0.5), self.minimum, self.maximum).astype(np.int64)
+
+
+def check_correlation(correlation: float, name: str = "a group's length correlation") -> None:
+    """Raise :class:`LengthsError`, naming ``name``, unless ``correlation`` (a group's length
+    correlation) lies in [0, 1]."""
+    if not 0.0 <= correlation <= 1.0:
+        raise LengthsError(
+            f"{name} lies in [0, 1] (0: each response's length drawn alone, 1: the prompt "
+            f"sets it for the whole group), got {correlation}"
+        )
+
+
+def independent_draws(count: int, correlation: float) -> float:
+    """How many independent lengths ``count`` responses of a group, correlated by
+    ``correlation``, are worth: Kish's effective sample size ``count / (1 + (count - 1) c)``
+    (``count`` when drawn alone, 1 when the prompt sets them).
+
+    Example:
+        >>> independent_draws(16, 0.0), independent_draws(16, 1.0), independent_draws(16, 0.5)
+        (16.0, 1.0, 1.8823529411764706)
+    """
+    check_correlation(correlation)
+    return count / (1.0 + (count - 1) * correlation)
+
+
+def group_quantiles(rng: np.random.Generator, count: int, correlation: float) -> np.ndarray:
+    """``count`` quantiles in [0, 1], each uniform, correlated within the group through a
+    Gaussian copula: the normal scores ``sqrt(c) Z + sqrt(1 - c) e_i`` (one ``Z`` for the
+    group, one ``e_i`` per response) mapped through the normal CDF. ``correlation`` 0 draws
+    each alone (as ``rng.random(count)``); 1 gives the group one quantile, as when a prompt
+    sets how long every answer to it is (hard problems draw long answers).
+
+    Example:
+        >>> q = group_quantiles(np.random.default_rng(0), 4, 1.0)
+        >>> bool(np.all(q == q[0])), bool(0.0 < q[0] < 1.0)
+        (True, True)
+    """
+    check_correlation(correlation)
+    if correlation == 0.0:
+        return rng.random(count)
+    shared = rng.standard_normal()
+    scores = math.sqrt(correlation) * shared
+    if correlation < 1.0:
+        scores = scores + math.sqrt(1.0 - correlation) * rng.standard_normal(count)
+    else:
+        scores = np.full(count, scores)
+    return np.array([0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) for z in scores])
 
 
 def constant(length: float) -> Lengths:

@@ -28,7 +28,7 @@ Example (the 1.5B math run of docs/experiments.md on 128 GPUs: 40 servers, 2,592
 
 from __future__ import annotations
 
-from asyncgrpo.core.experiments.lengths import Lengths
+from asyncgrpo.core.experiments.lengths import Lengths, independent_draws
 
 MIN_ROWS_PER_STEP = 100
 """The fewest trainer rows a simulated step keeps (its rows are rounded to a whole number)."""
@@ -44,22 +44,40 @@ def simulation_scale(
     num_generations: int,
     responses: Lengths,
     tolerance: float = SCALE_TOLERANCE,
+    group_correlation: float = 0.0,
 ) -> int:
     """The largest ``scale`` that divides ``servers``, leaves at least
     :data:`MIN_ROWS_PER_STEP` rows a step (rounded, they change a step's room by at most
     half a row in that many) and keeps the expected longest of the step's
     ``prompts_per_step / scale x num_generations`` responses within ``tolerance`` (a fraction)
-    of the whole step's; 1 when none does."""
+    of the whole step's; 1 when none does. A group's responses alike in length
+    (``group_correlation``) count as fewer independent draws
+    (:func:`~asyncgrpo.core.experiments.lengths.independent_draws`).
+
+    Example (the module's run; where a group's responses are alike, a step's longest is
+    nearly that of its prompts, and a share of them falls short sooner):
+        >>> from asyncgrpo.core.experiments.lengths import from_quantiles
+        >>> responses = from_quantiles({0.5: 6500, 0.9: 16000}, maximum=27648, mean=8000)
+        >>> [simulation_scale(40, 2592, 512, 16, responses, group_correlation=c)
+        ...  for c in (0.0, 0.1, 0.5, 1.0)]
+        [10, 5, 2, 1]
+    """
     if not 0 <= tolerance < 1:
         raise ValueError(f"simulation_scale: tolerance must be in [0, 1), got {tolerance}")
-    samples = prompts_per_step * num_generations
-    longest = responses.expected_longest(samples)
+    per_group = independent_draws(num_generations, group_correlation)
+
+    def draws(scale: int) -> int:
+        """The independent draws of a step simulated on ``1 / scale`` of the cluster."""
+        return max(1, int(prompts_per_step * per_group // scale))
+
+    longest = responses.expected_longest(draws(1))
     fitting = (
         scale
         for scale in range(servers, 1, -1)
         if servers % scale == 0
         and rows_per_step / scale >= MIN_ROWS_PER_STEP
         and prompts_per_step >= scale
-        and responses.expected_longest(samples // scale) >= (1.0 - tolerance) * longest
+        and responses.expected_longest(draws(scale))
+        >= (1.0 - tolerance) * longest
     )
     return next(fitting, 1)

@@ -13,7 +13,10 @@ tables; every error names the table, the key and the fix:
 * ``[lengths]``: ``prompt`` and ``response``, each a number (every length the same), a table
   of ``mean``, quantiles (``p50``, ``p90``, ``p99``, ...) and ``max`` (``min`` 1), a table of
   ``min``, ``mean`` and ``max`` (uniform, the end on the mean's side heavier), or
-  ``{histogram = {edges = [...], counts = [...]}}`` (:mod:`.lengths`);
+  ``{histogram = {edges = [...], counts = [...]}}`` (:mod:`.lengths`); and optionally
+  ``group_correlation``, how alike a prompt's responses are in length, from 0 (each drawn
+  alone, the default) to 1 (the prompt sets it: hard problems draw long answers), which decides
+  whether the long groups are the ones that go stale (:func:`.lengths.group_quantiles`);
 * ``[settings]`` (optional): ``max_staleness`` and ``weight_sync_steps`` to fix them (left out:
   the plan chooses), ``weight_path`` (``nccl``, ``delta`` with ``delta_changed_frac``,
   ``disk`` or ``lora`` with ``lora_bytes``);
@@ -78,7 +81,7 @@ TABLES: Mapping[str, tuple[str, ...]] = {
     "model": ("name", "config", "parameters", "kv_bytes_per_token"),
     "cluster": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node"),
     "batch": ("prompts_per_step", "num_generations"),
-    "lengths": ("prompt", "response"),
+    "lengths": ("prompt", "response", "group_correlation"),
     "settings": (
         "max_staleness",
         "weight_sync_steps",
@@ -129,6 +132,8 @@ class Workload:
         intra_node, inter_node: links within and between nodes.
         prompts_per_step, num_generations: a step's samples are their product.
         prompt_lengths, response_lengths: token lengths.
+        response_group_correlation: how alike a group's response lengths are, in [0, 1]
+            (:func:`~asyncgrpo.core.experiments.lengths.group_quantiles`).
         max_staleness, weight_sync_steps: fixed by the workload, or None (the plan chooses).
         weight_path: ``nccl``, ``delta``, ``disk`` or ``lora``; ``lora_bytes`` the adapters'
             size; ``delta_changed_frac`` the fraction of elements a delta push sends.
@@ -157,6 +162,7 @@ class Workload:
     num_generations: int
     prompt_lengths: length_models.Lengths
     response_lengths: length_models.Lengths
+    response_group_correlation: float = 0.0
     max_staleness: int | None = None
     weight_sync_steps: int | None = None
     weight_path: str = "nccl"
@@ -212,6 +218,15 @@ def _number(
             f"[{table}] {key}: must be {kind}{bound}, got {value!r}" + (f" ({fix})" if fix else "")
         )
     return value
+
+
+def _correlation(value: Any) -> float:
+    correlation = float(_number("lengths", "group_correlation", value, minimum=0))
+    try:
+        length_models.check_correlation(correlation, "[lengths] group_correlation")
+    except length_models.LengthsError as error:
+        raise WorkloadError(str(error)) from error
+    return correlation
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -455,7 +470,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
                 f"[batch] {key}: missing; a step trains prompts_per_step x num_generations samples"
             )
     lengths = tables["lengths"]
-    for key in TABLES["lengths"]:
+    for key in ("prompt", "response"):
         if key not in lengths:
             raise WorkloadError(
                 f"[lengths] {key}: missing; give its tokens (a number, or mean, "
@@ -509,6 +524,7 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         ),
         prompt_lengths=lengths_from("[lengths] prompt", lengths["prompt"]),
         response_lengths=lengths_from("[lengths] response", lengths["response"]),
+        response_group_correlation=_correlation(lengths.get("group_correlation", 0.0)),
         decode_figure=figure,
         decode_step_overhead_s=overhead,
         contention=contention,

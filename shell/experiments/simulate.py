@@ -102,7 +102,9 @@ def _start_group(state: Pipeline, training: bool) -> None:
     c = state.config
     server = _route(state, training)
     _, row = cursor.row_at(state.next_position, c.dataset_size, c.seed)
-    lengths = c.completion_distribution.sample(state.rng, c.num_generations).tolist()
+    lengths = c.completion_distribution.sample(
+        state.rng, c.num_generations, c.group_length_correlation
+    ).tolist()
     prompt = int(c.prompt_distribution.sample(state.rng, 1)[0])
     group = Group(state.next_position, row, state.policy, lengths, prompt, server)
     state.in_flight[group.position] = group

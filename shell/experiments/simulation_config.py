@@ -55,6 +55,11 @@ class SimulationConfig:
             as it measured.
         prompt_lengths, completion_lengths: distributions that replace the numbers above
             (:mod:`asyncgrpo.core.experiments.lengths`; a workload's quantiles or histogram).
+        group_length_correlation: how alike a group's completion lengths are, in [0, 1]
+            (:func:`asyncgrpo.core.experiments.lengths.group_quantiles`): 0 draws each alone;
+            1 gives the group one length, as when the prompt sets it (hard problems draw long
+            answers). Long groups then finish steps after the short ones they started with,
+            and are the ones dropped as stale.
         generation_tokens_per_s: each server's throughput, shared by the requests it runs.
         generator: each server's part model instead (:mod:`asyncgrpo.core.experiments.generator`:
             throughput growing with the requests in flight, bounded by its KV cache, prefill).
@@ -97,6 +102,7 @@ class SimulationConfig:
     mean_completion_tokens: float | None = None
     prompt_lengths: lengths.Lengths | None = attrs.field(default=None, metadata=RECORD)
     completion_lengths: lengths.Lengths | None = attrs.field(default=None, metadata=RECORD)
+    group_length_correlation: float = 0.0
     generation_tokens_per_s: float = 4500.0
     generator: generators.Generator | None = attrs.field(default=None, metadata=RECORD)
     num_servers: int = 1
@@ -136,6 +142,9 @@ class SimulationConfig:
                 raise ValueError(f"SimulationConfig.{name} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError("SimulationConfig.max_staleness must be >= 0")
+        lengths.check_correlation(
+            self.group_length_correlation, "SimulationConfig.group_length_correlation"
+        )
         if not self.tick_s > 0:
             raise ValueError(f"SimulationConfig.tick_s must be > 0, got {self.tick_s}")
         Contention(self.training_slowdown, self.generation_slowdown)  # its own checks

@@ -161,6 +161,7 @@ def simulation_config(
         rows_per_step=split.trainer_gpus * shape.gradient_accumulation_steps,
         prompt_lengths=prompts,
         completion_lengths=responses,
+        group_length_correlation=workload.response_group_correlation,
         generator=generator,
         num_servers=split.servers,
         training_tokens_per_s=trainer.tokens_per_s / unit,
@@ -242,6 +243,7 @@ def simulation_of(
             workload.prompts_per_step,
             workload.num_generations,
             workload.response_lengths,
+            group_correlation=workload.response_group_correlation,
         )
     samples = workload.prompts_per_step * workload.num_generations
     return Simulation(candidate, config, scale, round(samples / scale))

@@ -8,9 +8,12 @@ from hypothesis import strategies as st
 from asyncgrpo.core.experiments.lengths import (
     Lengths,
     LengthsError,
+    check_correlation,
     constant,
     from_histogram,
     from_quantiles,
+    group_quantiles,
+    independent_draws,
     uniform,
     uniform_with_mean,
 )
@@ -121,3 +124,56 @@ def test_knots_must_run_from_0_to_1_and_not_decrease() -> None:
     with pytest.raises(LengthsError, match="must not decrease"):
         Lengths(((0.0, 5.0), (1.0, 2.0)))
     assert uniform(4, 8).mean == 6.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.0, 1.0), st.integers(2, 16), st.integers(0, 2**32 - 1))
+def test_a_groups_lengths_keep_the_distribution_whatever_their_correlation(
+    correlation, size, seed
+) -> None:
+    rng = np.random.default_rng(seed)
+    quantiles = np.concatenate([group_quantiles(rng, size, correlation) for _ in range(4000)])
+    assert quantiles.min() >= 0.0 and quantiles.max() <= 1.0
+    counts, _ = np.histogram(quantiles, bins=4, range=(0.0, 1.0))
+    # each quarter holds its quarter of the draws (4,000 groups: a few percent of chance)
+    assert np.all(np.abs(counts / quantiles.size - 0.25) < 0.02), counts
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.05, 0.95), st.integers(0, 2**32 - 1))
+def test_the_more_alike_a_groups_lengths_the_less_they_spread_within_it(correlation, seed) -> None:
+    lengths = uniform(4, 128)
+
+    def spread(c: float) -> float:
+        rng = np.random.default_rng(seed)
+        return float(np.mean([lengths.sample(rng, 8, c).std() for _ in range(500)]))
+
+    alone, partly, alike = spread(0.0), spread(correlation), spread(1.0)
+    assert alike == 0.0 < partly < alone
+
+
+def test_correlation_0_draws_as_before_and_1_gives_the_group_one_length() -> None:
+    lengths = from_quantiles({0.5: 1500, 0.9: 6000}, maximum=8192, mean=2650)
+    before = np.random.default_rng(3).random(16)
+    expected = np.clip(
+        np.floor(np.interp(before, *zip(*lengths.knots, strict=True)) + 0.5), 1, 8192
+    )
+    assert np.array_equal(lengths.sample(np.random.default_rng(3), 16), expected)
+    assert np.array_equal(lengths.sample(np.random.default_rng(3), 16, 0.0), expected)
+    alike = lengths.sample(np.random.default_rng(3), 16, 1.0)
+    assert len(set(alike.tolist())) == 1
+
+
+@given(st.integers(1, 64), st.floats(0.0, 1.0))
+def test_a_group_is_worth_between_one_and_all_its_draws(count, correlation) -> None:
+    draws = independent_draws(count, correlation)
+    assert 1.0 - 1e-9 <= draws <= count + 1e-9
+    assert independent_draws(count, 0.0) == count and independent_draws(count, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("correlation", [-0.1, 1.5, float("nan")])
+def test_a_correlation_outside_0_to_1_is_refused_naming_the_setting(correlation) -> None:
+    with pytest.raises(LengthsError, match=r"group_length_correlation lies in \[0, 1\]"):
+        check_correlation(correlation, "group_length_correlation")
+    with pytest.raises(LengthsError, match="lies in"):
+        group_quantiles(np.random.default_rng(0), 4, correlation)

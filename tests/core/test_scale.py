@@ -56,3 +56,19 @@ def test_a_tail_bounds_the_scale_and_equal_lengths_do_not() -> None:
 def test_a_bad_tolerance_is_refused() -> None:
     with pytest.raises(ValueError, match="tolerance"):
         simulation_scale(40, 2592, 512, 16, TAIL, tolerance=1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([8, 40, 120, 700]),
+    st.sampled_from([64, 512, 1024]),
+    st.floats(0.0, 1.0),
+)
+def test_a_groups_alike_lengths_never_allow_a_larger_share(servers, prompts, correlation) -> None:
+    alone = simulation_scale(servers, 100_000, prompts, 16, TAIL)
+    alike = simulation_scale(servers, 100_000, prompts, 16, TAIL, group_correlation=correlation)
+    assert alike <= alone
+    # the prompt sets the length: a step's longest is that of its prompts alone
+    assert simulation_scale(servers, 100_000, prompts, 16, TAIL, group_correlation=1.0) == (
+        simulation_scale(servers, 100_000, prompts, 1, TAIL)
+    )

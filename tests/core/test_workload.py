@@ -47,6 +47,11 @@ def changed(table: str, key: str, value: object) -> dict:
             changed("lengths", "response", {"mean": 7900, "p50": 1000, "max": 8192}),
             ["[lengths] response", "they allow"],
         ),
+        (
+            changed("lengths", "group_correlation", 1.5),
+            ["[lengths] group_correlation", "lies in [0, 1]"],
+        ),
+        (changed("lengths", "group_correlation", "high"), ["[lengths] group_correlation"]),
         (changed("settings", "weight_path", "nfs"), ["[settings] weight_path", "nccl"]),
         (
             changed("settings", "delta_changed_frac", 2.0),
@@ -208,3 +213,9 @@ def test_the_default_generator_has_the_decode_step_overhead_fitted_to_verls_runs
     assert "ROOFLINE" in bound.source and "upper bound" in bound.source
     alone, overhead = (27648 / g.tokens_per_s(1, 28000) for g in (bound, default))
     assert overhead - alone == pytest.approx(27648 * DECODE_STEP_OVERHEAD_S)  # 143 s more
+
+
+def test_a_groups_length_correlation_is_read_with_0_by_default() -> None:
+    assert workload_from_mapping(WORKLOAD).response_group_correlation == 0.0
+    workload = workload_from_mapping(changed("lengths", "group_correlation", 0.6))
+    assert workload.response_group_correlation == 0.6

@@ -152,6 +152,18 @@ def test_a_large_plan_simulates_a_bounded_number_of_samples(gpus) -> None:
     assert (whole.scale, whole.samples_per_step) == (1, 8192)
 
 
+def test_a_groups_length_correlation_reaches_its_simulations_and_their_share() -> None:
+    """A workload whose prompt sets its responses' lengths is simulated so, on a larger share
+    of the cluster (a step's longest response is that of fewer draws)."""
+    alone = read_workload(LONG)
+    alike = attrs.evolve(alone, response_group_correlation=1.0)
+    candidate = planned_candidates(alone, 128)[0]
+    by_itself, by_prompt = simulation_of(alone, candidate), simulation_of(alike, candidate)
+    assert by_itself.config.group_length_correlation == 0.0
+    assert by_prompt.config.group_length_correlation == 1.0
+    assert by_prompt.scale < by_itself.scale
+
+
 def test_a_share_of_the_cluster_predicts_a_running_ahead_setting_and_overrates_a_paced_one(
     tmp_path,
 ) -> None:
