@@ -12,6 +12,7 @@ import attrs
 from asyncgrpo.core.experiments.curves import evaluation_only
 from asyncgrpo.core.experiments.windows import (
     SAMPLES,
+    STALE_DROPS,
     STALENESS,
     STEP,
     WAIT,
@@ -33,6 +34,9 @@ class PipelineFigures:
         seconds_per_sample: summed ``perf/step_s`` over the samples trained
             (``batch/samples_per_step``): the time to ``N`` samples is ``N`` times it (None
             when no window logs samples).
+        stale_drop_frac: the samples dropped as stale (``sample/dropped_stale_count``) over
+            those generated, trained or dropped: the generation the pacing wasted (None when
+            no window logs samples).
     """
 
     step_s: float
@@ -40,6 +44,7 @@ class PipelineFigures:
     trainer_idle_frac: float
     generator_idle_frac: float | None = None
     seconds_per_sample: float | None = None
+    stale_drop_frac: float | None = None
 
 
 def pipeline_figures(
@@ -55,10 +60,14 @@ def pipeline_figures(
         ...          "sample/staleness_mean": 1.0}]
         >>> pipeline_figures(rows, skip_windows=0)
         PipelineFigures(step_s=1.5, staleness=1.0, trainer_idle_frac=0.3333333333333333, \
-generator_idle_frac=None, seconds_per_sample=None)
+generator_idle_frac=None, seconds_per_sample=None, stale_drop_frac=None)
+        >>> rows = [{"step": 2, "perf/step_s": 1.0, "batch/samples_per_step": 8.0,
+        ...          "sample/dropped_stale_count": 4.0}]  # 16 trained, 4 dropped
+        >>> pipeline_figures(rows, skip_windows=0).stale_drop_frac
+        0.2
     """
     step_total = wait_total = steps_total = samples_total = 0.0
-    stale_total = stale_steps = 0.0
+    stale_total = stale_steps = dropped_total = 0.0
     previous = 0
     for index, row in enumerate(r for r in rows if not evaluation_only(r)):
         step = int(row["step"])
@@ -69,6 +78,7 @@ generator_idle_frac=None, seconds_per_sample=None)
         step_total += step_s * steps
         wait_total += (metric_number(row, WAIT) or 0.0) * steps
         samples_total += (metric_number(row, SAMPLES) or 0.0) * steps
+        dropped_total += metric_number(row, STALE_DROPS) or 0.0  # a window's total
         steps_total += steps
         staleness = metric_number(row, STALENESS)
         if staleness is not None:
@@ -82,6 +92,9 @@ generator_idle_frac=None, seconds_per_sample=None)
         trainer_idle_frac=wait_total / step_total if step_total > 0 else 0.0,
         generator_idle_frac=generator_idle_frac,
         seconds_per_sample=step_total / samples_total if samples_total > 0 else None,
+        stale_drop_frac=dropped_total / (samples_total + dropped_total)
+        if samples_total > 0
+        else None,
     )
 
 

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibrate",
         metavar="RUN",
         help="fit the simulator's throughputs to this run of a sweep, then score "
-        "its predictions of the --predict runs (the other flags are then unused)",
+        "its predictions of the --predict runs (of the other flags only "
+        "--group-length-correlation is then used: a run's metrics do not tell it)",
     )
     sim.add_argument(
         "--predict",
@@ -520,7 +521,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
 
     try:
-        fit, predictions = calibrate_and_predict(args.calibrate, args.predict, args.output_dir)
+        knobs = {"group_length_correlation": args.group_length_correlation}
+        fit, predictions = calibrate_and_predict(
+            args.calibrate, args.predict, args.output_dir, knobs
+        )
         points = predict_servers(args.calibrate, args.predict_servers, args.output_dir)
     except (SweepError, ValueError) as error:
         print(f"asyncgrpo simulate: {error}", file=sys.stderr)

@@ -30,6 +30,7 @@ from asyncgrpo.core.experiments.calibration import Calibration, calibrate
 from asyncgrpo.core.experiments.generator import fit_concurrency
 from asyncgrpo.core.experiments.prediction_figures import (
     FigureError,
+    PipelineFigures,
     compare_figures,
     pipeline_figures,
 )
@@ -95,10 +96,19 @@ def run_config(run_dir: Path) -> AsyncGRPOConfig:
 
 
 def simulation_of(
-    run_dir: Path, fitted: Mapping[str, Any], seed: int = 0, servers: int | None = None
+    run_dir: Path,
+    fitted: Mapping[str, Any],
+    seed: int = 0,
+    servers: int | None = None,
+    knobs: Mapping[str, Any] | None = None,
 ) -> SimulationConfig:
     """The simulation of a run: its settings, its measured lengths, the fitted throughputs
-    (the generator's per server), with the run's number of servers or ``servers``."""
+    (the generator's per server), with the run's number of servers or ``servers``.
+
+    ``knobs`` adds what a run's metrics do not tell, as :class:`SimulationConfig` knobs: say
+    ``completion_lengths`` (a distribution in place of the one drawn from the shortest, mean
+    and longest completion), ``group_length_correlation`` (how alike a group's lengths are; 0
+    without it) or ``skill_per_step`` (0 for a policy that barely moves)."""
     config = run_config(run_dir)
     rows = read_metrics(run_dir)
 
@@ -141,6 +151,7 @@ def simulation_of(
         seed=seed,
         num_servers=servers or len(config.server_urls),
         **fitted,
+        **(knobs or {}),
     )
 
 
@@ -183,15 +194,19 @@ def with_probe(run_dir: Path, fitted: Mapping[str, float], scale: float = 1.0) -
 
 
 def calibrate_and_predict(
-    calibration_run: str | Path, predict: Sequence[str | Path], output_dir: str | Path
+    calibration_run: str | Path,
+    predict: Sequence[str | Path],
+    output_dir: str | Path,
+    knobs: Mapping[str, Any] | None = None,
 ) -> tuple[Calibration, list[Prediction]]:
     """Fit on ``calibration_run``; simulate and score each of ``predict`` (the calibration run
-    itself is scored too, as the in-sample check). Simulations land under ``output_dir``."""
+    itself is scored too, as the in-sample check), with ``knobs`` as in
+    :func:`simulation_of`. Simulations land under ``output_dir``."""
     fit = fit_run(Path(calibration_run))
     fitted = with_probe(Path(calibration_run), fitted_per_server(Path(calibration_run), fit))
     predictions = []
     for run in [Path(calibration_run), *map(Path, predict)]:
-        simulation = simulation_of(run, fitted)
+        simulation = simulation_of(run, fitted, knobs=knobs)
         # a sweep's runs are <settings>/seed=<n>: both name the simulation's directory
         simulated = simulate(
             simulation, Path(output_dir) / run.parent.name / run.name, progress=False
@@ -203,6 +218,34 @@ def calibrate_and_predict(
         }
         predictions.append(Prediction(str(run), settings, tuple(errors)))
     return fit, predictions
+
+
+def simulated_seeds(
+    run_dir: str | Path,
+    output_dir: str | Path,
+    seeds: Sequence[int],
+    knobs: Mapping[str, Any] | None = None,
+    skip_windows: int = 1,
+) -> list[PipelineFigures]:
+    """The run simulated with its own fit (and its sweep's probe, where there is one), once
+    per seed of ``seeds``, each simulation's figures (its stale drops among them): how far the
+    simulator's chance spreads a figure, to set a measured one against. ``knobs`` as in
+    :func:`simulation_of`; the figures leave out the first ``skip_windows`` windows (as
+    :func:`~asyncgrpo.core.experiments.prediction_figures.pipeline_figures`); simulations land
+    under ``output_dir/seed=N``."""
+    run = Path(run_dir)
+    fitted = with_probe(run, fitted_per_server(run, fit_run(run)))
+    return [
+        pipeline_figures(
+            simulate(
+                simulation_of(run, fitted, seed=seed, knobs=knobs),
+                Path(output_dir) / f"seed={seed}",
+                progress=False,
+            ),
+            skip_windows=skip_windows,
+        )
+        for seed in seeds
+    ]
 
 
 @attrs.frozen
