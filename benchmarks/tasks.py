@@ -8,24 +8,33 @@ as ``benchmarks.tasks:<name>`` (run from the repository's root).
 - ``VariedLengthLoop``: each request's ``max_tokens`` drawn from 4 to 128, so completion lengths
   vary 32-fold and a step waits on its longest samples (the "varied" task);
 - ``PromptLengthLoop``: ``max_tokens`` from 4 to 128 set by the prompt, so every completion of
-  a group is about as long (as a hard problem draws long answers) and groups differ 32-fold.
+  a group is about as long (as a hard problem draws long answers) and groups differ 32-fold;
+- ``LongTailPromptLoop`` on ``numbered_prompts``: the same with a long tail of lengths, half the
+  groups 4 tokens and one in sixteen 128 (the check of the simulator's pacing,
+  ``benchmarks/pacing_check.py``).
 """
 
 from __future__ import annotations
 
 import random
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 from datasets import Dataset
 
+from asyncgrpo.core.experiments.lengths import Lengths, from_histogram
 from asyncgrpo.core.records import TurnRecord
 from asyncgrpo.shell.commands.demo import demo_dataset, digit_fraction_reward
 from asyncgrpo.shell.rollout import AsyncRolloutLoop
 
 LENGTHS = (4, 8, 16, 32, 64, 128)
+LONG_TAIL = (4,) * 8 + (8,) * 4 + (16,) * 2 + (64, 128)
+"""``max_tokens`` of :class:`LongTailPromptLoop`, one per sixteenth of the prompts: half of them
+4 tokens, one in sixteen 128 (the mean 18, the longest 7 times it), as a reasoning task's hard
+problems draw answers many times the mean."""
 VOWELS = frozenset("aeiouAEIOU")
 
 
@@ -69,14 +78,45 @@ class VariedLengthLoop(AsyncRolloutLoop):
 
 
 class PromptLengthLoop(AsyncRolloutLoop):
-    """``max_tokens`` one of :data:`LENGTHS`, chosen by the prompt's tokens (CRC-32), so the
-    requests of a group share it and long groups are long as a whole."""
+    """``max_tokens`` one of :attr:`lengths` (:data:`LENGTHS`), chosen by the prompt's tokens
+    (CRC-32), so the requests of a group share it and long groups are long as a whole."""
+
+    lengths: tuple[int, ...] = LENGTHS
 
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
-        length = LENGTHS[zlib.crc32(str(prompt_ids).encode()) % len(LENGTHS)]
+        length = self.lengths[zlib.crc32(str(prompt_ids).encode()) % len(self.lengths)]
         base = self.sampling
         self.sampling = attrs.evolve(base, max_tokens=length)
         try:
             return await super().generate_one_turn(prompt_ids)
         finally:
             self.sampling = base
+
+
+class LongTailPromptLoop(PromptLengthLoop):
+    """:class:`PromptLengthLoop` with :data:`LONG_TAIL`: most groups short, one in sixteen
+    128 tokens (on :func:`numbered_prompts`, whose prompts all differ)."""
+
+    lengths = LONG_TAIL
+
+
+def numbered_prompts() -> Dataset:
+    """64 conversational prompts that all differ (``Number 0?`` to ``Number 63?``), so a loop
+    that sets lengths by the prompt draws 64 of them."""
+    return Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": f"Number {i}?"}] for i in range(64)]}
+    )
+
+
+def long_tail_lengths() -> Lengths:
+    """:data:`LONG_TAIL` as the simulator's distribution: a point mass at each length.
+
+    Example:
+        >>> lengths = long_tail_lengths()
+        >>> lengths.mean, lengths.maximum, lengths.truncated_fraction
+        (18.0, 128.0, 0.0625)
+    """
+    counts = sorted(Counter(LONG_TAIL).items())
+    edges = [edge for length, _ in counts for edge in (length, length)]
+    weights = [weight for _, count in counts for weight in (count, 0)][:-1]
+    return from_histogram(edges, weights)

@@ -220,13 +220,16 @@ def _number(
     return value
 
 
-def _correlation(value: Any) -> float:
-    correlation = float(_number("lengths", "group_correlation", value, minimum=0))
+def _group_correlation(lengths: Mapping[str, Any]) -> dict[str, float]:
+    """``[lengths] group_correlation`` as the :class:`Workload`'s keyword, where given."""
+    if "group_correlation" not in lengths:
+        return {}
+    correlation = float(_number("lengths", "group_correlation", lengths["group_correlation"]))
     try:
         length_models.check_correlation(correlation, "[lengths] group_correlation")
     except length_models.LengthsError as error:
         raise WorkloadError(str(error)) from error
-    return correlation
+    return {"response_group_correlation": correlation}
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -524,10 +527,10 @@ def workload_from_mapping(data: Mapping[str, Any]) -> Workload:
         ),
         prompt_lengths=lengths_from("[lengths] prompt", lengths["prompt"]),
         response_lengths=lengths_from("[lengths] response", lengths["response"]),
-        response_group_correlation=_correlation(lengths.get("group_correlation", 0.0)),
         decode_figure=figure,
         decode_step_overhead_s=overhead,
         contention=contention,
+        **_group_correlation(lengths),
         **_settings(tables["settings"]),
         **_trainer(tables["trainer"]),
     )
