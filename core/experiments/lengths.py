@@ -198,12 +198,9 @@ def group_quantiles(rng: np.random.Generator, count: int, correlation: float) ->
     check_correlation(correlation)
     if correlation == 0.0:
         return rng.random(count)
-    shared = rng.standard_normal()
-    scores = math.sqrt(correlation) * shared
-    if correlation < 1.0:
-        scores = scores + math.sqrt(1.0 - correlation) * rng.standard_normal(count)
-    else:
-        scores = np.full(count, scores)
+    shared = math.sqrt(correlation) * rng.standard_normal()
+    own = rng.standard_normal(count) if correlation < 1.0 else np.zeros(count)
+    scores = shared + math.sqrt(1.0 - correlation) * own
     return np.array([0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) for z in scores])
 
 

@@ -220,7 +220,7 @@ def _number(
     return value
 
 
-def _group_correlation(lengths: Mapping[str, Any]) -> dict[str, float]:
+def _group_correlation(lengths: Mapping[str, Any]) -> dict[str, Any]:
     """``[lengths] group_correlation`` as the :class:`Workload`'s keyword, where given."""
     if "group_correlation" not in lengths:
         return {}
