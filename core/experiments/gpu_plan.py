@@ -29,8 +29,8 @@ Example:
     >>> [s.label() for s in splits(w, 8)][:3]  # 1 GPU cannot hold 7B's fp32 Adam state
     ['trainer 2 GPU(s), 6 server(s) x TP 1', 'trainer 2 GPU(s), 3 server(s) x TP 2', \
 'trainer 3 GPU(s), 5 server(s) x TP 1']
-    >>> round(screen(w, Split(5, 3, 1)).generation, 1)  # samples/s, roofline + 5.18 ms a step
-    12.6
+    >>> round(screen(w, Split(5, 3, 1)).generation, 1)  # samples/s, roofline + 4.47 ms a step
+    12.9
     >>> layout(Split(4, 2, 2), 8, gpus_per_node=8)
     Layout(trainer=((0, (0, 1, 2, 3)),), servers=((0, (4, 5)), (0, (6, 7))))
 """
@@ -201,16 +201,11 @@ def server_generator(workload: Workload, tensor_parallel: int) -> generators.Gen
     roofline = generators.roofline(workload.gpu, workload.model, tensor_parallel)
     overhead = workload.decode_overhead_s
     if overhead:
-        whose = (
-            "fitted to verl's published runs (the default; [generator] step_overhead_s = 0 "
-            "for the roofline alone)"
-            if workload.decode_step_overhead_s is None
-            else "the workload's"
-        )
         roofline = attrs.evolve(
             roofline,
             overhead_s=overhead,
-            source=f"{roofline.source}; {overhead * 1e3:g} ms a decode step besides, {whose}",
+            source=f"{roofline.source}; {overhead * 1e3:.3g} ms a decode step besides, "
+            f"{workload.decode_overhead_source}",
         )
     figure = workload.decode_figure
     if figure is None:

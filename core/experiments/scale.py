@@ -77,7 +77,6 @@ def simulation_scale(
         if servers % scale == 0
         and rows_per_step / scale >= MIN_ROWS_PER_STEP
         and prompts_per_step >= scale
-        and responses.expected_longest(draws(scale))
-        >= (1.0 - tolerance) * longest
+        and responses.expected_longest(draws(scale)) >= (1.0 - tolerance) * longest
     )
     return next(fitting, 1)

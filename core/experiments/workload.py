@@ -24,7 +24,8 @@ tables; every error names the table, the key and the fix:
   ``concurrency`` requests (``context_tokens`` KV tokens each; default: the workload's mean in
   flight) with its ``source``, which scales the roofline, and/or ``step_overhead_s``, seconds
   every decode step takes besides the roofline (kernel launches, the tensor-parallel
-  all-reduces, sampling); without the table, the roofline with
+  all-reduces, sampling); without the table, the roofline with the overhead a published
+  figure of the GPU kind implies (:mod:`.decode_figures`), else
   :data:`~asyncgrpo.core.experiments.generator.DECODE_STEP_OVERHEAD_S` (``step_overhead_s =
   0`` gives the roofline alone, an upper bound);
 * ``[trainer]`` (optional): ``mfu`` (the share of peak FLOP/s), ``step_overhead_s`` (seconds
@@ -57,6 +58,7 @@ from typing import Any
 
 import attrs
 
+from asyncgrpo.core.experiments import decode_figures
 from asyncgrpo.core.experiments import lengths as length_models
 from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S
 from asyncgrpo.core.experiments.hardware import (
@@ -181,11 +183,34 @@ class Workload:
 
     @property
     def decode_overhead_s(self) -> float:
-        """Seconds every decode step takes besides the roofline: the workload's, else the
-        default fitted to verl's runs."""
-        if self.decode_step_overhead_s is None:
+        """Seconds every decode step takes besides the roofline: the workload's, else the one
+        a published figure of its GPU kind implies (the nearest model size,
+        :mod:`~asyncgrpo.core.experiments.decode_figures`), else the default fitted to verl's
+        runs."""
+        if self.decode_step_overhead_s is not None:
+            return self.decode_step_overhead_s
+        figure = decode_figures.nearest(self.gpu.name, self.model.parameters)
+        if figure is None:
             return DECODE_STEP_OVERHEAD_S
-        return self.decode_step_overhead_s
+        return decode_figures.implied_overhead_s(figure)
+
+    @property
+    def decode_overhead_source(self) -> str:
+        """Where :attr:`decode_overhead_s` comes from, as the plan states it."""
+        if self.decode_step_overhead_s is not None:
+            return "the workload's"
+        figure = decode_figures.nearest(self.gpu.name, self.model.parameters)
+        if figure is None:
+            return (
+                f"fitted to verl's published runs on H20 (the default where no figure of "
+                f"{self.gpu.name} was found; [generator] step_overhead_s = 0 for the roofline "
+                "alone)"
+            )
+        return (
+            f"implied by a published figure of the nearest model on {self.gpu.name}, "
+            f"{figure.model}: {figure.source} ([generator] step_overhead_s = 0 for the "
+            "roofline alone)"
+        )
 
     @property
     def trainer_overhead_s(self) -> float:

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncgrpo.core.experiments import gpu_plan
+from asyncgrpo.core.experiments.decode_figures import PUBLISHED, implied_overhead_s, nearest
 from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S
 from asyncgrpo.core.experiments.launch import launch_blocks
 from asyncgrpo.core.experiments.parts import TRAINER_OVERHEAD_S_PER_SAMPLE
@@ -197,22 +198,37 @@ def test_the_trainers_fixed_cost_is_the_default_per_sample_the_workloads_or_a_fi
         assert other != pytest.approx(point["train_s"], rel=0.05)  # the control
 
 
-def test_the_default_generator_has_the_decode_step_overhead_fitted_to_verls_runs() -> None:
-    """Without a [generator] table a server is the roofline plus 5.18 ms a decode step, labelled
-    with its source; step_overhead_s = 0 gives the roofline alone, the labelled upper bound.
-    A response of 27,648 tokens decoded alone (a synchronous step's tail) takes 143 s more."""
-    default = gpu_plan.server_generator(workload_from_mapping(WORKLOAD), 1)
+def test_the_default_generator_has_the_overhead_of_a_published_figure_else_verls() -> None:
+    """Without a [generator] table a server is the roofline plus the decode step overhead a
+    published figure of its GPU kind implies (H100: Mistral-7B's 8.95 ms TPOT at 10 requests,
+    4.47 ms beyond its roofline), labelled with its source; a GPU kind without one gets the
+    overhead fitted to verl's runs (5.18 ms); step_overhead_s = 0 gives the roofline alone,
+    the labelled upper bound. A response of 27,648 tokens decoded alone (a synchronous step's
+    tail) takes 27,648 overheads more."""
+    h100 = gpu_plan.server_generator(workload_from_mapping(WORKLOAD), 1)
+    h20 = gpu_plan.server_generator(workload_from_mapping(changed("cluster", "gpu", "h20")), 1)
     bound = gpu_plan.server_generator(
         workload_from_mapping(
             WORKLOAD | {"generator": {"step_overhead_s": 0.0, "source": "the roofline"}}
         ),
         1,
     )
-    assert default.overhead_s == DECODE_STEP_OVERHEAD_S and bound.overhead_s == 0.0
-    assert "fitted to verl's published runs" in default.source
+    published = implied_overhead_s(nearest("h100", 7.6e9))
+    assert h100.overhead_s == published == pytest.approx(4.47e-3, abs=5e-5)
+    assert "Mistral-7B-Instruct-v0.3" in h100.source and "LambdaLabsML" in h100.source
+    assert h20.overhead_s == DECODE_STEP_OVERHEAD_S and "verl" in h20.source
+    assert bound.overhead_s == 0.0
     assert "ROOFLINE" in bound.source and "upper bound" in bound.source
-    alone, overhead = (27648 / g.tokens_per_s(1, 28000) for g in (bound, default))
-    assert overhead - alone == pytest.approx(27648 * DECODE_STEP_OVERHEAD_S)  # 143 s more
+    alone, overhead = (27648 / g.tokens_per_s(1, 28000) for g in (bound, h100))
+    assert overhead - alone == pytest.approx(27648 * published)
+
+
+def test_every_published_figure_is_slower_than_its_roofline_and_found_by_its_gpu() -> None:
+    for figure in PUBLISHED:
+        assert 0.0 < implied_overhead_s(figure) < figure.tpot_s
+        assert nearest(figure.gpu, figure.parameters) == figure
+    assert nearest("a100", 1.5e9).model == "Qwen3-1.7B"
+    assert nearest("a100", 70e9).model == "Mistral-7B-Instruct-v0.3"
 
 
 def test_a_groups_length_correlation_is_read_with_0_by_default() -> None:
