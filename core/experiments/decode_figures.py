@@ -24,7 +24,7 @@ import math
 
 import attrs
 
-from asyncgrpo.core.experiments.generator import roofline
+from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S, roofline
 from asyncgrpo.core.experiments.hardware import GPUS, parameters_only
 
 
@@ -109,3 +109,26 @@ def nearest(gpu: str, parameters: float) -> PublishedDecode | None:
     if not figures:
         return None
     return min(figures, key=lambda f: abs(math.log(f.parameters / parameters)))
+
+
+def default_overhead(gpu: str, parameters: float) -> tuple[float, str]:
+    """The decode step overhead, seconds, of a workload that gives none, and where it comes
+    from: the one the figure :func:`nearest` its model on its GPU kind implies, else
+    :data:`~asyncgrpo.core.experiments.generator.DECODE_STEP_OVERHEAD_S` (verl's runs on H20).
+
+    Example:
+        >>> seconds, source = default_overhead("b200", 7e9)
+        >>> seconds, source.startswith("fitted to verl's published runs on H20")
+        (0.00518, True)
+    """
+    roofline_alone = "[generator] step_overhead_s = 0 for the roofline alone"
+    figure = nearest(gpu, parameters)
+    if figure is None:
+        return DECODE_STEP_OVERHEAD_S, (
+            f"fitted to verl's published runs on H20 (the default where no figure of {gpu} "
+            f"was found; {roofline_alone})"
+        )
+    return implied_overhead_s(figure), (
+        f"implied by a published figure of the nearest model on {gpu}, {figure.model}: "
+        f"{figure.source} ({roofline_alone})"
+    )

@@ -60,7 +60,6 @@ import attrs
 
 from asyncgrpo.core.experiments import decode_figures
 from asyncgrpo.core.experiments import lengths as length_models
-from asyncgrpo.core.experiments.generator import DECODE_STEP_OVERHEAD_S
 from asyncgrpo.core.experiments.hardware import (
     GPU,
     GPUS,
@@ -183,34 +182,19 @@ class Workload:
 
     @property
     def decode_overhead_s(self) -> float:
-        """Seconds every decode step takes besides the roofline: the workload's, else the one
-        a published figure of its GPU kind implies (the nearest model size,
-        :mod:`~asyncgrpo.core.experiments.decode_figures`), else the default fitted to verl's
-        runs."""
+        """Seconds every decode step takes besides the roofline: the workload's, else the
+        default of its GPU kind and model size
+        (:func:`~asyncgrpo.core.experiments.decode_figures.default_overhead`)."""
         if self.decode_step_overhead_s is not None:
             return self.decode_step_overhead_s
-        figure = decode_figures.nearest(self.gpu.name, self.model.parameters)
-        if figure is None:
-            return DECODE_STEP_OVERHEAD_S
-        return decode_figures.implied_overhead_s(figure)
+        return decode_figures.default_overhead(self.gpu.name, self.model.parameters)[0]
 
     @property
     def decode_overhead_source(self) -> str:
         """Where :attr:`decode_overhead_s` comes from, as the plan states it."""
         if self.decode_step_overhead_s is not None:
             return "the workload's"
-        figure = decode_figures.nearest(self.gpu.name, self.model.parameters)
-        if figure is None:
-            return (
-                f"fitted to verl's published runs on H20 (the default where no figure of "
-                f"{self.gpu.name} was found; [generator] step_overhead_s = 0 for the roofline "
-                "alone)"
-            )
-        return (
-            f"implied by a published figure of the nearest model on {self.gpu.name}, "
-            f"{figure.model}: {figure.source} ([generator] step_overhead_s = 0 for the "
-            "roofline alone)"
-        )
+        return decode_figures.default_overhead(self.gpu.name, self.model.parameters)[1]
 
     @property
     def trainer_overhead_s(self) -> float:
