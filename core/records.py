@@ -74,10 +74,12 @@ def _top_logprobs(
     return TopLogprobs.from_tables(values)
 
 
-def _check_binary(record: str, field: str, values: Sequence[int]) -> None:
-    bad = [v for v in values if v not in (0, 1)]
-    if bad:
-        raise _fail(record, field, f"must hold only 0 and 1, found {bad[0]!r}")
+def _check_binary(record: str, field: str, values: Sequence[int] | np.ndarray) -> None:
+    array = np.asarray(values)
+    binary = (array == 0) | (array == 1)
+    if not binary.all():
+        found = array[int(np.argmin(binary))].item()
+        raise _fail(record, field, f"must hold only 0 and 1, found {found!r}")
 
 
 def _check_same_length(record: str, field: str, values: Sized | None, n: int) -> None:
@@ -280,7 +282,7 @@ class TrainingSequence:
                 raise _fail(
                     name, field, f"has {len(getattr(self, field))} entries, input_ids has {n}"
                 )
-        _check_binary(name, "trained_mask", self.trained_mask.tolist())
+        _check_binary(name, "trained_mask", self.trained_mask)
         if n == 0:
             raise _fail(name, "input_ids", "is empty")
         if self.trained_mask[0]:

@@ -48,6 +48,8 @@ def shared_positions(a: np.ndarray, b: np.ndarray) -> int:
         >>> shared_positions(np.array([1, 2]), np.array([1, 2]))
         2
     """
+    if a.size and b.size and a[0] != b[0]:  # different prompts: the usual case, at once
+        return 0
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     common = int(diff[0]) if diff.size else n
