@@ -117,13 +117,14 @@ def simulation_of(
         return statistics.median(values) if values else default
 
     completion = median("completions/mean_length", config.max_completion_length)
-    # a sample's own tokens, its prompt unshared (a step's forwarded tokens share each group's
-    # prompt, so they undercount a prompt by the group's size)
+    # a sample's own tokens, its prompt unshared
     sample = median("sample/forwarded_tokens_mean", 0.0)
-    if not sample:
+    if sample:
+        prompt = max(1, round(sample - completion))
+    else:  # a step's forwarded tokens: each group's prompt once, for the group's samples
         forwarded = median("batch/forwarded_tokens_per_step", 0.0)
-        sample = forwarded / max(median("batch/samples_per_step", 1.0), 1.0)
-    prompt = max(1, round(sample - completion))
+        per_sample = forwarded / max(median("batch/samples_per_step", 1.0), 1.0)
+        prompt = max(1, round((per_sample - completion) * config.num_generations))
     # the longest prompt, from the longest sample against the mean completion (at most 2x the
     # mean prompt less one: the simulator draws prompts symmetric around the mean)
     longest_samples = [r.get("sample/forwarded_tokens_max") for r in rows]

@@ -36,6 +36,7 @@ the share of server time with no request running (pauses included).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -46,9 +47,8 @@ from tqdm import tqdm
 
 from asyncgrpo.core import metrics
 from asyncgrpo.core.experiments import generator as generators
-from asyncgrpo.core.records import TurnRecord
+from asyncgrpo.core.records import TrainingSequence
 from asyncgrpo.core.rollout import advantages, cursor, pacing
-from asyncgrpo.core.rollout.reconcile import reconcile_turns
 from asyncgrpo.core.rollout.scoring import check_reward_values, group_samples
 from asyncgrpo.core.run import step_queue
 from asyncgrpo.core.servers import routing
@@ -130,6 +130,16 @@ def _route(state: Pipeline, training: bool) -> int:
     return server
 
 
+def _single_turn(prompt: np.ndarray, output: np.ndarray) -> TrainingSequence:
+    """The sequence a one-turn rollout reconciles to: ``prompt`` then ``output`` (int64 [P]
+    and [N]), the output trained, at a sampler log-prob of -1 nat a token."""
+    return TrainingSequence(
+        input_ids=np.concatenate([prompt, output]),
+        trained_mask=np.repeat(np.array([0, 1], dtype=np.int8), [len(prompt), len(output)]),
+        sampler_logprobs=np.repeat([0.0, -1.0], [len(prompt), len(output)]),
+    )
+
+
 def _finish_group(state: Pipeline, group: Group) -> None:
     c = state.config
     p_success = 1.0 / (1.0 + math.exp(-(state.skill - state.difficulty[group.row])))
@@ -139,11 +149,13 @@ def _finish_group(state: Pipeline, group: Group) -> None:
         c.num_generations,
     )
     score = advantages.score_group(rewards)
-    prompt = list(range(group.prompt))
-    sequences = [
-        reconcile_turns([TurnRecord(prompt, outputs, [-1.0] * len(outputs))]).sequences
-        for outputs in (state.rng.integers(1000, 2000, n).tolist() for n in group.lengths)
-    ]
+    # the group's own prompt: its first token is its position, so that the packing shares
+    # no prefix between groups (different prompts), only within the group
+    prompt = np.arange(group.prompt)
+    prompt[0] = group.position
+    outputs = state.rng.integers(1000, 2000, sum(group.lengths))
+    starts = np.cumsum([0, *group.lengths]).tolist()
+    sequences = [[_single_turn(prompt, outputs[a:b])] for a, b in itertools.pairwise(starts)]
     samples = group_samples(
         sequences,
         score,

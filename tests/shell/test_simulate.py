@@ -310,3 +310,28 @@ def test_a_colocated_baseline_starts_each_steps_whole_batch_together(tmp_path) -
     assert concurrency["paced"] <= 16 < concurrency["batch"], concurrency
     per_sample = {name: f.seconds_per_sample for name, f in figures.items()}
     assert per_sample["batch"] < 0.8 * per_sample["paced"], per_sample
+
+
+def test_the_packing_shares_a_prompt_within_its_group_only(tmp_path) -> None:
+    """Each simulated group has its own prompt, as a dataset's rows do: a step forwards the
+    prompt of every group it holds samples of once (shared by those samples) and every
+    completion; prompts of different groups share nothing (were they one prompt, the packing
+    would forward it once a row). A step holds whole groups and at most two parts of groups
+    (the token budget ends it within one, the next step takes the rest). A prompt's last
+    token is each sample's own (it predicts the sample's first token)."""
+    prompt, completion, group = 64, 40, 8
+    config = SimulationConfig(
+        max_steps=6,
+        logging_steps=1,
+        prompt_tokens=prompt,
+        min_completion_tokens=completion,
+        max_completion_tokens=completion,
+    )
+    simulate(config, tmp_path, progress=False)
+    for window in read_metrics(tmp_path):
+        samples = int(window["batch/samples_per_step"])
+        whole_groups = samples // group
+        own = samples * (completion + 1)
+        forwarded = window["batch/forwarded_tokens_per_step"]
+        assert whole_groups * (prompt - 1) + own <= forwarded, window
+        assert forwarded <= (whole_groups + 2) * (prompt - 1) + own, window
