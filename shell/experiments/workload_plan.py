@@ -251,7 +251,7 @@ def simulation_of(
 
 def simulated_share(simulation: Simulation) -> str:
     """One line of the plan: how much of the cluster the recommended setting's simulation
-    ran (the baselines ran the whole)."""
+    ran (the synchronous baseline ran the whole, the colocated one a share of its own)."""
     if simulation.scale == 1:
         return "simulated: the whole cluster"
     config = simulation.config
@@ -260,7 +260,7 @@ def simulated_share(simulation: Simulation) -> str:
         f" of {config.num_servers} servers, {simulation.samples_per_step:,} of "
         f"{simulation.samples_per_step * simulation.scale:,} samples a step, each server's "
         f"load the same, a step's longest response within {SCALE_TOLERANCE:.0%}); the "
-        "synchronous and colocated baselines: the whole cluster"
+        "synchronous baseline: the whole cluster"
     )
 
 
@@ -387,11 +387,11 @@ def plan_workload(
         synchronous = predictions[sync_candidate]
     else:
         synchronous = run(sync_candidate, out / "synchronous", whole=True)
+    # the colocated baseline is not paced (the whole batch at once): a share predicts it
     colocated = run(
         attrs.evolve(sync_candidate, train_devices=gpus, servers=gpus // c.tensor_parallel),
         out / "colocated",
         colocated=True,
-        whole=True,
     )
     split = gpu_plan.Split(c.train_devices, c.servers, c.tensor_parallel)
     shape = gpu_plan.step_shape(workload, split)
