@@ -291,6 +291,32 @@ class InFlight:
 NONE_IN_FLIGHT = InFlight()
 
 
+def splits_across_steps(settings: QueueSettings, group: Sequence[TrainingSample]) -> bool:
+    """Whether ``group``'s samples (those within ``token_budget``) cannot all go into one
+    step, even an empty one: then every such group is split, its last samples trained a step
+    after the others, one version staler, and dropped as stale when the step before took the
+    group at ``max_staleness``. A task whose long groups are larger than a step loses their
+    samples most (``sample/length_q4/dropped_stale_count``); a step that holds them
+    (``token_budget`` or ``gradient_accumulation_steps`` raised) does not.
+
+    Example:
+        >>> from asyncgrpo.core.records import TrainingSequence
+        >>> def sample(first):  # the group's prompt [1, 2], then 4 tokens of its own
+        ...     seq = TrainingSequence([1, 2, first, 5, 5, 5], [0, 0, 1, 1, 1, 1], [0.0] * 6)
+        ...     return TrainingSample(seq, 1.0, 0, 0, 0, 0, "r")
+        >>> group = [sample(first) for first in (3, 4, 6)]  # 1 + 3 x 5 = 16 tokens packed
+        >>> [splits_across_steps(QueueSettings(b, 1, 1, 1), group) for b in (15, 16)]
+        [True, False]
+        >>> splits_across_steps(QueueSettings(15, 1, 2, 1), group)  # two rows a step
+        False
+    """
+    plan = settings.empty_plan()
+    for sample in group:
+        if len(sample.sequence) <= settings.token_budget:
+            plan = add_sample(plan, sample)
+    return plan.full
+
+
 def ready(queue: StepQueue, in_flight: InFlight, *, behind: int) -> bool:
     """Whether a step should be taken now: the plan is full, or the generator can start no
     group (no group in flight, and buffered tokens plus the largest group exceed the

@@ -72,6 +72,7 @@ class SampleIntake:
         # tokens of samples a resumed checkpoint kept, which the rollout process never counted
         self._restored_tokens = 0
         self._done: dict[str, list[int]] = {}  # positions done with since the last row, by outcome
+        self._warned_split = False  # a group larger than a step was seen (warned once)
 
     def drain(self, wait_s: float) -> None:
         """Take the rollout process's messages: the first within ``wait_s`` seconds (counted in
@@ -89,12 +90,34 @@ class SampleIntake:
                 if not message.samples:
                     self._note(message.dropped or ZERO_SPREAD, [message.position])
                 self.completions.extend(message.completions)
+                self._check_fits_a_step(message.samples)
                 self.apply(step_queue.arrive(self.queue, message.samples, self._step()))
             if isinstance(message, EvalOutcome):
                 self._observe(*self._evaluated(message))
             else:
                 self._observe(*message.observations)
             message = self.process.get(0.0)
+
+    def _check_fits_a_step(self, group: Sequence[TrainingSample]) -> None:
+        """Warn, once a run, of a group larger than a step
+        (:func:`~asyncgrpo.core.run.step_queue.splits_across_steps`): its last samples are
+        trained a step later and, at ``max_staleness``, dropped as stale."""
+        assert self.queue is not None
+        if self._warned_split or not step_queue.splits_across_steps(self.queue.settings, group):
+            return
+        self._warned_split = True
+        settings = self.queue.settings
+        log.warning(
+            "a group does not fit one step: its last samples are trained a step later, and "
+            "dropped as stale where the group's policy was max_staleness versions behind, so "
+            "the longest groups lose samples (sample/length_q4/dropped_stale_count); raise "
+            "token_budget or gradient_accumulation_steps until a step holds the longest group",
+            samples=len(group),
+            tokens=sum(len(s.sequence) for s in group),
+            token_budget=settings.token_budget,
+            rows_per_step=settings.rows_per_step,
+            max_staleness=settings.max_staleness,
+        )
 
     def restore(self, samples: Sequence[TrainingSample]) -> None:
         """Put back on the queue the samples a resumed checkpoint kept (rank 0, before the

@@ -199,6 +199,24 @@ def test_a_budget_no_sample_fits_ends_the_run_with_an_error_naming_it(tmp_path) 
         run._plan_next_step(run.rollout)
 
 
+@pytest.mark.parametrize(("budget", "rows", "warned"), [(96, 1, 1), (96, 2, 0), (160, 1, 0)])
+def test_a_group_larger_than_a_step_is_warned_of_once(tmp_path, budget, rows, warned) -> None:
+    """Groups of four 40-token samples (160 tokens, no prefix shared) do not fit a step of
+    one 96-token row: the run warns once, naming the fix, however many such groups arrive; a
+    step of two such rows, or one of 160 tokens, holds a group and nothing is said."""
+    from structlog.testing import capture_logs
+
+    ticks = [[_group(4 * tick + p, 0, [40] * 4) for p in range(4)] for tick in range(4)]
+    run = _trainer_run(tmp_path, budget, rows, 1, FakeRolloutProcess(ticks))
+    with capture_logs() as logs:
+        run._plan_next_step(run.rollout)
+    said = [e for e in logs if e["event"].startswith("a group does not fit one step")]
+    assert len(said) == warned, logs
+    if warned:
+        assert "raise token_budget or gradient_accumulation_steps" in said[0]["event"]
+        assert (said[0]["token_budget"], said[0]["rows_per_step"]) == (budget, rows)
+
+
 @pytest.mark.parametrize(
     ("max_staleness", "weight_sync_s"), [(0, 0.0), (1, 0.0), (4, 0.0), (2, 0.3), (4, 0.3)]
 )
