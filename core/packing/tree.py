@@ -51,8 +51,16 @@ def shared_positions(a: np.ndarray, b: np.ndarray) -> int:
     if a.size and b.size and a[0] != b[0]:  # different prompts: the usual case, at once
         return 0
     n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    common = int(diff[0]) if diff.size else n
+    # the first difference, in windows growing 4x: samples of one prompt differ after it,
+    # so long responses are not compared whole
+    common, start, width = n, 0, 256
+    while start < n:
+        stop = min(n, start + width)
+        diff = np.flatnonzero(a[start:stop] != b[start:stop])
+        if diff.size:
+            common = start + int(diff[0])
+            break
+        start, width = stop, 4 * width
     if common == len(a) == len(b):
         return common
     return max(0, common - 1)

@@ -100,6 +100,20 @@ def test_shared_positions_rule() -> None:
     assert shared_positions(np.array([5]), np.array([6])) == 0
 
 
+tokens = st.lists(st.integers(0, 2), max_size=1500)
+
+
+@given(tokens, tokens, st.integers(0, 1500))
+def test_shared_positions_is_the_common_prefix_less_the_diverging_one(a, b, copied) -> None:
+    """Against the rule read off token by token, on sequences long enough to span the windows
+    it compares in (``b`` often starts with ``copied`` tokens of ``a``)."""
+    b = a[:copied] + b
+    pairs = enumerate(zip(a, b, strict=False))
+    common = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+    expected = common if common == len(a) == len(b) else max(0, common - 1)
+    assert shared_positions(np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)) == expected
+
+
 @given(sample_sets(), st.data())
 def test_each_trained_token_carries_its_samples_tables_also_when_sent(samples, data) -> None:
     """Some samples carry top log-probs and candidate sets (one table per position, ids drawn
