@@ -310,10 +310,14 @@ def splits_across_steps(settings: QueueSettings, group: Sequence[TrainingSample]
         >>> splits_across_steps(QueueSettings(15, 1, 2, 1), group)  # two rows a step
         False
     """
+    fitting = [s for s in group if len(s.sequence) <= settings.token_budget]
+    # a micro-batch closes only once each of its rows holds a sample, so a group of no more
+    # samples than a step has rows fits: no planning (a large run's step has many rows)
+    if len(fitting) <= settings.rows_per_step:
+        return False
     plan = settings.empty_plan()
-    for sample in group:
-        if len(sample.sequence) <= settings.token_budget:
-            plan = add_sample(plan, sample)
+    for sample in fitting:
+        plan = add_sample(plan, sample)
     return plan.full
 
 

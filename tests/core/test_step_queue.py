@@ -18,6 +18,7 @@ from asyncgrpo.core.run.step_queue import (
     advance,
     arrive,
     ready,
+    splits_across_steps,
     take_step,
 )
 
@@ -470,3 +471,18 @@ def test_with_pushes_landing_late_the_two_sides_never_wait_on_each_other(
         sides.act(choice)
         if not sides.in_flight and sides.pushing is None and not sides.may_start():
             assert ready(sides.queue, NONE_IN_FLIGHT, behind=sides.behind)
+
+
+TWO_LONG = [make_sample([1, first, *[2] * 7], [0] + [1] * 8) for first in (3, 4)]
+
+
+@given(queue_settings, groups(0, 0, max_size=10))
+@example(QueueSettings(10, 1, 1, 0), TWO_LONG)  # 1 + 2 x 8 tokens packed: two rows needed
+@example(QueueSettings(10, 2, 1, 0), TWO_LONG)
+def test_a_group_splits_across_steps_where_one_planned_step_leaves_some_over(settings, group):
+    """Against the planner on the group alone: split where an empty step's plan leaves some
+    of the group's samples (those within the budget) for the next step."""
+    plan = plan_step(
+        group, settings.token_budget, settings.num_processes, settings.gradient_accumulation_steps
+    )
+    assert splits_across_steps(settings, group) == bool(plan.leftover)
