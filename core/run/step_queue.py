@@ -42,7 +42,7 @@ import attrs
 
 from asyncgrpo.core.records import TrainingSample
 from asyncgrpo.core.rollout import pacing
-from asyncgrpo.core.run.planner import PlanState, add_sample
+from asyncgrpo.core.run.planner import PlanState, add_sample, plan_step
 
 OVERSIZE_IN_A_ROW_LIMIT = 64
 STEP_MARGIN = 0.9
@@ -310,15 +310,14 @@ def splits_across_steps(settings: QueueSettings, group: Sequence[TrainingSample]
         >>> splits_across_steps(QueueSettings(15, 1, 2, 1), group)  # two rows a step
         False
     """
-    fitting = [s for s in group if len(s.sequence) <= settings.token_budget]
     # a micro-batch closes only once each of its rows holds a sample, so a group of no more
     # samples than a step has rows fits: no planning (a large run's step has many rows)
-    if len(fitting) <= settings.rows_per_step:
+    if sum(len(s.sequence) <= settings.token_budget for s in group) <= settings.rows_per_step:
         return False
-    plan = settings.empty_plan()
-    for sample in fitting:
-        plan = add_sample(plan, sample)
-    return plan.full
+    plan = plan_step(
+        group, settings.token_budget, settings.num_processes, settings.gradient_accumulation_steps
+    )
+    return bool(plan.leftover)
 
 
 def ready(queue: StepQueue, in_flight: InFlight, *, behind: int) -> bool:
