@@ -128,8 +128,8 @@ class Bench:
         def holed(client: VLLMClient) -> VLLMClient:
             pause = client.admin.pause
 
-            async def pause_then_hole() -> None:
-                await pause()
+            async def pause_then_hole(keep_kv_cache: bool = False) -> None:
+                await pause(keep_kv_cache)
                 if hole:
                     opened.append(time.monotonic())
                     proxy.black_hole()

@@ -268,6 +268,9 @@ class EngineSync:
             group is aborted and the send raises :class:`WeightSendTimeout`.
         device: the learner's device; on CUDA every send waits for the writes queued on its
             current stream before reading the weights.
+        keep_kv_cache: leave the server's KV cache as it is after a push
+            (``weight_push_keeps_kv_cache``) instead of dropping it and recomputing the running
+            requests' KV.
     """
 
     def __init__(
@@ -278,6 +281,7 @@ class EngineSync:
         *,
         timeout_s: float,
         device: torch.device | None = None,
+        keep_kv_cache: bool = False,
     ) -> None:
         if not isinstance(engine.source, WeightStream):
             raise TypeError("EngineSync needs an engine whose source is a WeightStream")
@@ -287,6 +291,7 @@ class EngineSync:
         self.sender = engine.is_sender
         self.timeout_s = timeout_s
         self.device = device or torch.device("cpu")
+        self.keep_kv_cache = keep_kv_cache
         # Rank 0 pauses and resumes the server through one client on one event loop, kept for
         # the run; the transfer runs on a watched thread (send_within) that takes the caller's
         # device: its gathers are collectives of the trainer's process group.
@@ -309,12 +314,14 @@ class EngineSync:
         timeout_s: float,
         api_key: str | None = None,
         device: torch.device | None = None,
+        keep_kv_cache: bool = False,
     ) -> EngineSync:
         """Join a transfer group with the server's ``workers`` (``ServerTransfer.workers``)
         through ``backend`` (``"nccl"`` or ``"asyncgrpo_gloo"``, as the server was started
         with); ``rank`` is this trainer process's rank (rank 0 sends, the others only gather);
         ``timeout_s`` bounds each send, and the handshake too where it is under
-        :data:`HANDSHAKE_TIMEOUT_S`.
+        :data:`HANDSHAKE_TIMEOUT_S`; ``keep_kv_cache`` leaves the server's KV cache as it is
+        after a push (``weight_push_keeps_kv_cache``) instead of dropping it.
 
         Raises:
             WeightHandshakeTimeout: the handshake outlived its bound."""
@@ -325,7 +332,14 @@ class EngineSync:
             min(timeout_s, HANDSHAKE_TIMEOUT_S),
             base_url,
         )
-        return cls(base_url, client, engine, timeout_s=timeout_s, device=device)
+        return cls(
+            base_url,
+            client,
+            engine,
+            timeout_s=timeout_s,
+            device=device,
+            keep_kv_cache=keep_kv_cache,
+        )
 
     def sync(self, barrier_s: float = 0.0) -> SyncTimings | None:
         """Push the source's current weights (collective; rank 0 gets the timings).
@@ -384,16 +398,18 @@ class EngineSync:
 
     def _send(self, barrier_s: float, send: Callable[[], None] | None = None) -> SyncTimings:
         start = time.monotonic()
-        self._portal.call(self._client.admin.pause)
+        self._portal.call(self._client.admin.pause, self.keep_kv_cache)
         paused = time.monotonic()
         try:
+            held = self._portal.call(self._client.admin.held_kv_tokens)
             send_within(
                 send or self.engine.send_weights,
                 self.timeout_s,
                 self.engine.shutdown,
                 self.base_url,
             )
-            self._portal.call(self._client.admin.reset_prefix_cache)
+            if not self.keep_kv_cache:
+                self._portal.call(self._client.admin.reset_prefix_cache)
         except BaseException as failed:  # resume the server all the same, keep this cause
             try:
                 self._portal.call(self._resume_within, LEAVE_TIMEOUT_S)
@@ -406,7 +422,12 @@ class EngineSync:
             raise
         self._portal.call(self._client.admin.resume)
         done = time.monotonic()
-        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
+        return SyncTimings(
+            pause_s=paused - start,
+            barrier_s=barrier_s,
+            transfer_s=done - paused,
+            held_kv_tokens=held,
+        )
 
     async def _resume_within(self, timeout_s: float) -> None:
         """Resume the server after a failed send: a courtesy bounded by ``timeout_s``, not by

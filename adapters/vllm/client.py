@@ -250,6 +250,7 @@ class VLLMClient:
         model: str | None = None,
         candidate_sets_logprobs: int | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Generation:
         """Sample one completion of ``prompt_ids`` (from ``model``, e.g. a LoRA adapter's
         name, instead of the client's model when given). A ``priority`` other than 0 (later
@@ -257,11 +258,15 @@ class VLLMClient:
         ``--scheduling-policy priority`` (:meth:`scheduling_policy`).
 
         With ``candidate_sets_logprobs`` (the plan's ``logprobs_to_request``) the request goes
-        to the token endpoint and the generation carries each token's candidate set."""
+        to the token endpoint and the generation carries each token's candidate set. A
+        ``cache_salt`` (vLLM's: at most 128 characters, none of ``@ / \\``) keeps the request
+        off every cached block computed under another salt, and its own blocks off theirs."""
+        salt = {"cache_salt": cache_salt} if cache_salt is not None else {}
         if candidate_sets_logprobs is not None:
             body = vllm_tokens.token_request(
                 list(prompt_ids), params, seed, model or self.model, candidate_sets_logprobs
             )
+            body |= salt
             return await self._generate_until_not_aborted(
                 vllm_tokens.TOKEN_ENDPOINT,
                 body,
@@ -276,6 +281,7 @@ class VLLMClient:
             "return_tokens_as_token_ids": True,
             "stream": False,
             **({"priority": priority} if priority else {}),
+            **salt,
         }
         return await self._generate_until_not_aborted(
             "/v1/completions", body, lambda reply: self._one_choice(reply, params)

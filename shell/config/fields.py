@@ -308,6 +308,19 @@ class AsyncGRPOConfig(TrainingArguments):
             "either way (logged at start)."
         ),
     )
+    weight_push_keeps_kv_cache: bool = field(
+        default=False,
+        metadata=_help(
+            "Not in TRL. At a weight push, requests the server runs keep their KV cache and "
+            "go on sampling with the new weights on it (the KV of their earlier tokens stays "
+            "the old policy's; the importance ratio covers the difference); False: the push "
+            "drops every cached block and running requests recompute theirs under the new "
+            "weights. Either way each token's log-prob is the one the server sampled it "
+            "with. With True each request's prefix cache is salted with the policy version "
+            "the rollout process knew when it sent it, so a request sent after a push never "
+            "reads a block another version computed (docs/weight_sync.md)."
+        ),
+    )
     weight_sync_delta: bool = field(
         default=False,
         metadata=_help(

@@ -90,6 +90,17 @@ this many prompts rejected by ``filter_prompt`` in a row stand for one and end t
 whole epoch rejected ends a run with a dataset."""
 
 
+def policy_cache_salt(version: int) -> str:
+    """The ``cache_salt`` of a request sent while its server holds policy ``version``: vLLM
+    hashes the salt into every cached block, so requests of different versions share none.
+
+    Example:
+        >>> policy_cache_salt(3)
+        'policy-v3'
+    """
+    return f"policy-v{version}"
+
+
 def root_cause(group: BaseExceptionGroup) -> BaseException:
     """The first real error inside nested task-group errors (cancellations skipped)."""
     for error in group.exceptions:
@@ -231,10 +242,15 @@ class AsyncRolloutLoop:
         by priority.
 
         The request's seed is :func:`~asyncgrpo.core.rollout.cursor.request_seed` of the prompt's
-        position, the rollout's index and the turn, so a resumed run samples the same way."""
+        position, the rollout's index and the turn, so a resumed run samples the same way.
+        With ``weight_push_keeps_kv_cache`` its prefix cache is salted with the policy version
+        its server holds now (:func:`policy_cache_salt`)."""
         if self.client is None:
             raise RuntimeError("generate_one_turn called before the loop started")
         seed = self._next_seed()
+        salt = None
+        if self.config.weight_push_keeps_kv_cache:
+            salt = policy_cache_salt(self._version_of(context.SERVER.get()))
         adapter = None
         if self.lora_prefix:
             adapter = adapter_name(self.lora_prefix, context.GROUP_VERSION.get())
@@ -242,7 +258,7 @@ class AsyncRolloutLoop:
         if evaluation is not None:  # below training's priority, no candidate sets
             priority = EVAL_PRIORITY if self._priority_scheduling else 0
             gen = await self.client.generate(
-                prompt_ids, evaluation, seed, model=adapter, priority=priority
+                prompt_ids, evaluation, seed, model=adapter, priority=priority, cache_salt=salt
             )
         else:
             gen = await self.client.generate(
@@ -251,6 +267,7 @@ class AsyncRolloutLoop:
                 seed,
                 model=adapter,
                 candidate_sets_logprobs=self._candidate_logprobs,
+                cache_salt=salt,
             )
             self._generated_tokens += len(gen.output_ids)
             assert self.pool is not None

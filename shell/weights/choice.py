@@ -52,7 +52,9 @@ def open_weight_sync(learner: Learner, args: Any, model_name: str, output_dir: P
     choice, server_workers = decided_on_rank0(choose, refusals=(ValueError,))
     merged: WeightSync
     if choice.backend == weight_sync.DISK:
-        merged = DiskWeights(learner, client, output_dir / ".vllm_weights")
+        merged = DiskWeights(
+            learner, client, output_dir / ".vllm_weights", args.weight_push_keeps_kv_cache
+        )
     else:
         merged = EngineWeights(learner, args, client, choice.backend, server_workers)
     if not learner.is_peft:

@@ -174,15 +174,19 @@ def _synced_bytes(learner: Learner) -> int:
 
 class DiskWeights:
     """Merged weights through safetensors in ``directory`` (written once) and each server's
-    reload."""
+    reload; with ``keep_kv_cache`` (``weight_push_keeps_kv_cache``) the servers keep their KV
+    cache across it."""
 
     backend = weight_sync.DISK
     lora_name = None
 
-    def __init__(self, learner: Learner, client: Client, directory: Path):
+    def __init__(
+        self, learner: Learner, client: Client, directory: Path, keep_kv_cache: bool = False
+    ):
         self.learner = learner
         self.client = client
         self.directory = directory
+        self.keep_kv_cache = keep_kv_cache
 
     def start(self) -> None:
         pass
@@ -214,7 +218,8 @@ class DiskWeights:
 
         async def reload(index: int) -> SyncTimings:
             async with self.client(index) as client:
-                return await DiskReload(client, self.directory).reload(barrier_s, write_s)
+                disk = DiskReload(client, self.directory, self.keep_kv_cache)
+                return await disk.reload(barrier_s, write_s)
 
         return each_server_async(servers, reload)
 
@@ -288,6 +293,7 @@ class EngineWeights:
             timeout_s=self.args.weight_sync_timeout,
             api_key=self.args.server_api_key,
             device=self.learner.device,
+            keep_kv_cache=self.args.weight_push_keeps_kv_cache,
         )
         if self.delta is not None:
             self.engines[index].keep_baseline()

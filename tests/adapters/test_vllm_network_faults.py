@@ -213,8 +213,8 @@ def hole_after_pause(client: VLLMClient, proxy: FaultProxy) -> None:
     or the engine's ``/start_weight_update``) and its resume go into it."""
     pause = client.admin.pause
 
-    async def pause_then_hole() -> None:
-        await pause()
+    async def pause_then_hole(keep_kv_cache: bool = False) -> None:
+        await pause(keep_kv_cache)
         proxy.black_hole()
 
     client.admin.pause = pause_then_hole  # type: ignore[method-assign]

