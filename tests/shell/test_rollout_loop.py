@@ -18,12 +18,12 @@ from loop_harness import LocalChannels, recorded_rollouts, run_loop
 from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
-from asyncgrpo.adapters.vllm.client import PromptTooLongError
+from asyncgrpo.adapters.vllm.client import PromptTooLongError, VLLMClient
 from asyncgrpo.core.records import Rollout, TurnRecord
 from asyncgrpo.core.rollout.cursor import PromptCursor, request_seed
 from asyncgrpo.shell.config import AsyncGRPOConfig
 from asyncgrpo.shell.rollout import context
-from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop
+from asyncgrpo.shell.rollout.loop import AsyncRolloutLoop, policy_cache_salt
 from asyncgrpo.shell.rollout.scoring import (
     NonfiniteRewardWarnings,
     PendingGroup,
@@ -532,6 +532,32 @@ def test_request_seeds_are_a_function_of_position_rollout_and_turn(vllm_server, 
     assert {key[2] for key in first} == {0, 1}  # two turns per rollout (tool call, answer)
     assert all(first[k] == request_seed(3, *k) for k in first)
     assert len(set(first.values())) == len(first)
+
+
+def test_with_the_kv_cache_kept_each_request_is_salted_with_its_servers_version(
+    vllm_server, tiny_qwen3, monkeypatch
+) -> None:
+    """``weight_push_keeps_kv_cache``: every request carries the salt of the policy version
+    its server holds when it is sent (the version moves on as groups are trained here);
+    without it, none does."""
+    sent: list[tuple[str | None, int]] = []
+    generate = VLLMClient.generate
+
+    async def recording(self, *args, **kwargs):
+        sent.append((kwargs.get("cache_salt"), channels.version))
+        return await generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(VLLMClient, "generate", recording)
+    for keep in (False, True):
+        channels = LocalChannels(stop_after=4)
+        sent.clear()
+        config = {"weight_push_keeps_kv_cache": keep}
+        run_loop(make_loop(vllm_server, tiny_qwen3, channels=channels, config=config))
+        if keep:
+            assert all(salt == policy_cache_salt(version) for salt, version in sent), sent
+            assert len({version for _, version in sent}) > 1, sent
+        else:
+            assert sent and all(salt is None for salt, _ in sent), sent
 
 
 LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 3000)}]  # > max_model_len 1024
