@@ -82,8 +82,11 @@ class ServerPool:
         self.routable = routable
         self.outages = outages
         # at the last report: tokens generated, retries, requests sent again on a new
-        # connection, groups regenerated, each server's preemptions (counters that only grow)
-        self._reported = (0, 0, 0, 0, [0] * len(clients))
+        # connection, groups regenerated (the clients' counters, from 0), each server's
+        # preemptions (its own counter: None until its first /metrics, which is the baseline,
+        # since a server counts from its start, earlier runs' requests included)
+        none: list[int | None] = [None] * len(clients)
+        self._reported = (0, 0, 0, 0, none)
 
     def __len__(self) -> int:
         return len(self.servers)
@@ -197,7 +200,9 @@ class ServerPool:
         if snapshots:
             preempted = 0
             for index, snapshot in snapshots:
-                preempted += max(0, snapshot.preemptions - preemptions[index])
+                before = preemptions[index]
+                if before is not None:  # a restarted server counts from 0 again
+                    preempted += max(0, snapshot.preemptions - before)
                 preemptions[index] = snapshot.preemptions
             found += [
                 mean(
