@@ -15,11 +15,11 @@ interval; then the ratios of the medians, delta over full.
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
-from asyncgrpo.core.experiments.stats import bootstrap_interval
-from asyncgrpo.shell.run import read_metrics
+sys.path.insert(0, str(Path(__file__).parent))
+from setting_figures import each_setting
 
 FIGURES = (
     ("perf/weight_sync_unchanged_frac", "unchanged", 1.0),
@@ -31,27 +31,10 @@ FIGURES = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
-    args = parser.parse_args()
-    settings = sorted(p for p in args.sweep_dir.iterdir() if p.is_dir())
-    medians: dict[str, dict[str, float]] = {}
-    for setting in settings:
-        seeds = sorted(setting.glob("seed=*"))
-        rows = [row for seed in seeds for row in read_metrics(seed) if row["step"] > 1]
-        print(f"{setting.name} ({len(seeds)} seeds, steps 2 and later: {len(rows)} rows)")
-        medians[setting.name] = {}
-        for key, label, scale in FIGURES:
-            values = [row[key] * scale for row in rows if key in row]
-            if not values:
-                print(f"  {label:>17s}: not logged")
-                continue
-            interval = bootstrap_interval(values, rng=0)
-            medians[setting.name][key] = interval.estimate
-            print(
-                f"  {label:>17s}: median {interval.estimate:10.4g} "
-                f"[{interval.low:.4g}, {interval.high:.4g}] over {len(values)}"
-            )
+    medians = {
+        setting.name: found
+        for setting, _, _, found in each_setting(__doc__.splitlines()[0], FIGURES)
+    }
     full, delta = (medians.get(f"weight_sync_delta={v}", {}) for v in ("false", "true"))
     for key, label, _ in FIGURES[1:]:
         if key in full and key in delta:

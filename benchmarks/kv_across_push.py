@@ -12,7 +12,8 @@ For each setting, over the steps after the first of every seed:
   compute them again (the recomputed prefill of a push, less the prompt blocks a group's
   requests share once recomputed); kept with the setting;
 * the requests the server preempted, per push (``rollout/vllm_preemption_count`` summed over
-  the windows, divided by the pushes): by default every request running at a push;
+  the windows after the first that reports it, divided by the pushes): by default every
+  request running at a push;
 * generated tokens per second (``rollout/generated_tokens_per_s``), the share of trained tokens
   the importance-sampling keep range dropped (``sampling/masked_mean``), the server's paused
   time (``perf/weight_sync_transfer_s``) and the step's time (``perf/step_s``).
@@ -24,11 +25,13 @@ sweep prints when it ends.
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
-from asyncgrpo.core.experiments.stats import bootstrap_interval
 from asyncgrpo.shell.run import read_metrics
+
+sys.path.insert(0, str(Path(__file__).parent))
+from setting_figures import each_setting
 
 FIGURES = (
     ("perf/weight_sync_held_kv_tokens", "held KV tokens", 1.0),
@@ -40,29 +43,20 @@ FIGURES = (
 PREEMPTIONS = "rollout/vllm_preemption_count"
 
 
+def counted_preemptions(run: Path) -> float:
+    """A run's preemptions after its first window that reports them: that window is the
+    baseline of the server's counter (which counts from the server's start, a shared server's
+    earlier runs included)."""
+    counts = [row[PREEMPTIONS] for row in read_metrics(run) if PREEMPTIONS in row]
+    return sum(counts[1:])
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
-    args = parser.parse_args()
     medians: dict[str, dict[str, float]] = {}
-    for setting in sorted(p for p in args.sweep_dir.iterdir() if p.is_dir()):
-        seeds = sorted(setting.glob("seed=*"))
-        rows = [row for seed in seeds for row in read_metrics(seed) if row["step"] > 1]
-        print(f"{setting.name} ({len(seeds)} seeds, steps 2 and later: {len(rows)} rows)")
-        medians[setting.name] = {}
-        for key, label, scale in FIGURES:
-            values = [row[key] * scale for row in rows if key in row]
-            if not values:
-                print(f"  {label:>17s}: not logged")
-                continue
-            interval = bootstrap_interval(values, rng=0)
-            medians[setting.name][key] = interval.estimate
-            print(
-                f"  {label:>17s}: median {interval.estimate:10.4g} "
-                f"[{interval.low:.4g}, {interval.high:.4g}] over {len(values)}"
-            )
+    for setting, seeds, rows, found in each_setting(__doc__.splitlines()[0], FIGURES):
+        medians[setting.name] = found
         pushes = sum(1 for row in rows if "perf/weight_sync_transfer_s" in row)
-        preempted = sum(row.get(PREEMPTIONS, 0.0) for row in rows)
+        preempted = sum(counted_preemptions(seed) for seed in seeds)
         if pushes:
             rate = preempted / pushes
             medians[setting.name][PREEMPTIONS] = rate
