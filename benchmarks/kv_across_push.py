@@ -7,10 +7,6 @@ Run ``benchmarks/kv_across_push.toml`` (or ``kv_across_push_real.toml``) first, 
 
 For each setting, over the steps after the first of every seed:
 
-* the KV tokens the server's requests held when a push paused it
-  (``perf/weight_sync_held_kv_tokens``): by default the push drops them and the requests
-  compute them again (the recomputed prefill of a push, less the prompt blocks a group's
-  requests share once recomputed); kept with the setting;
 * the requests the server preempted, per push (``rollout/vllm_preemption_count`` summed over
   the windows after the first that reports it, divided by the pushes): by default every
   request running at a push;
@@ -34,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from setting_figures import each_setting
 
 FIGURES = (
-    ("perf/weight_sync_held_kv_tokens", "held KV tokens", 1.0),
     ("rollout/generated_tokens_per_s", "generated tok/s", 1.0),
     ("sampling/masked_mean", "IS masked frac", 1.0),
     ("perf/weight_sync_transfer_s", "server paused ms", 1e3),

@@ -401,7 +401,6 @@ class EngineSync:
         self._portal.call(self._client.admin.pause, self.keep_kv_cache)
         paused = time.monotonic()
         try:
-            held = self._portal.call(self._client.admin.held_kv_tokens)
             send_within(
                 send or self.engine.send_weights,
                 self.timeout_s,
@@ -426,7 +425,6 @@ class EngineSync:
             pause_s=paused - start,
             barrier_s=barrier_s,
             transfer_s=done - paused,
-            held_kv_tokens=held,
         )
 
     async def _resume_within(self, timeout_s: float) -> None:

@@ -36,10 +36,6 @@ class SyncTimings:
         sent_bytes: bytes sent to one server (0 where not counted: the disk path and adapters).
         unchanged_frac: a delta push's fraction of elements unchanged since the last push
             (``weight_sync_delta``); None for a full push.
-        held_kv_tokens: KV tokens the server's requests held once paused
-            (:meth:`~asyncgrpo.adapters.vllm.admin.ServerAdmin.held_kv_tokens`): dropped and
-            computed again by default, kept with ``weight_push_keeps_kv_cache``; None where
-            not read (adapters) or not reported.
     """
 
     pause_s: float
@@ -48,7 +44,6 @@ class SyncTimings:
     write_s: float = 0.0
     sent_bytes: int = 0
     unchanged_frac: float | None = None
-    held_kv_tokens: int | None = None
 
     @property
     def total_s(self) -> float:
@@ -116,7 +111,6 @@ class DiskReload:
         await self.client.admin.pause(self.keep_kv_cache)
         paused = time.monotonic()
         try:
-            held = await self.client.admin.held_kv_tokens()
             await self.client.admin.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(self.directory)}
             )
@@ -130,7 +124,6 @@ class DiskReload:
             barrier_s=barrier_s,
             transfer_s=done - paused,
             write_s=write_s,
-            held_kv_tokens=held,
         )
 
 
@@ -197,15 +190,13 @@ def adapter_name(prefix: str, version: int) -> str:
 
 def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
     """The timings of one sync that reached several servers in parallel: each phase's longest
-    (the write is shared), the most sent to one server (a server that got the full policy
-    while the others got a delta), and the KV tokens every server held (summed over those that
-    reported theirs).
+    (the write is shared), and the most sent to one server (a server that got the full policy
+    while the others got a delta).
 
     Example:
-        >>> both = slowest([SyncTimings(0.1, 0.0, 0.5, 0.2, held_kv_tokens=64),
-        ...                 SyncTimings(0.3, 0.0, 0.4, 0.2, held_kv_tokens=32)])
-        >>> both.pause_s, both.transfer_s, both.write_s, both.held_kv_tokens
-        (0.3, 0.5, 0.2, 96)
+        >>> both = slowest([SyncTimings(0.1, 0.0, 0.5, 0.2), SyncTimings(0.3, 0.0, 0.4, 0.2)])
+        >>> both.pause_s, both.transfer_s, both.write_s
+        (0.3, 0.5, 0.2)
     """
     if not timings:
         raise ValueError("slowest: no timings")
@@ -218,10 +209,4 @@ def slowest(timings: Sequence[SyncTimings]) -> SyncTimings:
         unchanged_frac=next(
             (t.unchanged_frac for t in timings if t.unchanged_frac is not None), None
         ),
-        held_kv_tokens=_sum_reported([t.held_kv_tokens for t in timings]),
     )
-
-
-def _sum_reported(values: Sequence[int | None]) -> int | None:
-    reported = [value for value in values if value is not None]
-    return sum(reported) if reported else None

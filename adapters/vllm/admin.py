@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from asyncgrpo.adapters.vllm.replies import VLLMError, parse_metrics
+from asyncgrpo.adapters.vllm.replies import VLLMError
 from asyncgrpo.adapters.vllm.transport import ServerTransport
 
 
@@ -59,19 +59,6 @@ class ServerAdmin:
 
     async def resume(self) -> None:
         await self.post("/resume")
-
-    async def held_kv_tokens(self) -> int | None:
-        """KV tokens the server's requests hold now, from ``/metrics``: the used share of the
-        cache (``vllm:kv_cache_usage_perc``, the fullest engine's) times its size in tokens
-        (exact for one engine); None when the server reports no cache size. Read while paused
-        for a push, it is what the push's prefix-cache reset drops and the running requests
-        then compute again (or, with ``weight_push_keeps_kv_cache``, keep)."""
-        response = await self.transport.request("GET", "/metrics")
-        self._check(response, "/metrics")
-        snapshot = parse_metrics(response.text)
-        if snapshot.kv_cache_tokens is None:
-            return None
-        return round(snapshot.load.kv_cache_usage * snapshot.kv_cache_tokens)
 
     async def reset_prefix_cache(self) -> None:
         """Drop all cached KV, preempting running requests so that their KV is recomputed

@@ -101,9 +101,6 @@ class PushLedger:
             )
             if timings.sent_bytes:
                 self._observe(metrics.mean("perf/weight_sync_sent_bytes", timings.sent_bytes))
-            if timings.held_kv_tokens is not None:
-                held = timings.held_kv_tokens
-                self._observe(metrics.mean("perf/weight_sync_held_kv_tokens", held))
             if timings.unchanged_frac is not None:
                 frac = timings.unchanged_frac
                 self._observe(metrics.mean("perf/weight_sync_unchanged_frac", frac))

@@ -220,12 +220,8 @@ class FakeAdminClient:
         async def record(name: str) -> None:
             calls.append(name)
 
-        async def held_kv_tokens() -> None:
-            return None
-
         self.admin = SimpleNamespace(
             pause=lambda keep_kv_cache=False: record("pause"),
-            held_kv_tokens=held_kv_tokens,
             resume=lambda: record("resume"),
             reset_prefix_cache=lambda: record("reset_prefix_cache"),
         )

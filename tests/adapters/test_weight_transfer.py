@@ -162,8 +162,7 @@ def sync_during_a_held_request(
     """Stream a 1,000-token completion from the session server and push perturbed weights
     while it is in flight (:func:`stream_with_sync_at_a_held_token`). Returns the token ids,
     their sampler log-probs, the finish reason, the preemptions the server counted during the
-    push, and the old and new models; checks that the push saw the request's KV held (its
-    prompt and the tokens before the pause)."""
+    push, and the old and new models."""
     server, path = served
     old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -196,9 +195,7 @@ def sync_during_a_held_request(
             assert before is not None and after is not None
             return streamed, after.preemptions - before.preemptions
 
-    (ids, sampler_lp, finish_reason, timings), preemptions = anyio.run(main)
-    assert timings.held_kv_tokens is not None
-    assert timings.held_kv_tokens >= len(PROMPT) + 2, timings
+    (ids, sampler_lp, finish_reason, _), preemptions = anyio.run(main)
     served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
     return ids, served_lp, finish_reason, preemptions, old, new
 
