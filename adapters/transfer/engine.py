@@ -421,11 +421,7 @@ class EngineSync:
             raise
         self._portal.call(self._client.admin.resume)
         done = time.monotonic()
-        return SyncTimings(
-            pause_s=paused - start,
-            barrier_s=barrier_s,
-            transfer_s=done - paused,
-        )
+        return SyncTimings(pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused)
 
     async def _resume_within(self, timeout_s: float) -> None:
         """Resume the server after a failed send: a courtesy bounded by ``timeout_s``, not by

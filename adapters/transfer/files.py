@@ -120,10 +120,7 @@ class DiskReload:
             await self.client.admin.resume()
         done = time.monotonic()
         return SyncTimings(
-            pause_s=paused - start,
-            barrier_s=barrier_s,
-            transfer_s=done - paused,
-            write_s=write_s,
+            pause_s=paused - start, barrier_s=barrier_s, transfer_s=done - paused, write_s=write_s
         )
 
 
