@@ -38,9 +38,9 @@ def pytest_configure(config) -> None:
     ignored, and an ignored signal stays ignored in every child; give the suite, and so its
     children, Python's default SIGINT handling back.
 
-    The server tiers run in one pytest-xdist group (:data:`SERVER_GROUP`); pytest 9.2 keeps a
-    test's node id where pytest-xdist 3.8 cannot name its group, which would spread them over
-    the workers silently, so it is refused."""
+    The server tiers run in pytest-xdist groups (:func:`pytest_collection_modifyitems`); pytest
+    9.2 keeps a test's node id where pytest-xdist 3.8 cannot name its group, which would spread
+    a group over the workers silently, so it is refused."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     grouped = config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses")
@@ -66,12 +66,21 @@ SERVER_FIXTURES = {
 }
 
 
-# The suite runs in two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``): every
-# test of the `server` and `distributed` tiers is in one xdist group, so one worker runs them
-# all, one after the other and in order (they start servers and torchrun runs that would
-# fight over the two cores, and ServersAhead plans their starts along that order), while the
-# other runs the fast tier. Alone (``-n 0``, ``-p no:xdist``) the fast tier runs first.
+# The suite runs in two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``), and the
+# tests of the `server` and `distributed` tiers in xdist groups, each run by one worker one
+# test after the other and in order (ServersAhead plans their server starts along it):
+# - SERVER_GROUP: the tests on a session server (SESSION_SERVER_FIXTURES), which the worker
+#   that runs them starts and keeps; with them, the whole module of a test that uses a module's
+#   server (PER_MODULE) beside the session's, which one worker then starts;
+# - each module's other tests, a group of the module's: they start their servers or torchrun
+#   runs themselves, or share the module's.
+# xdist hands out the largest group first and the others by size, ties in their collection
+# order, where the groups come first and then the fast tier's `slow` tests: the session
+# server's group runs on one worker from the start, the module groups on the other, and the
+# fast tier's tests, one at a time and the longest first, fill both at the end. Alone
+# (``-n 0``, ``-p no:xdist``) the fast tier runs first, then the others in their usual order.
 SERVER_GROUP = "servers"
+SESSION_SERVER_FIXTURES = {"vllm_server", "restartable_lora_server"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which names the group in the node ids
@@ -81,11 +90,38 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.server)
         if "distributed" in item.path.parts:
             item.add_marker(pytest.mark.distributed)
-        if not in_fast_tier(item):
-            item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
-    # The fast tier first (in its usual order, as do the others after it): alone it reports
-    # in about two minutes, and the first server starts meanwhile (ServersAhead).
-    items.sort(key=lambda item: not in_fast_tier(item))
+    on_session_server = [
+        item
+        for item in items
+        if not in_fast_tier(item) and SESSION_SERVER_FIXTURES & set(item.fixturenames)
+    ]
+    whole_modules = {
+        item.path for item in on_session_server if module_servers(item) & set(item.fixturenames)
+    }
+    for item in items:
+        if in_fast_tier(item):
+            continue
+        if item in on_session_server or item.path in whole_modules:
+            group = SERVER_GROUP
+        else:
+            group = item.path.relative_to(config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+    if in_xdist_worker():  # among units of one test: the groups, then the slow, then the rest
+        items.sort(key=lambda item: (in_fast_tier(item), not item.get_closest_marker("slow")))
+    else:
+        items.sort(key=lambda item: not in_fast_tier(item))
+
+
+def module_servers(item: pytest.Item) -> set[str]:
+    """The fixtures of servers one per module that ``item``'s module may use."""
+    return PER_MODULE | set(getattr(getattr(item, "module", None), "SERVERS_STARTED_AHEAD", {}))
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group :func:`pytest_collection_modifyitems` put ``item`` in (None for the
+    fast tier)."""
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker else None
 
 
 def in_fast_tier(item: pytest.Item) -> bool:
@@ -272,8 +308,9 @@ def restartable(tiny_qwen3: Path, logs: Path) -> BackgroundStart:
 # Servers started ahead of the tests that use them. Each kind (its fixture) starts in the
 # background when the test START_AHEAD_TESTS before its first user begins; the first kind, and
 # any whose start would fall in the fast tier, with the session's first test (the fast tier,
-# which runs first, takes about two minutes and covers their start), or in an xdist worker,
-# where the fast tier runs beside, with the first test of the server tiers. A
+# which runs first, takes about two minutes and covers their start). In an xdist worker each
+# group is planned along its own order (the worker that runs it starts its servers), the
+# first kind with the group's first test, while the other worker runs beside. A
 # start then overlaps tests that leave a core idle (timeouts, frozen servers) instead of
 # holding up its first user, and servers used late in the session do not sit idle from its
 # start. The kinds: a session's (one for all tests), or a module's (one per module that uses
@@ -303,9 +340,20 @@ class ServersAhead:
         self.logs = logs
         self.due: dict[str, list[tuple[tuple[str, str | None], Callable]]] = {}
         self.started: dict[tuple[str, str | None], Any] = {}
+        if not in_xdist_worker():
+            self._plan(items)
+            return
+        # each group's servers are started by the worker that runs it, along its own order
+        groups: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            if (group := group_of(item)) is not None:
+                groups.setdefault(group, []).append(item)
+        for group_items in groups.values():
+            self._plan(group_items)
+
+    def _plan(self, items: list[pytest.Item]) -> None:
+        """Plan the starts of the servers ``items`` (run in this order, by one process) use."""
         planned = set()
-        if in_xdist_worker():  # only the worker that runs the server tiers may start one
-            items = [item for item in items if not in_fast_tier(item)]
         for index, item in enumerate(items):
             module = getattr(item, "module", None)
             own = getattr(module, "SERVERS_STARTED_AHEAD", {})
@@ -315,10 +363,10 @@ class ServersAhead:
                 key = (name, module if name in PER_MODULE | set(own) else None)
                 if key in planned:
                     continue
-                planned.add(key)
                 at = max(0, index - START_AHEAD_TESTS)
-                if not self.due or in_fast_tier(items[at]):
+                if not planned or in_fast_tier(items[at]):
                     at = 0  # the fast tier is quick per test: the session's start is ahead
+                planned.add(key)
                 self.due.setdefault(items[at].nodeid, []).append((key, kinds[name]))
 
     def start_due(self, nodeid: str, tiny_qwen3: Path) -> None:
