@@ -106,10 +106,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         else:
             group = item.path.relative_to(config.rootpath).as_posix()
         item.add_marker(pytest.mark.xdist_group(group))
-    if in_xdist_worker():  # among units of one test: the groups, then the slow, then the rest
-        items.sort(key=lambda item: (in_fast_tier(item), not item.get_closest_marker("slow")))
+    if in_xdist_worker():  # among units of one test: the groups, the fast tier's slow tests
+        items.sort(key=lambda item: (in_fast_tier(item), in_fast_tier(item) and not slow(item)))
     else:
         items.sort(key=lambda item: not in_fast_tier(item))
+
+
+def slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
 
 
 def module_servers(item: pytest.Item) -> set[str]:
