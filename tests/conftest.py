@@ -172,6 +172,21 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _one_torch_thread_per_worker_in_the_fast_tier(request):
+    """A fast-tier test in an xdist worker runs torch on one thread: the other worker keeps the
+    other core busy, and a second thread on tiny tensors mostly spins (without `slow` tests,
+    the fast tier under ``OMP_NUM_THREADS=1`` took 250 s against 280 s, 2026-12-08). Tests
+    that set their own threads restore them."""
+    if not in_xdist_worker() or not in_fast_tier(request.node):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _servers_only_in_the_server_tier(request, monkeypatch, _start_servers_ahead):
     """A test outside the `server` tier that starts a vLLM server fails, naming the marker, so
     the fast tier never waits for one (the servers started ahead at this test were started
