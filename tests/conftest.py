@@ -90,11 +90,11 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.server)
         if "distributed" in item.path.parts:
             item.add_marker(pytest.mark.distributed)
-    on_session_server = [
+    on_session_server = {
         item
         for item in items
         if not in_fast_tier(item) and SESSION_SERVER_FIXTURES & set(item.fixturenames)
-    ]
+    }
     whole_modules = {
         item.path for item in on_session_server if module_servers(item) & set(item.fixturenames)
     }
@@ -379,7 +379,7 @@ class ServersAhead:
             kinds = {**SERVERS_STARTED_AHEAD, **own}
             module = getattr(module, "__name__", None)
             for name in sorted(set(getattr(item, "fixturenames", ())) & set(kinds)):
-                key = (name, module if name in PER_MODULE | set(own) else None)
+                key = (name, module if name in module_servers(item) else None)
                 if key in planned:
                     continue
                 at = max(0, index - START_AHEAD_TESTS)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from token_gate import allow
 from transformers import AutoModelForCausalLM
 
-from asyncgrpo.adapters.transfer.files import DiskReload, SyncTimings
+from asyncgrpo.adapters.transfer.files import DiskReload
 from asyncgrpo.adapters.vllm.client import VLLMClient
 from asyncgrpo.adapters.vllm.sampling_params import SamplingParams
 from asyncgrpo.shell.rollout.loop import policy_cache_salt
@@ -108,7 +108,7 @@ def read_chunk(line: str, ids: list[int], log_probs: list[float]) -> str | None:
 
 async def stream_with_sync_at_a_held_token(
     client: VLLMClient, body: dict, gate: Path, sync: DiskReload, state_dict
-) -> tuple[list[int], list[float], str, SyncTimings]:
+) -> tuple[list[int], list[float], str]:
     """Stream one completion held at its token gate, pause the server while the request is
     in flight, push ``state_dict``, then let the request finish.
 
@@ -117,8 +117,8 @@ async def stream_with_sync_at_a_held_token(
     only between tokens. At least 2 tokens are therefore sampled by the old weights, and at
     most one more per 0.5 s the API server takes to deliver the pause (under 1,000 within the
     caller's deadline). The gate opens before the sync, so that the rest can be read, and
-    again on any failure. Returns the token ids, their sampler log-probs, the finish reason
-    and the sync's timings."""
+    again on any failure. Returns the token ids, their sampler log-probs and the finish
+    reason."""
     ids: list[int] = []
     log_probs: list[float] = []
     finish_reason = ""
@@ -148,12 +148,12 @@ async def stream_with_sync_at_a_held_token(
                     if paused.is_set():
                         break
             allow(gate, body["max_tokens"])
-            timings = await sync.sync(state_dict)
+            await sync.sync(state_dict)
             async for line in lines:
                 finish_reason = read_chunk(line, ids, log_probs) or finish_reason
     finally:
         allow(gate, body["max_tokens"])
-    return ids, log_probs, finish_reason, timings
+    return ids, log_probs, finish_reason
 
 
 def sync_during_a_held_request(
@@ -195,7 +195,7 @@ def sync_during_a_held_request(
             assert before is not None and after is not None
             return streamed, after.preemptions - before.preemptions
 
-    (ids, sampler_lp, finish_reason, _), preemptions = anyio.run(main)
+    (ids, sampler_lp, finish_reason), preemptions = anyio.run(main)
     served_lp = torch.tensor(sampler_lp, dtype=torch.float64)
     return ids, served_lp, finish_reason, preemptions, old, new
 
